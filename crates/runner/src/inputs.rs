@@ -1,0 +1,128 @@
+//! The study's inputs: q, k and v drawn from the protocol's generator, then shaped by a
+//! distribution.
+//!
+//! Draw order per (seed, tokens): q (queries x D), then k (N x D), then v (N x D), standard
+//! normal, each value rounded to f32, from one generator seeded with the protocol's entropy.
+//! The three distributions share one draw; only k differs between them:
+//! - `clean`: the draw as is;
+//! - `early_focus`: k[t] += gain * mean(q over queries) for t < window;
+//! - `recent_focus`: the same for the last `window` tokens.
+//!
+//! The mean is a sequential f32 sum over the query rows divided by the query count, and the
+//! update is one f32 multiply and one f32 add per element.
+
+use ndarray::{Array1, Array2, Axis};
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use rand_distr::{Distribution as _, StandardNormal};
+
+use crate::protocol::{Distribution, Focus, GeneratorName, Protocol};
+
+/// One draw of q, k, v (all f32).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Draw {
+    pub q: Array2<f32>,
+    pub k: Array2<f32>,
+    pub v: Array2<f32>,
+}
+
+/// Draws q, k, v for one (seed, tokens) pair with the protocol's generator.
+pub fn draw(protocol: &Protocol, seed: u64, tokens: usize) -> Draw {
+    let entropy = protocol
+        .generator
+        .entropy
+        .entropy(seed, tokens)
+        .expect("entropy range is checked when the protocol is loaded");
+    let shapes = [
+        (protocol.queries, protocol.features),
+        (tokens, protocol.features),
+        (tokens, protocol.features),
+    ];
+    let [q, k, v] = match protocol.generator.name {
+        GeneratorName::Numpy => {
+            let mut rng = nprand::NumpyRng::default_rng(entropy);
+            shapes.map(|shape| rng.normal_array_f32(shape))
+        }
+        GeneratorName::Chacha20 => {
+            let mut seed_bytes = [0u8; 32];
+            seed_bytes[..16].copy_from_slice(&entropy.to_le_bytes());
+            let mut rng = ChaCha20Rng::from_seed(seed_bytes);
+            shapes.map(|shape| {
+                Array2::from_shape_simple_fn(shape, || {
+                    let x: f64 = StandardNormal.sample(&mut rng);
+                    x as f32
+                })
+            })
+        }
+    };
+    Draw { q, k, v }
+}
+
+/// Applies a distribution to a clean draw's keys.
+pub fn shape_keys(draw: &Draw, distribution: Distribution, focus: Focus) -> Array2<f32> {
+    let tokens = draw.k.nrows();
+    let window = match distribution {
+        Distribution::Clean => return draw.k.clone(),
+        Distribution::EarlyFocus => 0..focus.window,
+        Distribution::RecentFocus => tokens - focus.window..tokens,
+    };
+    let direction = mean_query(&draw.q);
+    let mut k = draw.k.clone();
+    for t in window {
+        for (x, &m) in k.row_mut(t).iter_mut().zip(direction.iter()) {
+            *x += focus.gain * m;
+        }
+    }
+    k
+}
+
+/// Mean of the query rows, summed sequentially in f32.
+fn mean_query(q: &Array2<f32>) -> Array1<f32> {
+    let sum = q
+        .axis_iter(Axis(0))
+        .fold(Array1::<f32>::zeros(q.ncols()), |acc, row| acc + row);
+    sum / q.nrows() as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn focus_adds_gain_times_mean_query_to_the_window_only() {
+        let draw = Draw {
+            q: array![[1.0f32, 0.0], [3.0, -2.0]],
+            k: Array2::zeros((5, 2)),
+            v: Array2::zeros((5, 2)),
+        };
+        let focus = Focus {
+            window: 2,
+            gain: 2.0,
+        };
+        let early = shape_keys(&draw, Distribution::EarlyFocus, focus);
+        assert_eq!(
+            early,
+            array![[4.0, -2.0], [4.0, -2.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+        );
+        let recent = shape_keys(&draw, Distribution::RecentFocus, focus);
+        assert_eq!(
+            recent,
+            array![[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [4.0, -2.0], [4.0, -2.0]]
+        );
+        assert_eq!(shape_keys(&draw, Distribution::Clean, focus), draw.k);
+    }
+
+    #[test]
+    fn chacha_draws_are_reproducible_and_seed_dependent() {
+        let mut protocol = Protocol::frozen();
+        protocol.generator.name = GeneratorName::Chacha20;
+        let a = draw(&protocol, 7, 16);
+        assert_eq!(a, draw(&protocol, 7, 16));
+        assert_ne!(a.q, draw(&protocol, 19, 16).q);
+        assert_eq!(
+            (a.q.dim(), a.k.dim(), a.v.dim()),
+            ((4, 32), (16, 32), (16, 32))
+        );
+    }
+}

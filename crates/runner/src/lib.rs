@@ -1,0 +1,22 @@
+//! The packed-KV study runner: reads a frozen protocol, draws the inputs, quantizes K and V with
+//! the codec under every setting, recomputes attention, and writes a self-describing evidence
+//! directory.
+//!
+//! - [`protocol`]: the protocol file and its validation;
+//! - [`inputs`]: generators and distributions;
+//! - [`attention`]: reference attention and error metrics;
+//! - [`study`]: the comparisons;
+//! - [`summary`]: the study's table;
+//! - [`evidence`]: the evidence directory;
+//! - [`manifest`]: provenance and hashes;
+//! - [`pin`]: the root manifest that pins archived evidence.
+
+pub mod attention;
+pub mod evidence;
+pub mod hashing;
+pub mod inputs;
+pub mod manifest;
+pub mod pin;
+pub mod protocol;
+pub mod study;
+pub mod summary;

@@ -1,0 +1,129 @@
+//! `runner`: runs a study protocol into a new evidence directory, or pins archived evidence.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use runner::evidence;
+use runner::manifest::{Counts, Manifest};
+use runner::protocol::{FROZEN_PATH, Protocol};
+use runner::{study, summary};
+
+/// Runs the packed-KV study (or a user-written protocol) into a new evidence directory.
+#[derive(Parser)]
+#[command(
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Output directory; must not exist.
+    #[arg(long, value_name = "DIR", required = true)]
+    out: Option<PathBuf>,
+    /// Protocol file (JSON); defaults to the frozen packed-KV protocol built into the runner.
+    #[arg(long, value_name = "FILE")]
+    protocol: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Rewrite the root manifest so it pins the given evidence directories.
+    Pin {
+        /// Evidence directories, relative to the root manifest's directory.
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Root manifest to write.
+        #[arg(long, default_value = "manifest.json")]
+        manifest: PathBuf,
+    },
+}
+
+fn main() {
+    if let Err(err) = real_main() {
+        eprintln!("runner: error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Pin { dirs, manifest }) => {
+            let root = runner::pin::pin(&manifest, &dirs)?;
+            let mut text = String::new();
+            for (dir, pinned) in &root.evidence {
+                text.push_str(&format!("pinned {dir}: {} files\n", pinned.files.len()));
+            }
+            text.push_str(&format!("wrote {}\n", manifest.display()));
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(())
+        }
+        None => run(cli.run),
+    }
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let out = args.out.expect("clap requires --out");
+    evidence::check_new(&out)?;
+    let (protocol, source) = match &args.protocol {
+        None => (Protocol::frozen(), format!("embedded {FROZEN_PATH}")),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading protocol {}", path.display()))?;
+            let protocol = Protocol::from_json(&text)
+                .with_context(|| format!("protocol {}", path.display()))?;
+            (protocol, path.display().to_string())
+        }
+    };
+    let total = protocol.comparison_count();
+    eprintln!(
+        "runner: {} ({source}): {} inputs x {} settings = {total} comparisons",
+        protocol.study,
+        protocol.inputs().len(),
+        protocol.settings.len()
+    );
+    let tty = std::io::stderr().is_terminal();
+    let run = study::run(&protocol, |done| {
+        if tty && (done % 8 == 0 || done == total) {
+            eprint!("\rrunner: {done}/{total} comparisons");
+            if done == total {
+                eprintln!();
+            }
+        }
+    })?;
+    let summary = summary::summarize(
+        &protocol,
+        &run.comparisons
+            .iter()
+            .map(|c| c.row.clone())
+            .collect::<Vec<_>>(),
+    );
+    let manifest = Manifest::new(
+        source,
+        protocol.clone(),
+        Counts {
+            inputs: run.inputs.len(),
+            comparisons: run.comparisons.len(),
+        },
+    );
+    evidence::write(&out, &run, &summary, manifest)?;
+    let text = format!(
+        "{}wrote {}\n",
+        summary::render(&protocol, &summary),
+        out.display()
+    );
+    // The run is complete on disk; a closed stdout pipe must not turn it into a panic.
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! manifest.json: what produced a run and the SHA-256 of everything it wrote.
+//!
+//! Source hashes are computed at build time (see build.rs) over LF-normalised bytes; output
+//! hashes are over the raw bytes of each file. The git commit is read at run time from the
+//! workspace the binary was built in, when there is one.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hashing::{sha256_hex, source_hash};
+use crate::protocol::Protocol;
+
+/// Build-time facts: SOURCE_ROOTS, SOURCES, CRATE_VERSIONS, RUSTC_VERSION, TARGET, PROFILE,
+/// WORKSPACE_ROOT.
+pub mod build_info {
+    include!(concat!(env!("OUT_DIR"), "/build_info.rs"));
+}
+
+/// Identifies the manifest layout, so readers can refuse one they do not know.
+pub const MANIFEST_FORMAT: &str = "packed-kv-evidence/1";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub tool: Tool,
+    pub platform: Platform,
+    /// Where the protocol came from: the embedded frozen file or a user-given path.
+    pub protocol_source: String,
+    pub protocol: Protocol,
+    pub counts: Counts,
+    pub git: Option<Git>,
+    /// Files and directories whose contents produce a run (relative to the workspace root).
+    pub source_roots: Vec<String>,
+    /// SHA-256 of each source file, LF-normalised, keyed by relative path.
+    pub sources: BTreeMap<String, String>,
+    /// SHA-256 of each output file's raw bytes, keyed by file name.
+    pub outputs: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+    pub rustc: String,
+    pub profile: String,
+    pub crates: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Platform {
+    pub os: String,
+    pub arch: String,
+    pub target: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
+    pub inputs: usize,
+    pub comparisons: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Git {
+    pub commit: String,
+    /// False when a source file differs from that commit (the run came from uncommitted code).
+    pub sources_match_commit: bool,
+}
+
+impl Manifest {
+    /// A manifest for a run of `protocol`, before output hashes are added.
+    pub fn new(protocol_source: String, protocol: Protocol, counts: Counts) -> Manifest {
+        Manifest {
+            format: MANIFEST_FORMAT.into(),
+            tool: Tool {
+                name: env!("CARGO_PKG_NAME").into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                rustc: build_info::RUSTC_VERSION.into(),
+                profile: build_info::PROFILE.into(),
+                crates: build_info::CRATE_VERSIONS
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+                    .collect(),
+            },
+            platform: Platform {
+                os: std::env::consts::OS.into(),
+                arch: std::env::consts::ARCH.into(),
+                target: build_info::TARGET.into(),
+            },
+            protocol_source,
+            protocol,
+            counts,
+            git: git_info(),
+            source_roots: build_info::SOURCE_ROOTS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            sources: source_hashes(),
+            outputs: BTreeMap::new(),
+        }
+    }
+}
+
+/// The build-time source hashes.
+pub fn source_hashes() -> BTreeMap<String, String> {
+    build_info::SOURCES
+        .iter()
+        .map(|(p, h)| (p.to_string(), h.to_string()))
+        .collect()
+}
+
+/// Lower-case hex SHA-256 of a file's raw bytes.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    Ok(sha256_hex(&std::fs::read(path)?))
+}
+
+fn git_info() -> Option<Git> {
+    let root = build_info::WORKSPACE_ROOT;
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "HEAD"])?;
+    let mut status_args = vec!["status", "--porcelain", "--"];
+    status_args.extend(build_info::SOURCE_ROOTS);
+    let status = git(&status_args)?;
+    // The build-time hashes must also match the tree, or the binary is older than the checkout.
+    let tree_matches_build = build_info::SOURCES.iter().all(|(path, hash)| {
+        std::fs::read(Path::new(root).join(path))
+            .map(|bytes| source_hash(&bytes) == *hash)
+            .unwrap_or(false)
+    });
+    Some(Git {
+        commit,
+        sources_match_commit: status.is_empty() && tree_matches_build,
+    })
+}

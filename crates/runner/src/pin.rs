@@ -1,0 +1,103 @@
+//! The root manifest: pins archived evidence directories by the SHA-256 of every file in them.
+//!
+//! `runner pin evidence/packed-kv` (run from the repository root) rewrites `manifest.json` from
+//! the files as they are; `audit` with no argument checks those hashes and then audits each
+//! pinned directory. Paths are relative to the root manifest's own directory.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::manifest::sha256_file;
+
+pub const ROOT_MANIFEST_FORMAT: &str = "evidence-pins/1";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RootManifest {
+    pub format: String,
+    pub about: String,
+    /// Pinned directories, keyed by path relative to this manifest, '/'-separated.
+    pub evidence: BTreeMap<String, PinnedDir>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PinnedDir {
+    /// SHA-256 of every file's raw bytes, keyed by file name.
+    pub files: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Error)]
+pub enum PinError {
+    #[error("evidence path {0} must be relative to the root manifest's directory")]
+    Absolute(PathBuf),
+    #[error("evidence directory {0} holds a subdirectory {1}; pinned directories are flat")]
+    Nested(PathBuf, String),
+    #[error("evidence directory {0} holds no manifest.json; is it a run?")]
+    NotARun(PathBuf),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> PinError {
+    move |source| PinError::Io { context, source }
+}
+
+/// Hashes every file of each directory and writes the root manifest at `manifest_path`.
+pub fn pin(manifest_path: &Path, dirs: &[PathBuf]) -> Result<RootManifest, PinError> {
+    let base = manifest_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut evidence = BTreeMap::new();
+    for dir in dirs {
+        if dir.is_absolute() {
+            return Err(PinError::Absolute(dir.clone()));
+        }
+        let full = base.join(dir);
+        if !full.join("manifest.json").is_file() {
+            return Err(PinError::NotARun(full));
+        }
+        let mut files = BTreeMap::new();
+        let entries =
+            std::fs::read_dir(&full).map_err(io(format!("reading {}", full.display())))?;
+        for entry in entries {
+            let entry = entry.map_err(io(format!("reading {}", full.display())))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().is_dir() {
+                return Err(PinError::Nested(full, name));
+            }
+            let hash = sha256_file(&entry.path())
+                .map_err(io(format!("hashing {}", entry.path().display())))?;
+            files.insert(name, hash);
+        }
+        let key: Vec<_> = dir.iter().map(|p| p.to_string_lossy()).collect();
+        evidence.insert(key.join("/"), PinnedDir { files });
+    }
+    let root = RootManifest {
+        format: ROOT_MANIFEST_FORMAT.into(),
+        about: "Pins the archived evidence: `audit` with no argument checks these hashes, then \
+                audits each directory. Refresh with `runner pin`, never by hand."
+            .into(),
+        evidence,
+    };
+    let mut text = serde_json::to_string_pretty(&root).expect("a root manifest serializes");
+    text.push('\n');
+    let mut tmp = tempfile::NamedTempFile::new_in(base).map_err(io(format!(
+        "creating a temporary file in {}",
+        base.display()
+    )))?;
+    tmp.write_all(text.as_bytes())
+        .map_err(io(format!("writing {}", manifest_path.display())))?;
+    tmp.persist(manifest_path).map_err(|e| PinError::Io {
+        context: format!("replacing {}", manifest_path.display()),
+        source: e.error,
+    })?;
+    Ok(root)
+}

@@ -1,0 +1,183 @@
+//! The `runner` binary as a user drives it.
+//!
+//! - reproduce: the frozen protocol prints the published table and rewrites the archived
+//!   evidence byte for byte;
+//! - refusals: an existing output directory and a bad protocol are refused, touching nothing;
+//! - fresh sweeps: a user-written protocol runs into a new directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ndarray::Array2;
+use ndarray_npy::NpzReader;
+use sha2::{Digest, Sha256};
+
+fn runner(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(args)
+        .output()
+        .expect("runner starts")
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn frozen_protocol_reproduces_the_published_table_and_the_archive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let result = runner(&["--out", out.to_str().unwrap()]);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let stdout = String::from_utf8(result.stdout).unwrap();
+
+    // The published figures, as the study printed them.
+    let published =
+        json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/published-packed-kv.json"));
+    let summary = json(&out.join("summary.json"));
+    for (row, want) in summary["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(published["rows"].as_array().unwrap())
+    {
+        assert_eq!(row["group_size"], want["group_size"]);
+        assert_eq!(row["bits"], want["bits"]);
+        let percent = format!("{:.3}", want["mean_relative_l2_percent"].as_f64().unwrap());
+        assert_eq!(row["mean_relative_l2_clean_percent"], percent.as_str());
+        assert_eq!(row["payload_bytes"]["128"], want["payload_bytes_at_128"]);
+        assert!(
+            stdout.contains(&format!("{percent}%")),
+            "{percent}% not printed:\n{stdout}"
+        );
+    }
+    assert_eq!(
+        summary["float32_kv_bytes"]["128"],
+        published["float32_kv_bytes_at_128"]
+    );
+    for printed in ["8,208 B", "5,136 B", "12,304 B", "9,232 B", "32,768 B"] {
+        assert!(stdout.contains(printed), "{printed} not printed:\n{stdout}");
+    }
+
+    // The archived inputs are NumPy's draws, bit for bit (hashes made with NumPy 2.4).
+    let draws =
+        json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/numpy-study-draws.json"));
+    let mut npz = NpzReader::new(std::fs::File::open(out.join("arrays.npz")).unwrap()).unwrap();
+    for draw in draws["draws"].as_array().unwrap() {
+        let input = format!("s{}_n{}_clean", draw["seed"], draw["tokens"]);
+        for part in ["q", "k", "v"] {
+            let array: Array2<f32> = npz.by_name(&format!("{input}_{part}")).unwrap();
+            let bytes: Vec<u8> = array.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let hash = hex::encode(Sha256::digest(&bytes));
+            assert_eq!(
+                hash,
+                draw[format!("sha256_{part}_f32_le_c_order")],
+                "{input}_{part}"
+            );
+        }
+    }
+
+    // Same protocol, same bytes: the archived evidence's outputs are what this build writes.
+    let fresh = json(&out.join("manifest.json"));
+    let archived = json(&workspace().join("evidence/packed-kv/manifest.json"));
+    assert_eq!(
+        fresh["outputs"], archived["outputs"],
+        "the runner's output changed: refresh evidence/packed-kv and the root manifest"
+    );
+    assert_eq!(fresh["counts"]["comparisons"], 72);
+    assert_eq!(
+        fresh["sources"], archived["sources"],
+        "sources changed since the archive was made: refresh evidence/packed-kv and the root manifest"
+    );
+}
+
+#[test]
+fn refuses_an_existing_output_directory_and_leaves_it_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("taken");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), "mine").unwrap();
+    let result = runner(&["--out", out.to_str().unwrap()]);
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("already exists"), "{stderr}");
+    let names: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec!["keep.txt"]);
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        1,
+        "no temporary sibling left"
+    );
+}
+
+#[test]
+fn a_bad_protocol_is_refused_by_field_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let protocol = tmp.path().join("bad.json");
+    let mut value: serde_json::Value = serde_json::from_str(runner::protocol::FROZEN).unwrap();
+    value["settings"][1]["bits"] = 5.into();
+    std::fs::write(&protocol, value.to_string()).unwrap();
+    let out = tmp.path().join("run");
+    let result = runner(&[
+        "--out",
+        out.to_str().unwrap(),
+        "--protocol",
+        protocol.to_str().unwrap(),
+    ]);
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        stderr.contains("settings[1]") && stderr.contains("bit width 5"),
+        "{stderr}"
+    );
+    assert!(!out.exists());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_user_protocol_with_the_chacha_generator_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let protocol = tmp.path().join("sweep.json");
+    let text = r#"{
+        "study": "small-sweep",
+        "seeds": [1],
+        "tokens": [40, 64],
+        "features": 16,
+        "queries": 2,
+        "distributions": ["clean", "recent_focus"],
+        "focus": { "window": 4, "gain": 1.5 },
+        "settings": [ { "group_size": 16, "bits": 4 }, { "group_size": 3, "bits": 8 } ],
+        "generator": { "name": "chacha20",
+                       "entropy": { "seed_multiplier": 1000, "tokens_multiplier": 1, "offset": 5 } }
+    }"#;
+    std::fs::write(&protocol, text).unwrap();
+    let out = tmp.path().join("nested/run");
+    let result = runner(&[
+        "--out",
+        out.to_str().unwrap(),
+        "--protocol",
+        protocol.to_str().unwrap(),
+    ]);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let rows = json(&out.join("results.json"));
+    assert_eq!(rows.as_array().unwrap().len(), 8);
+    assert_eq!(rows[0]["id"], "s1_n40_clean_g16_b4");
+    let manifest = json(&out.join("manifest.json"));
+    assert_eq!(manifest["protocol"]["generator"]["name"], "chacha20");
+    assert_eq!(manifest["protocol_source"], protocol.to_str().unwrap());
+}
