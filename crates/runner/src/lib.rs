@@ -6,7 +6,8 @@
 //! - [`inputs`]: generators and distributions;
 //! - [`attention`]: reference attention and error metrics;
 //! - [`study`]: the comparisons;
-//! - [`summary`]: the study's table;
+//! - [`timing`]: raw timings of encode, decode and attention;
+//! - [`summary`]: the tables; [`report`]: summary.md; [`plot`]: error-vs-bytes.svg;
 //! - [`evidence`]: the evidence directory;
 //! - [`manifest`]: provenance and hashes;
 //! - [`pin`]: the root manifest that pins archived evidence.
@@ -17,6 +18,9 @@ pub mod hashing;
 pub mod inputs;
 pub mod manifest;
 pub mod pin;
+pub mod plot;
 pub mod protocol;
+pub mod report;
 pub mod study;
 pub mod summary;
+pub mod timing;
