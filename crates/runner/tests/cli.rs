@@ -23,6 +23,26 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// Writes `text` as a protocol in `dir`, runs it into `dir/out`, and requires success.
+/// Returns (protocol path, output directory).
+fn run_protocol(dir: &Path, text: &str, out: &str) -> (PathBuf, PathBuf) {
+    let protocol = dir.join("protocol.json");
+    std::fs::write(&protocol, text).unwrap();
+    let out = dir.join(out);
+    let result = runner(&[
+        "--out",
+        out.to_str().unwrap(),
+        "--protocol",
+        protocol.to_str().unwrap(),
+    ]);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    (protocol, out)
+}
+
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -160,7 +180,6 @@ fn a_bad_protocol_is_refused_by_field_and_writes_nothing() {
 #[test]
 fn a_user_protocol_with_the_chacha_generator_runs() {
     let tmp = tempfile::tempdir().unwrap();
-    let protocol = tmp.path().join("sweep.json");
     let text = r#"{
         "study": "small-sweep",
         "seeds": [1],
@@ -173,19 +192,7 @@ fn a_user_protocol_with_the_chacha_generator_runs() {
         "generator": { "name": "chacha20",
                        "entropy": { "seed_multiplier": 1000, "tokens_multiplier": 1, "offset": 5 } }
     }"#;
-    std::fs::write(&protocol, text).unwrap();
-    let out = tmp.path().join("nested/run");
-    let result = runner(&[
-        "--out",
-        out.to_str().unwrap(),
-        "--protocol",
-        protocol.to_str().unwrap(),
-    ]);
-    assert!(
-        result.status.success(),
-        "{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    let (protocol, out) = run_protocol(tmp.path(), text, "nested/run");
     let rows = json(&out.join("results.json"));
     assert_eq!(rows.as_array().unwrap().len(), 8);
     assert_eq!(rows[0]["id"], "s1_n40_clean_g16_b4");
@@ -197,7 +204,6 @@ fn a_user_protocol_with_the_chacha_generator_runs() {
 #[test]
 fn a_long_user_sweep_with_budget_and_timings_runs() {
     let tmp = tempfile::tempdir().unwrap();
-    let protocol = tmp.path().join("long.json");
     let text = r#"{
         "study": "long-context",
         "seeds": [3],
@@ -213,19 +219,7 @@ fn a_long_user_sweep_with_budget_and_timings_runs() {
                     "policies": ["uniform", "recent8", "early_f32"] },
         "timing": { "warmup": 0, "repeats": 1, "shuffle_seed": 1 }
     }"#;
-    std::fs::write(&protocol, text).unwrap();
-    let out = tmp.path().join("run");
-    let result = runner(&[
-        "--out",
-        out.to_str().unwrap(),
-        "--protocol",
-        protocol.to_str().unwrap(),
-    ]);
-    assert!(
-        result.status.success(),
-        "{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    let (_, out) = run_protocol(tmp.path(), text, "run");
     // 1 seed x 2 lengths x 2 distributions x (2 settings + 3 policies).
     let rows = json(&out.join("results.json"));
     assert_eq!(rows.as_array().unwrap().len(), 20);
