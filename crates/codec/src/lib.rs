@@ -1,11 +1,14 @@
-//! Symmetric per-group quantization of KV-cache matrices into packed code streams.
+//! Packed, quantized KV-cache matrices and the bit layouts under them.
 //!
 //! Where things live:
-//! - [`layout`]: axis, bit width, group size and the grouped-view geometry they imply;
-//! - [`symmetric`]: scales, codes, encode and decode (the quantizer's spec);
-//! - [`nibble`]: the 4-bit nibble order (two codes per byte, even element in the low nibble);
-//! - [`stream`]: the code stream by bit width;
+//! - [`bits`]: dense b-bit streams (1 to 8 bits) in u32 words or bytes, a plain reference
+//!   packer (the oracle) and fast packers held to it;
+//! - [`bitplane`]: the bit-plane split of odd widths (6 = 4 + 2, ...) into aligned streams;
+//! - [`layout`]: axis, mode, bit width, group size and the grouped-view geometry they imply;
+//! - [`symmetric`] and [`asymmetric`]: the two per-group quantizers (scales, zero points, codes);
+//! - [`quantize`]: encode and decode a matrix under a layout;
 //! - [`packed`]: the packed tensor container and its payload bytes;
+//! - [`bpw`]: effective bits per element of a storage layout, metadata included;
 //! - [`error`]: typed errors.
 //!
 //! ```
@@ -22,14 +25,18 @@
 //! assert_eq!(back.dim(), (3, 2));
 //! ```
 
+pub mod asymmetric;
+pub mod bitplane;
+pub mod bits;
+pub mod bpw;
 pub mod error;
 pub mod layout;
-pub mod nibble;
 pub mod packed;
-pub mod stream;
+pub mod quantize;
 pub mod symmetric;
 
+pub use bits::Bits;
 pub use error::{CodecError, Result};
-pub use layout::{Axis, Bits, Geometry, Layout};
+pub use layout::{Axis, Geometry, Layout, Mode};
 pub use packed::{PackedTensor, SHAPE_BYTES};
-pub use symmetric::{decode, encode};
+pub use quantize::{decode, encode};
