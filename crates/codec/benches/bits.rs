@@ -9,24 +9,15 @@ use std::hint::black_box;
 use codec::bits::{self, Bits};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-const CODES: usize = 1 << 24;
+// The tests' probes: `random` is xorshift64 codes in 0..2^b.
+#[path = "../tests/common/mod.rs"]
+mod common;
 
-/// 2^24 codes in 0..2^b from xorshift64.
-fn codes(bits: Bits) -> Vec<u8> {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    (0..CODES)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> (64 - bits.get())) as u8
-        })
-        .collect()
-}
+const CODES: usize = 1 << 24;
 
 fn packers(c: &mut Criterion) {
     for bits in Bits::ALL {
-        let input = codes(bits);
+        let input = common::random(bits, CODES, 0x2545_F491_4F6C_DD1D);
         let bytes = bits::pack_bytes(bits, &input).unwrap();
         let words = bits::pack_words(bits, &input).unwrap();
         let mut group = c.benchmark_group(format!("bits/{}", bits.get()));

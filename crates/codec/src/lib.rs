@@ -12,7 +12,7 @@
 //! - [`error`]: typed errors.
 //!
 //! ```
-//! use codec::{Axis, Layout, decode, encode};
+//! use codec::{Axis, Layout, Mode, decode, encode};
 //! use ndarray::array;
 //!
 //! let k = array![[1.0f32, -2.0], [0.5, 4.0], [-1.0, 0.0]]; // 3 tokens x 2 features
@@ -23,6 +23,24 @@
 //! assert_eq!(packed.payload_bytes(), 4 + 4 * 4 + 8);
 //! let back = decode(&packed);
 //! assert_eq!(back.dim(), (3, 2));
+//!
+//! // The same matrix at 3 bits, asymmetric: one scale and one 3-bit zero point per group.
+//! let layout = Layout::with_mode(Axis::Token, Mode::Asymmetric, 3, 2).unwrap();
+//! let packed = encode(k.view(), layout).unwrap();
+//! // 8 codes x 3 bits = 3 bytes, 4 f32 scales, 4 zero points x 3 bits = 2 bytes, the shape.
+//! assert_eq!(packed.payload_bytes(), 3 + 4 * 4 + 2 + 8);
+//! ```
+//!
+//! A bare stream: element i at bits [i*b, (i+1)*b), here 3-bit codes in u32 words.
+//!
+//! ```
+//! use codec::bits::{self, Bits};
+//!
+//! let three = Bits::new(3).unwrap();
+//! let words = bits::pack_words(three, &[1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 7]).unwrap();
+//! // Element 10 (code 7) occupies bits 30..33: two bits in word 0, one in word 1.
+//! assert_eq!(words, [0xD11F_58D1, 1]);
+//! assert_eq!(bits::unpack_words(three, &words, 11).unwrap()[10], 7);
 //! ```
 
 pub mod asymmetric;
