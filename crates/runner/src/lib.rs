@@ -10,9 +10,11 @@
 //! - [`summary`]: the tables; [`report`]: summary.md; [`plot`]: error-vs-bytes.svg;
 //! - [`evidence`]: the evidence directory;
 //! - [`manifest`]: provenance and hashes;
-//! - [`pin`]: the root manifest that pins archived evidence.
+//! - [`pin`]: the root manifest that pins archived evidence;
+//! - [`bpw_cmd`]: the `bpw` command (effective bits per weight, from `codec::bpw`).
 
 pub mod attention;
+pub mod bpw_cmd;
 pub mod evidence;
 pub mod hashing;
 pub mod inputs;

@@ -16,6 +16,9 @@ pub const FROZEN: &str = include_str!("../../../experiments/packed-kv/protocol.j
 /// Where the frozen protocol lives in the repository (recorded in manifests).
 pub const FROZEN_PATH: &str = "experiments/packed-kv/protocol.json";
 
+/// Bit widths a study setting may use: those the evidence format and the audit cover.
+pub const STUDY_BITS: [u32; 2] = [4, 8];
+
 #[derive(Debug, Error)]
 pub enum ProtocolError {
     #[error("protocol field `{field}`: {message}")]
@@ -294,6 +297,17 @@ impl Protocol {
         positive("features", self.features)?;
         positive("queries", self.queries)?;
         for (i, s) in self.settings.iter().enumerate() {
+            // The codec packs 2- to 8-bit codes, but the evidence format and the audit cover the
+            // study's 4 and 8 bits only.
+            if !STUDY_BITS.contains(&s.bits) {
+                return Err(invalid(
+                    format!("settings[{i}]"),
+                    format!(
+                        "unsupported bit width {}: the study stores 4-bit or 8-bit codes",
+                        s.bits
+                    ),
+                ));
+            }
             codec::Layout::new(codec::Axis::Token, s.bits, s.group_size)
                 .map_err(|e| invalid(format!("settings[{i}]"), e.to_string()))?;
         }
@@ -344,6 +358,15 @@ impl Protocol {
             return Ok(());
         };
         non_empty_unique("budget.policies", &budget.policies)?;
+        if !STUDY_BITS.contains(&budget.low_bits) {
+            return Err(invalid(
+                "budget.low_bits",
+                format!(
+                    "unsupported bit width {}: the study stores 4-bit or 8-bit codes",
+                    budget.low_bits
+                ),
+            ));
+        }
         for bits in [budget.low_bits, 8] {
             codec::Layout::new(codec::Axis::Token, bits, budget.group_size)
                 .map_err(|e| invalid("budget", e.to_string()))?;
@@ -520,7 +543,7 @@ mod tests {
         );
         let e = err(|v| v["budget"]["low_bits"] = 2.into());
         assert!(
-            e.contains("`budget`") && e.contains("unsupported bit width 2"),
+            e.contains("`budget.low_bits`") && e.contains("unsupported bit width 2"),
             "{e}"
         );
         let e = err(|v| v["budget"]["group_size"] = (-32).into());
