@@ -17,7 +17,7 @@ mod hashing;
 const SOURCE_ROOTS: &[&str] = &[
     "Cargo.toml",
     "Cargo.lock",
-    "experiments/packed-kv/protocol.json",
+    "experiments",
     "crates/codec/Cargo.toml",
     "crates/codec/src",
     "crates/nprand/Cargo.toml",

@@ -62,11 +62,14 @@ pub struct Focus {
     pub gain: f32,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Setting {
     pub group_size: usize,
     pub bits: u32,
+    /// Absent means symmetric.
+    #[serde(default)]
+    pub mode: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -82,6 +85,8 @@ pub struct ResultRow {
     pub distribution: String,
     pub group_size: usize,
     pub bits: u32,
+    #[serde(default)]
+    pub mode: Option<String>,
     pub policy: Option<String>,
     pub window: Option<usize>,
     pub segments: Vec<SegmentRow>,
@@ -105,6 +110,9 @@ pub struct SegmentRow {
     pub storage: String,
     #[serde(default)]
     pub bits: Option<u32>,
+    /// Absent means symmetric.
+    #[serde(default)]
+    pub mode: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,6 +130,8 @@ pub struct Summary {
 pub struct PackedRow {
     pub group_size: usize,
     pub bits: u32,
+    #[serde(default)]
+    pub mode: Option<String>,
     pub clean_inputs: usize,
     pub mean_relative_l2_clean: Option<f64>,
     pub mean_relative_l2_clean_percent: Option<String>,
@@ -195,9 +205,19 @@ pub fn input_id(seed: u64, tokens: usize, distribution: &str) -> String {
     format!("s{seed}_n{tokens}_{distribution}")
 }
 
+/// Label of a packed-KV setting: `g8_b4`, or `g32_b2_asym` when asymmetric.
+pub fn setting_label(setting: &Setting) -> String {
+    let suffix = if setting.mode.as_deref() == Some("asymmetric") {
+        "_asym"
+    } else {
+        ""
+    };
+    format!("g{}_b{}{suffix}", setting.group_size, setting.bits)
+}
+
 /// Identifier of a packed-KV comparison, as the evidence names it.
 pub fn comparison_id(input: &str, setting: &Setting) -> String {
-    format!("{input}_g{}_b{}", setting.group_size, setting.bits)
+    format!("{input}_{}", setting_label(setting))
 }
 
 /// Identifier of a budget comparison, as the evidence names it.

@@ -10,10 +10,10 @@ use ndarray::{Array1, Array2, ArrayView2, Axis as NdAxis, s};
 
 use crate::arrays::{Arrays, expect_shape};
 use crate::attention::{attention, relative_max_diff};
-use crate::decoder::{Axis, Grid, code_at, decode};
+use crate::decoder::{Axis, Grid, Mode, code_at, decode, offsets, tail_is_clear};
 use crate::model::{
     Protocol, ResultRow, SegmentRow, Summary, Timings, budget_id, comparison_id, input_id,
-    read_json,
+    read_json, setting_label,
 };
 use crate::report::Report;
 
@@ -44,6 +44,8 @@ struct Expected {
     study: &'static str,
     group_size: usize,
     bits: u32,
+    /// As results.json records it: absent for symmetric.
+    mode: Option<String>,
     policy: Option<String>,
     window: Option<usize>,
     segments: Vec<SegmentRow>,
@@ -52,11 +54,12 @@ struct Expected {
 }
 
 impl Expected {
-    /// Configuration label used by the timing table: `g8_b4` or the policy name.
+    /// Configuration label used by the tables: `g8_b4`, `g32_b2_asym` or the policy name.
     fn config(&self) -> String {
+        let suffix = if self.mode.is_some() { "_asym" } else { "" };
         self.policy
             .clone()
-            .unwrap_or_else(|| format!("g{}_b{}", self.group_size, self.bits))
+            .unwrap_or_else(|| format!("g{}_b{}{suffix}", self.group_size, self.bits))
     }
 }
 
@@ -108,10 +111,9 @@ fn check_protocol(p: &Protocol) -> Result<(), String> {
         || p.tokens.is_empty()
         || p.distributions.is_empty()
         || p.settings.is_empty());
-    let settings_ok = p
-        .settings
-        .iter()
-        .all(|s| s.group_size > 0 && matches!(s.bits, 4 | 8));
+    let settings_ok = p.settings.iter().all(|s| {
+        s.group_size > 0 && Mode::parse(s.mode.as_deref()).is_some_and(|m| m.supports(s.bits))
+    });
     let known = p
         .distributions
         .iter()
@@ -119,7 +121,7 @@ fn check_protocol(p: &Protocol) -> Result<(), String> {
     let shortest = p.tokens.iter().copied().min().unwrap_or(0);
     let budget_ok = p.budget.as_ref().is_none_or(|b| {
         b.group_size > 0
-            && matches!(b.low_bits, 4 | 8)
+            && Mode::Symmetric.supports(b.low_bits)
             && (1..=shortest).contains(&b.window)
             && !b.policies.is_empty()
             && b.policies
@@ -161,6 +163,7 @@ fn quantized(start: usize, end: usize, bits: u32) -> SegmentRow {
         end,
         storage: "quantized".into(),
         bits: Some(bits),
+        mode: None,
     }
 }
 
@@ -179,6 +182,7 @@ fn policy_segments(
             end,
             storage: "float32".into(),
             bits: None,
+            mode: None,
         }),
         _ => None,
     };
@@ -201,15 +205,21 @@ fn expected_comparisons(p: &Protocol, inputs: &[ExpectedInput]) -> Vec<Expected>
     let mut out = Vec::new();
     for (index, input) in inputs.iter().enumerate() {
         for setting in &p.settings {
+            // Symmetric is recorded by leaving the mode out.
+            let mode = setting.mode.clone().filter(|m| m != "symmetric");
             out.push(Expected {
                 id: comparison_id(&input.id, setting),
                 input: index,
                 study: "packed_kv",
                 group_size: setting.group_size,
                 bits: setting.bits,
+                mode: mode.clone(),
                 policy: None,
                 window: None,
-                segments: vec![quantized(0, input.tokens, setting.bits)],
+                segments: vec![SegmentRow {
+                    mode,
+                    ..quantized(0, input.tokens, setting.bits)
+                }],
                 suffixed: false,
             });
         }
@@ -221,6 +231,7 @@ fn expected_comparisons(p: &Protocol, inputs: &[ExpectedInput]) -> Vec<Expected>
                     study: "budget",
                     group_size: budget.group_size,
                     bits: budget.low_bits,
+                    mode: None,
                     policy: Some(policy.clone()),
                     window: Some(budget.window),
                     segments: policy_segments(policy, input.tokens, budget.window, budget.low_bits)
@@ -268,6 +279,7 @@ fn check_rows(
                     && row.distribution == input.distribution
                     && row.group_size == e.group_size
                     && row.bits == e.bits
+                    && row.mode == e.mode
                     && row.policy == e.policy
                     && row.window == e.window
                     && row.segments == e.segments
@@ -305,10 +317,10 @@ fn expected_array_names(e: &Expected) -> Vec<String> {
             } else {
                 String::new()
             };
-            let parts: &[&str] = if segment.bits.is_some() {
-                &["codes", "scales", "shape"]
-            } else {
-                &["values", "shape"]
+            let parts: &[&str] = match (segment.bits, segment.mode.as_deref()) {
+                (Some(_), Some("asymmetric")) => &["codes", "scales", "zeros", "shape"],
+                (Some(_), _) => &["codes", "scales", "shape"],
+                (None, _) => &["values", "shape"],
             };
             names.extend(
                 parts
@@ -338,11 +350,25 @@ fn check_arrays(
         expected_names.extend(expected_array_names(e));
     }
     let present: BTreeSet<String> = arrays.names().iter().cloned().collect();
-    for name in expected_names.difference(&present) {
-        report.fail(format!("arrays.npz is missing {name}"));
+    let missing: Vec<&String> = expected_names.difference(&present).collect();
+    let unexpected: Vec<&String> = present.difference(&expected_names).collect();
+    for (what, names) in [
+        ("is missing", missing),
+        ("has an unexpected array", unexpected),
+    ] {
+        if let Some(first) = names.first() {
+            let more = names.len() - 1;
+            let tail = if more > 0 {
+                format!(" (and {more} more)")
+            } else {
+                String::new()
+            };
+            report.fail(format!("arrays.npz {what} {first}{tail}"));
+        }
     }
-    for name in present.difference(&expected_names) {
-        report.fail(format!("arrays.npz has an unexpected array {name}"));
+    // Arrays that are missing would fail again one by one below; the line above says it once.
+    if !expected_names.is_subset(&present) {
+        return;
     }
 
     let mut clean_draws = CleanDraws::new();
@@ -508,6 +534,8 @@ fn check_comparison(
                         group_size: e.group_size,
                         bits,
                         axis,
+                        mode: Mode::parse(segment.mode.as_deref())
+                            .ok_or_else(|| format!("{id}: unknown mode {:?}", segment.mode))?,
                     };
                     check_tensor(
                         &format!("{id}_{tensor}"),
@@ -637,6 +665,10 @@ fn check_tensor(
     let codes: Array1<u8> = arrays.vector(&array("codes"))?;
     let scales: Array2<f32> = arrays.matrix(&array("scales"))?;
     let shape: Array1<i32> = arrays.vector(&array("shape"))?;
+    let zeros: Array1<u8> = match grid.mode {
+        Mode::Symmetric => Array1::zeros(0),
+        Mode::Asymmetric => arrays.vector(&array("zeros"))?,
+    };
     let logical = [grid.tokens as i32, grid.features as i32];
     if shape.as_slice() != Some(&logical[..]) {
         return Err(format!(
@@ -644,31 +676,52 @@ fn check_tensor(
             array("shape")
         ));
     }
-    expect_shape(&array("codes"), codes.shape(), &[grid.stream_bytes()])?;
+    expect_shape(
+        &array("codes"),
+        codes.shape(),
+        &[grid.stream_bytes(grid.positions())],
+    )?;
     let (rows, _, groups) = grid.view();
     expect_shape(&array("scales"), scales.shape(), &[rows, groups])?;
+    if grid.mode == Mode::Asymmetric {
+        expect_shape(
+            &array("zeros"),
+            zeros.shape(),
+            &[grid.stream_bytes(grid.groups())],
+        )?;
+        if !tail_is_clear(
+            zeros.as_slice().expect("contiguous"),
+            grid.bits,
+            grid.groups(),
+        ) {
+            report.fail(format!(
+                "{}: bits past the last zero point are not zero",
+                array("zeros")
+            ));
+        }
+    }
     let stream = codes
         .as_slice()
         .expect("a freshly read array is contiguous");
+    let offsets = offsets(&grid, zeros.as_slice().expect("contiguous"));
 
-    let max_stored = 2 * grid.qmax();
-    let qmax = grid.qmax();
+    let max_code = grid.max_code();
     let mut out_of_range = Vec::new();
     let mut bad_padding = 0usize;
     for position in 0..grid.positions() {
         let code = code_at(stream, grid.bits, position);
-        if code > max_stored {
+        if code > max_code {
             out_of_range.push((position, code));
-        } else if grid.is_padding(position) && code != qmax {
+        } else if grid.is_padding(position) && code != offsets[grid.group_of(position)] {
             bad_padding += 1;
         }
     }
-    if grid.bits == 4 && grid.positions() % 2 == 1 && stream[stream.len() - 1] >> 4 != 0 {
+    if !tail_is_clear(stream, grid.bits, grid.positions()) {
         bad_padding += 1;
     }
     if let Some((position, code)) = out_of_range.first() {
         report.fail(format!(
-            "{}: {} codes exceed the {}-bit maximum {max_stored}; first {code} at stream position {position}",
+            "{}: {} codes exceed the {}-bit maximum {max_code}; first {code} at stream position {position}",
             array("codes"),
             out_of_range.len(),
             grid.bits
@@ -676,21 +729,22 @@ fn check_tensor(
     }
     if bad_padding > 0 {
         report.fail(format!(
-            "{}: {bad_padding} padding positions do not hold the zero code {qmax} (or a zero pad nibble)",
+            "{}: {bad_padding} padding positions do not hold their group's zero code (or the stream's unused bits are not zero)",
             array("codes")
         ));
     }
     report.count("codes (range, padding and bound)", grid.positions());
 
-    check_scales(&array("scales"), grid, original, &scales, report);
-    let decoded = decode(&grid, stream, scales.view());
+    check_scales(&array("scales"), grid, original, &scales, &offsets, report);
+    let decoded = decode(&grid, stream, scales.view(), &offsets);
+    let levels = f64::from(grid.max_code());
     let mut over = 0usize;
     let mut first = None;
     for ((t, f), &x) in original.indexed_iter() {
         let (_, at) = grid.locate(t, f);
         let scale = f64::from(scales[at]);
         let err = (decoded[[t, f]] - f64::from(x)).abs();
-        if !within(err, scale * (0.5 + f64::from(qmax) * BOUND_SLACK)) {
+        if !within(err, scale * (0.5 + levels * BOUND_SLACK)) {
             over += 1;
             first.get_or_insert((t, f, err, scale / 2.0));
         }
@@ -701,39 +755,70 @@ fn check_tensor(
         ));
     }
     Ok(Stored {
-        payload_bytes: codes.len() + 4 * scales.len() + 8,
+        payload_bytes: codes.len() + 4 * scales.len() + zeros.len() + 8,
         decoded,
     })
 }
 
-/// Each scale must be max|x| over its group of the original, divided by qmax in f32, or 1.0 for
-/// an all-zero group.
+/// Each scale (and zero point) must follow from its group of the original:
+/// - symmetric: scale = max|x| / qmax in f32, or 1.0 for an all-zero group;
+/// - asymmetric: lo = min(min x, 0), hi = max(max x, 0), scale = (hi - lo) / (2^b - 1) in f32
+///   (1.0 with zero point 0 if that is 0), zero = clamp(round_half_even(-lo / scale), 0, 2^b - 1).
 fn check_scales(
     name: &str,
     grid: Grid,
     original: ArrayView2<f32>,
     scales: &Array2<f32>,
+    offsets: &Array2<u8>,
     report: &mut Report,
 ) {
-    let mut amax = Array2::<f32>::zeros(scales.raw_dim());
+    let mut lo = Array2::<f32>::zeros(scales.raw_dim());
+    let mut hi = Array2::<f32>::zeros(scales.raw_dim());
     for ((t, f), &x) in original.indexed_iter() {
         let (_, s) = grid.locate(t, f);
-        amax[s] = amax[s].max(x.abs());
+        lo[s] = lo[s].min(x);
+        hi[s] = hi[s].max(x);
     }
-    let qmax = f32::from(grid.qmax());
-    let wrong = amax
+    let expected = |r: usize, g: usize| -> (f32, u8) {
+        match grid.mode {
+            Mode::Symmetric => {
+                let amax = (-lo[[r, g]]).max(hi[[r, g]]);
+                let scale = if amax == 0.0 {
+                    1.0
+                } else {
+                    amax / f32::from(grid.qmax())
+                };
+                (scale, grid.qmax())
+            }
+            Mode::Asymmetric => {
+                let levels = f32::from(grid.max_code());
+                let scale = (hi[[r, g]] - lo[[r, g]]) / levels;
+                if scale == 0.0 {
+                    return (1.0, 0);
+                }
+                let zero = (-lo[[r, g]] / scale).round_ties_even().clamp(0.0, levels);
+                (scale, zero as u8)
+            }
+        }
+    };
+    let wrong: Vec<(usize, usize)> = scales
         .indexed_iter()
-        .filter(|&((r, g), &m)| {
-            let expected = if m == 0.0 { 1.0 } else { m / qmax };
-            scales[[r, g]].to_bits() != expected.to_bits()
+        .filter(|&((r, g), &scale)| {
+            let (want_scale, want_offset) = expected(r, g);
+            scale.to_bits() != want_scale.to_bits() || offsets[[r, g]] != want_offset
         })
         .map(|(index, _)| index)
-        .collect::<Vec<_>>();
+        .collect();
     if let Some(&(r, g)) = wrong.first() {
+        let rule = match grid.mode {
+            Mode::Symmetric => format!("max|x| / {}", grid.qmax()),
+            Mode::Asymmetric => format!("(max - min) / {} with its zero point", grid.max_code()),
+        };
         report.fail(format!(
-            "{name}_scales: {} scales are not max|x| / {qmax} of their group; first [{r}, {g}] is {}",
+            "{name}: {} scales are not {rule} of their group; first [{r}, {g}] is {} (offset {})",
             wrong.len(),
-            scales[[r, g]]
+            scales[[r, g]],
+            offsets[[r, g]]
         ));
     }
     report.count("scales (recomputed from the inputs)", scales.len());
@@ -818,15 +903,18 @@ fn check_summary(
         ));
     }
     for (setting, srow) in p.settings.iter().zip(&summary.packed_kv) {
-        let label = format!("g{} b{}", setting.group_size, setting.bits);
-        if (srow.group_size, srow.bits) != (setting.group_size, setting.bits) {
+        let config = setting_label(setting);
+        let label = config.replace('_', " ");
+        let same_mode = srow.mode.as_deref().unwrap_or("symmetric")
+            == setting.mode.as_deref().unwrap_or("symmetric");
+        if (srow.group_size, srow.bits) != (setting.group_size, setting.bits) || !same_mode {
             report.fail(format!(
-                "summary.json {label}: row is for g{} b{}",
-                srow.group_size, srow.bits
+                "summary.json {label}: row is for g{} b{} {:?}",
+                srow.group_size, srow.bits, srow.mode
             ));
             continue;
         }
-        let mine = config_rows(&format!("g{}_b{}", setting.group_size, setting.bits));
+        let mine = config_rows(&config);
         let clean = mean_of(mine.iter().copied().filter(|r| r.distribution == "clean"));
         let mean_ok = match (srow.mean_relative_l2_clean, clean) {
             (Some(recorded), Some((mean, _))) => close(recorded, mean),

@@ -58,12 +58,17 @@ fn assert_fails_with(dir: &Path, needles: &[&str]) {
     );
 }
 
-/// A private copy of the archived evidence.
+/// A private copy of the archived packed-KV evidence.
 fn copy() -> (tempfile::TempDir, PathBuf) {
+    copy_of(&archived())
+}
+
+/// A private copy of an evidence directory.
+fn copy_of(source: &Path) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("run");
     std::fs::create_dir(&dir).unwrap();
-    for entry in std::fs::read_dir(archived()).unwrap() {
+    for entry in std::fs::read_dir(source).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
     }
@@ -102,7 +107,7 @@ fn edit_arrays(dir: &Path, edit: impl FnOnce(&mut BTreeMap<String, AnyArray>)) {
             Some((head, index)) if index.parse::<usize>().is_ok() => head,
             _ => name.as_str(),
         };
-        let array = if part.ends_with("_codes") {
+        let array = if part.ends_with("_codes") || part.ends_with("_zeros") {
             AnyArray::U8(reader.by_name::<OwnedRepr<u8>, IxDyn>(name).unwrap())
         } else if part.ends_with("_shape") {
             AnyArray::I32(reader.by_name::<OwnedRepr<i32>, IxDyn>(name).unwrap())
@@ -161,7 +166,9 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
     let (passed, stdout) = audit_in(&workspace(), &[]);
     assert!(passed, "{stdout}");
     assert!(
-        stdout.contains("pinned file hashes") && stdout.contains("evidence/packed-kv"),
+        stdout.contains("pinned file hashes")
+            && stdout.contains("PASS evidence/packed-kv")
+            && stdout.contains("PASS evidence/widths-and-modes"),
         "{stdout}"
     );
 }
@@ -338,6 +345,51 @@ fn incomplete_or_altered_timings_fail() {
     assert_fails_with(&dir, &["summary.json timing", "median"]);
 }
 
+fn widths_and_modes() -> PathBuf {
+    workspace().join("evidence/widths-and-modes")
+}
+
+#[test]
+fn the_widths_and_modes_archive_passes() {
+    let (passed, stdout) = audit(&widths_and_modes());
+    assert!(passed, "{stdout}");
+    assert!(stdout.contains("104 comparisons"), "{stdout}");
+}
+
+#[test]
+fn a_changed_asymmetric_zero_point_fails() {
+    let (_tmp, dir) = copy_of(&widths_and_modes());
+    edit_arrays(&dir, |arrays| {
+        // 2-bit zero points, four to a byte: move the first group's by one.
+        let zeros = codes(arrays, "s19_n256_recent_focus_g32_b2_asym_k_zeros");
+        zeros[0] ^= 0b01;
+    });
+    rehash(&dir);
+    assert_fails_with(
+        &dir,
+        &[
+            "s19_n256_recent_focus_g32_b2_asym_k_scales",
+            "with its zero point",
+            "[0, 0]",
+        ],
+    );
+    assert_fails_with(&dir, &["s19_n256_recent_focus_g32_b2_asym_out", "differs"]);
+}
+
+#[test]
+fn a_changed_code_that_straddles_a_byte_fails() {
+    let (_tmp, dir) = copy_of(&widths_and_modes());
+    edit_arrays(&dir, |arrays| {
+        // 3-bit stream: code 2 occupies bits 6..9, across bytes 0 and 1. Flip its top bit.
+        codes(arrays, "s7_n100_clean_g32_b3_v_codes")[1] ^= 0b1;
+    });
+    rehash(&dir);
+    assert_fails_with(
+        &dir,
+        &["s7_n100_clean_g32_b3_v", "exceed scale/2", "[0, 2]"],
+    );
+}
+
 #[test]
 fn a_truncated_archive_fails_without_panicking() {
     let (_tmp, dir) = copy();
@@ -405,8 +457,13 @@ fn a_source_tree_that_differs_is_reported_as_a_source_mismatch() {
 fn a_tampered_pinned_file_fails_the_root_audit() {
     let (tmp, dir) = copy();
     let manifest = tmp.path().join("manifest.json");
-    let root = std::fs::read_to_string(workspace().join("manifest.json")).unwrap();
-    std::fs::write(&manifest, root.replace("evidence/packed-kv", "run")).unwrap();
+    // The root manifest, pinning only this copy of the packed-KV run.
+    let mut root: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(workspace().join("manifest.json")).unwrap())
+            .unwrap();
+    let pinned = root["evidence"]["evidence/packed-kv"].clone();
+    root["evidence"] = serde_json::json!({ "run": pinned });
+    std::fs::write(&manifest, serde_json::to_string_pretty(&root).unwrap()).unwrap();
     let (passed, stdout) = audit_in(tmp.path(), &["--manifest", manifest.to_str().unwrap()]);
     assert!(passed, "{stdout}");
     edit_results(&dir, |rows| rows[0]["max_abs"] = 0.0.into());

@@ -4,7 +4,8 @@
 //! - `arrays.npz` (uncompressed, fixed timestamps, so the same run gives the same bytes):
 //!   per input `<input>_q`, `_k`, `_v` (f32) and `_ref` (f64); per comparison
 //!   `<id>_k_codes`, `_v_codes` (u8 stream), `_k_scales`, `_v_scales` (f32 [rows, groups]),
-//!   `_k_shape`, `_v_shape` (i32 [N, D]) and `_out` (f64);
+//!   `_k_shape`, `_v_shape` (i32 [N, D]) and `_out` (f64); asymmetric settings add `_k_zeros`,
+//!   `_v_zeros` (u8 b-bit stream of the zero points, one per group in scale order);
 //!   Budget comparisons store every token segment as its own tensor, with the segment index as a
 //!   suffix: `<id>_k_codes_s0`, `_k_scales_s0`, `_k_shape_s0` for a quantized segment,
 //!   `<id>_k_values_s1` (f32 [len, D]) and `_k_shape_s1` for a float32 one;
@@ -196,6 +197,10 @@ fn write_arrays(path: &Path, run: &StudyRun) -> Result<(), EvidenceError> {
                             &name("shape"),
                             &Array1::from(packed.shape_i32().to_vec()),
                         )?;
+                        if packed.layout().mode == codec::Mode::Asymmetric {
+                            let zeros = packed.zero_point_bytes().to_vec();
+                            npz.add(id, &name("zeros"), &Array1::from(zeros))?;
+                        }
                     }
                     SegmentData::Float32(values) => {
                         npz.add(id, &name("values"), values)?;

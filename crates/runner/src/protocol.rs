@@ -16,9 +16,6 @@ pub const FROZEN: &str = include_str!("../../../experiments/packed-kv/protocol.j
 /// Where the frozen protocol lives in the repository (recorded in manifests).
 pub const FROZEN_PATH: &str = "experiments/packed-kv/protocol.json";
 
-/// Bit widths a study setting may use: those the evidence format and the audit cover.
-pub const STUDY_BITS: [u32; 2] = [4, 8];
-
 #[derive(Debug, Error)]
 pub enum ProtocolError {
     #[error("protocol field `{field}`: {message}")]
@@ -102,12 +99,16 @@ impl Policy {
     /// segments left out.
     pub fn segments(self, tokens: usize, window: usize, low_bits: u32) -> Vec<SegmentPlan> {
         let window = window.min(tokens);
-        let low = Storage::Quantized { bits: low_bits };
+        let quantized = |bits| Storage::Quantized {
+            bits,
+            mode: QuantMode::Symmetric,
+        };
+        let low = quantized(low_bits);
         let (early, late) = match self {
             Policy::Uniform => (None, None),
-            Policy::Recent8 => (None, Some(Storage::Quantized { bits: 8 })),
+            Policy::Recent8 => (None, Some(quantized(8))),
             Policy::RecentF32 => (None, Some(Storage::Float32)),
-            Policy::Early8 => (Some(Storage::Quantized { bits: 8 }), None),
+            Policy::Early8 => (Some(quantized(8)), None),
             Policy::EarlyF32 => (Some(Storage::Float32), None),
         };
         let parts = match (early, late) {
@@ -145,8 +146,12 @@ pub struct SegmentPlan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "storage", rename_all = "snake_case")]
 pub enum Storage {
-    /// Symmetric codes at this width, grouped as the tensor's axis says.
-    Quantized { bits: u32 },
+    /// Codes at this width and mode, grouped as the tensor's axis says.
+    Quantized {
+        bits: u32,
+        #[serde(default, skip_serializing_if = "QuantMode::is_symmetric")]
+        mode: QuantMode,
+    },
     /// Raw float32 values.
     Float32,
 }
@@ -205,7 +210,45 @@ pub struct Focus {
 #[serde(deny_unknown_fields)]
 pub struct Setting {
     pub group_size: usize,
+    /// 2 to 8 symmetric, 1 to 8 asymmetric.
     pub bits: u32,
+    /// Symmetric unless stated (and then not written, so symmetric records read as before).
+    #[serde(default, skip_serializing_if = "QuantMode::is_symmetric")]
+    pub mode: QuantMode,
+}
+
+/// How a group's values become codes: see `codec::symmetric` and `codec::asymmetric`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum QuantMode {
+    /// One scale per group, codes -qmax..=qmax stored as code + qmax.
+    #[default]
+    Symmetric,
+    /// One scale and one integer zero point per group, codes 0..=2^b - 1.
+    Asymmetric,
+}
+
+impl QuantMode {
+    pub fn is_symmetric(&self) -> bool {
+        *self == QuantMode::Symmetric
+    }
+
+    pub fn codec(self) -> codec::Mode {
+        match self {
+            QuantMode::Symmetric => codec::Mode::Symmetric,
+            QuantMode::Asymmetric => codec::Mode::Asymmetric,
+        }
+    }
+
+    /// Suffix of ids and labels: none for symmetric, `_asym` for asymmetric.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            QuantMode::Symmetric => "",
+            QuantMode::Asymmetric => "_asym",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -297,18 +340,7 @@ impl Protocol {
         positive("features", self.features)?;
         positive("queries", self.queries)?;
         for (i, s) in self.settings.iter().enumerate() {
-            // The codec packs 2- to 8-bit codes, but the evidence format and the audit cover the
-            // study's 4 and 8 bits only.
-            if !STUDY_BITS.contains(&s.bits) {
-                return Err(invalid(
-                    format!("settings[{i}]"),
-                    format!(
-                        "unsupported bit width {}: the study stores 4-bit or 8-bit codes",
-                        s.bits
-                    ),
-                ));
-            }
-            codec::Layout::new(codec::Axis::Token, s.bits, s.group_size)
+            codec::Layout::with_mode(codec::Axis::Token, s.mode.codec(), s.bits, s.group_size)
                 .map_err(|e| invalid(format!("settings[{i}]"), e.to_string()))?;
         }
         self.validate_focus()?;
@@ -358,19 +390,9 @@ impl Protocol {
             return Ok(());
         };
         non_empty_unique("budget.policies", &budget.policies)?;
-        if !STUDY_BITS.contains(&budget.low_bits) {
-            return Err(invalid(
-                "budget.low_bits",
-                format!(
-                    "unsupported bit width {}: the study stores 4-bit or 8-bit codes",
-                    budget.low_bits
-                ),
-            ));
-        }
-        for bits in [budget.low_bits, 8] {
-            codec::Layout::new(codec::Axis::Token, bits, budget.group_size)
-                .map_err(|e| invalid("budget", e.to_string()))?;
-        }
+        positive("budget.group_size", budget.group_size)?;
+        codec::Layout::new(codec::Axis::Token, budget.low_bits, budget.group_size)
+            .map_err(|e| invalid("budget.low_bits", e.to_string()))?;
         positive("budget.window", budget.window)?;
         let shortest = self.tokens.iter().copied().min().unwrap_or(0);
         if budget.window > shortest {
@@ -428,9 +450,17 @@ impl InputSpec {
     }
 }
 
-/// Identifier of one packed-KV comparison, e.g. `s7_n128_clean_g8_b4`.
+/// Identifier of one packed-KV comparison, e.g. `s7_n128_clean_g8_b4`, or
+/// `s7_n128_clean_g32_b2_asym` for an asymmetric setting.
 pub fn comparison_id(input: &InputSpec, setting: &Setting) -> String {
-    format!("{}_g{}_b{}", input.id(), setting.group_size, setting.bits)
+    format!("{}_{}", input.id(), setting.label())
+}
+
+impl Setting {
+    /// `g8_b4`, or `g32_b2_asym` for an asymmetric setting.
+    pub fn label(&self) -> String {
+        format!("g{}_b{}{}", self.group_size, self.bits, self.mode.suffix())
+    }
 }
 
 /// Identifier of one budget comparison, e.g. `s7_n128_clean_budget_recent8`.
@@ -508,9 +538,9 @@ mod tests {
         assert!(err(|v| v["tokens"][0] = 0.into()).contains("`tokens[0]`: must be at least 1"));
         assert!(err(|v| v["features"] = 0.into()).contains("`features`"));
         assert!(err(|v| v["queries"] = 0.into()).contains("`queries`"));
-        let e = err(|v| v["settings"][2]["bits"] = 3.into());
+        let e = err(|v| v["settings"][2]["bits"] = 9.into());
         assert!(
-            e.contains("settings[2]") && e.contains("unsupported bit width 3"),
+            e.contains("settings[2]") && e.contains("unsupported bit width 9"),
             "{e}"
         );
         let e = err(|v| v["settings"][0]["group_size"] = 0.into());
@@ -541,9 +571,9 @@ mod tests {
             e.contains("budget.window") && e.contains("128 tokens"),
             "{e}"
         );
-        let e = err(|v| v["budget"]["low_bits"] = 2.into());
+        let e = err(|v| v["budget"]["low_bits"] = 1.into());
         assert!(
-            e.contains("`budget.low_bits`") && e.contains("unsupported bit width 2"),
+            e.contains("`budget.low_bits`") && e.contains("unsupported bit width 1"),
             "{e}"
         );
         let e = err(|v| v["budget"]["group_size"] = (-32).into());
@@ -561,8 +591,36 @@ mod tests {
     }
 
     #[test]
+    fn settings_take_any_width_and_an_optional_mode() {
+        let p = with(|v| {
+            v["settings"] = serde_json::json!([
+                { "group_size": 32, "bits": 3 },
+                { "group_size": 32, "bits": 2, "mode": "asymmetric" },
+                { "group_size": 16, "bits": 1, "mode": "asymmetric" }
+            ])
+        })
+        .unwrap();
+        assert_eq!(p.settings[0].mode, QuantMode::Symmetric);
+        assert_eq!(p.settings[1].label(), "g32_b2_asym");
+        // Symmetric 1-bit has no code besides zero; asymmetric 1-bit does.
+        let e = err(|v| v["settings"][0]["bits"] = 1.into());
+        assert!(
+            e.contains("settings[0]") && e.contains("unsupported bit width 1"),
+            "{e}"
+        );
+        let e = err(|v| v["settings"][0]["mode"] = "nf4".into());
+        assert!(e.contains("settings[0].mode") && e.contains("nf4"), "{e}");
+        // A symmetric setting serializes as before, with no mode field.
+        let text = serde_json::to_string(&p.settings[0]).unwrap();
+        assert_eq!(text, r#"{"group_size":32,"bits":3}"#);
+    }
+
+    #[test]
     fn policies_cut_the_cache_into_token_segments() {
-        let q = |bits| Storage::Quantized { bits };
+        let q = |bits| Storage::Quantized {
+            bits,
+            mode: QuantMode::Symmetric,
+        };
         let plan = |p: Policy| {
             p.segments(128, 32, 4)
                 .iter()

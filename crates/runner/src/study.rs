@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::attention::{attention, max_abs, relative_l2};
 use crate::inputs::{Draw, draw, shape_keys};
 use crate::protocol::{
-    Budget, InputSpec, Policy, Protocol, SegmentPlan, Setting, Storage, budget_id, comparison_id,
+    Budget, InputSpec, Policy, Protocol, QuantMode, SegmentPlan, Setting, Storage, budget_id,
+    comparison_id,
 };
 
 /// Axis K is grouped on in every comparison.
@@ -64,7 +65,10 @@ impl Plan {
             Plan::Packed(s) => vec![SegmentPlan {
                 start: 0,
                 end: tokens,
-                storage: Storage::Quantized { bits: s.bits },
+                storage: Storage::Quantized {
+                    bits: s.bits,
+                    mode: s.mode,
+                },
             }],
             Plan::Budget {
                 policy,
@@ -138,8 +142,9 @@ pub fn encode_segments(
         .map(|&segment| {
             let rows = x.slice(s![segment.start..segment.end, ..]);
             let data = match segment.storage {
-                Storage::Quantized { bits } => {
-                    SegmentData::Packed(codec::encode(rows, Layout::new(axis, bits, group_size)?)?)
+                Storage::Quantized { bits, mode } => {
+                    let layout = Layout::with_mode(axis, mode.codec(), bits, group_size)?;
+                    SegmentData::Packed(codec::encode(rows, layout)?)
                 }
                 Storage::Float32 => SegmentData::Float32(rows.to_owned()),
             };
@@ -189,6 +194,9 @@ pub struct ResultRow {
     pub group_size: usize,
     /// The width of the whole cache (packed-KV) or of the low-precision part (budget).
     pub bits: u32,
+    /// Symmetric unless stated (and then not written).
+    #[serde(default, skip_serializing_if = "QuantMode::is_symmetric")]
+    pub mode: QuantMode,
     /// Budget policy; null for packed-KV rows.
     pub policy: Option<String>,
     /// Budget window W in tokens; null for packed-KV rows.
@@ -274,8 +282,8 @@ fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> codec::Result<Com
     );
     let k_payload_bytes: usize = k.iter().map(Segment::payload_bytes).sum();
     let v_payload_bytes: usize = v.iter().map(Segment::payload_bytes).sum();
-    let (study, bits, policy, window) = match *plan {
-        Plan::Packed(s) => (STUDY_PACKED_KV, s.bits, None, None),
+    let (study, bits, mode, policy, window) = match *plan {
+        Plan::Packed(s) => (STUDY_PACKED_KV, s.bits, s.mode, None, None),
         Plan::Budget {
             policy,
             low_bits,
@@ -284,6 +292,7 @@ fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> codec::Result<Com
         } => (
             STUDY_BUDGET,
             low_bits,
+            QuantMode::Symmetric,
             Some(policy.to_string()),
             Some(window),
         ),
@@ -299,6 +308,7 @@ fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> codec::Result<Com
         distribution: spec.distribution.to_string(),
         group_size: plan.group_size(),
         bits,
+        mode,
         policy,
         window,
         segments,

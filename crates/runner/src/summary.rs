@@ -13,7 +13,7 @@ use tabled::builder::Builder;
 use tabled::settings::object::Columns;
 use tabled::settings::{Alignment, Style};
 
-use crate::protocol::{Distribution, Protocol};
+use crate::protocol::{Distribution, Protocol, QuantMode};
 use crate::study::{Plan, ResultRow, STUDY_BUDGET, STUDY_PACKED_KV, float32_kv_bytes, plans};
 use crate::timing::{Operation, Timings, median};
 
@@ -33,6 +33,8 @@ pub struct Summary {
 pub struct PackedRow {
     pub group_size: usize,
     pub bits: u32,
+    #[serde(default, skip_serializing_if = "QuantMode::is_symmetric")]
+    pub mode: QuantMode,
     /// Number of clean inputs averaged.
     pub clean_inputs: usize,
     /// Mean relative L2 over the clean inputs (a fraction); null without clean inputs.
@@ -70,7 +72,7 @@ pub struct TimingRow {
 /// The label a configuration goes by in tables, timings and the plot.
 pub fn config_label(plan: &Plan) -> String {
     match plan {
-        Plan::Packed(s) => format!("g{}_b{}", s.group_size, s.bits),
+        Plan::Packed(s) => s.label(),
         Plan::Budget { policy, .. } => policy.to_string(),
     }
 }
@@ -82,12 +84,13 @@ pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timin
         .iter()
         .map(|s| {
             let mine = select(rows, STUDY_PACKED_KV, |r| {
-                r.group_size == s.group_size && r.bits == s.bits
+                r.group_size == s.group_size && r.bits == s.bits && r.mode == s.mode
             });
             let clean = mean_where(&mine, |r| r.distribution == Distribution::Clean.name());
             PackedRow {
                 group_size: s.group_size,
                 bits: s.bits,
+                mode: s.mode,
                 clean_inputs: clean.map_or(0, |(_, n)| n),
                 mean_relative_l2_clean: clean.map(|(m, _)| m),
                 mean_relative_l2_clean_percent: clean.map(|(m, _)| percent(m)),
@@ -179,7 +182,7 @@ fn payload_by_length(protocol: &Protocol, rows: &[&ResultRow]) -> BTreeMap<Strin
 pub fn row_label(row: &ResultRow) -> String {
     match &row.policy {
         Some(policy) => policy.clone(),
-        None => format!("g{}_b{}", row.group_size, row.bits),
+        None => format!("g{}_b{}{}", row.group_size, row.bits, row.mode.suffix()),
     }
 }
 
@@ -293,7 +296,11 @@ pub fn packed_table(protocol: &Protocol, summary: &Summary) -> Table {
         .map(|row| {
             let mut cells = vec![
                 row.group_size.to_string(),
-                row.bits.to_string(),
+                format!(
+                    "{}{}",
+                    row.bits,
+                    if row.mode.is_symmetric() { "" } else { " asym" }
+                ),
                 error_cell(row.mean_relative_l2_clean),
             ];
             cells.extend(

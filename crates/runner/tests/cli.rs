@@ -132,6 +132,41 @@ fn frozen_protocol_reproduces_the_published_table_and_the_archive() {
 }
 
 #[test]
+fn the_widths_and_modes_sweep_reproduces_its_archive() {
+    // 2- to 8-bit codes, symmetric and asymmetric, partial groups (N = 100) and a 2-bit budget.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let protocol = workspace().join("experiments/widths-and-modes/protocol.json");
+    let result = runner(&[
+        "--out",
+        out.to_str().unwrap(),
+        "--protocol",
+        protocol.to_str().unwrap(),
+    ]);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let fresh = json(&out.join("manifest.json"));
+    let archived = json(&workspace().join("evidence/widths-and-modes/manifest.json"));
+    // No timings in this protocol, so every output is deterministic.
+    assert_eq!(
+        fresh["outputs"], archived["outputs"],
+        "refresh evidence/widths-and-modes (scripts/refresh-evidence)"
+    );
+    let rows = json(&out.join("results.json"));
+    let asym = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "s7_n100_clean_g32_b3_asym")
+        .unwrap();
+    assert_eq!(asym["mode"], "asymmetric");
+    assert_eq!(asym["segments"][0]["mode"], "asymmetric");
+}
+
+#[test]
 fn refuses_an_existing_output_directory_and_leaves_it_alone() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("taken");
@@ -158,7 +193,7 @@ fn a_bad_protocol_is_refused_by_field_and_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let protocol = tmp.path().join("bad.json");
     let mut value: serde_json::Value = serde_json::from_str(runner::protocol::FROZEN).unwrap();
-    value["settings"][1]["bits"] = 5.into();
+    value["settings"][1]["bits"] = 9.into();
     std::fs::write(&protocol, value.to_string()).unwrap();
     let out = tmp.path().join("run");
     let result = runner(&[
@@ -170,7 +205,7 @@ fn a_bad_protocol_is_refused_by_field_and_writes_nothing() {
     assert!(!result.status.success());
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(
-        stderr.contains("settings[1]") && stderr.contains("bit width 5"),
+        stderr.contains("settings[1]") && stderr.contains("bit width 9"),
         "{stderr}"
     );
     assert!(!out.exists());
