@@ -1,4 +1,5 @@
-//! Symmetric per-group quantization of KV-cache matrices into packed code streams.
+//! Symmetric per-group quantization of KV-cache matrices into packed code streams, and the
+//! quantized weight layouts of GPTQ, AWQ, GGUF and NF4 with repacking between them.
 //!
 //! Where things live:
 //! - [`layout`]: axis, bit width, group size and the grouped-view geometry they imply;
@@ -6,7 +7,9 @@
 //! - [`nibble`]: the 4-bit nibble order (two codes per byte, even element in the low nibble);
 //! - [`stream`]: the code stream by bit width;
 //! - [`packed`]: the packed tensor container and its payload bytes;
-//! - [`error`]: typed errors.
+//! - [`error`]: typed errors;
+//! - [`formats`]: weight layouts (GPTQ, AWQ, GGUF Q4_0/Q8_0, NF4) and their logical matrix;
+//! - [`repack`]: converting a layer between integer layouts through the logical matrix.
 //!
 //! ```
 //! use codec::{Axis, Layout, decode, encode};
@@ -23,9 +26,11 @@
 //! ```
 
 pub mod error;
+pub mod formats;
 pub mod layout;
 pub mod nibble;
 pub mod packed;
+pub mod repack;
 pub mod stream;
 pub mod symmetric;
 
