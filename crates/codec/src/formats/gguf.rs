@@ -59,7 +59,7 @@ pub struct BlockQ8_0 {
 const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
 
 /// What Q4_0 and Q8_0 share: a block of 32 codes with one f16 scale and a fixed offset.
-pub trait GgufBlock: Sized + Copy {
+pub trait GgufBlock: Sized + Copy + PartialEq + std::fmt::Debug {
     const NAME: &'static str;
     /// Bytes per block on disk.
     const BYTES: usize;
