@@ -186,7 +186,14 @@ fn check_metadata(
             ));
         }
     }
-    if let Some(group_size) = layer_io::metadata_number(metadata, "group_size")? {
+    // AutoGPTQ writes group_size -1 for one group spanning K; the shapes check that one instead.
+    let one_group = metadata.get("group_size").map(|g| g.trim()) == Some("-1");
+    let recorded = if one_group {
+        None
+    } else {
+        layer_io::metadata_number(metadata, "group_size")?
+    };
+    if let Some(group_size) = recorded {
         if group_size != request.group_size {
             return Err(conflict(
                 "group_size",

@@ -38,10 +38,10 @@ pub enum Error {
         expected: String,
     },
 
-    #[error("layer {layer:?}: unknown layout: {why}")]
+    #[error("layer {}: unknown layout: {why}", label(layer))]
     UnknownLayout { layer: String, why: String },
 
-    #[error("layer {layer:?}: {source}")]
+    #[error("layer {}: {source}", label(layer))]
     Layer {
         layer: String,
         #[source]
@@ -82,6 +82,15 @@ pub enum Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// A layer as messages name it: its quoted prefix, or `(unprefixed)` for a file's only layer.
+fn label(prefix: &str) -> String {
+    if prefix.is_empty() {
+        "(unprefixed)".to_string()
+    } else {
+        format!("{prefix:?}")
+    }
+}
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {

@@ -91,7 +91,7 @@ fn integer_layer(
     };
     let [k, n] =
         layer_io::logical_shape(&ckpt.metadata, &layer.prefix)?.unwrap_or([stored_k, stored_n]);
-    let group_size = match layer_io::metadata_number(&ckpt.metadata, "group_size")? {
+    let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
         Some(g) => format!("group {g}"),
         None if is_gptq => format!("group {} (inferred)", gptq_group_size(layer)?),
         None => format!("group {} (inferred)", stored_k / groups.max(1)),
@@ -108,25 +108,9 @@ fn integer_layer(
         display_name(&layer.prefix)
     )
     .unwrap();
-    let weights = k * n;
-    let width = name_width(layer);
-    for (inside, tensor) in &layer.tensors {
-        let role = integer_role(inside, is_gptq, bits, format);
-        tensor_line(
-            out,
-            &layer.tensor_name(inside),
-            width,
-            tensor,
-            weights,
-            &role,
-        );
-    }
-    let cost = StorageCost {
-        code_bytes: qweight.data.len(),
-        metadata_bytes: layer.stored_bytes() - qweight.data.len(),
-        logical_weights: weights,
-    };
-    writeln!(out, "  total  {}", cost_line(&cost)).unwrap();
+    layer_lines(out, layer, "qweight", k * n, |inside| {
+        integer_role(inside, is_gptq, bits, format)
+    })?;
     if let Some(permutation) = layer_io::input_permutation(&ckpt.metadata, &layer.prefix)? {
         writeln!(
             out,
@@ -159,7 +143,7 @@ fn check_integer_layer(
     bits: usize,
 ) -> String {
     let result = (|| {
-        let group_size = match layer_io::metadata_number(&ckpt.metadata, "group_size")? {
+        let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
             Some(g) => g,
             None if format == WeightFormat::Awq => {
                 dim(layer.get("qweight")?, 0) / dim(layer.get("scales")?, 0).max(1)
@@ -217,31 +201,13 @@ fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<()> {
         state["quant_type"].as_str().unwrap_or("4-bit"),
     )
     .unwrap();
-    let width = name_width(layer);
-    for (inside, tensor) in &layer.tensors {
-        let role = match inside.as_str() {
-            "weight" => "NF4 codes, 2 per byte, first element in the high nibble".to_string(),
-            "weight.absmax" => format!("f32 absmax per block of {block_size}"),
-            "weight.quant_map" => "the 16 NF4 levels".into(),
-            "weight.quant_state.bitsandbytes__nf4" => "quant state (JSON)".into(),
-            _ => "nested absmax quantization".into(),
-        };
-        tensor_line(
-            out,
-            &layer.tensor_name(inside),
-            width,
-            tensor,
-            weights,
-            &role,
-        );
-    }
-    let codes = layer.get("weight")?.data.len();
-    let cost = StorageCost {
-        code_bytes: codes,
-        metadata_bytes: layer.stored_bytes() - codes,
-        logical_weights: weights,
-    };
-    writeln!(out, "  total  {}", cost_line(&cost)).unwrap();
+    layer_lines(out, layer, "weight", weights, |inside| match inside {
+        "weight" => "NF4 codes, 2 per byte, first element in the high nibble".to_string(),
+        "weight.absmax" => format!("f32 absmax per block of {block_size}"),
+        "weight.quant_map" => "the 16 NF4 levels".into(),
+        "weight.quant_state.bitsandbytes__nf4" => "quant state (JSON)".into(),
+        _ => "nested absmax quantization".into(),
+    })?;
     let check = match (
         <[usize; 2]>::try_from(shape),
         layer.get("weight.absmax")?.f32_vector("absmax"),
@@ -261,6 +227,30 @@ fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<()> {
         _ => "FAILS: the quant state does not give a 2-D shape, or absmax is not f32".to_string(),
     };
     writeln!(out, "  check: {check}").unwrap();
+    Ok(())
+}
+
+/// One line per tensor of the layer, then the layer's total: the `codes` tensor counts as codes,
+/// every other tensor (scales, zero points, g_idx, absmax, quant state) as metadata.
+fn layer_lines(
+    out: &mut String,
+    layer: &Layer<'_>,
+    codes: &str,
+    weights: usize,
+    role: impl Fn(&str) -> String,
+) -> Result<()> {
+    let width = name_width(layer);
+    for (inside, tensor) in &layer.tensors {
+        let name = layer.tensor_name(inside);
+        tensor_line(out, &name, width, tensor, weights, &role(inside));
+    }
+    let code_bytes = layer.get(codes)?.data.len();
+    let cost = StorageCost {
+        code_bytes,
+        metadata_bytes: layer.stored_bytes() - code_bytes,
+        logical_weights: weights,
+    };
+    writeln!(out, "  total  {}", cost_line(&cost)).unwrap();
     Ok(())
 }
 

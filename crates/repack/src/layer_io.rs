@@ -69,6 +69,15 @@ pub fn metadata_number(metadata: &BTreeMap<String, String>, key: &str) -> Result
         .transpose()
 }
 
+/// The recorded group size, if any. AutoGPTQ records -1 for one group spanning all of K; that
+/// counts as unrecorded, and the tensor shapes then check `--group-size` (G = ceil(K / g) = 1).
+pub fn recorded_group_size(metadata: &BTreeMap<String, String>) -> Result<Option<usize>> {
+    if metadata.get("group_size").map(|g| g.trim()) == Some("-1") {
+        return Ok(None);
+    }
+    metadata_number(metadata, "group_size")
+}
+
 /// A layer's recorded `[K, N]`, if any.
 pub fn logical_shape(
     metadata: &BTreeMap<String, String>,
@@ -272,6 +281,24 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "metadata \"checkpoint_format\" = \"marlin\" is not gptq, gptq_v2 or awq"
+        );
+    }
+
+    #[test]
+    fn group_size_minus_one_means_unrecorded() {
+        assert_eq!(
+            recorded_group_size(&metadata(&[("group_size", "-1")])).unwrap(),
+            None
+        );
+        assert_eq!(
+            recorded_group_size(&metadata(&[("group_size", "128")])).unwrap(),
+            Some(128)
+        );
+        assert_eq!(
+            recorded_group_size(&metadata(&[("group_size", "x")]))
+                .unwrap_err()
+                .to_string(),
+            "metadata \"group_size\" = \"x\" is not a whole number"
         );
     }
 

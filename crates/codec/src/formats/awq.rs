@@ -23,7 +23,7 @@ use ndarray::{Array2, Axis};
 
 use super::StorageCost;
 use super::error::{FormatError, Result};
-use super::logical::LogicalWeights;
+use super::logical::{LogicalWeights, check_logical_shape};
 use super::words;
 
 /// AWQ stores 4-bit codes only.
@@ -145,16 +145,7 @@ impl AwqLayer {
                 });
             }
         }
-        let [logical_k, logical_n] = self.logical_shape;
-        if logical_k == 0 || logical_n == 0 || logical_k > k || logical_n > n {
-            return Err(FormatError::ShapeMismatch {
-                format: "AWQ",
-                tensor: "logical shape",
-                found: self.logical_shape.to_vec(),
-                expected: vec![k, n],
-                why: "the logical size must fit inside the stored tensors".to_string(),
-            });
-        }
+        check_logical_shape("AWQ", self.logical_shape, [k, n])?;
         Ok((k, n))
     }
 

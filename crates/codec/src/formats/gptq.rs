@@ -29,7 +29,7 @@ use half::f16;
 use ndarray::{Array2, Axis};
 
 use super::error::{FormatError, Result};
-use super::logical::LogicalWeights;
+use super::logical::{LogicalWeights, check_logical_shape};
 use super::words;
 use super::{StorageCost, WeightFormat};
 
@@ -225,16 +225,7 @@ impl GptqLayer {
             [groups, n * bits / 32],
             format!("{groups} groups of N = {n} {bits}-bit zero points packed along N"),
         )?;
-        let [logical_k, logical_n] = self.logical_shape;
-        if logical_k == 0 || logical_n == 0 || logical_k > k || logical_n > n {
-            return Err(FormatError::ShapeMismatch {
-                format: "GPTQ",
-                tensor: "logical shape",
-                found: self.logical_shape.to_vec(),
-                expected: vec![k, n],
-                why: "the logical size must fit inside the stored tensors".to_string(),
-            });
-        }
+        check_logical_shape("GPTQ", self.logical_shape, [k, n])?;
         Ok((k, n))
     }
 

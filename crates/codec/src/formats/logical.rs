@@ -287,16 +287,7 @@ impl LogicalWeights {
 
     /// The top-left `k` x `n` of a padded matrix, keeping the groups its rows use.
     pub fn cropped(&self, k: usize, n: usize) -> Result<Self> {
-        if k == 0 || n == 0 || k > self.k() || n > self.n() {
-            return Err(FormatError::ShapeMismatch {
-                format: "logical",
-                tensor: "logical shape",
-                found: vec![k, n],
-                expected: vec![self.k(), self.n()],
-                why: "the logical size must be positive and fit inside the stored matrix"
-                    .to_string(),
-            });
-        }
+        check_logical_shape("logical", [k, n], [self.k(), self.n()])?;
         if (k, n) == (self.k(), self.n()) {
             return Ok(self.clone());
         }
@@ -311,6 +302,25 @@ impl LogicalWeights {
             g_idx,
         )
     }
+}
+
+/// Checks that a layer's recorded logical [K, N] is positive and fits inside its stored [K, N].
+pub fn check_logical_shape(
+    format: &'static str,
+    logical: [usize; 2],
+    stored: [usize; 2],
+) -> Result<()> {
+    let [k, n] = logical;
+    if k == 0 || n == 0 || k > stored[0] || n > stored[1] {
+        return Err(FormatError::ShapeMismatch {
+            format,
+            tensor: "logical shape",
+            found: logical.to_vec(),
+            expected: stored.to_vec(),
+            why: "the logical size must fit inside the stored tensors".to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// g_idx of sequential groups: row k in group k / group_size.

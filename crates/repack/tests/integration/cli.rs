@@ -56,6 +56,36 @@ fn fails(args: &[&str]) -> String {
     stderr(&output)
 }
 
+/// `repack convert --from FROM --to TO --group-size G IN OUT`, which must succeed; its stdout.
+fn convert_ok(from: &str, to: &str, group_size: &str, input: &str, output: &str) -> String {
+    succeeds(&[
+        "convert",
+        "--from",
+        from,
+        "--to",
+        to,
+        "--group-size",
+        group_size,
+        input,
+        output,
+    ])
+}
+
+/// The same, which must fail; its stderr.
+fn convert_fails(from: &str, to: &str, group_size: &str, input: &str, output: &str) -> String {
+    fails(&[
+        "convert",
+        "--from",
+        from,
+        "--to",
+        to,
+        "--group-size",
+        group_size,
+        input,
+        output,
+    ])
+}
+
 /// The only layer of a checkpoint, read as `format`.
 fn only_layer(file: &Path, format: WeightFormat, group_size: usize) -> PackedLayer {
     let ckpt = Checkpoint::read(file).unwrap();
@@ -64,6 +94,15 @@ fn only_layer(file: &Path, format: WeightFormat, group_size: usize) -> PackedLay
     let layer = &found.layers[0];
     let logical = layer_io::logical_shape(&ckpt.metadata, &layer.prefix).unwrap();
     layer_io::read_integer_layer(layer, format, None, group_size, logical).unwrap()
+}
+
+/// A copy of a fixture in `dir`, edited.
+fn edited_fixture(dir: &Path, fixture: &str, edit: impl FnOnce(&mut Checkpoint)) -> PathBuf {
+    let mut ckpt = Checkpoint::read(&data(fixture)).unwrap();
+    edit(&mut ckpt);
+    let edited = dir.join("edited.safetensors");
+    ckpt.write_new(&edited).unwrap();
+    edited
 }
 
 fn write_layer(file: &Path, prefix: &str, layer: &PackedLayer, metadata: &[(&str, &str)]) {
@@ -79,17 +118,7 @@ fn awq_to_gptq_writes_autoawqs_own_bytes_and_prints_both_costs() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("as_gptq.safetensors");
     let input = data("library/awq_pattern.safetensors");
-    let printed = succeeds(&[
-        "convert",
-        "--from",
-        "awq",
-        "--to",
-        "gptq",
-        "--group-size",
-        "32",
-        path(&input),
-        path(&out),
-    ]);
+    let printed = convert_ok("awq", "gptq", "32", path(&input), path(&out));
     assert_eq!(
         printed,
         format!(
@@ -117,31 +146,11 @@ fn act_order_gptq_to_awq_and_back_reports_the_permutation_and_keeps_every_weight
         dir.path().join("back.safetensors"),
     );
     let input = data("library/gptq_actorder_b4.safetensors");
-    let printed = succeeds(&[
-        "convert",
-        "--from",
-        "gptq",
-        "--to",
-        "awq",
-        "--group-size",
-        "32",
-        path(&input),
-        path(&awq),
-    ]);
+    let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
     assert!(printed.contains(
         "  rows reordered into contiguous groups: permute the input activations by `input_permutation`\n"
     ));
-    succeeds(&[
-        "convert",
-        "--from",
-        "awq",
-        "--to",
-        "gptq",
-        "--group-size",
-        "32",
-        path(&awq),
-        path(&back),
-    ]);
+    convert_ok("awq", "gptq", "32", path(&awq), path(&back));
 
     let metadata = Checkpoint::read(&back).unwrap().metadata;
     let perm: Vec<usize> = serde_json::from_str(&metadata["input_permutation"]).unwrap();
@@ -169,17 +178,7 @@ fn nf4_to_gptq_is_refused_because_it_needs_requantization() {
     let out = dir.path().join("out.safetensors");
     let input = data("proj_nf4.safetensors");
     for from in ["nf4", "gptq"] {
-        let message = fails(&[
-            "convert",
-            "--from",
-            from,
-            "--to",
-            "gptq",
-            "--group-size",
-            "64",
-            path(&input),
-            path(&out),
-        ]);
+        let message = convert_fails(from, "gptq", "64", path(&input), path(&out));
         assert!(
             message.contains(
                 "converting NF4 to gptq needs requantization: NF4 codes index 16 fixed, non-uniform \
@@ -200,17 +199,7 @@ fn an_existing_output_is_refused_and_left_untouched() {
     let out = dir.path().join("taken.safetensors");
     std::fs::write(&out, b"precious").unwrap();
     let input = data("library/gptq_pattern_b4.safetensors");
-    let message = fails(&[
-        "convert",
-        "--from",
-        "gptq",
-        "--to",
-        "awq",
-        "--group-size",
-        "32",
-        path(&input),
-        path(&out),
-    ]);
+    let message = convert_fails("gptq", "awq", "32", path(&input), path(&out));
     assert_eq!(
         message,
         format!(
@@ -226,32 +215,18 @@ fn a_convention_the_file_contradicts_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.safetensors");
     let input = data("library/gptq_pattern_b4_v2.safetensors");
-    let message = fails(&[
-        "convert",
-        "--from",
-        "gptq",
-        "--to",
-        "awq",
-        "--group-size",
-        "32",
-        path(&input),
-        path(&out),
-    ]);
+    let message = convert_fails("gptq", "awq", "32", path(&input), path(&out));
     assert!(message.contains(
         "its metadata says format = \"gptq_v2\", but --from gptq was given; reading one layout or \
          zero-point convention as another shifts or scrambles every weight"
     ));
-    let message = fails(&[
-        "convert",
-        "--from",
+    let message = convert_fails(
         "gptq",
-        "--to",
         "awq",
-        "--group-size",
         "64",
         path(&data("library/gptq_pattern_b4.safetensors")),
         path(&out),
-    ]);
+    );
     assert!(message.contains("metadata says group_size = \"32\", but --group-size 64 was given"));
     assert!(!out.exists());
 }
@@ -259,25 +234,13 @@ fn a_convention_the_file_contradicts_is_refused() {
 #[test]
 fn an_unknown_layer_layout_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (input, out) = (
-        dir.path().join("exllama.safetensors"),
-        dir.path().join("out.safetensors"),
-    );
-    let mut ckpt = Checkpoint::read(&data("library/gptq_pattern_b4.safetensors")).unwrap();
-    ckpt.tensors
-        .insert("q_perm".into(), Tensor::from_i32_vector(&[0; 128]));
-    ckpt.write_new(&input).unwrap();
-    let message = fails(&[
-        "convert",
-        "--from",
-        "gptq",
-        "--to",
-        "awq",
-        "--group-size",
-        "32",
-        path(&input),
-        path(&out),
-    ]);
+    let out = dir.path().join("out.safetensors");
+    let input = edited_fixture(dir.path(), "library/gptq_pattern_b4.safetensors", |ckpt| {
+        // What an exllama repack adds beside qweight.
+        ckpt.tensors
+            .insert("q_perm".into(), Tensor::from_i32_vector(&[0; 128]));
+    });
+    let message = convert_fails("gptq", "awq", "32", path(&input), path(&out));
     assert!(message.contains(
         "unknown layout: tensor \"q_perm\" is not one of qweight, qzeros, scales, g_idx (or bias)"
     ));
@@ -287,41 +250,25 @@ fn an_unknown_layer_layout_is_refused() {
 #[test]
 fn a_shape_that_does_not_match_the_format_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (input, out) = (
-        dir.path().join("bare.safetensors"),
-        dir.path().join("out.safetensors"),
-    );
-    let mut ckpt = Checkpoint::read(&data("library/awq_pattern.safetensors")).unwrap();
-    ckpt.metadata.clear();
-    ckpt.write_new(&input).unwrap();
-    let message = fails(&[
-        "convert",
-        "--from",
-        "awq",
-        "--to",
-        "gptq",
-        "--group-size",
-        "64",
-        path(&input),
-        path(&out),
-    ]);
+    let out = dir.path().join("out.safetensors");
+    // Without metadata, nothing but the shapes can contradict a wrong --group-size.
+    let input = edited_fixture(dir.path(), "library/awq_pattern.safetensors", |ckpt| {
+        ckpt.metadata.clear()
+    });
+    let message = convert_fails("awq", "gptq", "64", path(&input), path(&out));
     assert!(
         message.contains(
             "AWQ scales has shape [4, 64], expected [2, 64] (K / group size = 128 / 64 groups)"
         ),
         "{message}"
     );
-    let message = fails(&[
-        "convert",
-        "--from",
+    let message = convert_fails(
         "awq",
-        "--to",
         "gptq",
-        "--group-size",
         "32",
         path(&data("library/gptq_pattern_b4.safetensors")),
         path(&out),
-    ]);
+    );
     assert!(
         message.contains("metadata says format = \"gptq\", but --from awq was given"),
         "{message}"
@@ -346,17 +293,7 @@ fn zero_point_0_is_refused_under_gptq_v1() {
     .unwrap();
     let layer = PackedLayer::Gptq(gptq::pack(&weights, ZeroConvention::V2).unwrap());
     write_layer(&input, "proj", &layer, &[("checkpoint_format", "gptq_v2")]);
-    let message = fails(&[
-        "convert",
-        "--from",
-        "gptq_v2",
-        "--to",
-        "gptq",
-        "--group-size",
-        "32",
-        path(&input),
-        path(&out),
-    ]);
+    let message = convert_fails("gptq_v2", "gptq", "32", path(&input), path(&out));
     assert_eq!(
         message,
         "repack: error: layer \"proj\": GPTQ v1 stores zero - 1, so the zero point 0 at [group 0, \
@@ -364,17 +301,7 @@ fn zero_point_0_is_refused_under_gptq_v1() {
          16); write gptq_v2, which stores the zero point itself\n"
     );
     assert!(!out.exists());
-    succeeds(&[
-        "convert",
-        "--from",
-        "gptq_v2",
-        "--to",
-        "awq",
-        "--group-size",
-        "32",
-        path(&input),
-        path(&out),
-    ]);
+    convert_ok("gptq_v2", "awq", "32", path(&input), path(&out));
 }
 
 #[test]
@@ -406,32 +333,12 @@ fn odd_sizes_are_padded_recorded_and_cropped_through_two_conversions() {
         dir.path().join("awq.safetensors"),
         dir.path().join("back.safetensors"),
     );
-    let printed = succeeds(&[
-        "convert",
-        "--from",
-        "gptq",
-        "--to",
-        "awq",
-        "--group-size",
-        "32",
-        path(&input),
-        path(&awq),
-    ]);
+    let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
     assert!(
         printed.contains("  padded to K=96 N=64 with zero weights; logical size recorded\n"),
         "{printed}"
     );
-    succeeds(&[
-        "convert",
-        "--from",
-        "awq",
-        "--to",
-        "gptq_v2",
-        "--group-size",
-        "32",
-        path(&awq),
-        path(&back),
-    ]);
+    convert_ok("awq", "gptq_v2", "32", path(&awq), path(&back));
     let read = only_layer(&back, WeightFormat::GptqV2, 32)
         .unpack()
         .unwrap();
@@ -441,6 +348,90 @@ fn odd_sizes_are_padded_recorded_and_cropped_through_two_conversions() {
         inspected.contains("layer model.proj: awq, 4-bit, group 32, K=72 N=60\n"),
         "{inspected}"
     );
+}
+
+#[test]
+fn every_layer_is_converted_and_other_tensors_pass_through_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (
+        dir.path().join("model.safetensors"),
+        dir.path().join("awq.safetensors"),
+    );
+    let mut ckpt = Checkpoint::default();
+    for (prefix, case) in [
+        (
+            "model.layers.0.mlp.up_proj",
+            "library/gptq_pattern_b4.safetensors",
+        ),
+        (
+            "model.layers.0.mlp.down_proj",
+            "library/gptq_all15_b4.safetensors",
+        ),
+    ] {
+        let layer = only_layer(&data(case), WeightFormat::Gptq, 32);
+        ckpt.tensors.extend(layer_io::layer_tensors(prefix, &layer));
+    }
+    let embedding = Tensor {
+        dtype: safetensors::Dtype::BF16,
+        shape: vec![3, 2],
+        data: (0..12).collect(),
+    };
+    ckpt.tensors
+        .insert("model.embed_tokens.weight".into(), embedding.clone());
+    ckpt.tensors.insert(
+        "model.layers.0.mlp.up_proj.bias".into(),
+        Tensor::from_i32_vector(&[7; 64]),
+    );
+    ckpt.metadata
+        .insert("checkpoint_format".into(), "gptq".into());
+    ckpt.write_new(&input).unwrap();
+
+    let printed = convert_ok("gptq", "awq", "32", path(&input), path(&out));
+    assert!(printed.contains("layer model.layers.0.mlp.down_proj: K=128 N=64, 4-bit, group 32\n"));
+    assert!(printed.contains("layer model.layers.0.mlp.up_proj: K=128 N=64, 4-bit, group 32\n"));
+    assert!(printed.contains("2 layer(s) converted gptq -> awq, every weight verified bit-identical; 2 other tensor(s) copied unchanged\n"));
+    let written = Checkpoint::read(&out).unwrap();
+    assert_eq!(written.tensors["model.embed_tokens.weight"], embedding);
+    assert_eq!(
+        written.tensors["model.layers.0.mlp.up_proj.bias"],
+        ckpt.tensors["model.layers.0.mlp.up_proj.bias"]
+    );
+    let awq_names: Vec<&String> = written
+        .tensors
+        .keys()
+        .filter(|n| n.contains("down_proj"))
+        .collect();
+    assert_eq!(
+        awq_names,
+        [
+            "model.layers.0.mlp.down_proj.qweight",
+            "model.layers.0.mlp.down_proj.qzeros",
+            "model.layers.0.mlp.down_proj.scales"
+        ]
+    );
+    let awq_tensors = raw_tensors(&data("library/awq_all15.safetensors"));
+    assert_eq!(
+        raw_tensors(&out)["model.layers.0.mlp.down_proj.qweight"],
+        awq_tensors["qweight"]
+    );
+}
+
+#[test]
+fn widths_awq_cannot_store_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let message = convert_fails(
+        "gptq",
+        "awq",
+        "32",
+        path(&data("library/gptq_pattern_b8.safetensors")),
+        path(&out),
+    );
+    assert_eq!(
+        message,
+        "repack: error: layer (unprefixed): AWQ (GEMM) stores 4-bit codes, not 8-bit codes\n"
+    );
+    assert!(!out.exists());
 }
 
 #[test]
