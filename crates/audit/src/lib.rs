@@ -47,7 +47,17 @@ pub fn audit_dir(dir: &Path, tree: &Path) -> Report {
         ));
         return report;
     }
-    for required in ["arrays.npz", "results.json", "summary.json"] {
+    let mut required = vec![
+        "arrays.npz",
+        "results.json",
+        "summary.json",
+        "summary.md",
+        "error-vs-bytes.svg",
+    ];
+    if manifest.protocol.timing.is_some() {
+        required.push("timings.json");
+    }
+    for required in required {
         if !manifest.outputs.contains_key(required) {
             report.fail(format!("manifest.json does not list the output {required}"));
         }

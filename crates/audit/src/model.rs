@@ -32,6 +32,27 @@ pub struct Protocol {
     pub focus: Focus,
     pub settings: Vec<Setting>,
     pub generator: serde_json::Value,
+    #[serde(default)]
+    pub budget: Option<Budget>,
+    #[serde(default)]
+    pub timing: Option<Timing>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub group_size: usize,
+    pub low_bits: u32,
+    pub window: usize,
+    pub policies: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timing {
+    pub warmup: usize,
+    pub repeats: usize,
+    pub shuffle_seed: u64,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -52,6 +73,7 @@ pub struct Setting {
 #[serde(deny_unknown_fields)]
 pub struct ResultRow {
     pub id: String,
+    pub study: String,
     pub input: String,
     pub seed: u64,
     pub tokens: usize,
@@ -60,6 +82,9 @@ pub struct ResultRow {
     pub distribution: String,
     pub group_size: usize,
     pub bits: u32,
+    pub policy: Option<String>,
+    pub window: Option<usize>,
+    pub segments: Vec<SegmentRow>,
     pub k_axis: String,
     pub v_axis: String,
     pub relative_l2: f64,
@@ -70,23 +95,81 @@ pub struct ResultRow {
     pub baseline_bytes: usize,
 }
 
+/// One token segment of a comparison, as results.json describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SegmentRow {
+    pub start: usize,
+    pub end: usize,
+    /// `quantized` or `float32`.
+    pub storage: String,
+    #[serde(default)]
+    pub bits: Option<u32>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Summary {
     pub about: String,
     pub float32_kv_bytes: BTreeMap<String, usize>,
-    pub rows: Vec<SummaryRow>,
+    pub packed_kv: Vec<PackedRow>,
+    pub budget: Vec<BudgetRow>,
+    pub timings: Vec<TimingRow>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SummaryRow {
+pub struct PackedRow {
     pub group_size: usize,
     pub bits: u32,
     pub clean_inputs: usize,
     pub mean_relative_l2_clean: Option<f64>,
     pub mean_relative_l2_clean_percent: Option<String>,
+    pub mean_relative_l2: BTreeMap<String, f64>,
     pub payload_bytes: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetRow {
+    pub policy: String,
+    pub group_size: usize,
+    pub low_bits: u32,
+    pub window: usize,
+    pub mean_relative_l2: BTreeMap<String, f64>,
+    pub payload_bytes: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimingRow {
+    pub config: String,
+    pub tokens: usize,
+    pub operation: String,
+    pub median_ns: u64,
+    pub measurements: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timings {
+    pub about: String,
+    pub unit: String,
+    pub clock: String,
+    pub warmup: usize,
+    pub repeats: usize,
+    pub shuffle_seed: u64,
+    pub measurements: Vec<Measurement>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measurement {
+    pub order: usize,
+    pub comparison: String,
+    pub operation: String,
+    pub repeat: usize,
+    pub ns: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -112,7 +195,12 @@ pub fn input_id(seed: u64, tokens: usize, distribution: &str) -> String {
     format!("s{seed}_n{tokens}_{distribution}")
 }
 
-/// Identifier of a comparison, as the evidence names it.
+/// Identifier of a packed-KV comparison, as the evidence names it.
 pub fn comparison_id(input: &str, setting: &Setting) -> String {
     format!("{input}_g{}_b{}", setting.group_size, setting.bits)
+}
+
+/// Identifier of a budget comparison, as the evidence names it.
+pub fn budget_id(input: &str, policy: &str) -> String {
+    format!("{input}_budget_{policy}")
 }

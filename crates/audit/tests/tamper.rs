@@ -97,11 +97,16 @@ fn edit_arrays(dir: &Path, edit: impl FnOnce(&mut BTreeMap<String, AnyArray>)) {
     let names = reader.names().unwrap();
     let mut arrays = BTreeMap::new();
     for name in &names {
-        let array = if name.ends_with("_codes") {
+        // Budget segments carry a `_s<index>` suffix after the part name.
+        let part = match name.rsplit_once("_s") {
+            Some((head, index)) if index.parse::<usize>().is_ok() => head,
+            _ => name.as_str(),
+        };
+        let array = if part.ends_with("_codes") {
             AnyArray::U8(reader.by_name::<OwnedRepr<u8>, IxDyn>(name).unwrap())
-        } else if name.ends_with("_shape") {
+        } else if part.ends_with("_shape") {
             AnyArray::I32(reader.by_name::<OwnedRepr<i32>, IxDyn>(name).unwrap())
-        } else if name.ends_with("_ref") || name.ends_with("_out") {
+        } else if part.ends_with("_ref") || part.ends_with("_out") {
             AnyArray::F64(reader.by_name::<OwnedRepr<f64>, IxDyn>(name).unwrap())
         } else {
             AnyArray::F32(reader.by_name::<OwnedRepr<f32>, IxDyn>(name).unwrap())
@@ -148,7 +153,7 @@ fn floats<'a>(arrays: &'a mut BTreeMap<String, AnyArray>, name: &str) -> &'a mut
 fn archived_evidence_passes() {
     let (passed, stdout) = audit(&archived());
     assert!(passed, "{stdout}");
-    assert!(stdout.contains("72 comparisons"), "{stdout}");
+    assert!(stdout.contains("144 comparisons"), "{stdout}");
 }
 
 #[test]
@@ -242,9 +247,20 @@ fn an_edited_number_in_results_fails() {
         rows[10]["payload_bytes"] = 4096.into();
     });
     rehash(&dir);
-    let id9 = "s7_n128_recent_focus_g32_b4";
-    assert_fails_with(&dir, &["results.json", id9, "relative_l2"]);
-    assert_fails_with(&dir, &["results.json", "payload_bytes is 4096"]);
+    // Eight comparisons per input: rows 9 and 10 belong to the second input.
+    assert_fails_with(
+        &dir,
+        &["results.json", "s7_n128_early_focus_g32_b4", "relative_l2"],
+    );
+    assert_fails_with(
+        &dir,
+        &[
+            "results.json",
+            "s7_n128_early_focus_g8_b8",
+            "payload_bytes is 4096",
+        ],
+    );
+    assert_fails_with(&dir, &["summary.json g32 b4", "early_focus mean"]);
 }
 
 #[test]
@@ -254,9 +270,72 @@ fn a_removed_row_fails() {
         rows.remove(0);
     });
     rehash(&dir);
-    assert_fails_with(&dir, &["results.json has 71 rows", "72"]);
+    assert_fails_with(&dir, &["results.json has 143 rows", "144"]);
     assert_fails_with(&dir, &["missing comparison s7_n128_clean_g8_b4"]);
     assert_fails_with(&dir, &["summary.json g8 b4"]);
+}
+
+#[test]
+fn a_tampered_budget_segment_fails() {
+    let (_tmp, dir) = copy();
+    edit_arrays(&dir, |arrays| {
+        // The float32 window of a recent_f32 comparison no longer equals the input ...
+        floats(
+            arrays,
+            "s19_n512_recent_focus_budget_recent_f32_k_values_s1",
+        )[[3, 5]] += 0.5;
+        // ... and one 8-bit code of a recent8 window moves by one step.
+        let codes = codes(arrays, "s41_n128_clean_budget_recent8_v_codes_s1");
+        codes[17] = if codes[17] < 254 { codes[17] + 1 } else { 253 };
+    });
+    rehash(&dir);
+    assert_fails_with(
+        &dir,
+        &[
+            "s19_n512_recent_focus_budget_recent_f32_k_values_s1",
+            "float32",
+        ],
+    );
+    assert_fails_with(
+        &dir,
+        &["s41_n128_clean_budget_recent8_v_s1", "exceed scale/2"],
+    );
+    assert_fails_with(
+        &dir,
+        &[
+            "s41_n128_clean_budget_recent8_out",
+            "differs from attention",
+        ],
+    );
+}
+
+#[test]
+fn a_budget_row_with_a_moved_window_fails() {
+    let (_tmp, dir) = copy();
+    edit_results(&dir, |rows| {
+        let row = rows
+            .iter_mut()
+            .find(|r| r["id"] == "s7_n512_clean_budget_early8")
+            .unwrap();
+        row["segments"][0]["end"] = 64.into();
+    });
+    rehash(&dir);
+    assert_fails_with(&dir, &["s7_n512_clean_budget_early8", "descriptive fields"]);
+}
+
+#[test]
+fn incomplete_or_altered_timings_fail() {
+    let (_tmp, dir) = copy();
+    let path = dir.join("timings.json");
+    let mut timings: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let measurements = timings["measurements"].as_array_mut().unwrap();
+    measurements.pop();
+    measurements[0]["ns"] = 0.into();
+    std::fs::write(&path, serde_json::to_string_pretty(&timings).unwrap()).unwrap();
+    rehash(&dir);
+    assert_fails_with(&dir, &["timings.json", "problems", "took 0 ns"]);
+    assert_fails_with(&dir, &["summary.json timing", "median"]);
 }
 
 #[test]

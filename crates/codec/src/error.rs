@@ -13,11 +13,46 @@ pub enum CodecError {
     #[error("group size must be at least 1, got 0")]
     ZeroGroupSize,
 
-    #[error("unsupported bit width {0}: this codec stores 4-bit or 8-bit codes")]
-    UnsupportedBits(u32),
+    #[error("unsupported bit width {bits}: {supported}")]
+    UnsupportedBits { bits: u32, supported: &'static str },
+
+    #[error("code {code} at position {index} does not fit in {bits} bits")]
+    CodeTooWide { index: usize, code: u8, bits: u32 },
+
+    #[error(
+        "a stream of {got} {unit} cannot hold {len} codes of {bits} bits: they need exactly {expected} {unit}"
+    )]
+    StreamSize {
+        len: usize,
+        bits: u32,
+        got: usize,
+        expected: usize,
+        unit: &'static str,
+    },
+
+    #[error(
+        "group {group} of row {row} spans {low} to {high}, a range too wide for a float32 scale at {bits} bits"
+    )]
+    RangeOverflow {
+        row: usize,
+        group: usize,
+        low: f32,
+        high: f32,
+        bits: u32,
+    },
 
     #[error("unknown axis {0:?}: expected \"token\" or \"feature\"")]
     UnknownAxis(String),
+
+    #[error("unknown {what} {got:?}: expected one of {expected}")]
+    UnknownChoice {
+        what: &'static str,
+        got: String,
+        expected: &'static str,
+    },
+
+    #[error("empty matrix shape {rows} x {cols}: effective bits need at least one element")]
+    EmptyShape { rows: usize, cols: usize },
 
     #[error("malformed packed tensor: {0}")]
     Malformed(String),

@@ -8,11 +8,13 @@
 //!   groups of `group_size` consecutive features.
 //!
 //! Each row is zero-padded to `groups_per_row * group_size` elements, so a partial last group
-//! quantizes padding zeros; decoding crops them away. Scales have shape [rows, groups_per_row].
+//! quantizes padding zeros; decoding crops them away. Scales (and, in asymmetric mode, zero
+//! points) have shape [rows, groups_per_row].
 
 use std::fmt;
 use std::str::FromStr;
 
+pub use crate::bits::Bits;
 use crate::error::{CodecError, Result};
 
 /// The axis along which consecutive elements share one scale.
@@ -50,41 +52,44 @@ impl FromStr for Axis {
     }
 }
 
-/// A supported code width. Symmetric codes lie in -qmax..=qmax and are stored as code + qmax.
+/// How a group's values become unsigned codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Bits(u32);
+pub enum Mode {
+    /// One scale per group, codes -qmax..=qmax stored as code + qmax: see [`crate::symmetric`].
+    Symmetric,
+    /// One scale and one integer zero point per group, codes 0..=2^b - 1: see
+    /// [`crate::asymmetric`].
+    Asymmetric,
+}
 
-impl Bits {
-    pub const FOUR: Bits = Bits(4);
-    pub const EIGHT: Bits = Bits(8);
-
-    pub fn new(bits: u32) -> Result<Self> {
-        match bits {
-            4 | 8 => Ok(Bits(bits)),
-            other => Err(CodecError::UnsupportedBits(other)),
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Symmetric => "symmetric",
+            Mode::Asymmetric => "asymmetric",
         }
     }
 
-    pub fn get(self) -> u32 {
-        self.0
-    }
-
-    /// Largest code magnitude: 2^(bits-1) - 1 (7 for 4-bit, 127 for 8-bit).
-    pub fn qmax(self) -> u8 {
-        ((1u32 << (self.0 - 1)) - 1) as u8
-    }
-
-    /// Largest stored (offset) code: 2 * qmax (14 for 4-bit, 254 for 8-bit).
-    pub fn max_stored(self) -> u8 {
-        2 * self.qmax()
-    }
-
-    /// Bytes needed for `count` codes in the stream.
-    pub fn stream_bytes(self, count: usize) -> usize {
-        match self.0 {
-            4 => count.div_ceil(2),
-            _ => count,
+    /// Checks that `bits` suits the mode: symmetric codes need qmax = 2^(b-1) - 1 >= 1, so
+    /// 2 to 8 bits; asymmetric codes use every width a stream holds, 1 to 8 bits.
+    fn bits(self, bits: u32) -> Result<Bits> {
+        match (self, bits) {
+            (Mode::Symmetric, 2..=8) | (Mode::Asymmetric, 1..=8) => Bits::new(bits),
+            (Mode::Symmetric, _) => Err(CodecError::UnsupportedBits {
+                bits,
+                supported: "symmetric codes take 2 to 8 bits",
+            }),
+            (Mode::Asymmetric, _) => Err(CodecError::UnsupportedBits {
+                bits,
+                supported: "asymmetric codes take 1 to 8 bits",
+            }),
         }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -92,20 +97,36 @@ impl Bits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Layout {
     pub axis: Axis,
+    pub mode: Mode,
     pub bits: Bits,
     pub group_size: usize,
 }
 
 impl Layout {
+    /// A symmetric layout (2 to 8 bits).
     pub fn new(axis: Axis, bits: u32, group_size: usize) -> Result<Self> {
+        Layout::with_mode(axis, Mode::Symmetric, bits, group_size)
+    }
+
+    pub fn with_mode(axis: Axis, mode: Mode, bits: u32, group_size: usize) -> Result<Self> {
         if group_size == 0 {
             return Err(CodecError::ZeroGroupSize);
         }
         Ok(Layout {
             axis,
-            bits: Bits::new(bits)?,
+            mode,
+            bits: mode.bits(bits)?,
             group_size,
         })
+    }
+
+    /// Largest stored code the encoder writes: 2 * qmax for symmetric codes (2^b - 2, so the
+    /// top code 2^b - 1 is never written), 2^b - 1 for asymmetric ones.
+    pub fn max_stored(&self) -> u8 {
+        match self.mode {
+            Mode::Symmetric => 2 * self.bits.qmax(),
+            Mode::Asymmetric => self.bits.max_code(),
+        }
     }
 
     /// The grouped view of an N x D matrix under this layout.
@@ -170,15 +191,27 @@ mod tests {
     }
 
     #[test]
-    fn rejects_zero_group_and_odd_widths() {
+    fn rejects_zero_group_and_widths_the_mode_cannot_hold() {
         assert_eq!(
             Layout::new(Axis::Token, 4, 0),
             Err(CodecError::ZeroGroupSize)
         );
-        assert_eq!(
-            Layout::new(Axis::Token, 3, 8),
-            Err(CodecError::UnsupportedBits(3))
-        );
+        for bits in [0, 1, 9, 16] {
+            let err = Layout::new(Axis::Token, bits, 8).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("bit width {bits}"))
+                    && err.contains("symmetric codes take 2 to 8 bits"),
+                "{err}"
+            );
+        }
+        for bits in [0, 9] {
+            let err = Layout::with_mode(Axis::Token, Mode::Asymmetric, bits, 8).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("asymmetric codes take 1 to 8 bits"),
+                "{err}"
+            );
+        }
         assert_eq!(
             "channel".parse::<Axis>(),
             Err(CodecError::UnknownAxis("channel".into()))
@@ -186,8 +219,15 @@ mod tests {
     }
 
     #[test]
-    fn qmax_and_stored_range() {
-        assert_eq!((Bits::FOUR.qmax(), Bits::FOUR.max_stored()), (7, 14));
-        assert_eq!((Bits::EIGHT.qmax(), Bits::EIGHT.max_stored()), (127, 254));
+    fn stored_code_range_by_mode() {
+        let symmetric = |b| Layout::new(Axis::Token, b, 8).unwrap();
+        let asymmetric = |b| Layout::with_mode(Axis::Token, Mode::Asymmetric, b, 8).unwrap();
+        assert_eq!((Bits::FOUR.qmax(), symmetric(4).max_stored()), (7, 14));
+        assert_eq!((Bits::EIGHT.qmax(), symmetric(8).max_stored()), (127, 254));
+        assert_eq!(symmetric(2).max_stored(), 2);
+        assert_eq!(symmetric(3).max_stored(), 6);
+        assert_eq!(asymmetric(1).max_stored(), 1);
+        assert_eq!(asymmetric(4).max_stored(), 15);
+        assert_eq!(asymmetric(8).max_stored(), 255);
     }
 }

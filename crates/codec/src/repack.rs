@@ -18,9 +18,10 @@
 use ndarray::Array2;
 use thiserror::Error;
 
+use crate::bpw::Cost;
 use crate::formats::awq::{self, AwqLayer};
 use crate::formats::gptq::{self, GptqLayer, ZeroConvention};
-use crate::formats::{FormatError, LogicalWeights, StorageCost, WeightFormat};
+use crate::formats::{FormatError, LogicalWeights, WeightFormat};
 
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum RepackError {
@@ -98,7 +99,7 @@ impl PackedLayer {
         }
     }
 
-    pub fn storage(&self) -> StorageCost {
+    pub fn storage(&self) -> Cost {
         match self {
             PackedLayer::Gptq(layer) => layer.storage(),
             PackedLayer::Awq(layer) => layer.storage(),

@@ -12,9 +12,10 @@
 
 use std::path::Path;
 
+use codec::bpw::Cost;
 use codec::formats::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
 use codec::formats::nf4::{self, Nf4Tensor};
-use codec::formats::{FormatError, StorageCost, WeightFormat};
+use codec::formats::{FormatError, WeightFormat};
 use ndarray::{Array2, ArrayView2};
 use ndarray_npy::WriteNpyExt;
 
@@ -26,7 +27,7 @@ use crate::error::{Error, Result};
 pub struct BlockFileReport {
     pub format: WeightFormat,
     pub shape: [usize; 2],
-    pub cost: StorageCost,
+    pub cost: Cost,
 }
 
 /// Quantizes the float32 matrix in `input` (.npy) into a new `output` (.bin).
@@ -97,7 +98,7 @@ pub fn encode(
     x: ArrayView2<f32>,
     format: WeightFormat,
     block_size: usize,
-) -> Result<(Vec<u8>, StorageCost)> {
+) -> Result<(Vec<u8>, Cost)> {
     let (rows, cols) = x.dim();
     if rows == 0 || cols == 0 {
         return Err(FormatError::EmptyMatrix { rows, cols }.into());
@@ -115,7 +116,7 @@ pub fn encode(
     })
 }
 
-fn encode_gguf<B: GgufBlock>(flat: &[f32], cols: usize) -> Result<(Vec<u8>, StorageCost)> {
+fn encode_gguf<B: GgufBlock>(flat: &[f32], cols: usize) -> Result<(Vec<u8>, Cost)> {
     let blocks = gguf::quantize::<B>(flat, cols)?;
     Ok((gguf::to_bytes(&blocks), gguf::storage::<B>(blocks.len())))
 }
@@ -126,7 +127,7 @@ pub fn decode(
     format: WeightFormat,
     cols: usize,
     block_size: usize,
-) -> Result<(Array2<f32>, StorageCost)> {
+) -> Result<(Array2<f32>, Cost)> {
     match format {
         WeightFormat::Q4_0 => decode_gguf::<BlockQ4_0>(bytes, cols),
         WeightFormat::Q8_0 => decode_gguf::<BlockQ8_0>(bytes, cols),
@@ -134,7 +135,7 @@ pub fn decode(
     }
 }
 
-fn decode_gguf<B: GgufBlock>(bytes: &[u8], cols: usize) -> Result<(Array2<f32>, StorageCost)> {
+fn decode_gguf<B: GgufBlock>(bytes: &[u8], cols: usize) -> Result<(Array2<f32>, Cost)> {
     let blocks = gguf::from_bytes::<B>(bytes)?;
     let count = blocks.len() * 32;
     if cols == 0 || cols % 32 != 0 || count % cols != 0 {
@@ -151,7 +152,7 @@ fn decode_gguf<B: GgufBlock>(bytes: &[u8], cols: usize) -> Result<(Array2<f32>, 
     Ok((x, gguf::storage::<B>(blocks.len())))
 }
 
-fn decode_nf4(bytes: &[u8], cols: usize, block_size: usize) -> Result<(Array2<f32>, StorageCost)> {
+fn decode_nf4(bytes: &[u8], cols: usize, block_size: usize) -> Result<(Array2<f32>, Cost)> {
     if block_size == 0 {
         return Err(FormatError::ZeroGroupSize.into());
     }
@@ -210,7 +211,7 @@ mod tests {
         assert_eq!(bytes.len(), 3 + 8);
         assert_eq!(&bytes[3..7], &1.0f32.to_le_bytes());
         assert_eq!(&bytes[7..], &2.0f32.to_le_bytes());
-        assert_eq!((cost.code_bytes, cost.metadata_bytes), (3, 8));
+        assert_eq!((cost.code_bytes, cost.metadata_bytes()), (3, 8));
         let (back, _) = decode(&bytes, WeightFormat::Nf4, 3, 4).unwrap();
         assert_eq!(back, x);
     }

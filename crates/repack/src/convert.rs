@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
+use codec::bpw::Cost;
 use codec::formats::logical::compose_permutations;
-use codec::formats::{FormatError, StorageCost, WeightFormat};
+use codec::formats::{FormatError, WeightFormat};
 use codec::repack;
 
 use crate::checkpoint::Checkpoint;
@@ -39,8 +40,8 @@ pub struct LayerConversion {
     pub bits: u32,
     pub logical_shape: [usize; 2],
     pub stored_shape: [usize; 2],
-    pub before: StorageCost,
-    pub after: StorageCost,
+    pub before: Cost,
+    pub after: Cost,
     /// Whether this conversion reordered the rows (see the layer's `input_permutation`).
     pub permuted: bool,
 }

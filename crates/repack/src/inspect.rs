@@ -6,8 +6,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use codec::bpw::Cost;
+use codec::formats::WeightFormat;
 use codec::formats::nf4::Nf4Tensor;
-use codec::formats::{StorageCost, WeightFormat};
 
 use crate::checkpoint::{Checkpoint, Tensor};
 use crate::error::Result;
@@ -108,9 +109,9 @@ fn integer_layer(
         display_name(&layer.prefix)
     )
     .unwrap();
-    layer_lines(out, layer, "qweight", k * n, |inside| {
+    layer_lines(out, layer, k * n, |inside| {
         integer_role(inside, is_gptq, bits, format)
-    })?;
+    });
     if let Some(permutation) = layer_io::input_permutation(&ckpt.metadata, &layer.prefix)? {
         writeln!(
             out,
@@ -162,21 +163,36 @@ fn check_integer_layer(
     }
 }
 
-fn integer_role(inside: &str, is_gptq: bool, bits: usize, format: Option<WeightFormat>) -> String {
+fn integer_role(
+    inside: &str,
+    is_gptq: bool,
+    bits: usize,
+    format: Option<WeightFormat>,
+) -> (Part, String) {
     let zeros = match format {
         Some(WeightFormat::Gptq) => "zero points stored minus one (gptq v1)",
         Some(WeightFormat::GptqV2) => "zero points stored as is (gptq_v2)",
         Some(_) if !is_gptq => "zero points stored as is",
         _ => "zero points",
     };
-    match (inside, is_gptq) {
-        ("qweight", true) => format!("codes: {bits}-bit, packed along K"),
-        ("qweight", false) => "codes: 4-bit, packed along N, slots 0 2 4 6 1 3 5 7".into(),
-        ("qzeros", true) => format!("{zeros}, packed along N"),
-        ("qzeros", false) => format!("{zeros}, packed along N, slots 0 2 4 6 1 3 5 7"),
-        ("scales", _) => "f16 scale per group and column".into(),
-        ("g_idx", _) => "group of each row".into(),
-        _ => "unrecognised".into(),
+    let awq_slots = if is_gptq {
+        ""
+    } else {
+        ", slots 0 2 4 6 1 3 5 7"
+    };
+    match inside {
+        "qweight" if is_gptq => (Part::Codes, format!("codes: {bits}-bit, packed along K")),
+        "qweight" => (
+            Part::Codes,
+            format!("codes: 4-bit, packed along N{awq_slots}"),
+        ),
+        "qzeros" => (
+            Part::ZeroPoints,
+            format!("{zeros}, packed along N{awq_slots}"),
+        ),
+        "scales" => (Part::Scales, "f16 scale per group and column".into()),
+        "g_idx" => (Part::GIdx, "group of each row".into()),
+        _ => (Part::Other, "unrecognised".into()),
     }
 }
 
@@ -201,13 +217,19 @@ fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<()> {
         state["quant_type"].as_str().unwrap_or("4-bit"),
     )
     .unwrap();
-    layer_lines(out, layer, "weight", weights, |inside| match inside {
-        "weight" => "NF4 codes, 2 per byte, first element in the high nibble".to_string(),
-        "weight.absmax" => format!("f32 absmax per block of {block_size}"),
-        "weight.quant_map" => "the 16 NF4 levels".into(),
-        "weight.quant_state.bitsandbytes__nf4" => "quant state (JSON)".into(),
-        _ => "nested absmax quantization".into(),
-    })?;
+    layer_lines(out, layer, weights, |inside| match inside {
+        "weight" => (
+            Part::Codes,
+            "NF4 codes, 2 per byte, first element in the high nibble".into(),
+        ),
+        "weight.absmax" => (
+            Part::Scales,
+            format!("f32 absmax per block of {block_size}"),
+        ),
+        "weight.quant_map" => (Part::Other, "the 16 NF4 levels".into()),
+        "weight.quant_state.bitsandbytes__nf4" => (Part::Other, "quant state (JSON)".into()),
+        _ => (Part::Other, "nested absmax quantization".into()),
+    });
     let check = match (
         <[usize; 2]>::try_from(shape),
         layer.get("weight.absmax")?.f32_vector("absmax"),
@@ -230,28 +252,53 @@ fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<()> {
     Ok(())
 }
 
-/// One line per tensor of the layer, then the layer's total: the `codes` tensor counts as codes,
-/// every other tensor (scales, zero points, g_idx, absmax, quant state) as metadata.
+/// Which part of a layer's cost a tensor is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Codes,
+    Scales,
+    ZeroPoints,
+    GIdx,
+    Other,
+}
+
+/// One line per tensor of the layer, then the layer's total; `describe` gives each tensor (by its
+/// name inside the layer) its part of the cost and a description.
 fn layer_lines(
     out: &mut String,
     layer: &Layer<'_>,
-    codes: &str,
     weights: usize,
-    role: impl Fn(&str) -> String,
-) -> Result<()> {
+    describe: impl Fn(&str) -> (Part, String),
+) {
     let width = name_width(layer);
-    for (inside, tensor) in &layer.tensors {
-        let name = layer.tensor_name(inside);
-        tensor_line(out, &name, width, tensor, weights, &role(inside));
-    }
-    let code_bytes = layer.get(codes)?.data.len();
-    let cost = StorageCost {
-        code_bytes,
-        metadata_bytes: layer.stored_bytes() - code_bytes,
-        logical_weights: weights,
+    let mut cost = Cost {
+        elements: weights,
+        code_bytes: 0,
+        scale_bytes: 0,
+        zero_point_bytes: 0,
+        g_idx_bytes: 0,
+        extra_bytes: 0,
     };
+    for (inside, tensor) in &layer.tensors {
+        let (part, role) = describe(inside);
+        let bytes = tensor.data.len();
+        *match part {
+            Part::Codes => &mut cost.code_bytes,
+            Part::Scales => &mut cost.scale_bytes,
+            Part::ZeroPoints => &mut cost.zero_point_bytes,
+            Part::GIdx => &mut cost.g_idx_bytes,
+            Part::Other => &mut cost.extra_bytes,
+        } += bytes;
+        tensor_line(
+            out,
+            &layer.tensor_name(inside),
+            width,
+            tensor,
+            weights,
+            &role,
+        );
+    }
     writeln!(out, "  total  {}", cost_line(&cost)).unwrap();
-    Ok(())
 }
 
 fn name_width(layer: &Layer<'_>) -> usize {

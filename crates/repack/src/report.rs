@@ -1,18 +1,19 @@
 //! How costs are printed: effective bits per weight = stored bytes * 8 / logical weights, with
 //! code and metadata apart, and the byte counts they come from.
 
-use codec::formats::StorageCost;
+use codec::bpw::Cost;
 
 /// `5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)`
-pub fn cost_line(cost: &StorageCost) -> String {
+pub fn cost_line(cost: &Cost) -> String {
+    let bits = |bytes: usize| (8 * bytes) as f64 / cost.elements as f64;
     format!(
         "{:.3} bits/weight = {:.3} codes + {:.3} metadata ({} + {} bytes for {} weights)",
-        cost.bits_per_weight(),
-        cost.code_bits_per_weight(),
-        cost.metadata_bits_per_weight(),
+        cost.bits_per_element(),
+        bits(cost.code_bytes),
+        bits(cost.metadata_bytes()),
         thousands(cost.code_bytes),
-        thousands(cost.metadata_bytes),
-        thousands(cost.logical_weights),
+        thousands(cost.metadata_bytes()),
+        thousands(cost.elements),
     )
 }
 
@@ -35,10 +36,13 @@ mod tests {
 
     #[test]
     fn prints_codes_and_metadata_apart() {
-        let cost = StorageCost {
+        let cost = Cost {
+            elements: 8192,
             code_bytes: 4096,
-            metadata_bytes: 1152,
-            logical_weights: 8192,
+            scale_bytes: 512,
+            zero_point_bytes: 128,
+            g_idx_bytes: 512,
+            extra_bytes: 0,
         };
         assert_eq!(
             cost_line(&cost),

@@ -5,8 +5,13 @@
 //!   per input `<input>_q`, `_k`, `_v` (f32) and `_ref` (f64); per comparison
 //!   `<id>_k_codes`, `_v_codes` (u8 stream), `_k_scales`, `_v_scales` (f32 [rows, groups]),
 //!   `_k_shape`, `_v_shape` (i32 [N, D]) and `_out` (f64);
+//!   Budget comparisons store every token segment as its own tensor, with the segment index as a
+//!   suffix: `<id>_k_codes_s0`, `_k_scales_s0`, `_k_shape_s0` for a quantized segment,
+//!   `<id>_k_values_s1` (f32 [len, D]) and `_k_shape_s1` for a float32 one;
 //! - `results.json`: one row per comparison;
-//! - `summary.json`: the study's table;
+//! - `summary.json`: the tables; `summary.md`: the same in markdown, with median timings;
+//! - `error-vs-bytes.svg`: relative error against payload bytes;
+//! - `timings.json`: every raw timing (when the protocol asks for timings);
 //! - `manifest.json`: provenance and SHA-256 of every other file.
 //!
 //! The directory must not exist. Everything is written into a hidden temporary sibling that is
@@ -25,12 +30,17 @@ use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime};
 
 use crate::manifest::{Manifest, sha256_file};
-use crate::study::StudyRun;
+use crate::study::{Plan, ResultRow, SegmentData, StudyRun};
 use crate::summary::Summary;
+use crate::timing::Timings;
+use crate::{plot, report};
 
 pub const ARRAYS: &str = "arrays.npz";
 pub const RESULTS: &str = "results.json";
 pub const SUMMARY: &str = "summary.json";
+pub const SUMMARY_MD: &str = "summary.md";
+pub const PLOT: &str = "error-vs-bytes.svg";
+pub const TIMINGS: &str = "timings.json";
 pub const MANIFEST: &str = "manifest.json";
 
 #[derive(Debug, Error)]
@@ -47,6 +57,8 @@ pub enum EvidenceError {
     },
     #[error("writing {ARRAYS}: {0}")]
     Npz(#[from] ndarray_npy::WriteNpzError),
+    #[error("drawing {PLOT}: {0}")]
+    Plot(String),
     #[error("encoding {file}: {source}")]
     Json {
         file: &'static str,
@@ -76,6 +88,7 @@ pub fn write(
     out: &Path,
     run: &StudyRun,
     summary: &Summary,
+    timings: Option<&Timings>,
     mut manifest: Manifest,
 ) -> Result<Manifest, EvidenceError> {
     check_new(out)?;
@@ -95,11 +108,21 @@ pub fn write(
             parent.display()
         )))?;
 
-    write_arrays(&staging.path().join(ARRAYS), run)?;
-    let rows: Vec<_> = run.comparisons.iter().map(|c| &c.row).collect();
-    write_json(&staging.path().join(RESULTS), RESULTS, &rows)?;
-    write_json(&staging.path().join(SUMMARY), SUMMARY, summary)?;
-    for file in [ARRAYS, RESULTS, SUMMARY] {
+    let dir = staging.path();
+    write_arrays(&dir.join(ARRAYS), run)?;
+    let rows: Vec<ResultRow> = run.comparisons.iter().map(|c| c.row.clone()).collect();
+    write_json(&dir.join(RESULTS), RESULTS, &rows)?;
+    write_json(&dir.join(SUMMARY), SUMMARY, summary)?;
+    let markdown = report::summary_markdown(&run.protocol, summary, &manifest);
+    write_text(&dir.join(SUMMARY_MD), &markdown)?;
+    let svg = plot::error_vs_bytes(&run.protocol, &rows).map_err(EvidenceError::Plot)?;
+    write_text(&dir.join(PLOT), &svg)?;
+    let mut files = vec![ARRAYS, RESULTS, SUMMARY, SUMMARY_MD, PLOT];
+    if let Some(timings) = timings {
+        write_json(&dir.join(TIMINGS), TIMINGS, timings)?;
+        files.push(TIMINGS);
+    }
+    for file in files {
         let path = staging.path().join(file);
         let hash = sha256_file(&path).map_err(io(format!("hashing {}", path.display())))?;
         manifest.outputs.insert(file.to_string(), hash);
@@ -127,6 +150,10 @@ fn write_json<T: Serialize + ?Sized>(
     let mut text = serde_json::to_string_pretty(value)
         .map_err(|source| EvidenceError::Json { file, source })?;
     text.push('\n');
+    write_text(path, &text)
+}
+
+fn write_text(path: &Path, text: &str) -> Result<(), EvidenceError> {
     std::fs::write(path, text).map_err(io(format!("writing {}", path.display())))
 }
 
@@ -146,18 +173,37 @@ fn write_arrays(path: &Path, run: &StudyRun) -> Result<(), EvidenceError> {
     }
     for c in &run.comparisons {
         let id = &c.row.id;
-        for (tensor, packed) in [("k", &c.k), ("v", &c.v)] {
-            npz.add(
-                id,
-                &format!("{tensor}_codes"),
-                &Array1::from(packed.code_bytes().to_vec()),
-            )?;
-            npz.add(id, &format!("{tensor}_scales"), packed.scales())?;
-            npz.add(
-                id,
-                &format!("{tensor}_shape"),
-                &Array1::from(packed.shape_i32().to_vec()),
-            )?;
+        // Packed-KV comparisons keep the unsuffixed names of a single tensor per K and V.
+        let suffixed = matches!(c.plan, Plan::Budget { .. });
+        for (tensor, segments) in [("k", &c.k), ("v", &c.v)] {
+            for (index, segment) in segments.iter().enumerate() {
+                let suffix = if suffixed {
+                    format!("_s{index}")
+                } else {
+                    String::new()
+                };
+                let name = |part: &str| format!("{tensor}_{part}{suffix}");
+                match &segment.data {
+                    SegmentData::Packed(packed) => {
+                        npz.add(
+                            id,
+                            &name("codes"),
+                            &Array1::from(packed.code_bytes().to_vec()),
+                        )?;
+                        npz.add(id, &name("scales"), packed.scales())?;
+                        npz.add(
+                            id,
+                            &name("shape"),
+                            &Array1::from(packed.shape_i32().to_vec()),
+                        )?;
+                    }
+                    SegmentData::Float32(values) => {
+                        npz.add(id, &name("values"), values)?;
+                        let shape = [values.nrows() as i32, values.ncols() as i32];
+                        npz.add(id, &name("shape"), &Array1::from(shape.to_vec()))?;
+                    }
+                }
+            }
         }
         npz.add(id, "out", &c.out)?;
     }

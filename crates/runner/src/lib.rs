@@ -6,17 +6,23 @@
 //! - [`inputs`]: generators and distributions;
 //! - [`attention`]: reference attention and error metrics;
 //! - [`study`]: the comparisons;
-//! - [`summary`]: the study's table;
+//! - [`timing`]: raw timings of encode, decode and attention;
+//! - [`summary`]: the tables; [`report`]: summary.md; [`plot`]: error-vs-bytes.svg;
 //! - [`evidence`]: the evidence directory;
 //! - [`manifest`]: provenance and hashes;
-//! - [`pin`]: the root manifest that pins archived evidence.
+//! - [`pin`]: the root manifest that pins archived evidence;
+//! - [`bpw_cmd`]: the `bpw` command (effective bits per weight, from `codec::bpw`).
 
 pub mod attention;
+pub mod bpw_cmd;
 pub mod evidence;
 pub mod hashing;
 pub mod inputs;
 pub mod manifest;
 pub mod pin;
+pub mod plot;
 pub mod protocol;
+pub mod report;
 pub mod study;
 pub mod summary;
+pub mod timing;

@@ -6,9 +6,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use indicatif::{ProgressBar, ProgressStyle};
 use runner::evidence;
 use runner::manifest::{Counts, Manifest};
 use runner::protocol::{FROZEN_PATH, Protocol};
+use runner::timing::{self, Operation};
 use runner::{study, summary};
 
 /// Runs the packed-KV study (or a user-written protocol) into a new evidence directory.
@@ -47,6 +49,8 @@ enum Command {
         #[arg(long, default_value = "manifest.json")]
         manifest: PathBuf,
     },
+    /// Effective bits per weight of a storage layout (codes and metadata), or the worked example.
+    Bpw(runner::bpw_cmd::BpwArgs),
 }
 
 fn main() {
@@ -69,6 +73,12 @@ fn real_main() -> Result<()> {
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
             Ok(())
         }
+        Some(Command::Bpw(args)) => {
+            let _ = std::io::stdout()
+                .lock()
+                .write_all(runner::bpw_cmd::run(&args)?.as_bytes());
+            Ok(())
+        }
         None => run(cli.run),
     }
 }
@@ -88,36 +98,36 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let total = protocol.comparison_count();
     eprintln!(
-        "runner: {} ({source}): {} inputs x {} settings = {total} comparisons",
+        "runner: {} ({source}): {} inputs x {} configurations = {total} comparisons",
         protocol.study,
         protocol.inputs().len(),
-        protocol.settings.len()
+        total / protocol.inputs().len()
     );
-    let tty = std::io::stderr().is_terminal();
-    let run = study::run(&protocol, |done| {
-        if tty && (done % 8 == 0 || done == total) {
-            eprint!("\rrunner: {done}/{total} comparisons");
-            if done == total {
-                eprintln!();
-            }
-        }
-    })?;
-    let summary = summary::summarize(
-        &protocol,
-        &run.comparisons
-            .iter()
-            .map(|c| c.row.clone())
-            .collect::<Vec<_>>(),
-    );
+
+    let bar = progress_bar(total as u64, "comparisons");
+    let run = study::run(&protocol, |done| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+
+    let timings = protocol.timing.map(|timing| {
+        let per_input = total / protocol.inputs().len() * Operation::ALL.len() * timing.repeats;
+        let bar = progress_bar((per_input * protocol.inputs().len()) as u64, "timings");
+        let timings = timing::measure(&run, &timing, |done| bar.set_position(done as u64));
+        bar.finish_and_clear();
+        timings
+    });
+
+    let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
+    let summary = summary::summarize(&protocol, &rows, timings.as_ref());
     let manifest = Manifest::new(
         source,
         protocol.clone(),
         Counts {
             inputs: run.inputs.len(),
             comparisons: run.comparisons.len(),
+            timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
         },
     );
-    evidence::write(&out, &run, &summary, manifest)?;
+    evidence::write(&out, &run, &summary, timings.as_ref(), manifest)?;
     let text = format!(
         "{}wrote {}\n",
         summary::render(&protocol, &summary),
@@ -126,4 +136,17 @@ fn run(args: RunArgs) -> Result<()> {
     // The run is complete on disk; a closed stdout pipe must not turn it into a panic.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(())
+}
+
+/// A progress bar on stderr when it is a terminal; hidden otherwise (logs, pipes, CI).
+fn progress_bar(len: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    let template = format!("{{bar:40}} {{pos}}/{{len}} {what} ({{elapsed}})");
+    if let Ok(style) = ProgressStyle::with_template(&template) {
+        bar.set_style(style);
+    }
+    bar
 }

@@ -60,6 +60,8 @@ pub struct Platform {
 pub struct Counts {
     pub inputs: usize,
     pub comparisons: usize,
+    /// Raw timing measurements in timings.json (0 when the protocol takes none).
+    pub timings: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

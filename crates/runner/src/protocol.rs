@@ -16,6 +16,9 @@ pub const FROZEN: &str = include_str!("../../../experiments/packed-kv/protocol.j
 /// Where the frozen protocol lives in the repository (recorded in manifests).
 pub const FROZEN_PATH: &str = "experiments/packed-kv/protocol.json";
 
+/// Bit widths a study setting may use: those the evidence format and the audit cover.
+pub const STUDY_BITS: [u32; 2] = [4, 8];
+
 #[derive(Debug, Error)]
 pub enum ProtocolError {
     #[error("protocol field `{field}`: {message}")]
@@ -47,6 +50,118 @@ pub struct Protocol {
     /// (group size, bits) settings; K is grouped on tokens, V on features, in every one.
     pub settings: Vec<Setting>,
     pub generator: GeneratorSpec,
+    /// The recent-token precision budget study; absent means no budget comparisons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// How operations are timed; absent means no timings are taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<Timing>,
+}
+
+/// Mixed-precision policies with the codec fixed: a window of W tokens at the start or the end
+/// of the cache is kept at higher precision, the rest at `low_bits`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    pub group_size: usize,
+    pub low_bits: u32,
+    /// W: how many tokens the high-precision window holds.
+    pub window: usize,
+    pub policies: Vec<Policy>,
+}
+
+/// Where the high-precision window sits and what it stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Every token at `low_bits`.
+    Uniform,
+    /// The last W tokens 8-bit, the rest at `low_bits` (a KIVI-style residual window, quantized).
+    Recent8,
+    /// The first W tokens 8-bit (attention-sink style), the rest at `low_bits`.
+    Early8,
+    /// The last W tokens kept in float32 (KIVI / Hugging Face quantized cache), the rest at
+    /// `low_bits`.
+    RecentF32,
+    /// The first W tokens kept in float32, the rest at `low_bits`.
+    EarlyF32,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Uniform => "uniform",
+            Policy::Recent8 => "recent8",
+            Policy::Early8 => "early8",
+            Policy::RecentF32 => "recent_f32",
+            Policy::EarlyF32 => "early_f32",
+        }
+    }
+
+    /// The token segments of an N-token cache: (start, end, storage), in token order, empty
+    /// segments left out.
+    pub fn segments(self, tokens: usize, window: usize, low_bits: u32) -> Vec<SegmentPlan> {
+        let window = window.min(tokens);
+        let low = Storage::Quantized { bits: low_bits };
+        let (early, late) = match self {
+            Policy::Uniform => (None, None),
+            Policy::Recent8 => (None, Some(Storage::Quantized { bits: 8 })),
+            Policy::RecentF32 => (None, Some(Storage::Float32)),
+            Policy::Early8 => (Some(Storage::Quantized { bits: 8 }), None),
+            Policy::EarlyF32 => (Some(Storage::Float32), None),
+        };
+        let parts = match (early, late) {
+            (Some(high), _) => vec![(0, window, high), (window, tokens, low)],
+            (None, Some(high)) => vec![(0, tokens - window, low), (tokens - window, tokens, high)],
+            (None, None) => vec![(0, tokens, low)],
+        };
+        parts
+            .into_iter()
+            .filter(|(start, end, _)| end > start)
+            .map(|(start, end, storage)| SegmentPlan {
+                start,
+                end,
+                storage,
+            })
+            .collect()
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One run of consecutive tokens stored one way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentPlan {
+    pub start: usize,
+    pub end: usize,
+    #[serde(flatten)]
+    pub storage: Storage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "storage", rename_all = "snake_case")]
+pub enum Storage {
+    /// Symmetric codes at this width, grouped as the tensor's axis says.
+    Quantized { bits: u32 },
+    /// Raw float32 values.
+    Float32,
+}
+
+/// Timing parameters. Timings are descriptive: they vary by machine and run, and nothing is
+/// asserted about them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timing {
+    /// Untimed calls of each operation before any measurement.
+    pub warmup: usize,
+    /// Timed calls of each operation.
+    pub repeats: usize,
+    /// Seeds the shuffle of the measurement order.
+    pub shuffle_seed: u64,
 }
 
 /// How K is shaped after the draw. These are this project's synthetic conditions, not the
@@ -107,6 +222,15 @@ pub enum GeneratorName {
     Numpy,
     /// ChaCha20 (rand_chacha) seeded with the entropy's 16 little-endian bytes, then zeros.
     Chacha20,
+}
+
+impl GeneratorName {
+    pub fn name(self) -> &'static str {
+        match self {
+            GeneratorName::Numpy => "numpy",
+            GeneratorName::Chacha20 => "chacha20",
+        }
+    }
 }
 
 /// entropy = seed * seed_multiplier + tokens * tokens_multiplier + offset, evaluated exactly.
@@ -173,10 +297,25 @@ impl Protocol {
         positive("features", self.features)?;
         positive("queries", self.queries)?;
         for (i, s) in self.settings.iter().enumerate() {
+            // The codec packs 2- to 8-bit codes, but the evidence format and the audit cover the
+            // study's 4 and 8 bits only.
+            if !STUDY_BITS.contains(&s.bits) {
+                return Err(invalid(
+                    format!("settings[{i}]"),
+                    format!(
+                        "unsupported bit width {}: the study stores 4-bit or 8-bit codes",
+                        s.bits
+                    ),
+                ));
+            }
             codec::Layout::new(codec::Axis::Token, s.bits, s.group_size)
                 .map_err(|e| invalid(format!("settings[{i}]"), e.to_string()))?;
         }
         self.validate_focus()?;
+        self.validate_budget()?;
+        if let Some(timing) = &self.timing {
+            positive("timing.repeats", timing.repeats)?;
+        }
         for &seed in &self.seeds {
             for &n in &self.tokens {
                 if self.generator.entropy.entropy(seed, n).is_none() {
@@ -214,6 +353,38 @@ impl Protocol {
         Ok(())
     }
 
+    fn validate_budget(&self) -> Result<(), ProtocolError> {
+        let Some(budget) = &self.budget else {
+            return Ok(());
+        };
+        non_empty_unique("budget.policies", &budget.policies)?;
+        if !STUDY_BITS.contains(&budget.low_bits) {
+            return Err(invalid(
+                "budget.low_bits",
+                format!(
+                    "unsupported bit width {}: the study stores 4-bit or 8-bit codes",
+                    budget.low_bits
+                ),
+            ));
+        }
+        for bits in [budget.low_bits, 8] {
+            codec::Layout::new(codec::Axis::Token, bits, budget.group_size)
+                .map_err(|e| invalid("budget", e.to_string()))?;
+        }
+        positive("budget.window", budget.window)?;
+        let shortest = self.tokens.iter().copied().min().unwrap_or(0);
+        if budget.window > shortest {
+            return Err(invalid(
+                "budget.window",
+                format!(
+                    "{} exceeds the shortest length, {shortest} tokens",
+                    budget.window
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Inputs in run order: seeds, then lengths, then distributions.
     pub fn inputs(&self) -> Vec<InputSpec> {
         let mut inputs = Vec::new();
@@ -231,9 +402,14 @@ impl Protocol {
         inputs
     }
 
-    /// Number of comparisons a run of this protocol writes.
+    /// Number of comparisons a run of this protocol writes: packed-KV settings and budget
+    /// policies, on every input.
     pub fn comparison_count(&self) -> usize {
-        self.seeds.len() * self.tokens.len() * self.distributions.len() * self.settings.len()
+        let policies = self.budget.as_ref().map_or(0, |b| b.policies.len());
+        self.seeds.len()
+            * self.tokens.len()
+            * self.distributions.len()
+            * (self.settings.len() + policies)
     }
 }
 
@@ -252,9 +428,14 @@ impl InputSpec {
     }
 }
 
-/// Identifier of one comparison, e.g. `s7_n128_clean_g8_b4`.
+/// Identifier of one packed-KV comparison, e.g. `s7_n128_clean_g8_b4`.
 pub fn comparison_id(input: &InputSpec, setting: &Setting) -> String {
     format!("{}_g{}_b{}", input.id(), setting.group_size, setting.bits)
+}
+
+/// Identifier of one budget comparison, e.g. `s7_n128_clean_budget_recent8`.
+pub fn budget_id(input: &InputSpec, policy: Policy) -> String {
+    format!("{}_budget_{policy}", input.id())
 }
 
 fn non_empty_unique<T: Ord + fmt::Debug>(field: &str, items: &[T]) -> Result<(), ProtocolError> {
@@ -292,10 +473,10 @@ mod tests {
     }
 
     #[test]
-    fn frozen_protocol_has_72_comparisons() {
+    fn frozen_protocol_has_144_comparisons() {
         let p = Protocol::frozen();
         assert_eq!(p.inputs().len(), 18);
-        assert_eq!(p.comparison_count(), 72);
+        assert_eq!(p.comparison_count(), 144);
         assert_eq!(p.generator.entropy.entropy(7, 128), Some(70128));
         assert_eq!(p.inputs()[0].id(), "s7_n128_clean");
     }
@@ -342,6 +523,65 @@ mod tests {
         assert!(e.contains("focus.window") && e.contains("128"), "{e}");
         let e = err(|v| v["tokens"] = serde_json::json!([128, 128]));
         assert!(e.contains("listed twice"), "{e}");
+    }
+
+    #[test]
+    fn budget_and_timing_fields_are_validated() {
+        let e = err(|v| v["budget"]["policies"] = serde_json::json!([]));
+        assert!(e.contains("`budget.policies`: must not be empty"), "{e}");
+        let e = err(|v| v["budget"]["policies"][0] = "recent4".into());
+        assert!(
+            e.contains("budget.policies[0]") && e.contains("recent4"),
+            "{e}"
+        );
+        let e = err(|v| v["budget"]["window"] = 0.into());
+        assert!(e.contains("`budget.window`: must be at least 1"), "{e}");
+        let e = err(|v| v["budget"]["window"] = 129.into());
+        assert!(
+            e.contains("budget.window") && e.contains("128 tokens"),
+            "{e}"
+        );
+        let e = err(|v| v["budget"]["low_bits"] = 2.into());
+        assert!(
+            e.contains("`budget.low_bits`") && e.contains("unsupported bit width 2"),
+            "{e}"
+        );
+        let e = err(|v| v["budget"]["group_size"] = (-32).into());
+        assert!(e.contains("budget.group_size") && e.contains("-32"), "{e}");
+        let e = err(|v| v["timing"]["repeats"] = 0.into());
+        assert!(e.contains("`timing.repeats`"), "{e}");
+        let e = err(|v| v["timing"]["warmup"] = 1.5.into());
+        assert!(e.contains("timing.warmup"), "{e}");
+        let p = with(|v| {
+            v.as_object_mut().unwrap().remove("budget");
+            v.as_object_mut().unwrap().remove("timing");
+        })
+        .unwrap();
+        assert_eq!(p.comparison_count(), 72);
+    }
+
+    #[test]
+    fn policies_cut_the_cache_into_token_segments() {
+        let q = |bits| Storage::Quantized { bits };
+        let plan = |p: Policy| {
+            p.segments(128, 32, 4)
+                .iter()
+                .map(|s| (s.start, s.end, s.storage))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(plan(Policy::Uniform), vec![(0, 128, q(4))]);
+        assert_eq!(plan(Policy::Recent8), vec![(0, 96, q(4)), (96, 128, q(8))]);
+        assert_eq!(plan(Policy::Early8), vec![(0, 32, q(8)), (32, 128, q(4))]);
+        assert_eq!(
+            plan(Policy::RecentF32),
+            vec![(0, 96, q(4)), (96, 128, Storage::Float32)]
+        );
+        assert_eq!(
+            plan(Policy::EarlyF32),
+            vec![(0, 32, Storage::Float32), (32, 128, q(4))]
+        );
+        // A window as long as the cache leaves no low-precision segment.
+        assert_eq!(Policy::Recent8.segments(32, 32, 4).len(), 1);
     }
 
     #[test]

@@ -1,13 +1,28 @@
-//! The packed-KV comparisons: every input under every (group size, bits) setting, with K grouped
-//! on the token axis and V on the feature axis, and attention recomputed from the decoded cache.
+//! The comparisons of one run, on every input:
+//! - packed-KV: each (group size, bits) setting quantizes all of K (token axis) and V (feature
+//!   axis);
+//! - budget: each policy cuts the cache into token segments (a high-precision window at the start
+//!   or the end, the rest at the low width), each stored as its own tensor.
+//!
+//! Attention is recomputed from the decoded cache and compared with the float64 reference.
 
 use codec::{Axis, Layout, PackedTensor};
-use ndarray::Array2;
+use ndarray::{Array2, ArrayView2, Axis as NdAxis, s};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::{attention, max_abs, relative_l2};
 use crate::inputs::{Draw, draw, shape_keys};
-use crate::protocol::{InputSpec, Protocol, Setting, comparison_id};
+use crate::protocol::{
+    Budget, InputSpec, Policy, Protocol, SegmentPlan, Setting, Storage, budget_id, comparison_id,
+};
+
+/// Axis K is grouped on in every comparison.
+pub const K_AXIS: Axis = Axis::Token;
+/// Axis V is grouped on in every comparison.
+pub const V_AXIS: Axis = Axis::Feature;
+
+pub const STUDY_PACKED_KV: &str = "packed_kv";
+pub const STUDY_BUDGET: &str = "budget";
 
 /// One input as archived: the f32 arrays and the f64 reference output.
 #[derive(Debug, Clone)]
@@ -21,12 +36,141 @@ pub struct Input {
     pub reference: Array2<f64>,
 }
 
-/// One comparison: the packed K and V and the attention output computed from them.
+/// How one comparison stores the cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Plan {
+    /// The whole cache at one (group size, bits) setting.
+    Packed(Setting),
+    /// A budget policy with the codec fixed.
+    Budget {
+        policy: Policy,
+        group_size: usize,
+        low_bits: u32,
+        window: usize,
+    },
+}
+
+impl Plan {
+    pub fn group_size(&self) -> usize {
+        match *self {
+            Plan::Packed(s) => s.group_size,
+            Plan::Budget { group_size, .. } => group_size,
+        }
+    }
+
+    /// The token segments of an N-token cache.
+    pub fn segments(&self, tokens: usize) -> Vec<SegmentPlan> {
+        match *self {
+            Plan::Packed(s) => vec![SegmentPlan {
+                start: 0,
+                end: tokens,
+                storage: Storage::Quantized { bits: s.bits },
+            }],
+            Plan::Budget {
+                policy,
+                low_bits,
+                window,
+                ..
+            } => policy.segments(tokens, window, low_bits),
+        }
+    }
+
+    pub fn id(&self, input: &InputSpec) -> String {
+        match *self {
+            Plan::Packed(s) => comparison_id(input, &s),
+            Plan::Budget { policy, .. } => budget_id(input, policy),
+        }
+    }
+}
+
+/// Every plan of the protocol, packed-KV settings first.
+pub fn plans(protocol: &Protocol) -> Vec<Plan> {
+    let mut plans: Vec<Plan> = protocol.settings.iter().map(|&s| Plan::Packed(s)).collect();
+    if let Some(Budget {
+        group_size,
+        low_bits,
+        window,
+        policies,
+    }) = &protocol.budget
+    {
+        plans.extend(policies.iter().map(|&policy| Plan::Budget {
+            policy,
+            group_size: *group_size,
+            low_bits: *low_bits,
+            window: *window,
+        }));
+    }
+    plans
+}
+
+/// A run of consecutive tokens of K or V, stored one way.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub plan: SegmentPlan,
+    pub data: SegmentData,
+}
+
+#[derive(Debug, Clone)]
+pub enum SegmentData {
+    Packed(PackedTensor),
+    Float32(Array2<f32>),
+}
+
+impl Segment {
+    /// Bytes as stored: a packed tensor's payload, or 4 bytes per value plus the two i32 shape
+    /// values.
+    pub fn payload_bytes(&self) -> usize {
+        match &self.data {
+            SegmentData::Packed(p) => p.payload_bytes(),
+            SegmentData::Float32(values) => 4 * values.len() + codec::SHAPE_BYTES,
+        }
+    }
+}
+
+/// Stores `x` (N x D) segment by segment, quantized ones grouped along `axis`.
+pub fn encode_segments(
+    x: ArrayView2<f32>,
+    axis: Axis,
+    group_size: usize,
+    plan: &[SegmentPlan],
+) -> codec::Result<Vec<Segment>> {
+    plan.iter()
+        .map(|&segment| {
+            let rows = x.slice(s![segment.start..segment.end, ..]);
+            let data = match segment.storage {
+                Storage::Quantized { bits } => {
+                    SegmentData::Packed(codec::encode(rows, Layout::new(axis, bits, group_size)?)?)
+                }
+                Storage::Float32 => SegmentData::Float32(rows.to_owned()),
+            };
+            Ok(Segment {
+                plan: segment,
+                data,
+            })
+        })
+        .collect()
+}
+
+/// Decodes and concatenates segments back into the N x D cache.
+pub fn decode_segments(segments: &[Segment]) -> Array2<f64> {
+    let parts: Vec<Array2<f64>> = segments
+        .iter()
+        .map(|segment| match &segment.data {
+            SegmentData::Packed(p) => codec::decode(p),
+            SegmentData::Float32(values) => values.mapv(f64::from),
+        })
+        .collect();
+    let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
+    ndarray::concatenate(NdAxis(0), &views).expect("segments share the feature count")
+}
+
+/// One comparison: the stored K and V and the attention output computed from them.
 #[derive(Debug, Clone)]
 pub struct Comparison {
     pub row: ResultRow,
-    pub k: PackedTensor,
-    pub v: PackedTensor,
+    pub plan: Plan,
+    pub k: Vec<Segment>,
+    pub v: Vec<Segment>,
     pub out: Array2<f64>,
 }
 
@@ -34,6 +178,8 @@ pub struct Comparison {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
     pub id: String,
+    /// `packed_kv` or `budget`.
+    pub study: String,
     pub input: String,
     pub seed: u64,
     pub tokens: usize,
@@ -41,7 +187,14 @@ pub struct ResultRow {
     pub queries: usize,
     pub distribution: String,
     pub group_size: usize,
+    /// The width of the whole cache (packed-KV) or of the low-precision part (budget).
     pub bits: u32,
+    /// Budget policy; null for packed-KV rows.
+    pub policy: Option<String>,
+    /// Budget window W in tokens; null for packed-KV rows.
+    pub window: Option<usize>,
+    /// Token segments, each stored as its own tensor for K and for V.
+    pub segments: Vec<SegmentPlan>,
     pub k_axis: String,
     pub v_axis: String,
     pub relative_l2: f64,
@@ -61,13 +214,9 @@ pub struct StudyRun {
     pub comparisons: Vec<Comparison>,
 }
 
-/// Axis K is grouped on in every comparison.
-pub const K_AXIS: Axis = Axis::Token;
-/// Axis V is grouped on in every comparison.
-pub const V_AXIS: Axis = Axis::Feature;
-
 /// Runs every comparison of the protocol. `progress` is called after each comparison.
 pub fn run(protocol: &Protocol, mut progress: impl FnMut(usize)) -> codec::Result<StudyRun> {
+    let plans = plans(protocol);
     let mut inputs = Vec::new();
     let mut comparisons = Vec::new();
     let mut current_draw: Option<((u64, usize), Draw)> = None;
@@ -78,8 +227,8 @@ pub fn run(protocol: &Protocol, mut progress: impl FnMut(usize)) -> codec::Resul
         }
         let (_, base) = current_draw.as_ref().expect("just drawn");
         let input = build_input(protocol, spec, base);
-        for setting in &protocol.settings {
-            comparisons.push(compare(protocol, &input, setting)?);
+        for plan in &plans {
+            comparisons.push(compare(protocol, &input, plan)?);
             progress(comparisons.len());
         }
         inputs.push(input);
@@ -113,44 +262,88 @@ fn build_input(protocol: &Protocol, spec: InputSpec, base: &Draw) -> Input {
     }
 }
 
-fn compare(protocol: &Protocol, input: &Input, setting: &Setting) -> codec::Result<Comparison> {
-    let k = codec::encode(
-        input.k.view(),
-        Layout::new(K_AXIS, setting.bits, setting.group_size)?,
-    )?;
-    let v = codec::encode(
-        input.v.view(),
-        Layout::new(V_AXIS, setting.bits, setting.group_size)?,
-    )?;
+fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> codec::Result<Comparison> {
+    let spec = input.spec;
+    let segments = plan.segments(spec.tokens);
+    let k = encode_segments(input.k.view(), K_AXIS, plan.group_size(), &segments)?;
+    let v = encode_segments(input.v.view(), V_AXIS, plan.group_size(), &segments)?;
     let out = attention(
         input.q.mapv(f64::from).view(),
-        codec::decode(&k).view(),
-        codec::decode(&v).view(),
+        decode_segments(&k).view(),
+        decode_segments(&v).view(),
     );
-    let spec = input.spec;
+    let k_payload_bytes: usize = k.iter().map(Segment::payload_bytes).sum();
+    let v_payload_bytes: usize = v.iter().map(Segment::payload_bytes).sum();
+    let (study, bits, policy, window) = match *plan {
+        Plan::Packed(s) => (STUDY_PACKED_KV, s.bits, None, None),
+        Plan::Budget {
+            policy,
+            low_bits,
+            window,
+            ..
+        } => (
+            STUDY_BUDGET,
+            low_bits,
+            Some(policy.to_string()),
+            Some(window),
+        ),
+    };
     let row = ResultRow {
-        id: comparison_id(&spec, setting),
+        id: plan.id(&spec),
+        study: study.into(),
         input: input.id.clone(),
         seed: spec.seed,
         tokens: spec.tokens,
         features: protocol.features,
         queries: protocol.queries,
         distribution: spec.distribution.to_string(),
-        group_size: setting.group_size,
-        bits: setting.bits,
+        group_size: plan.group_size(),
+        bits,
+        policy,
+        window,
+        segments,
         k_axis: K_AXIS.to_string(),
         v_axis: V_AXIS.to_string(),
         relative_l2: relative_l2(&out, &input.reference),
         max_abs: max_abs(&out, &input.reference),
-        k_payload_bytes: k.payload_bytes(),
-        v_payload_bytes: v.payload_bytes(),
-        payload_bytes: k.payload_bytes() + v.payload_bytes(),
+        k_payload_bytes,
+        v_payload_bytes,
+        payload_bytes: k_payload_bytes + v_payload_bytes,
         baseline_bytes: float32_kv_bytes(spec.tokens, protocol.features),
     };
-    Ok(Comparison { row, k, v, out })
+    Ok(Comparison {
+        row,
+        plan: *plan,
+        k,
+        v,
+        out,
+    })
 }
 
 /// Bytes of K and V stored as float32.
 pub fn float32_kv_bytes(tokens: usize, features: usize) -> usize {
     2 * tokens * features * std::mem::size_of::<f32>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_round_trip_and_count_their_own_bytes() {
+        let x = Array2::from_shape_fn((40, 8), |(t, f)| ((t * 8 + f) as f32 * 0.37).sin());
+        let plan = Policy::RecentF32.segments(40, 8, 4);
+        let segments = encode_segments(x.view(), Axis::Token, 32, &plan).unwrap();
+        assert_eq!(segments.len(), 2);
+        // 32 tokens x 8 features at 4 bits in one group per column, then 8 raw tokens.
+        assert_eq!(segments[0].payload_bytes(), 32 * 8 / 2 + 8 * 4 + 8);
+        assert_eq!(segments[1].payload_bytes(), 8 * 8 * 4 + 8);
+        let back = decode_segments(&segments);
+        assert_eq!(back.dim(), (40, 8));
+        // The float32 window comes back exactly.
+        assert_eq!(
+            back.slice(s![32.., ..]),
+            x.slice(s![32.., ..]).mapv(f64::from)
+        );
+    }
 }

@@ -1,24 +1,36 @@
-//! The study's table: per setting, the mean relative L2 error over the clean inputs and the K+V
-//! payload at each length, beside the float32 bytes. This is the published table's shape.
+//! The run's tables, in summary.json and as text:
+//! - packed-KV: per setting, the mean relative L2 error over the clean inputs (the published
+//!   table's shape), the same mean per distribution, and the K+V payload per length;
+//! - budget: per policy, the mean relative L2 error per distribution and the payload per length;
+//! - timings: per configuration, length and operation, the median of the raw measurements.
+//!
+//! Means run over seeds and lengths, in protocol order.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
+use tabled::builder::Builder;
+use tabled::settings::object::Columns;
+use tabled::settings::{Alignment, Style};
 
 use crate::protocol::{Distribution, Protocol};
-use crate::study::{ResultRow, float32_kv_bytes};
+use crate::study::{Plan, ResultRow, STUDY_BUDGET, STUDY_PACKED_KV, float32_kv_bytes, plans};
+use crate::timing::{Operation, Timings, median};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     pub about: String,
     /// Float32 K+V bytes per length (keys are token counts).
     pub float32_kv_bytes: BTreeMap<String, usize>,
-    pub rows: Vec<SummaryRow>,
+    pub packed_kv: Vec<PackedRow>,
+    /// Empty when the protocol has no budget study.
+    pub budget: Vec<BudgetRow>,
+    /// Empty when the protocol takes no timings.
+    pub timings: Vec<TimingRow>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SummaryRow {
+pub struct PackedRow {
     pub group_size: usize,
     pub bits: u32,
     /// Number of clean inputs averaged.
@@ -27,88 +39,187 @@ pub struct SummaryRow {
     pub mean_relative_l2_clean: Option<f64>,
     /// The same in percent, rounded to three decimals, as printed.
     pub mean_relative_l2_clean_percent: Option<String>,
+    /// Mean relative L2 per distribution (a fraction).
+    pub mean_relative_l2: BTreeMap<String, f64>,
     /// K+V payload per length (keys are token counts).
     pub payload_bytes: BTreeMap<String, usize>,
 }
 
-/// Builds the table from a run's rows.
-pub fn summarize(protocol: &Protocol, rows: &[ResultRow]) -> Summary {
-    let table_rows = protocol
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetRow {
+    pub policy: String,
+    pub group_size: usize,
+    pub low_bits: u32,
+    pub window: usize,
+    /// Mean relative L2 per distribution (a fraction).
+    pub mean_relative_l2: BTreeMap<String, f64>,
+    pub payload_bytes: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimingRow {
+    /// `g8_b4` for a packed-KV setting, the policy name for a budget one.
+    pub config: String,
+    pub tokens: usize,
+    pub operation: Operation,
+    pub median_ns: u64,
+    /// How many raw measurements the median is over.
+    pub measurements: usize,
+}
+
+/// The label a configuration goes by in tables, timings and the plot.
+pub fn config_label(plan: &Plan) -> String {
+    match plan {
+        Plan::Packed(s) => format!("g{}_b{}", s.group_size, s.bits),
+        Plan::Budget { policy, .. } => policy.to_string(),
+    }
+}
+
+/// Builds the tables from a run's rows and timings.
+pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timings>) -> Summary {
+    let packed_kv = protocol
         .settings
         .iter()
         .map(|s| {
-            let mine: Vec<&ResultRow> = rows
-                .iter()
-                .filter(|r| r.group_size == s.group_size && r.bits == s.bits)
-                .collect();
-            let clean: Vec<f64> = mine
-                .iter()
-                .filter(|r| r.distribution == Distribution::Clean.name())
-                .map(|r| r.relative_l2)
-                .collect();
-            let mean = (!clean.is_empty()).then(|| clean.iter().sum::<f64>() / clean.len() as f64);
-            let payload_bytes = protocol
-                .tokens
-                .iter()
-                .filter_map(|&n| {
-                    mine.iter()
-                        .find(|r| r.tokens == n)
-                        .map(|r| (n.to_string(), r.payload_bytes))
-                })
-                .collect();
-            SummaryRow {
+            let mine = select(rows, STUDY_PACKED_KV, |r| {
+                r.group_size == s.group_size && r.bits == s.bits
+            });
+            let clean = mean_where(&mine, |r| r.distribution == Distribution::Clean.name());
+            PackedRow {
                 group_size: s.group_size,
                 bits: s.bits,
-                clean_inputs: clean.len(),
-                mean_relative_l2_clean: mean,
-                mean_relative_l2_clean_percent: mean.map(|m| format!("{:.3}", m * 100.0)),
-                payload_bytes,
+                clean_inputs: clean.map_or(0, |(_, n)| n),
+                mean_relative_l2_clean: clean.map(|(m, _)| m),
+                mean_relative_l2_clean_percent: clean.map(|(m, _)| percent(m)),
+                mean_relative_l2: means_by_distribution(protocol, &mine),
+                payload_bytes: payload_by_length(protocol, &mine),
             }
         })
         .collect();
+    let budget = protocol.budget.iter().flat_map(|b| {
+        b.policies.iter().map(|policy| {
+            let mine = select(rows, STUDY_BUDGET, |r| {
+                r.policy.as_deref() == Some(policy.name())
+            });
+            BudgetRow {
+                policy: policy.to_string(),
+                group_size: b.group_size,
+                low_bits: b.low_bits,
+                window: b.window,
+                mean_relative_l2: means_by_distribution(protocol, &mine),
+                payload_bytes: payload_by_length(protocol, &mine),
+            }
+        })
+    });
     Summary {
-        about: "Per setting: mean relative L2 attention-output error over the clean inputs, and \
-                the K+V payload (codes + f32 scales + two i32 shape values per tensor) per length."
+        about: "Mean relative L2 attention-output error (over seeds and lengths; the packed-KV \
+                table's headline is over the clean inputs), K+V payload per length (codes, f32 \
+                scales, float32 segments and two i32 shape values per stored tensor), and median \
+                timings in ns (descriptive, machine-dependent)."
             .into(),
         float32_kv_bytes: protocol
             .tokens
             .iter()
             .map(|&n| (n.to_string(), float32_kv_bytes(n, protocol.features)))
             .collect(),
-        rows: table_rows,
+        packed_kv,
+        budget: budget.collect(),
+        timings: timings.map_or_else(Vec::new, |t| timing_medians(protocol, rows, t)),
     }
 }
 
-/// The table as printed at the end of a run.
-pub fn render(protocol: &Protocol, summary: &Summary) -> String {
-    let mut out = String::new();
-    let mut header = format!(
-        "{:>5}  {:>4}  {:>22}",
-        "group", "bits", "rel. error (clean mean)"
-    );
-    for n in &protocol.tokens {
-        header.push_str(&format!("  {:>14}", format!("payload N={n}")));
+fn select<'a>(
+    rows: &'a [ResultRow],
+    study: &str,
+    keep: impl Fn(&ResultRow) -> bool,
+) -> Vec<&'a ResultRow> {
+    rows.iter()
+        .filter(|r| r.study == study && keep(r))
+        .collect()
+}
+
+/// (mean relative L2, count) of the rows that pass `keep`, or None if none do.
+fn mean_where(rows: &[&ResultRow], keep: impl Fn(&ResultRow) -> bool) -> Option<(f64, usize)> {
+    let values: Vec<f64> = rows
+        .iter()
+        .filter(|r| keep(r))
+        .map(|r| r.relative_l2)
+        .collect();
+    (!values.is_empty()).then(|| {
+        (
+            values.iter().sum::<f64>() / values.len() as f64,
+            values.len(),
+        )
+    })
+}
+
+fn means_by_distribution(protocol: &Protocol, rows: &[&ResultRow]) -> BTreeMap<String, f64> {
+    protocol
+        .distributions
+        .iter()
+        .filter_map(|d| {
+            mean_where(rows, |r| r.distribution == d.name()).map(|(m, _)| (d.to_string(), m))
+        })
+        .collect()
+}
+
+fn payload_by_length(protocol: &Protocol, rows: &[&ResultRow]) -> BTreeMap<String, usize> {
+    protocol
+        .tokens
+        .iter()
+        .filter_map(|&n| {
+            rows.iter()
+                .find(|r| r.tokens == n)
+                .map(|r| (n.to_string(), r.payload_bytes))
+        })
+        .collect()
+}
+
+/// The configuration label of a results row (the same as [`config_label`] of its plan).
+pub fn row_label(row: &ResultRow) -> String {
+    match &row.policy {
+        Some(policy) => policy.clone(),
+        None => format!("g{}_b{}", row.group_size, row.bits),
     }
-    writeln!(out, "{header}").unwrap();
-    for row in &summary.rows {
-        let error = row
-            .mean_relative_l2_clean_percent
-            .as_ref()
-            .map_or("n/a".to_string(), |p| format!("{p}%"));
-        let mut line = format!("{:>5}  {:>4}  {:>23}", row.group_size, row.bits, error);
-        for n in &protocol.tokens {
-            let bytes = row.payload_bytes.get(&n.to_string()).copied().unwrap_or(0);
-            line.push_str(&format!("  {:>14}", format!("{} B", thousands(bytes))));
+}
+
+fn timing_medians(protocol: &Protocol, rows: &[ResultRow], timings: &Timings) -> Vec<TimingRow> {
+    let config_of: BTreeMap<&str, (String, usize)> = rows
+        .iter()
+        .map(|r| (r.id.as_str(), (row_label(r), r.tokens)))
+        .collect();
+    let mut groups: BTreeMap<(String, usize, Operation), Vec<u64>> = BTreeMap::new();
+    for m in &timings.measurements {
+        if let Some((config, tokens)) = config_of.get(m.comparison.as_str()) {
+            groups
+                .entry((config.clone(), *tokens, m.operation))
+                .or_default()
+                .push(m.ns);
         }
-        writeln!(out, "{line}").unwrap();
     }
-    let mut line = format!("{:>5}  {:>4}  {:>23}", "f32", "32", "0.000%");
-    for n in &protocol.tokens {
-        let bytes = float32_kv_bytes(*n, protocol.features);
-        line.push_str(&format!("  {:>14}", format!("{} B", thousands(bytes))));
+    let mut out = Vec::new();
+    for plan in plans(protocol) {
+        let config = config_label(&plan);
+        for &tokens in &protocol.tokens {
+            for operation in Operation::ALL {
+                if let Some(values) = groups.get_mut(&(config.clone(), tokens, operation)) {
+                    out.push(TimingRow {
+                        config: config.clone(),
+                        tokens,
+                        operation,
+                        measurements: values.len(),
+                        median_ns: median(values),
+                    });
+                }
+            }
+        }
     }
-    writeln!(out, "{line}").unwrap();
     out
+}
+
+/// A fraction as a percentage with three decimals, e.g. 0.09797 -> "9.797".
+pub fn percent(fraction: f64) -> String {
+    format!("{:.3}", fraction * 100.0)
 }
 
 /// 8208 -> "8,208".
@@ -120,6 +231,180 @@ pub fn thousands(n: usize) -> String {
             out.push(',');
         }
         out.push(c);
+    }
+    out
+}
+
+/// A table as header + rows of cells, rendered as aligned text or as markdown.
+pub struct Table {
+    pub headers: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn build(&self) -> tabled::Table {
+        let mut builder = Builder::default();
+        builder.push_record(self.headers.clone());
+        for row in &self.rows {
+            builder.push_record(row.clone());
+        }
+        builder.build()
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut table = self.build();
+        table
+            .with(Style::blank())
+            .modify(Columns::new(0..), Alignment::right());
+        let text = table.to_string();
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        lines.join("\n")
+    }
+
+    pub fn to_markdown(&self) -> String {
+        let mut table = self.build();
+        table
+            .with(Style::markdown())
+            .modify(Columns::new(1..), Alignment::right());
+        table.to_string()
+    }
+}
+
+fn error_cell(value: Option<f64>) -> String {
+    value.map_or_else(|| "n/a".into(), |m| format!("{}%", percent(m)))
+}
+
+fn bytes_cell(value: Option<&usize>) -> String {
+    value.map_or_else(|| "n/a".into(), |b| format!("{} B", thousands(*b)))
+}
+
+/// The published table's shape: per setting, the clean mean error and the payload per length,
+/// then the float32 baseline.
+pub fn packed_table(protocol: &Protocol, summary: &Summary) -> Table {
+    let mut headers = vec![
+        "group".into(),
+        "bits".into(),
+        "rel. error (clean mean)".into(),
+    ];
+    headers.extend(protocol.tokens.iter().map(|n| format!("payload N={n}")));
+    let mut rows: Vec<Vec<String>> = summary
+        .packed_kv
+        .iter()
+        .map(|row| {
+            let mut cells = vec![
+                row.group_size.to_string(),
+                row.bits.to_string(),
+                error_cell(row.mean_relative_l2_clean),
+            ];
+            cells.extend(
+                protocol
+                    .tokens
+                    .iter()
+                    .map(|n| bytes_cell(row.payload_bytes.get(&n.to_string()))),
+            );
+            cells
+        })
+        .collect();
+    let mut baseline = vec!["f32".into(), "32".into(), "0.000%".into()];
+    baseline.extend(
+        protocol
+            .tokens
+            .iter()
+            .map(|n| bytes_cell(summary.float32_kv_bytes.get(&n.to_string()))),
+    );
+    rows.push(baseline);
+    Table { headers, rows }
+}
+
+/// Mean error per distribution for every configuration of one study.
+fn by_distribution_table<'a>(
+    protocol: &Protocol,
+    first: &str,
+    rows: impl Iterator<
+        Item = (
+            String,
+            &'a BTreeMap<String, f64>,
+            &'a BTreeMap<String, usize>,
+        ),
+    >,
+) -> Table {
+    let mut headers = vec![first.to_string()];
+    headers.extend(protocol.distributions.iter().map(|d| d.to_string()));
+    headers.extend(protocol.tokens.iter().map(|n| format!("payload N={n}")));
+    let rows = rows
+        .map(|(label, means, payloads)| {
+            let mut cells = vec![label];
+            cells.extend(
+                protocol
+                    .distributions
+                    .iter()
+                    .map(|d| error_cell(means.get(d.name()).copied())),
+            );
+            cells.extend(
+                protocol
+                    .tokens
+                    .iter()
+                    .map(|n| bytes_cell(payloads.get(&n.to_string()))),
+            );
+            cells
+        })
+        .collect();
+    Table { headers, rows }
+}
+
+pub fn packed_by_distribution_table(protocol: &Protocol, summary: &Summary) -> Table {
+    by_distribution_table(
+        protocol,
+        "setting",
+        summary.packed_kv.iter().map(|r| {
+            (
+                format!("g{} b{}", r.group_size, r.bits),
+                &r.mean_relative_l2,
+                &r.payload_bytes,
+            )
+        }),
+    )
+}
+
+pub fn budget_table(protocol: &Protocol, summary: &Summary) -> Table {
+    by_distribution_table(
+        protocol,
+        "policy",
+        summary
+            .budget
+            .iter()
+            .map(|r| (r.policy.clone(), &r.mean_relative_l2, &r.payload_bytes)),
+    )
+}
+
+pub fn timing_table(summary: &Summary) -> Table {
+    let mut headers = vec!["config".to_string(), "N".to_string()];
+    headers.extend(
+        Operation::ALL
+            .iter()
+            .map(|op| format!("{} (ns)", op.name())),
+    );
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for row in &summary.timings {
+        let key = [row.config.clone(), row.tokens.to_string()];
+        if rows.last().is_none_or(|last| last[..2] != key) {
+            rows.push(key.to_vec());
+        }
+        rows.last_mut()
+            .expect("just pushed")
+            .push(thousands(row.median_ns as usize));
+    }
+    Table { headers, rows }
+}
+
+/// What the runner prints at the end of a run.
+pub fn render(protocol: &Protocol, summary: &Summary) -> String {
+    let mut out = packed_table(protocol, summary).to_text();
+    out.push('\n');
+    if !summary.budget.is_empty() {
+        out.push_str("\nbudget (mean rel. error over seeds and lengths, per distribution)\n");
+        out.push_str(&budget_table(protocol, summary).to_text());
+        out.push('\n');
     }
     out
 }

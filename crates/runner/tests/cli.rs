@@ -23,6 +23,26 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// Writes `text` as a protocol in `dir`, runs it into `dir/out`, and requires success.
+/// Returns (protocol path, output directory).
+fn run_protocol(dir: &Path, text: &str, out: &str) -> (PathBuf, PathBuf) {
+    let protocol = dir.join("protocol.json");
+    std::fs::write(&protocol, text).unwrap();
+    let out = dir.join(out);
+    let result = runner(&[
+        "--out",
+        out.to_str().unwrap(),
+        "--protocol",
+        protocol.to_str().unwrap(),
+    ]);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    (protocol, out)
+}
+
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -43,7 +63,7 @@ fn frozen_protocol_reproduces_the_published_table_and_the_archive() {
     let published =
         json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/published-packed-kv.json"));
     let summary = json(&out.join("summary.json"));
-    for (row, want) in summary["rows"]
+    for (row, want) in summary["packed_kv"]
         .as_array()
         .unwrap()
         .iter()
@@ -85,14 +105,26 @@ fn frozen_protocol_reproduces_the_published_table_and_the_archive() {
         }
     }
 
-    // Same protocol, same bytes: the archived evidence's outputs are what this build writes.
+    // Same protocol, same bytes: the archived evidence's deterministic outputs are what this
+    // build writes. (summary.json, summary.md and timings.json carry timings, which vary.)
     let fresh = json(&out.join("manifest.json"));
     let archived = json(&workspace().join("evidence/packed-kv/manifest.json"));
-    assert_eq!(
-        fresh["outputs"], archived["outputs"],
-        "the runner's output changed: refresh evidence/packed-kv and the root manifest"
-    );
-    assert_eq!(fresh["counts"]["comparisons"], 72);
+    for file in ["arrays.npz", "results.json", "error-vs-bytes.svg"] {
+        assert_eq!(
+            fresh["outputs"][file], archived["outputs"][file],
+            "{file} changed: refresh evidence/packed-kv and the root manifest (scripts/refresh-evidence)"
+        );
+    }
+    assert_eq!(fresh["counts"]["comparisons"], 144);
+    assert_eq!(fresh["counts"]["timings"], 144 * 5 * 5);
+    let fresh_summary = json(&out.join("summary.json"));
+    let archived_summary = json(&workspace().join("evidence/packed-kv/summary.json"));
+    for table in ["float32_kv_bytes", "packed_kv", "budget"] {
+        assert_eq!(
+            fresh_summary[table], archived_summary[table],
+            "summary.json {table}"
+        );
+    }
     assert_eq!(
         fresh["sources"], archived["sources"],
         "sources changed since the archive was made: refresh evidence/packed-kv and the root manifest"
@@ -148,7 +180,6 @@ fn a_bad_protocol_is_refused_by_field_and_writes_nothing() {
 #[test]
 fn a_user_protocol_with_the_chacha_generator_runs() {
     let tmp = tempfile::tempdir().unwrap();
-    let protocol = tmp.path().join("sweep.json");
     let text = r#"{
         "study": "small-sweep",
         "seeds": [1],
@@ -161,23 +192,49 @@ fn a_user_protocol_with_the_chacha_generator_runs() {
         "generator": { "name": "chacha20",
                        "entropy": { "seed_multiplier": 1000, "tokens_multiplier": 1, "offset": 5 } }
     }"#;
-    std::fs::write(&protocol, text).unwrap();
-    let out = tmp.path().join("nested/run");
-    let result = runner(&[
-        "--out",
-        out.to_str().unwrap(),
-        "--protocol",
-        protocol.to_str().unwrap(),
-    ]);
-    assert!(
-        result.status.success(),
-        "{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    let (protocol, out) = run_protocol(tmp.path(), text, "nested/run");
     let rows = json(&out.join("results.json"));
     assert_eq!(rows.as_array().unwrap().len(), 8);
     assert_eq!(rows[0]["id"], "s1_n40_clean_g16_b4");
     let manifest = json(&out.join("manifest.json"));
     assert_eq!(manifest["protocol"]["generator"]["name"], "chacha20");
     assert_eq!(manifest["protocol_source"], protocol.to_str().unwrap());
+}
+
+#[test]
+fn a_long_user_sweep_with_budget_and_timings_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = r#"{
+        "study": "long-context",
+        "seeds": [3],
+        "tokens": [1024, 4096],
+        "features": 128,
+        "queries": 4,
+        "distributions": ["clean", "recent_focus"],
+        "focus": { "window": 8, "gain": 2.0 },
+        "settings": [ { "group_size": 64, "bits": 4 }, { "group_size": 128, "bits": 8 } ],
+        "generator": { "name": "numpy",
+                       "entropy": { "seed_multiplier": 10000, "tokens_multiplier": 1, "offset": 0 } },
+        "budget": { "group_size": 64, "low_bits": 4, "window": 128,
+                    "policies": ["uniform", "recent8", "early_f32"] },
+        "timing": { "warmup": 0, "repeats": 1, "shuffle_seed": 1 }
+    }"#;
+    let (_, out) = run_protocol(tmp.path(), text, "run");
+    // 1 seed x 2 lengths x 2 distributions x (2 settings + 3 policies).
+    let rows = json(&out.join("results.json"));
+    assert_eq!(rows.as_array().unwrap().len(), 20);
+    let early = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "s3_n4096_recent_focus_budget_early_f32")
+        .unwrap();
+    // 128 float32 tokens first, then 3968 4-bit tokens.
+    assert_eq!(early["segments"][0]["storage"], "float32");
+    assert_eq!(early["segments"][1]["start"], 128);
+    let timings = json(&out.join("timings.json"));
+    assert_eq!(timings["measurements"].as_array().unwrap().len(), 20 * 5);
+    for file in ["summary.md", "error-vs-bytes.svg"] {
+        assert!(out.join(file).is_file(), "{file}");
+    }
 }

@@ -21,10 +21,10 @@
 use half::f16;
 use ndarray::{Array2, Axis};
 
-use super::StorageCost;
 use super::error::{FormatError, Result};
 use super::logical::{LogicalWeights, check_logical_shape};
-use super::words;
+use crate::bits::{self, Bits};
+use crate::bpw::Cost;
 
 /// AWQ stores 4-bit codes only.
 pub const AWQ_BITS: u32 = 4;
@@ -68,8 +68,8 @@ pub fn pack(weights: &LogicalWeights) -> Result<AwqLayer> {
     let zeros = padded.zeros().slice(ndarray::s![..groups, ..]).to_owned();
     Ok(AwqLayer {
         group_size: padded.group_size(),
-        qweight: pack_rows(padded.codes()),
-        qzeros: pack_rows(&zeros),
+        qweight: pack_rows(padded.codes())?,
+        qzeros: pack_rows(&zeros)?,
         scales,
         logical_shape: [weights.k(), weights.n()],
     })
@@ -82,9 +82,9 @@ pub fn unpack(layer: &AwqLayer) -> Result<LogicalWeights> {
     let stored = LogicalWeights::with_sequential_groups(
         AWQ_BITS,
         layer.group_size,
-        unpack_rows(&layer.qweight, n),
+        unpack_rows(&layer.qweight, n)?,
         layer.scales.clone(),
-        unpack_rows(&layer.qzeros, n),
+        unpack_rows(&layer.qzeros, n)?,
     )?;
     let [k, n] = layer.logical_shape;
     stored.cropped(k, n)
@@ -149,13 +149,16 @@ impl AwqLayer {
         Ok((k, n))
     }
 
-    /// Bytes this layer's tensors take: qweight as codes; qzeros and scales as metadata.
-    pub fn storage(&self) -> StorageCost {
+    /// Bytes this layer's tensors take, by part, against its logical weights.
+    pub fn storage(&self) -> Cost {
         let [k, n] = self.logical_shape;
-        StorageCost {
+        Cost {
+            elements: k * n,
             code_bytes: 4 * self.qweight.len(),
-            metadata_bytes: 4 * self.qzeros.len() + 2 * self.scales.len(),
-            logical_weights: k * n,
+            scale_bytes: 2 * self.scales.len(),
+            zero_point_bytes: 4 * self.qzeros.len(),
+            g_idx_bytes: 0,
+            extra_bytes: 0,
         }
     }
 }
@@ -173,7 +176,7 @@ fn check_bits(bits: u32) -> Result<()> {
 }
 
 /// Packs each row of `values` [rows, N] into N/8 interleaved words: [rows, N/8].
-fn pack_rows(values: &Array2<u8>) -> Array2<i32> {
+fn pack_rows(values: &Array2<u8>) -> Result<Array2<i32>> {
     let mut packed = Array2::<i32>::zeros((values.nrows(), values.ncols() / PACK_FACTOR));
     for (row, mut out) in values.axis_iter(Axis(0)).zip(packed.axis_iter_mut(Axis(0))) {
         let slots: Vec<u8> = row
@@ -181,24 +184,24 @@ fn pack_rows(values: &Array2<u8>) -> Array2<i32> {
             .chunks_exact(PACK_FACTOR)
             .flat_map(|eight| AWQ_ORDER.map(|column| eight[column]))
             .collect();
-        let stream = words::to_i32(words::pack(&slots, AWQ_BITS));
+        let stream = bits::pack_i32_words(Bits::FOUR, &slots)?;
         out.assign(&ndarray::ArrayView1::from(&stream));
     }
-    packed
+    Ok(packed)
 }
 
 /// Unpacks each row of `packed` [rows, N/8] into N logical columns: [rows, N].
-fn unpack_rows(packed: &Array2<i32>, n: usize) -> Array2<u8> {
+fn unpack_rows(packed: &Array2<i32>, n: usize) -> Result<Array2<u8>> {
     let mut values = Array2::<u8>::zeros((packed.nrows(), n));
     for (row, mut out) in packed.axis_iter(Axis(0)).zip(values.axis_iter_mut(Axis(0))) {
-        let slots = words::unpack(&words::from_i32(&row.to_vec()), AWQ_BITS, n);
+        let slots = bits::unpack_i32_words(Bits::FOUR, &row.to_vec(), n)?;
         for (group, eight) in slots.chunks_exact(PACK_FACTOR).enumerate() {
             for (slot, &value) in eight.iter().enumerate() {
                 out[group * PACK_FACTOR + AWQ_ORDER[slot]] = value;
             }
         }
     }
-    values
+    Ok(values)
 }
 
 #[cfg(test)]
@@ -293,7 +296,7 @@ mod tests {
         )
         .unwrap();
         let cost = pack(&w).unwrap().storage();
-        assert_eq!((cost.code_bytes, cost.metadata_bytes), (4096, 128 + 512));
-        assert_eq!(cost.bits_per_weight(), 4.625);
+        assert_eq!((cost.code_bytes, cost.metadata_bytes()), (4096, 128 + 512));
+        assert_eq!(cost.bits_per_element(), 4.625);
     }
 }

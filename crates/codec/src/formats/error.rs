@@ -121,6 +121,9 @@ pub enum FormatError {
         expected: usize,
     },
 
+    #[error(transparent)]
+    Stream(#[from] crate::error::CodecError),
+
     #[error("non-finite input: element {index} is {value}")]
     NonFinite { index: usize, value: f32 },
 

@@ -29,9 +29,9 @@
 use half::f16;
 use ndarray::Array2;
 
-use super::StorageCost;
 use super::error::{FormatError, Result};
 use super::logical::LogicalWeights;
+use crate::bpw::Cost;
 
 /// Weights per Q4_0 block.
 pub const QK4_0: usize = 32;
@@ -289,12 +289,15 @@ pub fn from_logical<B: GgufBlock>(weights: &LogicalWeights) -> Result<Vec<B>> {
     Ok(blocks)
 }
 
-/// Bytes per weight: each block's codes, and its f16 scale as metadata.
-pub fn storage<B: GgufBlock>(blocks: usize) -> StorageCost {
-    StorageCost {
+/// What `blocks` blocks store: each block's codes, and its f16 scale.
+pub fn storage<B: GgufBlock>(blocks: usize) -> Cost {
+    Cost {
+        elements: blocks * 32,
         code_bytes: blocks * (B::BYTES - 2),
-        metadata_bytes: blocks * 2,
-        logical_weights: blocks * 32,
+        scale_bytes: blocks * 2,
+        zero_point_bytes: 0,
+        g_idx_bytes: 0,
+        extra_bytes: 0,
     }
 }
 

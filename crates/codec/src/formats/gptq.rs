@@ -28,10 +28,11 @@
 use half::f16;
 use ndarray::{Array2, Axis};
 
+use super::WeightFormat;
 use super::error::{FormatError, Result};
 use super::logical::{LogicalWeights, check_logical_shape};
-use super::words;
-use super::{StorageCost, WeightFormat};
+use crate::bits::{self, Bits};
+use crate::bpw::Cost;
 
 /// Bit widths AutoGPTQ and GPTQModel write.
 pub const GPTQ_BITS: [u32; 4] = [2, 3, 4, 8];
@@ -117,12 +118,12 @@ pub fn pack(weights: &LogicalWeights, convention: ZeroConvention) -> Result<Gptq
     let logical_shape = [weights.k(), weights.n()];
     let step = alignment(bits);
     let padded = weights.padded(step, step);
-    let qweight = pack_columns(padded.codes(), bits);
+    let qweight = pack_columns(padded.codes(), bits)?;
     let mut stored_zeros = padded.zeros().clone();
     for ((group, col), zero) in stored_zeros.indexed_iter_mut() {
         *zero = convention.store(*zero, bits, group, col)?;
     }
-    let qzeros = transposed(&pack_columns(&transposed(&stored_zeros), bits));
+    let qzeros = transposed(&pack_columns(&transposed(&stored_zeros), bits)?);
     Ok(GptqLayer {
         bits,
         group_size: padded.group_size(),
@@ -141,8 +142,8 @@ pub fn unpack(layer: &GptqLayer) -> Result<LogicalWeights> {
     let bits = layer.bits;
     check_bits(bits)?;
     let (stored_k, stored_n) = layer.check_shapes()?;
-    let codes = unpack_columns(&layer.qweight, bits, stored_k);
-    let mut zeros = transposed(&unpack_columns(&transposed(&layer.qzeros), bits, stored_n));
+    let codes = unpack_columns(&layer.qweight, bits, stored_k)?;
+    let mut zeros = transposed(&unpack_columns(&transposed(&layer.qzeros), bits, stored_n)?);
     for ((group, col), zero) in zeros.indexed_iter_mut() {
         *zero = layer.convention.read(*zero, bits, group, col)?;
     }
@@ -229,13 +230,16 @@ impl GptqLayer {
         Ok((k, n))
     }
 
-    /// Bytes this layer's tensors take: qweight as codes; qzeros, scales and g_idx as metadata.
-    pub fn storage(&self) -> StorageCost {
+    /// Bytes this layer's tensors take, by part, against its logical weights.
+    pub fn storage(&self) -> Cost {
         let [k, n] = self.logical_shape;
-        StorageCost {
+        Cost {
+            elements: k * n,
             code_bytes: 4 * self.qweight.len(),
-            metadata_bytes: 4 * self.qzeros.len() + 2 * self.scales.len() + 4 * self.g_idx.len(),
-            logical_weights: k * n,
+            scale_bytes: 2 * self.scales.len(),
+            zero_point_bytes: 4 * self.qzeros.len(),
+            g_idx_bytes: 4 * self.g_idx.len(),
+            extra_bytes: 0,
         }
     }
 }
@@ -266,29 +270,32 @@ fn transposed<T: Clone>(a: &Array2<T>) -> Array2<T> {
 }
 
 /// Packs each column of `values` [rows, cols] into its own word stream: [rows*b/32, cols].
-fn pack_columns(values: &Array2<u8>, bits: u32) -> Array2<i32> {
+fn pack_columns(values: &Array2<u8>, bits: u32) -> Result<Array2<i32>> {
+    let width = Bits::new(bits)?;
     let rows = values.nrows() * bits as usize / 32;
     let mut packed = Array2::<i32>::zeros((rows, values.ncols()));
     for (column, mut out) in values.axis_iter(Axis(1)).zip(packed.axis_iter_mut(Axis(1))) {
-        let stream = words::to_i32(words::pack(&column.to_vec(), bits));
+        let stream = bits::pack_i32_words(width, &column.to_vec())?;
         out.assign(&ndarray::ArrayView1::from(&stream));
     }
-    packed
+    Ok(packed)
 }
 
 /// Unpacks each column of `packed` [rows*b/32, cols] into `rows` values: [rows, cols].
-fn unpack_columns(packed: &Array2<i32>, bits: u32, rows: usize) -> Array2<u8> {
+fn unpack_columns(packed: &Array2<i32>, bits: u32, rows: usize) -> Result<Array2<u8>> {
+    let width = Bits::new(bits)?;
     let mut values = Array2::<u8>::zeros((rows, packed.ncols()));
     for (column, mut out) in packed.axis_iter(Axis(1)).zip(values.axis_iter_mut(Axis(1))) {
-        let stream = words::unpack(&words::from_i32(&column.to_vec()), bits, rows);
+        let stream = bits::unpack_i32_words(width, &column.to_vec(), rows)?;
         out.assign(&ndarray::ArrayView1::from(&stream));
     }
-    values
+    Ok(values)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bpw::{Container, FloatDtype, Format, ZeroPoints};
     use ndarray::array;
 
     fn ramp(bits: u32, k: usize, n: usize, group_size: usize) -> LogicalWeights {
@@ -400,13 +407,21 @@ mod tests {
     }
 
     #[test]
-    fn storage_counts_qweight_as_codes_and_the_rest_as_metadata() {
+    fn storage_counts_every_tensor_and_agrees_with_the_bpw_model() {
         let layer = pack(&ramp(4, 128, 64, 32), ZeroConvention::V1).unwrap();
         let cost = layer.storage();
         assert_eq!(
-            (cost.code_bytes, cost.metadata_bytes),
+            (cost.code_bytes, cost.metadata_bytes()),
             (4096, 128 + 512 + 512)
         );
-        assert_eq!(cost.bits_per_weight(), 5.125);
+        assert_eq!(cost.bits_per_element(), 5.125);
+        // codec::bpw's model of GPTQ: one word stream per column, packed zeros, g_idx.
+        let model = Format {
+            zero_points: ZeroPoints::Packed,
+            g_idx: true,
+            container: Container::LineWords,
+            ..Format::new(Bits::FOUR, 32, FloatDtype::F16)
+        };
+        assert_eq!(crate::bpw::cost(&model, 128, 64).unwrap(), cost);
     }
 }

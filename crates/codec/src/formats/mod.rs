@@ -11,6 +11,8 @@
 //! - [`nf4`]: bitsandbytes NF4 (table codes, absmax per block, high nibble first);
 //! - [`error`]: typed errors.
 //!
+//! Every layer reports what it stores as a [`crate::bpw::Cost`], counted from its actual tensors.
+//!
 //! Converting between layouts lives in [`crate::repack`]; reading and writing checkpoint files
 //! does not live in this crate at all (see the `repack` crate).
 
@@ -20,7 +22,6 @@ pub mod gguf;
 pub mod gptq;
 pub mod logical;
 pub mod nf4;
-mod words;
 
 use std::fmt;
 use std::str::FromStr;
@@ -87,38 +88,6 @@ impl FromStr for WeightFormat {
     }
 }
 
-/// What a stored layer costs: code bytes and metadata bytes (scales, zero points, g_idx,
-/// absmax), against the logical number of weights (padding is paid for, not counted as weights).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StorageCost {
-    pub code_bytes: usize,
-    pub metadata_bytes: usize,
-    pub logical_weights: usize,
-}
-
-impl StorageCost {
-    pub fn total_bytes(&self) -> usize {
-        self.code_bytes + self.metadata_bytes
-    }
-
-    /// Total stored bits per logical weight: the effective bit width.
-    pub fn bits_per_weight(&self) -> f64 {
-        bits_per(self.total_bytes(), self.logical_weights)
-    }
-
-    pub fn code_bits_per_weight(&self) -> f64 {
-        bits_per(self.code_bytes, self.logical_weights)
-    }
-
-    pub fn metadata_bits_per_weight(&self) -> f64 {
-        bits_per(self.metadata_bytes, self.logical_weights)
-    }
-}
-
-fn bits_per(bytes: usize, weights: usize) -> f64 {
-    (bytes * 8) as f64 / weights as f64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,19 +101,5 @@ mod tests {
             "exl2".parse::<WeightFormat>().unwrap_err().to_string(),
             "unknown weight format \"exl2\": expected one of gptq, gptq_v2, awq, q4_0, q8_0, nf4"
         );
-    }
-
-    #[test]
-    fn effective_bits_split_codes_from_metadata() {
-        // 4096 x 4096 at 4 bits with an f16 scale and a 4-bit zero per 128: 4.15625 bits.
-        let weights = 4096 * 4096;
-        let cost = StorageCost {
-            code_bytes: weights / 2,
-            metadata_bytes: (weights / 128) * 2 + (weights / 128) / 2,
-            logical_weights: weights,
-        };
-        assert_eq!(cost.code_bits_per_weight(), 4.0);
-        assert_eq!(cost.metadata_bits_per_weight(), 0.15625);
-        assert_eq!(cost.bits_per_weight(), 4.15625);
     }
 }

@@ -23,8 +23,8 @@
 
 use ndarray::{Array2, ArrayView2};
 
-use super::StorageCost;
 use super::error::{FormatError, Result};
+use crate::bpw::Cost;
 
 /// The 16 NF4 levels, as bitsandbytes' `get_4bit_type("nf4")` stores them in f32.
 pub const NF4_LEVELS: [f32; 16] = [
@@ -198,12 +198,15 @@ impl Nf4Tensor {
         }))
     }
 
-    /// Bytes per weight: the packed codes, and one f32 absmax per block as metadata.
-    pub fn storage(&self) -> StorageCost {
-        StorageCost {
+    /// What it stores: the packed codes, and one f32 absmax (its scale) per block.
+    pub fn storage(&self) -> Cost {
+        Cost {
+            elements: self.shape[0] * self.shape[1],
             code_bytes: self.packed.len(),
-            metadata_bytes: 4 * self.absmax.len(),
-            logical_weights: self.shape[0] * self.shape[1],
+            scale_bytes: 4 * self.absmax.len(),
+            zero_point_bytes: 0,
+            g_idx_bytes: 0,
+            extra_bytes: 0,
         }
     }
 }

@@ -1,0 +1,216 @@
+//! Timings of encode, decode and attention for every comparison, kept raw.
+//!
+//! For each input, every (comparison, operation) pair is first called `warmup` times untimed,
+//! then `repeats` timed calls of every pair are made in an order shuffled by a ChaCha20
+//! generator seeded from the protocol, so slow drifts (clock boost, cache state) do not line up
+//! with one configuration. Each call is timed alone with the monotonic clock (`Instant`).
+//! Inputs are timed one after another, so only one input's decoded arrays are held at a time.
+//!
+//! Timings are descriptive: they depend on the machine and the moment, and no test asserts them.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use ndarray::Array2;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha20Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::attention::attention;
+use crate::protocol::{SegmentPlan, Timing};
+use crate::study::{Comparison, Input, K_AXIS, StudyRun, V_AXIS, decode_segments, encode_segments};
+
+/// What one measurement timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    EncodeK,
+    EncodeV,
+    DecodeK,
+    DecodeV,
+    /// Attention over the decoded K and V.
+    Attention,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 5] = [
+        Operation::EncodeK,
+        Operation::EncodeV,
+        Operation::DecodeK,
+        Operation::DecodeV,
+        Operation::Attention,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::EncodeK => "encode_k",
+            Operation::EncodeV => "encode_v",
+            Operation::DecodeK => "decode_k",
+            Operation::DecodeV => "decode_v",
+            Operation::Attention => "attention",
+        }
+    }
+}
+
+/// One timed call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Measurement {
+    /// Position in the order the calls were made (0-based over the whole run).
+    pub order: usize,
+    pub comparison: String,
+    pub operation: Operation,
+    /// Which of the `repeats` calls of this (comparison, operation) this was.
+    pub repeat: usize,
+    pub ns: u64,
+}
+
+/// timings.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    pub about: String,
+    pub unit: String,
+    pub clock: String,
+    pub warmup: usize,
+    pub repeats: usize,
+    pub shuffle_seed: u64,
+    /// Every measurement, in the order made.
+    pub measurements: Vec<Measurement>,
+}
+
+/// Times every comparison of `run`. `progress` is called after each input with the number of
+/// measurements made so far.
+pub fn measure(run: &StudyRun, timing: &Timing, mut progress: impl FnMut(usize)) -> Timings {
+    let mut rng = ChaCha20Rng::seed_from_u64(timing.shuffle_seed);
+    let mut measurements = Vec::new();
+    for input in &run.inputs {
+        let comparisons: Vec<&Comparison> = run
+            .comparisons
+            .iter()
+            .filter(|c| c.row.input == input.id)
+            .collect();
+        let workloads: Vec<Workload> = comparisons
+            .iter()
+            .map(|c| Workload::new(input, c))
+            .collect();
+        for workload in &workloads {
+            for op in Operation::ALL {
+                for _ in 0..timing.warmup {
+                    workload.call(op);
+                }
+            }
+        }
+        let mut calls: Vec<(usize, Operation, usize)> = Vec::new();
+        for w in 0..workloads.len() {
+            for op in Operation::ALL {
+                calls.extend((0..timing.repeats).map(|repeat| (w, op, repeat)));
+            }
+        }
+        calls.shuffle(&mut rng);
+        for (w, op, repeat) in calls {
+            let started = Instant::now();
+            workloads[w].call(op);
+            let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            measurements.push(Measurement {
+                order: measurements.len(),
+                comparison: comparisons[w].row.id.clone(),
+                operation: op,
+                repeat,
+                ns: ns.max(1),
+            });
+        }
+        progress(measurements.len());
+    }
+    Timings {
+        about: "Raw wall-clock times of each operation, every call kept. Descriptive only: they \
+                depend on the machine and the moment."
+            .into(),
+        unit: "ns".into(),
+        clock: "std::time::Instant (monotonic), one call per measurement".into(),
+        warmup: timing.warmup,
+        repeats: timing.repeats,
+        shuffle_seed: timing.shuffle_seed,
+        measurements,
+    }
+}
+
+/// Everything one comparison's operations need, prepared before timing starts.
+struct Workload<'a> {
+    input: &'a Input,
+    comparison: &'a Comparison,
+    segments: Vec<SegmentPlan>,
+    q: Array2<f64>,
+    k: Array2<f64>,
+    v: Array2<f64>,
+}
+
+impl<'a> Workload<'a> {
+    fn new(input: &'a Input, comparison: &'a Comparison) -> Self {
+        Workload {
+            input,
+            comparison,
+            segments: comparison.plan.segments(input.spec.tokens),
+            q: input.q.mapv(f64::from),
+            k: decode_segments(&comparison.k),
+            v: decode_segments(&comparison.v),
+        }
+    }
+
+    fn call(&self, op: Operation) {
+        let c = self.comparison;
+        let plan = &self.segments;
+        let group_size = c.plan.group_size();
+        match op {
+            Operation::EncodeK => {
+                black_box(encode_segments(
+                    black_box(self.input.k.view()),
+                    K_AXIS,
+                    group_size,
+                    plan,
+                ))
+                .expect("encoded once already");
+            }
+            Operation::EncodeV => {
+                black_box(encode_segments(
+                    black_box(self.input.v.view()),
+                    V_AXIS,
+                    group_size,
+                    plan,
+                ))
+                .expect("encoded once already");
+            }
+            Operation::DecodeK => {
+                black_box(decode_segments(black_box(&c.k)));
+            }
+            Operation::DecodeV => {
+                black_box(decode_segments(black_box(&c.v)));
+            }
+            Operation::Attention => {
+                black_box(attention(
+                    black_box(self.q.view()),
+                    black_box(self.k.view()),
+                    black_box(self.v.view()),
+                ));
+            }
+        }
+    }
+}
+
+/// The median of a non-empty list of times (the lower middle for an even count, so it is
+/// always a measured value).
+pub fn median(values: &mut [u64]) -> u64 {
+    values.sort_unstable();
+    values[(values.len() - 1) / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_is_a_measured_value() {
+        assert_eq!(median(&mut [5, 1, 3]), 3);
+        assert_eq!(median(&mut [4, 1, 3, 2]), 2);
+        assert_eq!(median(&mut [7]), 7);
+    }
+}
