@@ -22,7 +22,8 @@ use half::f16;
 use ndarray::{Array2, Axis};
 
 use super::error::{FormatError, Result};
-use super::logical::{LogicalWeights, check_logical_shape};
+use super::logical::LogicalWeights;
+use super::shape::{check_aligned, check_logical_shape, check_tensor_shapes};
 use crate::bits::{self, Bits};
 use crate::bpw::Cost;
 
@@ -98,53 +99,32 @@ impl AwqLayer {
         }
         let k = self.qweight.nrows();
         let n = self.scales.ncols();
-        if k == 0 || k % self.group_size != 0 {
-            return Err(FormatError::NotAligned {
-                format: "AWQ",
-                what: "K (qweight rows)",
-                found: k,
-                multiple: self.group_size,
-            });
-        }
-        if n == 0 || n % PACK_FACTOR != 0 {
-            return Err(FormatError::NotAligned {
-                format: "AWQ",
-                what: "N (scales columns)",
-                found: n,
-                multiple: PACK_FACTOR,
-            });
-        }
+        check_aligned("AWQ", "K (qweight rows)", k, self.group_size)?;
+        check_aligned("AWQ", "N (scales columns)", n, PACK_FACTOR)?;
         let groups = k / self.group_size;
-        for (tensor, found, expected, why) in [
-            (
-                "qweight",
-                self.qweight.shape(),
-                [k, n / PACK_FACTOR],
-                format!("K = {k} rows of N = {n} 4-bit codes packed along N"),
-            ),
-            (
-                "scales",
-                self.scales.shape(),
-                [groups, n],
-                format!("K / group size = {k} / {} groups", self.group_size),
-            ),
-            (
-                "qzeros",
-                self.qzeros.shape(),
-                [groups, n / PACK_FACTOR],
-                format!("{groups} groups of N = {n} 4-bit zero points packed along N"),
-            ),
-        ] {
-            if found != expected {
-                return Err(FormatError::ShapeMismatch {
-                    format: "AWQ",
-                    tensor,
-                    found: found.to_vec(),
-                    expected: expected.to_vec(),
-                    why,
-                });
-            }
-        }
+        check_tensor_shapes(
+            "AWQ",
+            [
+                (
+                    "qweight",
+                    self.qweight.shape(),
+                    [k, n / PACK_FACTOR],
+                    format!("K = {k} rows of N = {n} 4-bit codes packed along N"),
+                ),
+                (
+                    "scales",
+                    self.scales.shape(),
+                    [groups, n],
+                    format!("K / group size = {k} / {} groups", self.group_size),
+                ),
+                (
+                    "qzeros",
+                    self.qzeros.shape(),
+                    [groups, n / PACK_FACTOR],
+                    format!("{groups} groups of N = {n} 4-bit zero points packed along N"),
+                ),
+            ],
+        )?;
         check_logical_shape("AWQ", self.logical_shape, [k, n])?;
         Ok((k, n))
     }

@@ -30,7 +30,8 @@ use ndarray::{Array2, Axis};
 
 use super::WeightFormat;
 use super::error::{FormatError, Result};
-use super::logical::{LogicalWeights, check_logical_shape};
+use super::logical::LogicalWeights;
+use super::shape::{check_aligned, check_logical_shape, check_tensor_shapes};
 use crate::bits::{self, Bits};
 use crate::bpw::Cost;
 
@@ -182,49 +183,33 @@ impl GptqLayer {
         let n = self.scales.ncols();
         let groups = k.div_ceil(self.group_size);
         let step = alignment(self.bits);
-        for (what, size) in [("K (g_idx length)", k), ("N (scales columns)", n)] {
-            if size == 0 || size % step != 0 {
-                return Err(FormatError::NotAligned {
-                    format: "GPTQ",
-                    what,
-                    found: size,
-                    multiple: step,
-                });
-            }
-        }
-        let expect = |tensor, found: &[usize], expected: [usize; 2], why: String| {
-            if found == expected {
-                Ok(())
-            } else {
-                Err(FormatError::ShapeMismatch {
-                    format: "GPTQ",
-                    tensor,
-                    found: found.to_vec(),
-                    expected: expected.to_vec(),
-                    why,
-                })
-            }
-        };
-        expect(
-            "qweight",
-            self.qweight.shape(),
-            [k * bits / 32, n],
-            format!("K = {k} rows of {bits}-bit codes packed along K, N = {n}"),
-        )?;
-        expect(
-            "scales",
-            self.scales.shape(),
-            [groups, n],
-            format!(
-                "ceil(K / group size) = ceil({k} / {}) groups",
-                self.group_size
-            ),
-        )?;
-        expect(
-            "qzeros",
-            self.qzeros.shape(),
-            [groups, n * bits / 32],
-            format!("{groups} groups of N = {n} {bits}-bit zero points packed along N"),
+        check_aligned("GPTQ", "K (g_idx length)", k, step)?;
+        check_aligned("GPTQ", "N (scales columns)", n, step)?;
+        check_tensor_shapes(
+            "GPTQ",
+            [
+                (
+                    "qweight",
+                    self.qweight.shape(),
+                    [k * bits / 32, n],
+                    format!("K = {k} rows of {bits}-bit codes packed along K, N = {n}"),
+                ),
+                (
+                    "scales",
+                    self.scales.shape(),
+                    [groups, n],
+                    format!(
+                        "ceil(K / group size) = ceil({k} / {}) groups",
+                        self.group_size
+                    ),
+                ),
+                (
+                    "qzeros",
+                    self.qzeros.shape(),
+                    [groups, n * bits / 32],
+                    format!("{groups} groups of N = {n} {bits}-bit zero points packed along N"),
+                ),
+            ],
         )?;
         check_logical_shape("GPTQ", self.logical_shape, [k, n])?;
         Ok((k, n))

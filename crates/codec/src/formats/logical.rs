@@ -19,6 +19,7 @@ use half::f16;
 use ndarray::{Array2, Axis, s};
 
 use super::error::{FormatError, Result};
+use super::shape::check_logical_shape;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogicalWeights {
@@ -302,25 +303,6 @@ impl LogicalWeights {
             g_idx,
         )
     }
-}
-
-/// Checks that a layer's recorded logical [K, N] is positive and fits inside its stored [K, N].
-pub fn check_logical_shape(
-    format: &'static str,
-    logical: [usize; 2],
-    stored: [usize; 2],
-) -> Result<()> {
-    let [k, n] = logical;
-    if k == 0 || n == 0 || k > stored[0] || n > stored[1] {
-        return Err(FormatError::ShapeMismatch {
-            format,
-            tensor: "logical shape",
-            found: logical.to_vec(),
-            expected: stored.to_vec(),
-            why: "the logical size must fit inside the stored tensors".to_string(),
-        });
-    }
-    Ok(())
 }
 
 /// g_idx of sequential groups: row k in group k / group_size.

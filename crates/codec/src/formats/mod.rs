@@ -9,6 +9,7 @@
 //! - [`awq`]: AutoAWQ's GEMM layout (4-bit, packed along N, interleaved slots);
 //! - [`gguf`]: GGUF Q4_0 and Q8_0 blocks and ggml's reference quantizers;
 //! - [`nf4`]: bitsandbytes NF4 (table codes, absmax per block, high nibble first);
+//! - [`shape`]: the shape checks the packed layouts share;
 //! - [`error`]: typed errors.
 //!
 //! Every layer reports what it stores as a [`crate::bpw::Cost`], counted from its actual tensors.
@@ -22,6 +23,7 @@ pub mod gguf;
 pub mod gptq;
 pub mod logical;
 pub mod nf4;
+pub mod shape;
 
 use std::fmt;
 use std::str::FromStr;

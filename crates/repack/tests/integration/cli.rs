@@ -56,9 +56,15 @@ fn fails(args: &[&str]) -> String {
     stderr(&output)
 }
 
-/// `repack convert --from FROM --to TO --group-size G IN OUT`, which must succeed; its stdout.
-fn convert_ok(from: &str, to: &str, group_size: &str, input: &str, output: &str) -> String {
-    succeeds(&[
+/// The arguments of `repack convert --from FROM --to TO --group-size G IN OUT`.
+fn convert_args<'a>(
+    from: &'a str,
+    to: &'a str,
+    group_size: &'a str,
+    input: &'a str,
+    output: &'a str,
+) -> [&'a str; 9] {
+    [
         "convert",
         "--from",
         from,
@@ -68,22 +74,17 @@ fn convert_ok(from: &str, to: &str, group_size: &str, input: &str, output: &str)
         group_size,
         input,
         output,
-    ])
+    ]
 }
 
-/// The same, which must fail; its stderr.
+/// `repack convert ...`, which must succeed; its stdout.
+fn convert_ok(from: &str, to: &str, group_size: &str, input: &str, output: &str) -> String {
+    succeeds(&convert_args(from, to, group_size, input, output))
+}
+
+/// `repack convert ...`, which must fail; its stderr.
 fn convert_fails(from: &str, to: &str, group_size: &str, input: &str, output: &str) -> String {
-    fails(&[
-        "convert",
-        "--from",
-        from,
-        "--to",
-        to,
-        "--group-size",
-        group_size,
-        input,
-        output,
-    ])
+    fails(&convert_args(from, to, group_size, input, output))
 }
 
 /// The only layer of a checkpoint, read as `format`.
