@@ -1,4 +1,5 @@
-//! Packed, quantized KV-cache matrices and the bit layouts under them.
+//! Packed, quantized KV-cache matrices and the bit layouts under them, and the quantized weight
+//! layouts of GPTQ, AWQ, GGUF and NF4 with repacking between them.
 //!
 //! Where things live:
 //! - [`bits`]: dense b-bit streams (1 to 8 bits) in u32 words or bytes, a plain reference
@@ -9,6 +10,8 @@
 //! - [`quantize`]: encode and decode a matrix under a layout;
 //! - [`packed`]: the packed tensor container and its payload bytes;
 //! - [`bpw`]: effective bits per element of a storage layout, metadata included;
+//! - [`formats`]: weight layouts (GPTQ, AWQ, GGUF Q4_0/Q8_0, NF4) and their logical matrix;
+//! - [`repack`]: converting a layer between integer layouts through the logical matrix;
 //! - [`error`]: typed errors.
 //!
 //! ```
@@ -48,9 +51,11 @@ pub mod bitplane;
 pub mod bits;
 pub mod bpw;
 pub mod error;
+pub mod formats;
 pub mod layout;
 pub mod packed;
 pub mod quantize;
+pub mod repack;
 pub mod symmetric;
 
 pub use bits::Bits;

@@ -1,0 +1,107 @@
+//! Typed errors for checkpoint IO and the commands. Each names the file or layer it is about;
+//! format-level problems keep the codec's own message.
+
+use std::path::PathBuf;
+
+use codec::formats::{FormatError, WeightFormat};
+use codec::repack::RepackError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("{}: not a readable safetensors file: {source}", path.display())]
+    SafeTensors {
+        path: PathBuf,
+        source: safetensors::SafeTensorError,
+    },
+
+    #[error("{}: not a float32 matrix in .npy format: {source}", path.display())]
+    Npy {
+        path: PathBuf,
+        source: ndarray_npy::ReadNpyError,
+    },
+
+    #[error("{} already exists; refusing to overwrite it (nothing was written)", .0.display())]
+    OutputExists(PathBuf),
+
+    #[error("tensor {tensor:?} is {found} with shape {shape:?}; {expected}")]
+    TensorType {
+        tensor: String,
+        found: String,
+        shape: Vec<usize>,
+        expected: String,
+    },
+
+    #[error("layer {}: unknown layout: {why}", label(layer))]
+    UnknownLayout { layer: String, why: String },
+
+    #[error("layer {}: {source}", label(layer))]
+    Layer {
+        layer: String,
+        #[source]
+        source: Box<RepackError>,
+    },
+
+    #[error("{}: no quantized layers found (looked for <layer>.qweight and bitsandbytes NF4 quant states)", .0.display())]
+    NoLayers(PathBuf),
+
+    #[error(
+        "{}: its metadata says {key} = {file:?}, but {flag} was given; {why}",
+        path.display()
+    )]
+    MetadataConflict {
+        path: PathBuf,
+        key: String,
+        file: String,
+        flag: String,
+        why: &'static str,
+    },
+
+    #[error("metadata {key:?} = {value:?} is not {expected}")]
+    BadMetadata {
+        key: String,
+        value: String,
+        expected: &'static str,
+    },
+
+    #[error("{format} cannot be {action} by this command; {hint}")]
+    UnsupportedFormat {
+        format: WeightFormat,
+        action: &'static str,
+        hint: &'static str,
+    },
+
+    #[error(transparent)]
+    Format(#[from] FormatError),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A layer as messages name it: its quoted prefix, or `(unprefixed)` for a file's only layer.
+fn label(prefix: &str) -> String {
+    if prefix.is_empty() {
+        "(unprefixed)".to_string()
+    } else {
+        format!("{prefix:?}")
+    }
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { path, source }
+    }
+
+    pub(crate) fn in_layer(layer: &str) -> impl FnOnce(RepackError) -> Error + '_ {
+        move |source| Error::Layer {
+            layer: layer.to_string(),
+            source: Box::new(source),
+        }
+    }
+}

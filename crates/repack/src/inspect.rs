@@ -1,0 +1,333 @@
+//! `repack inspect`: what each tensor of a checkpoint is, how it is laid out, and what it costs
+//! in effective bits per weight; each quantized layer is also unpacked, when its layout and
+//! zero-point convention are known, to check that its shapes and fields are what the format
+//! allows.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use codec::bpw::Cost;
+use codec::formats::WeightFormat;
+use codec::formats::nf4::Nf4Tensor;
+
+use crate::checkpoint::{Checkpoint, Tensor};
+use crate::error::Result;
+use crate::layer_io;
+use crate::layers::{Layer, LayerKind, find_layers};
+use crate::report::{cost_line, thousands};
+
+/// The report `repack inspect FILE` prints.
+pub fn inspect(path: &Path) -> Result<String> {
+    let ckpt = Checkpoint::read(path)?;
+    let found = find_layers(&ckpt)?;
+    let declared = layer_io::declared_format(&ckpt.metadata)?;
+    let mut out = String::new();
+    writeln!(out, "{}: {} tensors", path.display(), ckpt.tensors.len()).unwrap();
+    if !ckpt.metadata.is_empty() {
+        let pairs: Vec<String> = ckpt
+            .metadata
+            .iter()
+            .map(|(k, v)| format!("{k}={}", shortened(v, 60)))
+            .collect();
+        writeln!(out, "metadata: {}", pairs.join(", ")).unwrap();
+    }
+    for layer in &found.layers {
+        match layer.kind {
+            LayerKind::Integer => {
+                integer_layer(&mut out, &ckpt, layer, declared.as_ref().map(|(_, f)| *f))?
+            }
+            LayerKind::Nf4 => nf4_layer(&mut out, layer)?,
+        }
+    }
+    for name in &found.passthrough {
+        let tensor = &ckpt.tensors[name];
+        writeln!(
+            out,
+            "{name}  {:?} {:?}  {} B  not quantized",
+            tensor.dtype,
+            tensor.shape,
+            thousands(tensor.data.len())
+        )
+        .unwrap();
+    }
+    Ok(out)
+}
+
+/// At most `max` characters, with an ellipsis when cut.
+fn shortened(value: &str, max: usize) -> String {
+    if value.chars().count() <= max {
+        value.to_string()
+    } else {
+        let cut: String = value.chars().take(max - 3).collect();
+        format!("{cut}...")
+    }
+}
+
+fn display_name(prefix: &str) -> &str {
+    if prefix.is_empty() {
+        "(unprefixed)"
+    } else {
+        prefix
+    }
+}
+
+fn integer_layer(
+    out: &mut String,
+    ckpt: &Checkpoint,
+    layer: &Layer<'_>,
+    declared: Option<WeightFormat>,
+) -> Result<()> {
+    let is_gptq = layer.has("g_idx");
+    // AWQ has one convention; a GPTQ layer's needs the metadata.
+    let format = declared
+        .filter(|f| (*f == WeightFormat::Awq) != is_gptq)
+        .or((!is_gptq).then_some(WeightFormat::Awq));
+    let scales = layer.get("scales")?;
+    let (stored_n, groups) = (dim(scales, 1), dim(scales, 0));
+    let qweight = layer.get("qweight")?;
+    let stored_k = if is_gptq {
+        dim(layer.get("g_idx")?, 0)
+    } else {
+        dim(qweight, 0)
+    };
+    let [k, n] =
+        layer_io::logical_shape(&ckpt.metadata, &layer.prefix)?.unwrap_or([stored_k, stored_n]);
+    let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
+        Some(g) => format!("group {g}"),
+        None if is_gptq => format!("group {} (inferred)", gptq_group_size(layer)?),
+        None => format!("group {} (inferred)", stored_k / groups.max(1)),
+    };
+    let bits = 32 * dim(qweight, 0) * dim(qweight, 1) / (stored_k * stored_n).max(1);
+    let name = match format {
+        Some(f) => f.to_string(),
+        None if is_gptq => "gptq (zero-point convention not recorded: gptq or gptq_v2)".into(),
+        None => "awq".into(),
+    };
+    writeln!(
+        out,
+        "layer {}: {name}, {bits}-bit, {group_size}, K={k} N={n}",
+        display_name(&layer.prefix)
+    )
+    .unwrap();
+    layer_lines(out, layer, k * n, |inside| {
+        integer_role(inside, is_gptq, bits, format)
+    });
+    if let Some(permutation) = layer_io::input_permutation(&ckpt.metadata, &layer.prefix)? {
+        writeln!(
+            out,
+            "  rows reordered: the input activations must be permuted ({} indices recorded)",
+            permutation.len()
+        )
+        .unwrap();
+    }
+    let check = match format {
+        Some(format) => check_integer_layer(ckpt, layer, format, bits),
+        None => "not unpacked: pass the convention with `repack convert --from`".to_string(),
+    };
+    writeln!(out, "  check: {check}").unwrap();
+    Ok(())
+}
+
+/// Rows in group 0: the group size, for sequential and act-order g_idx alike (every group but
+/// the last holds exactly group-size rows).
+fn gptq_group_size(layer: &Layer<'_>) -> Result<usize> {
+    let g_idx = layer
+        .get("g_idx")?
+        .i32_vector(&layer.tensor_name("g_idx"))?;
+    Ok(g_idx.iter().filter(|&&g| g == 0).count())
+}
+
+fn check_integer_layer(
+    ckpt: &Checkpoint,
+    layer: &Layer<'_>,
+    format: WeightFormat,
+    bits: usize,
+) -> String {
+    let result = (|| {
+        let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
+            Some(g) => g,
+            None if format == WeightFormat::Awq => {
+                dim(layer.get("qweight")?, 0) / dim(layer.get("scales")?, 0).max(1)
+            }
+            None => gptq_group_size(layer)?,
+        };
+        let logical = layer_io::logical_shape(&ckpt.metadata, &layer.prefix)?;
+        let packed =
+            layer_io::read_integer_layer(layer, format, Some(bits as u32), group_size, logical)?;
+        packed.unpack()?;
+        Ok::<_, crate::error::Error>(())
+    })();
+    match result {
+        Ok(()) => format!("unpacks cleanly as {format}"),
+        Err(err) => format!("FAILS: {err}"),
+    }
+}
+
+fn integer_role(
+    inside: &str,
+    is_gptq: bool,
+    bits: usize,
+    format: Option<WeightFormat>,
+) -> (Part, String) {
+    let zeros = match format {
+        Some(WeightFormat::Gptq) => "zero points stored minus one (gptq v1)",
+        Some(WeightFormat::GptqV2) => "zero points stored as is (gptq_v2)",
+        Some(_) if !is_gptq => "zero points stored as is",
+        _ => "zero points",
+    };
+    let awq_slots = if is_gptq {
+        ""
+    } else {
+        ", slots 0 2 4 6 1 3 5 7"
+    };
+    match inside {
+        "qweight" if is_gptq => (Part::Codes, format!("codes: {bits}-bit, packed along K")),
+        "qweight" => (
+            Part::Codes,
+            format!("codes: 4-bit, packed along N{awq_slots}"),
+        ),
+        "qzeros" => (
+            Part::ZeroPoints,
+            format!("{zeros}, packed along N{awq_slots}"),
+        ),
+        "scales" => (Part::Scales, "f16 scale per group and column".into()),
+        "g_idx" => (Part::GIdx, "group of each row".into()),
+        _ => (Part::Other, "unrecognised".into()),
+    }
+}
+
+fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<()> {
+    let state = layer.get("weight.quant_state.bitsandbytes__nf4")?;
+    let state: serde_json::Value = serde_json::from_slice(&state.data).unwrap_or_default();
+    let shape: Vec<usize> = state["shape"]
+        .as_array()
+        .map(|dims| {
+            dims.iter()
+                .filter_map(|d| d.as_u64())
+                .map(|d| d as usize)
+                .collect()
+        })
+        .unwrap_or_default();
+    let block_size = state["blocksize"].as_u64().unwrap_or(0) as usize;
+    let weights: usize = shape.iter().product();
+    writeln!(
+        out,
+        "layer {}: bitsandbytes {}, block {block_size}, shape {shape:?}",
+        display_name(&layer.prefix),
+        state["quant_type"].as_str().unwrap_or("4-bit"),
+    )
+    .unwrap();
+    layer_lines(out, layer, weights, |inside| match inside {
+        "weight" => (
+            Part::Codes,
+            "NF4 codes, 2 per byte, first element in the high nibble".into(),
+        ),
+        "weight.absmax" => (
+            Part::Scales,
+            format!("f32 absmax per block of {block_size}"),
+        ),
+        "weight.quant_map" => (Part::Other, "the 16 NF4 levels".into()),
+        "weight.quant_state.bitsandbytes__nf4" => (Part::Other, "quant state (JSON)".into()),
+        _ => (Part::Other, "nested absmax quantization".into()),
+    });
+    let check = match (
+        <[usize; 2]>::try_from(shape),
+        layer.get("weight.absmax")?.f32_vector("absmax"),
+    ) {
+        (Ok(shape), Ok(absmax)) => {
+            let tensor = Nf4Tensor {
+                shape,
+                block_size,
+                packed: layer.get("weight")?.data.clone(),
+                absmax,
+            };
+            match tensor.check() {
+                Ok(()) => "codes and absmax agree with the shape; converting to an integer format needs requantization".into(),
+                Err(err) => format!("FAILS: {err}"),
+            }
+        }
+        _ => "FAILS: the quant state does not give a 2-D shape, or absmax is not f32".to_string(),
+    };
+    writeln!(out, "  check: {check}").unwrap();
+    Ok(())
+}
+
+/// Which part of a layer's cost a tensor is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Codes,
+    Scales,
+    ZeroPoints,
+    GIdx,
+    Other,
+}
+
+/// One line per tensor of the layer, then the layer's total; `describe` gives each tensor (by its
+/// name inside the layer) its part of the cost and a description.
+fn layer_lines(
+    out: &mut String,
+    layer: &Layer<'_>,
+    weights: usize,
+    describe: impl Fn(&str) -> (Part, String),
+) {
+    let width = name_width(layer);
+    let mut cost = Cost {
+        elements: weights,
+        code_bytes: 0,
+        scale_bytes: 0,
+        zero_point_bytes: 0,
+        g_idx_bytes: 0,
+        extra_bytes: 0,
+    };
+    for (inside, tensor) in &layer.tensors {
+        let (part, role) = describe(inside);
+        let bytes = tensor.data.len();
+        *match part {
+            Part::Codes => &mut cost.code_bytes,
+            Part::Scales => &mut cost.scale_bytes,
+            Part::ZeroPoints => &mut cost.zero_point_bytes,
+            Part::GIdx => &mut cost.g_idx_bytes,
+            Part::Other => &mut cost.extra_bytes,
+        } += bytes;
+        tensor_line(
+            out,
+            &layer.tensor_name(inside),
+            width,
+            tensor,
+            weights,
+            &role,
+        );
+    }
+    writeln!(out, "  total  {}", cost_line(&cost)).unwrap();
+}
+
+fn name_width(layer: &Layer<'_>) -> usize {
+    layer
+        .tensors
+        .keys()
+        .map(|inside| layer.tensor_name(inside).len())
+        .max()
+        .unwrap_or(0)
+}
+
+fn tensor_line(
+    out: &mut String,
+    name: &str,
+    width: usize,
+    tensor: &Tensor,
+    weights: usize,
+    role: &str,
+) {
+    let bits = (tensor.data.len() * 8) as f64 / weights.max(1) as f64;
+    let layout = format!("{:?} {:?}", tensor.dtype, tensor.shape);
+    writeln!(
+        out,
+        "  {name:<width$}  {layout:<14} {:>9} B  {bits:6.3} bits/weight  {role}",
+        thousands(tensor.data.len())
+    )
+    .unwrap();
+}
+
+fn dim(tensor: &Tensor, axis: usize) -> usize {
+    tensor.shape.get(axis).copied().unwrap_or(1)
+}

@@ -1,0 +1,320 @@
+//! Between a checkpoint's tensors and the codec's packed layers, and the metadata that says what
+//! the tensors mean.
+//!
+//! Metadata keys this tool reads and writes (safetensors metadata is string to string):
+//! - `checkpoint_format`: `gptq`, `gptq_v2` or `awq` (GPTQModel's name for the convention).
+//!   Written by this tool beside `format: pt` (transformers refuses to load a safetensors file
+//!   whose `format` is anything but pt, tf, flax or mlx). When reading, `format` is also
+//!   accepted when it names a layout, as the conformance fixtures record it.
+//! - `quant_method` (`gptq` or `awq`), `bits`, `group_size`, `converted_from`.
+//! - `<layer>.logical_shape`: `[K, N]` when the tensors were padded beyond the logical size.
+//! - `<layer>.input_permutation`: `[p0, p1, ...]` when the rows were reordered: the layer's input
+//!   activations must be permuted as `x_new[k] = x[p[k]]`.
+
+use std::collections::BTreeMap;
+
+use codec::formats::WeightFormat;
+use codec::formats::awq::AwqLayer;
+use codec::formats::gptq::{GPTQ_BITS, GptqLayer, ZeroConvention};
+use codec::repack::PackedLayer;
+
+use crate::checkpoint::Tensor;
+use crate::error::{Error, Result};
+use crate::layers::{Layer, qualified};
+
+pub const LOGICAL_SHAPE: &str = "logical_shape";
+pub const INPUT_PERMUTATION: &str = "input_permutation";
+
+/// The layout a checkpoint's metadata declares, with the key that declared it; `None` when it
+/// declares none (as AutoAWQ's files and plain `format: pt` files do).
+pub fn declared_format(
+    metadata: &BTreeMap<String, String>,
+) -> Result<Option<(String, WeightFormat)>> {
+    if let Some(value) = metadata.get("checkpoint_format") {
+        return match integer_format(value) {
+            Some(format) => Ok(Some(("checkpoint_format".into(), format))),
+            None => Err(Error::BadMetadata {
+                key: "checkpoint_format".into(),
+                value: value.clone(),
+                expected: "gptq, gptq_v2 or awq",
+            }),
+        };
+    }
+    Ok(metadata
+        .get("format")
+        .and_then(|value| integer_format(value))
+        .map(|format| ("format".into(), format)))
+}
+
+fn integer_format(name: &str) -> Option<WeightFormat> {
+    match name.parse() {
+        Ok(format @ (WeightFormat::Gptq | WeightFormat::GptqV2 | WeightFormat::Awq)) => {
+            Some(format)
+        }
+        _ => None,
+    }
+}
+
+/// A usize metadata value, if present.
+pub fn metadata_number(metadata: &BTreeMap<String, String>, key: &str) -> Result<Option<usize>> {
+    metadata
+        .get(key)
+        .map(|value| {
+            value.trim().parse().map_err(|_| Error::BadMetadata {
+                key: key.into(),
+                value: value.clone(),
+                expected: "a whole number",
+            })
+        })
+        .transpose()
+}
+
+/// The recorded group size, if any. AutoGPTQ records -1 for one group spanning all of K; that
+/// counts as unrecorded, and the tensor shapes then check `--group-size` (G = ceil(K / g) = 1).
+pub fn recorded_group_size(metadata: &BTreeMap<String, String>) -> Result<Option<usize>> {
+    if metadata.get("group_size").map(|g| g.trim()) == Some("-1") {
+        return Ok(None);
+    }
+    metadata_number(metadata, "group_size")
+}
+
+/// A layer's recorded `[K, N]`, if any.
+pub fn logical_shape(
+    metadata: &BTreeMap<String, String>,
+    prefix: &str,
+) -> Result<Option<[usize; 2]>> {
+    json_list(
+        metadata,
+        &qualified(prefix, LOGICAL_SHAPE),
+        "a JSON list [K, N]",
+    )?
+    .map(|dims: Vec<usize>| {
+        <[usize; 2]>::try_from(dims.clone()).map_err(|_| Error::BadMetadata {
+            key: qualified(prefix, LOGICAL_SHAPE),
+            value: format!("{dims:?}"),
+            expected: "a JSON list [K, N]",
+        })
+    })
+    .transpose()
+}
+
+/// A layer's recorded input permutation, if any.
+pub fn input_permutation(
+    metadata: &BTreeMap<String, String>,
+    prefix: &str,
+) -> Result<Option<Vec<u32>>> {
+    json_list(
+        metadata,
+        &qualified(prefix, INPUT_PERMUTATION),
+        "a JSON list of row indices",
+    )
+}
+
+fn json_list<T: serde::de::DeserializeOwned>(
+    metadata: &BTreeMap<String, String>,
+    key: &str,
+    expected: &'static str,
+) -> Result<Option<Vec<T>>> {
+    metadata
+        .get(key)
+        .map(|value| {
+            serde_json::from_str(value).map_err(|_| Error::BadMetadata {
+                key: key.into(),
+                value: value.clone(),
+                expected,
+            })
+        })
+        .transpose()
+}
+
+/// Reads an integer layer's tensors as `format` (gptq, gptq_v2 or awq).
+pub fn read_integer_layer(
+    layer: &Layer<'_>,
+    format: WeightFormat,
+    bits: Option<u32>,
+    group_size: usize,
+    logical: Option<[usize; 2]>,
+) -> Result<PackedLayer> {
+    match format {
+        WeightFormat::Gptq => read_gptq(layer, ZeroConvention::V1, bits, group_size, logical),
+        WeightFormat::GptqV2 => read_gptq(layer, ZeroConvention::V2, bits, group_size, logical),
+        WeightFormat::Awq => read_awq(layer, bits, group_size, logical),
+        other => Err(Error::UnsupportedFormat {
+            format: other,
+            action: "read as a qweight/qzeros/scales layer",
+            hint: "integer layers are gptq, gptq_v2 or awq",
+        }),
+    }
+}
+
+fn read_gptq(
+    layer: &Layer<'_>,
+    convention: ZeroConvention,
+    bits: Option<u32>,
+    group_size: usize,
+    logical: Option<[usize; 2]>,
+) -> Result<PackedLayer> {
+    let name = |n: &str| layer.tensor_name(n);
+    let qweight = layer.get("qweight")?.i32_matrix(&name("qweight"))?;
+    let qzeros = layer.get("qzeros")?.i32_matrix(&name("qzeros"))?;
+    let scales = layer.get("scales")?.f16_matrix(&name("scales"))?;
+    let g_idx = layer.get("g_idx")?.i32_vector(&name("g_idx"))?;
+    let bits = match bits {
+        Some(bits) => bits,
+        None => gptq_bits_from_shapes(layer, qweight.nrows(), g_idx.len())?,
+    };
+    let logical_shape = logical.unwrap_or([g_idx.len(), scales.ncols()]);
+    Ok(PackedLayer::Gptq(GptqLayer {
+        bits,
+        group_size,
+        convention,
+        qweight,
+        qzeros,
+        scales,
+        g_idx,
+        logical_shape,
+    }))
+}
+
+/// qweight has K * bits / 32 rows; g_idx has K.
+fn gptq_bits_from_shapes(layer: &Layer<'_>, qweight_rows: usize, k: usize) -> Result<u32> {
+    GPTQ_BITS
+        .into_iter()
+        .find(|&bits| k > 0 && qweight_rows * 32 == k * bits as usize)
+        .ok_or_else(|| Error::UnknownLayout {
+            layer: layer.prefix.clone(),
+            why: format!(
+                "qweight has {qweight_rows} rows for K = {k} (g_idx length), which is not \
+                 K * bits / 32 for 2, 3, 4 or 8 bits"
+            ),
+        })
+}
+
+fn read_awq(
+    layer: &Layer<'_>,
+    bits: Option<u32>,
+    group_size: usize,
+    logical: Option<[usize; 2]>,
+) -> Result<PackedLayer> {
+    if layer.has("g_idx") {
+        return Err(Error::UnknownLayout {
+            layer: layer.prefix.clone(),
+            why: format!(
+                "it has {:?}, which AWQ layers do not have; is this a GPTQ checkpoint?",
+                layer.tensor_name("g_idx")
+            ),
+        });
+    }
+    if let Some(bits) = bits.filter(|&b| b != codec::formats::awq::AWQ_BITS) {
+        return Err(codec::formats::FormatError::UnsupportedBits {
+            format: "AWQ (GEMM)",
+            bits,
+            supported: "4-bit",
+        }
+        .into());
+    }
+    let name = |n: &str| layer.tensor_name(n);
+    let qweight = layer.get("qweight")?.i32_matrix(&name("qweight"))?;
+    let qzeros = layer.get("qzeros")?.i32_matrix(&name("qzeros"))?;
+    let scales = layer.get("scales")?.f16_matrix(&name("scales"))?;
+    let logical_shape = logical.unwrap_or([qweight.nrows(), scales.ncols()]);
+    Ok(PackedLayer::Awq(AwqLayer {
+        group_size,
+        qweight,
+        qzeros,
+        scales,
+        logical_shape,
+    }))
+}
+
+/// The tensors a packed layer writes, under the layer's prefix.
+pub fn layer_tensors(prefix: &str, layer: &PackedLayer) -> Vec<(String, Tensor)> {
+    let named = |name: &str, tensor| (qualified(prefix, name), tensor);
+    match layer {
+        PackedLayer::Gptq(gptq) => vec![
+            named("qweight", Tensor::from_i32_matrix(&gptq.qweight)),
+            named("qzeros", Tensor::from_i32_matrix(&gptq.qzeros)),
+            named("scales", Tensor::from_f16_matrix(&gptq.scales)),
+            named("g_idx", Tensor::from_i32_vector(&gptq.g_idx)),
+        ],
+        PackedLayer::Awq(awq) => vec![
+            named("qweight", Tensor::from_i32_matrix(&awq.qweight)),
+            named("qzeros", Tensor::from_i32_matrix(&awq.qzeros)),
+            named("scales", Tensor::from_f16_matrix(&awq.scales)),
+        ],
+    }
+}
+
+/// The stored [K, N] of a packed layer (after padding).
+pub fn stored_shape(layer: &PackedLayer) -> [usize; 2] {
+    match layer {
+        PackedLayer::Gptq(gptq) => [gptq.g_idx.len(), gptq.scales.ncols()],
+        PackedLayer::Awq(awq) => [awq.qweight.nrows(), awq.scales.ncols()],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_declared_format_comes_from_checkpoint_format_or_a_layout_named_format() {
+        let declared = |pairs| declared_format(&metadata(pairs)).unwrap().map(|(_, f)| f);
+        assert_eq!(
+            declared(&[("format", "gptq_v2")]),
+            Some(WeightFormat::GptqV2)
+        );
+        assert_eq!(declared(&[("format", "pt")]), None);
+        assert_eq!(
+            declared(&[("format", "pt"), ("checkpoint_format", "gptq")]),
+            Some(WeightFormat::Gptq)
+        );
+        assert_eq!(
+            declared_format(&metadata(&[("checkpoint_format", "marlin")]))
+                .unwrap_err()
+                .to_string(),
+            "metadata \"checkpoint_format\" = \"marlin\" is not gptq, gptq_v2 or awq"
+        );
+    }
+
+    #[test]
+    fn group_size_minus_one_means_unrecorded() {
+        assert_eq!(
+            recorded_group_size(&metadata(&[("group_size", "-1")])).unwrap(),
+            None
+        );
+        assert_eq!(
+            recorded_group_size(&metadata(&[("group_size", "128")])).unwrap(),
+            Some(128)
+        );
+        assert_eq!(
+            recorded_group_size(&metadata(&[("group_size", "x")]))
+                .unwrap_err()
+                .to_string(),
+            "metadata \"group_size\" = \"x\" is not a whole number"
+        );
+    }
+
+    #[test]
+    fn per_layer_metadata_is_json() {
+        let m = metadata(&[
+            ("proj.logical_shape", "[100, 60]"),
+            ("proj.input_permutation", "[1, 0]"),
+            ("logical_shape", "[1]"),
+        ]);
+        assert_eq!(logical_shape(&m, "proj").unwrap(), Some([100, 60]));
+        assert_eq!(input_permutation(&m, "proj").unwrap(), Some(vec![1, 0]));
+        assert_eq!(logical_shape(&m, "other").unwrap(), None);
+        assert_eq!(
+            logical_shape(&m, "").unwrap_err().to_string(),
+            "metadata \"logical_shape\" = \"[1]\" is not a JSON list [K, N]"
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! Finding quantized layers in a checkpoint by the tensor names the libraries write.
+//!
+//! - Integer layers (AutoGPTQ, GPTQModel, AutoAWQ): `<layer>.qweight`, `<layer>.qzeros`,
+//!   `<layer>.scales` and, for GPTQ, `<layer>.g_idx`; plain `qweight` etc. when the file holds a
+//!   single layer without a prefix. `<layer>.bias` is an ordinary tensor and passes through.
+//!   Any other tensor under a layer's prefix (exllama's `q_perm`, Marlin's `B`/`s`, a stray
+//!   `weight`) makes the layer's layout unknown: refused, never silently dropped.
+//! - bitsandbytes NF4 layers: `<layer>.weight` with `<layer>.weight.absmax`,
+//!   `<layer>.weight.quant_map` and `<layer>.weight.quant_state.bitsandbytes__nf4` (and, when the
+//!   absmax is itself quantized, `nested_absmax` / `nested_quant_map`).
+//! - Everything else is not quantized and passes through unchanged.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::checkpoint::{Checkpoint, Tensor};
+use crate::error::{Error, Result};
+
+/// The tensors an integer layer may hold.
+pub const INTEGER_TENSORS: [&str; 4] = ["qweight", "qzeros", "scales", "g_idx"];
+
+/// Suffixes (after `<layer>.weight`) of a bitsandbytes 4-bit layer's tensors.
+pub const NF4_SUFFIXES: [&str; 6] = [
+    "",
+    ".absmax",
+    ".quant_map",
+    ".nested_absmax",
+    ".nested_quant_map",
+    ".quant_state.bitsandbytes__nf4",
+];
+
+const NF4_STATE: &str = ".weight.quant_state.bitsandbytes__nf4";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    /// qweight / qzeros / scales [/ g_idx]: GPTQ or AWQ.
+    Integer,
+    /// bitsandbytes NF4.
+    Nf4,
+}
+
+/// One quantized layer: its prefix (empty for an unprefixed file) and its tensors by the name
+/// after the prefix (`qweight`, `weight.absmax`, ...).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layer<'a> {
+    pub prefix: String,
+    pub kind: LayerKind,
+    pub tensors: BTreeMap<String, &'a Tensor>,
+}
+
+/// The quantized layers, and the names of the tensors that belong to none.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layers<'a> {
+    pub layers: Vec<Layer<'a>>,
+    pub passthrough: Vec<String>,
+}
+
+impl Layer<'_> {
+    /// The full tensor name for a name inside this layer.
+    pub fn tensor_name(&self, name: &str) -> String {
+        qualified(&self.prefix, name)
+    }
+
+    pub fn get(&self, name: &str) -> Result<&Tensor> {
+        self.tensors
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::UnknownLayout {
+                layer: self.prefix.clone(),
+                why: format!("tensor {:?} is missing", self.tensor_name(name)),
+            })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Bytes of all this layer's tensors as stored.
+    pub fn stored_bytes(&self) -> usize {
+        self.tensors.values().map(|t| t.data.len()).sum()
+    }
+}
+
+/// `<prefix>.<name>`, or `<name>` without a prefix.
+pub fn qualified(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// Splits a checkpoint into quantized layers and pass-through tensors.
+pub fn find_layers(ckpt: &Checkpoint) -> Result<Layers<'_>> {
+    let integer: BTreeSet<String> = ckpt
+        .tensors
+        .keys()
+        .filter_map(|name| prefix_of(name, "qweight"))
+        .collect();
+    let nf4: BTreeSet<String> = ckpt
+        .tensors
+        .keys()
+        .filter_map(|name| name.strip_suffix(NF4_STATE).map(str::to_string))
+        .collect();
+    let mut layers = Vec::new();
+    let mut claimed = BTreeSet::new();
+    for prefix in &integer {
+        let layer = integer_layer(ckpt, prefix)?;
+        claimed.extend(layer.tensors.keys().map(|n| qualified(prefix, n)));
+        layers.push(layer);
+    }
+    for prefix in &nf4 {
+        let layer = nf4_layer(ckpt, prefix);
+        claimed.extend(layer.tensors.keys().map(|n| qualified(prefix, n)));
+        layers.push(layer);
+    }
+    let passthrough = ckpt
+        .tensors
+        .keys()
+        .filter(|name| !claimed.contains(*name))
+        .cloned()
+        .collect();
+    Ok(Layers {
+        layers,
+        passthrough,
+    })
+}
+
+fn prefix_of(name: &str, tensor: &str) -> Option<String> {
+    if name == tensor {
+        Some(String::new())
+    } else {
+        name.strip_suffix(&format!(".{tensor}")).map(str::to_string)
+    }
+}
+
+fn integer_layer<'a>(ckpt: &'a Checkpoint, prefix: &str) -> Result<Layer<'a>> {
+    let mut tensors = BTreeMap::new();
+    for (name, tensor) in &ckpt.tensors {
+        let inside = if prefix.is_empty() {
+            Some(name.as_str())
+        } else {
+            name.strip_prefix(prefix)
+                .and_then(|rest| rest.strip_prefix('.'))
+        };
+        let Some(inside) = inside else { continue };
+        if INTEGER_TENSORS.contains(&inside) {
+            tensors.insert(inside.to_string(), tensor);
+        } else if inside == "bias" || (prefix.is_empty() && !looks_quantized(inside)) {
+            // An unprefixed file's other tensors are other modules, not this layer's.
+            continue;
+        } else if !inside.contains('.') {
+            return Err(Error::UnknownLayout {
+                layer: prefix.to_string(),
+                why: format!(
+                    "tensor {name:?} is not one of {} (or bias); refusing rather than dropping it",
+                    INTEGER_TENSORS.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(Layer {
+        prefix: prefix.to_string(),
+        kind: LayerKind::Integer,
+        tensors,
+    })
+}
+
+/// Names that quantized-layer packers (exllama, Marlin) write beside qweight.
+fn looks_quantized(name: &str) -> bool {
+    name.starts_with('q') || name == "B" || name == "s" || name == "workspace"
+}
+
+fn nf4_layer<'a>(ckpt: &'a Checkpoint, prefix: &str) -> Layer<'a> {
+    let tensors = NF4_SUFFIXES
+        .iter()
+        .filter_map(|suffix| {
+            let inside = format!("weight{suffix}");
+            ckpt.tensors
+                .get(&qualified(prefix, &inside))
+                .map(|t| (inside, t))
+        })
+        .collect();
+    Layer {
+        prefix: prefix.to_string(),
+        kind: LayerKind::Nf4,
+        tensors,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::Dtype;
+
+    fn ckpt(names: &[&str]) -> Checkpoint {
+        let mut ckpt = Checkpoint::default();
+        for name in names {
+            ckpt.tensors.insert(
+                name.to_string(),
+                Tensor {
+                    dtype: Dtype::I32,
+                    shape: vec![1],
+                    data: vec![0; 4],
+                },
+            );
+        }
+        ckpt
+    }
+
+    #[test]
+    fn groups_tensors_by_layer_and_passes_the_rest_through() {
+        let ckpt = ckpt(&[
+            "model.embed_tokens.weight",
+            "model.layers.0.mlp.down_proj.bias",
+            "model.layers.0.mlp.down_proj.g_idx",
+            "model.layers.0.mlp.down_proj.qweight",
+            "model.layers.0.mlp.down_proj.qzeros",
+            "model.layers.0.mlp.down_proj.scales",
+            "lm_head.weight",
+            "lm_head.weight.absmax",
+            "lm_head.weight.quant_map",
+            "lm_head.weight.quant_state.bitsandbytes__nf4",
+        ]);
+        let found = find_layers(&ckpt).unwrap();
+        let summary: Vec<(&str, LayerKind, Vec<&String>)> = found
+            .layers
+            .iter()
+            .map(|l| (l.prefix.as_str(), l.kind, l.tensors.keys().collect()))
+            .collect();
+        assert_eq!(summary.len(), 2);
+        assert_eq!(summary[0].0, "model.layers.0.mlp.down_proj");
+        assert_eq!(summary[0].2, ["g_idx", "qweight", "qzeros", "scales"]);
+        assert_eq!((summary[1].0, summary[1].1), ("lm_head", LayerKind::Nf4));
+        assert_eq!(
+            found.passthrough,
+            [
+                "model.embed_tokens.weight",
+                "model.layers.0.mlp.down_proj.bias"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unprefixed_file_is_one_layer() {
+        let unprefixed = ckpt(&["g_idx", "qweight", "qzeros", "scales"]);
+        let found = find_layers(&unprefixed).unwrap();
+        assert_eq!(found.layers.len(), 1);
+        assert_eq!(found.layers[0].prefix, "");
+        assert_eq!(found.layers[0].tensor_name("qweight"), "qweight");
+    }
+
+    #[test]
+    fn an_unknown_tensor_in_a_layer_is_refused_by_name() {
+        let err = find_layers(&ckpt(&["proj.qweight", "proj.q_perm", "proj.scales"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "layer \"proj\": unknown layout: tensor \"proj.q_perm\" is not one of qweight, \
+             qzeros, scales, g_idx (or bias); refusing rather than dropping it"
+        );
+    }
+}

@@ -1,0 +1,24 @@
+//! Checkpoint IO and the commands behind the `repack` binary. The layouts themselves (pack,
+//! unpack, quantizers, the logical matrix and the bit-identical repack) live in the codec crate,
+//! which knows nothing about files; this crate reads and writes safetensors checkpoints, `.npy`
+//! matrices and raw block files around it.
+//!
+//! Where things live:
+//! - [`checkpoint`]: safetensors in memory; deterministic, atomic, never-overwriting writes;
+//! - [`layers`]: finding quantized layers by the tensor names the libraries write;
+//! - [`layer_io`]: tensors to and from the codec's packed layers, and the metadata keys;
+//! - [`convert`], [`inspect`], [`blockfile`]: the `convert`, `inspect` and
+//!   `quantize`/`dequantize` commands;
+//! - [`report`]: how effective bits per weight are printed;
+//! - [`error`]: typed errors.
+
+pub mod blockfile;
+pub mod checkpoint;
+pub mod convert;
+pub mod error;
+pub mod inspect;
+pub mod layer_io;
+pub mod layers;
+pub mod report;
+
+pub use error::{Error, Result};

@@ -1,0 +1,149 @@
+//! `repack`: converts quantized checkpoints between GPTQ, GPTQ v2 and AWQ through the logical
+//! matrix, inspects them, and quantizes float matrices to GGUF Q4_0/Q8_0 and NF4.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use codec::formats::WeightFormat;
+use codec::formats::nf4::DEFAULT_BLOCK_SIZE;
+
+use repack::blockfile::{self, BlockFileReport};
+use repack::convert::{self, ConvertRequest};
+use repack::inspect;
+use repack::report::cost_line;
+
+/// Converts quantized weight checkpoints through the logical matrix, and refuses what it cannot
+/// prove bit-identical.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert every quantized layer of a safetensors checkpoint to another layout.
+    Convert {
+        /// Layout and zero-point convention of IN: gptq, gptq_v2, awq (nf4 is refused: it needs
+        /// requantization).
+        #[arg(long, value_parser = parse_format)]
+        from: WeightFormat,
+        /// Layout to write: gptq, gptq_v2 or awq.
+        #[arg(long, value_parser = parse_format)]
+        to: WeightFormat,
+        /// The checkpoint's group size (kept; changing it would need requantization).
+        #[arg(long, value_name = "G")]
+        group_size: usize,
+        /// The checkpoint's bit width; by default from metadata or the tensor shapes.
+        #[arg(long, value_name = "B")]
+        bits: Option<u32>,
+        /// Input checkpoint (.safetensors).
+        input: PathBuf,
+        /// Output checkpoint; must not exist.
+        output: PathBuf,
+    },
+    /// Print each tensor's layout, shape and effective bits per weight.
+    Inspect {
+        /// A safetensors checkpoint.
+        file: PathBuf,
+    },
+    /// Quantize a float32 matrix (.npy) with a block format's own quantizer.
+    Quantize {
+        /// q4_0, q8_0 or nf4.
+        #[arg(long, value_parser = parse_format)]
+        to: WeightFormat,
+        /// NF4 absmax block size.
+        #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+        block_size: usize,
+        /// Float32 matrix (.npy).
+        input: PathBuf,
+        /// Output (.bin): GGUF block bytes, or NF4 codes followed by f32 absmax; must not exist.
+        output: PathBuf,
+    },
+    /// Dequantize a block file back to a float32 matrix (.npy).
+    Dequantize {
+        /// q4_0, q8_0 or nf4.
+        #[arg(long, value_parser = parse_format)]
+        from: WeightFormat,
+        /// Values per row.
+        #[arg(long, value_name = "C")]
+        cols: usize,
+        /// NF4 absmax block size.
+        #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
+        block_size: usize,
+        /// Block file (.bin).
+        input: PathBuf,
+        /// Float32 matrix (.npy); must not exist.
+        output: PathBuf,
+    },
+}
+
+fn parse_format(name: &str) -> std::result::Result<WeightFormat, String> {
+    name.parse()
+        .map_err(|err: codec::formats::UnknownFormat| err.to_string())
+}
+
+fn main() {
+    if let Err(err) = run(Cli::parse()) {
+        // The library's messages already include their causes; `{err:#}` would repeat them.
+        eprintln!("repack: error: {err}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Convert {
+            from,
+            to,
+            group_size,
+            bits,
+            input,
+            output,
+        } => {
+            let request = ConvertRequest {
+                from,
+                to,
+                group_size,
+                bits,
+            };
+            let conversion = convert::convert(&input, &output, request)?;
+            println!("{conversion}");
+            println!("wrote {}", output.display());
+        }
+        Command::Inspect { file } => print!("{}", inspect::inspect(&file)?),
+        Command::Quantize {
+            to,
+            block_size,
+            input,
+            output,
+        } => {
+            let report = blockfile::quantize_file(&input, &output, to, block_size)?;
+            print_block_report(&report);
+            println!("wrote {}", output.display());
+        }
+        Command::Dequantize {
+            from,
+            cols,
+            block_size,
+            input,
+            output,
+        } => {
+            let report = blockfile::dequantize_file(&input, &output, from, cols, block_size)?;
+            print_block_report(&report);
+            println!("wrote {}", output.display());
+        }
+    }
+    Ok(())
+}
+
+fn print_block_report(report: &BlockFileReport) {
+    let [rows, cols] = report.shape;
+    println!(
+        "{} {rows} x {cols}: {}",
+        report.format,
+        cost_line(&report.cost)
+    );
+}

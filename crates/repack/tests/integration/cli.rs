@@ -1,0 +1,564 @@
+//! Runs the real `repack` binary on the fixtures and on checkpoints built here, and checks what
+//! it prints, what it writes and what it refuses (by message, with nothing written).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use codec::formats::gptq::{self, ZeroConvention};
+use codec::formats::{LogicalWeights, WeightFormat};
+use codec::repack::PackedLayer;
+use half::f16;
+use ndarray::Array2;
+use repack::checkpoint::{Checkpoint, Tensor};
+use repack::layer_io;
+use repack::layers::find_layers;
+
+use crate::support::{data, expected_hash, raw_tensors, weight_hash};
+
+fn repack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_repack"))
+        .args(args)
+        .output()
+        .expect("the repack binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Runs `repack` and requires success, returning stdout.
+fn succeeds(args: &[&str]) -> String {
+    let output = repack(args);
+    assert!(
+        output.status.success(),
+        "repack {args:?} failed:\n{}",
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+/// Runs `repack` and requires failure, returning stderr.
+fn fails(args: &[&str]) -> String {
+    let output = repack(args);
+    assert!(
+        !output.status.success(),
+        "repack {args:?} should have failed:\n{}",
+        stdout(&output)
+    );
+    stderr(&output)
+}
+
+/// The arguments of `repack convert --from FROM --to TO --group-size G IN OUT`.
+fn convert_args<'a>(
+    from: &'a str,
+    to: &'a str,
+    group_size: &'a str,
+    input: &'a str,
+    output: &'a str,
+) -> [&'a str; 9] {
+    [
+        "convert",
+        "--from",
+        from,
+        "--to",
+        to,
+        "--group-size",
+        group_size,
+        input,
+        output,
+    ]
+}
+
+/// `repack convert ...`, which must succeed; its stdout.
+fn convert_ok(from: &str, to: &str, group_size: &str, input: &str, output: &str) -> String {
+    succeeds(&convert_args(from, to, group_size, input, output))
+}
+
+/// `repack convert ...`, which must fail; its stderr.
+fn convert_fails(from: &str, to: &str, group_size: &str, input: &str, output: &str) -> String {
+    fails(&convert_args(from, to, group_size, input, output))
+}
+
+/// The only layer of a checkpoint, read as `format`.
+fn only_layer(file: &Path, format: WeightFormat, group_size: usize) -> PackedLayer {
+    let ckpt = Checkpoint::read(file).unwrap();
+    let found = find_layers(&ckpt).unwrap();
+    assert_eq!(found.layers.len(), 1);
+    let layer = &found.layers[0];
+    let logical = layer_io::logical_shape(&ckpt.metadata, &layer.prefix).unwrap();
+    layer_io::read_integer_layer(layer, format, None, group_size, logical).unwrap()
+}
+
+/// A copy of a fixture in `dir`, edited.
+fn edited_fixture(dir: &Path, fixture: &str, edit: impl FnOnce(&mut Checkpoint)) -> PathBuf {
+    let mut ckpt = Checkpoint::read(&data(fixture)).unwrap();
+    edit(&mut ckpt);
+    let edited = dir.join("edited.safetensors");
+    ckpt.write_new(&edited).unwrap();
+    edited
+}
+
+fn write_layer(file: &Path, prefix: &str, layer: &PackedLayer, metadata: &[(&str, &str)]) {
+    let mut ckpt = Checkpoint::default();
+    ckpt.tensors.extend(layer_io::layer_tensors(prefix, layer));
+    ckpt.metadata
+        .extend(metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    ckpt.write_new(file).unwrap();
+}
+
+#[test]
+fn awq_to_gptq_writes_autoawqs_own_bytes_and_prints_both_costs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("as_gptq.safetensors");
+    let input = data("library/awq_pattern.safetensors");
+    let printed = convert_ok("awq", "gptq", "32", path(&input), path(&out));
+    assert_eq!(
+        printed,
+        format!(
+            "layer (unprefixed): K=128 N=64, 4-bit, group 32\n\
+             \x20 before awq   4.625 bits/weight = 4.000 codes + 0.625 metadata (4,096 + 640 bytes for 8,192 weights)\n\
+             \x20 after  gptq  5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)\n\
+             1 layer(s) converted awq -> gptq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
+             wrote {}\n",
+            out.display()
+        )
+    );
+    let ours = raw_tensors(&out);
+    let autoawq = raw_tensors(&data("library/awq_pattern_as_gptq.safetensors"));
+    assert_eq!(ours, autoawq, "every tensor's dtype, shape and bytes");
+    let metadata = Checkpoint::read(&out).unwrap().metadata;
+    assert_eq!(metadata["checkpoint_format"], "gptq");
+    assert_eq!(metadata["format"], "pt");
+}
+
+#[test]
+fn act_order_gptq_to_awq_and_back_reports_the_permutation_and_keeps_every_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let (awq, back) = (
+        dir.path().join("awq.safetensors"),
+        dir.path().join("back.safetensors"),
+    );
+    let input = data("library/gptq_actorder_b4.safetensors");
+    let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
+    assert!(printed.contains(
+        "  rows reordered into contiguous groups: permute the input activations by `input_permutation`\n"
+    ));
+    convert_ok("awq", "gptq", "32", path(&awq), path(&back));
+
+    let metadata = Checkpoint::read(&back).unwrap().metadata;
+    let perm: Vec<usize> = serde_json::from_str(&metadata["input_permutation"]).unwrap();
+    let source = only_layer(&input, WeightFormat::Gptq, 32)
+        .unpack()
+        .unwrap()
+        .dequantize();
+    let round_trip = only_layer(&back, WeightFormat::Gptq, 32)
+        .unpack()
+        .unwrap()
+        .dequantize();
+    for ((k, n), value) in round_trip.indexed_iter() {
+        assert_eq!(
+            value.to_bits(),
+            source[[perm[k], n]].to_bits(),
+            "[{k}, {n}]"
+        );
+    }
+    assert_eq!(weight_hash(&source), expected_hash("gptq_actorder_b4"));
+}
+
+#[test]
+fn nf4_to_gptq_is_refused_because_it_needs_requantization() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let input = data("proj_nf4.safetensors");
+    for from in ["nf4", "gptq"] {
+        let message = convert_fails(from, "gptq", "64", path(&input), path(&out));
+        assert!(
+            message.contains(
+                "converting NF4 to gptq needs requantization: NF4 codes index 16 fixed, non-uniform \
+                 levels scaled by a per-block absmax, and no integer code with a scale and zero \
+                 point reproduces them exactly"
+            ),
+            "--from {from}: {message}"
+        );
+        assert!(!out.exists());
+    }
+    let inspected = succeeds(&["inspect", path(&input)]);
+    assert!(inspected.contains("layer proj: bitsandbytes nf4, block 64, shape [8, 128]"));
+}
+
+#[test]
+fn an_existing_output_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("taken.safetensors");
+    std::fs::write(&out, b"precious").unwrap();
+    let input = data("library/gptq_pattern_b4.safetensors");
+    let message = convert_fails("gptq", "awq", "32", path(&input), path(&out));
+    assert_eq!(
+        message,
+        format!(
+            "repack: error: {} already exists; refusing to overwrite it (nothing was written)\n",
+            out.display()
+        )
+    );
+    assert_eq!(std::fs::read(&out).unwrap(), b"precious");
+}
+
+#[test]
+fn a_convention_the_file_contradicts_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let input = data("library/gptq_pattern_b4_v2.safetensors");
+    let message = convert_fails("gptq", "awq", "32", path(&input), path(&out));
+    assert!(message.contains(
+        "its metadata says format = \"gptq_v2\", but --from gptq was given; reading one layout or \
+         zero-point convention as another shifts or scrambles every weight"
+    ));
+    let message = convert_fails(
+        "gptq",
+        "awq",
+        "64",
+        path(&data("library/gptq_pattern_b4.safetensors")),
+        path(&out),
+    );
+    assert!(message.contains("metadata says group_size = \"32\", but --group-size 64 was given"));
+    assert!(!out.exists());
+}
+
+#[test]
+fn an_unknown_layer_layout_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let input = edited_fixture(dir.path(), "library/gptq_pattern_b4.safetensors", |ckpt| {
+        // What an exllama repack adds beside qweight.
+        ckpt.tensors
+            .insert("q_perm".into(), Tensor::from_i32_vector(&[0; 128]));
+    });
+    let message = convert_fails("gptq", "awq", "32", path(&input), path(&out));
+    assert!(message.contains(
+        "unknown layout: tensor \"q_perm\" is not one of qweight, qzeros, scales, g_idx (or bias)"
+    ));
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_shape_that_does_not_match_the_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    // Without metadata, nothing but the shapes can contradict a wrong --group-size.
+    let input = edited_fixture(dir.path(), "library/awq_pattern.safetensors", |ckpt| {
+        ckpt.metadata.clear()
+    });
+    let message = convert_fails("awq", "gptq", "64", path(&input), path(&out));
+    assert!(
+        message.contains(
+            "AWQ scales has shape [4, 64], expected [2, 64] (K / group size = 128 / 64 groups)"
+        ),
+        "{message}"
+    );
+    let message = convert_fails(
+        "awq",
+        "gptq",
+        "32",
+        path(&data("library/gptq_pattern_b4.safetensors")),
+        path(&out),
+    );
+    assert!(
+        message.contains("metadata says format = \"gptq\", but --from awq was given"),
+        "{message}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn zero_point_0_is_refused_under_gptq_v1() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (
+        dir.path().join("v2.safetensors"),
+        dir.path().join("v1.safetensors"),
+    );
+    let weights = LogicalWeights::with_sequential_groups(
+        4,
+        32,
+        Array2::from_elem((64, 8), 3),
+        Array2::from_elem((2, 8), f16::from_f32(0.5)),
+        Array2::from_shape_fn((2, 8), |(g, n)| ((g + n) % 3) as u8),
+    )
+    .unwrap();
+    let layer = PackedLayer::Gptq(gptq::pack(&weights, ZeroConvention::V2).unwrap());
+    write_layer(&input, "proj", &layer, &[("checkpoint_format", "gptq_v2")]);
+    let message = convert_fails("gptq_v2", "gptq", "32", path(&input), path(&out));
+    assert_eq!(
+        message,
+        "repack: error: layer \"proj\": GPTQ v1 stores zero - 1, so the zero point 0 at [group 0, \
+         column 0] cannot be written (the field would wrap to 15 and AutoGPTQ's reader would see \
+         16); write gptq_v2, which stores the zero point itself\n"
+    );
+    assert!(!out.exists());
+    convert_ok("gptq_v2", "awq", "32", path(&input), path(&out));
+}
+
+#[test]
+fn odd_sizes_are_padded_recorded_and_cropped_through_two_conversions() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("odd.safetensors");
+    // K = 72 (not a multiple of the group of 32), N = 60 (not a multiple of 8).
+    let weights = LogicalWeights::with_sequential_groups(
+        4,
+        32,
+        Array2::from_shape_fn((72, 60), |(k, n)| ((k * 7 + n * 3) % 16) as u8),
+        Array2::from_shape_fn((3, 60), |(g, n)| {
+            f16::from_f32(0.01 * (1 + (g + n) % 7) as f32)
+        }),
+        Array2::from_shape_fn((3, 60), |(g, n)| (1 + (g * 5 + n) % 15) as u8),
+    )
+    .unwrap();
+    let layer = PackedLayer::Gptq(gptq::pack(&weights, ZeroConvention::V1).unwrap());
+    write_layer(
+        &input,
+        "model.proj",
+        &layer,
+        &[
+            ("checkpoint_format", "gptq"),
+            ("model.proj.logical_shape", "[72, 60]"),
+        ],
+    );
+    let (awq, back) = (
+        dir.path().join("awq.safetensors"),
+        dir.path().join("back.safetensors"),
+    );
+    let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
+    assert!(
+        printed.contains("  padded to K=96 N=64 with zero weights; logical size recorded\n"),
+        "{printed}"
+    );
+    convert_ok("awq", "gptq_v2", "32", path(&awq), path(&back));
+    let read = only_layer(&back, WeightFormat::GptqV2, 32)
+        .unpack()
+        .unwrap();
+    assert_eq!(read, weights);
+    let inspected = succeeds(&["inspect", path(&awq)]);
+    assert!(
+        inspected.contains("layer model.proj: awq, 4-bit, group 32, K=72 N=60\n"),
+        "{inspected}"
+    );
+}
+
+#[test]
+fn every_layer_is_converted_and_other_tensors_pass_through_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (
+        dir.path().join("model.safetensors"),
+        dir.path().join("awq.safetensors"),
+    );
+    let mut ckpt = Checkpoint::default();
+    for (prefix, case) in [
+        (
+            "model.layers.0.mlp.up_proj",
+            "library/gptq_pattern_b4.safetensors",
+        ),
+        (
+            "model.layers.0.mlp.down_proj",
+            "library/gptq_all15_b4.safetensors",
+        ),
+    ] {
+        let layer = only_layer(&data(case), WeightFormat::Gptq, 32);
+        ckpt.tensors.extend(layer_io::layer_tensors(prefix, &layer));
+    }
+    let embedding = Tensor {
+        dtype: safetensors::Dtype::BF16,
+        shape: vec![3, 2],
+        data: (0..12).collect(),
+    };
+    ckpt.tensors
+        .insert("model.embed_tokens.weight".into(), embedding.clone());
+    ckpt.tensors.insert(
+        "model.layers.0.mlp.up_proj.bias".into(),
+        Tensor::from_i32_vector(&[7; 64]),
+    );
+    ckpt.metadata
+        .insert("checkpoint_format".into(), "gptq".into());
+    ckpt.write_new(&input).unwrap();
+
+    let printed = convert_ok("gptq", "awq", "32", path(&input), path(&out));
+    assert!(printed.contains("layer model.layers.0.mlp.down_proj: K=128 N=64, 4-bit, group 32\n"));
+    assert!(printed.contains("layer model.layers.0.mlp.up_proj: K=128 N=64, 4-bit, group 32\n"));
+    assert!(printed.contains("2 layer(s) converted gptq -> awq, every weight verified bit-identical; 2 other tensor(s) copied unchanged\n"));
+    let written = Checkpoint::read(&out).unwrap();
+    assert_eq!(written.tensors["model.embed_tokens.weight"], embedding);
+    assert_eq!(
+        written.tensors["model.layers.0.mlp.up_proj.bias"],
+        ckpt.tensors["model.layers.0.mlp.up_proj.bias"]
+    );
+    let awq_names: Vec<&String> = written
+        .tensors
+        .keys()
+        .filter(|n| n.contains("down_proj"))
+        .collect();
+    assert_eq!(
+        awq_names,
+        [
+            "model.layers.0.mlp.down_proj.qweight",
+            "model.layers.0.mlp.down_proj.qzeros",
+            "model.layers.0.mlp.down_proj.scales"
+        ]
+    );
+    let awq_tensors = raw_tensors(&data("library/awq_all15.safetensors"));
+    assert_eq!(
+        raw_tensors(&out)["model.layers.0.mlp.down_proj.qweight"],
+        awq_tensors["qweight"]
+    );
+}
+
+#[test]
+fn widths_awq_cannot_store_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let message = convert_fails(
+        "gptq",
+        "awq",
+        "32",
+        path(&data("library/gptq_pattern_b8.safetensors")),
+        path(&out),
+    );
+    assert_eq!(
+        message,
+        "repack: error: layer (unprefixed): AWQ (GEMM) stores 4-bit codes, not 8-bit codes\n"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn inspect_names_each_tensor_its_layout_and_its_bits() {
+    let printed = succeeds(&[
+        "inspect",
+        path(&data("library/gptq_pattern_b3_v2.safetensors")),
+    ]);
+    let body: Vec<&str> = printed.lines().skip(2).collect();
+    assert_eq!(
+        body,
+        [
+            "layer (unprefixed): gptq_v2, 3-bit, group 32, K=128 N=64",
+            "  g_idx    I32 [128]            512 B   0.500 bits/weight  group of each row",
+            "  qweight  I32 [12, 64]       3,072 B   3.000 bits/weight  codes: 3-bit, packed along K",
+            "  qzeros   I32 [4, 6]            96 B   0.094 bits/weight  zero points stored as is (gptq_v2), packed along N",
+            "  scales   F16 [4, 64]          512 B   0.500 bits/weight  f16 scale per group and column",
+            "  total  4.094 bits/weight = 3.000 codes + 1.094 metadata (3,072 + 1,120 bytes for 8,192 weights)",
+            "  check: unpacks cleanly as gptq_v2",
+        ]
+    );
+}
+
+#[test]
+fn quantize_and_dequantize_match_ggml_and_bitsandbytes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, input, library, cols, case) in [
+        (
+            "q4_0",
+            "inputs/gguf_pattern.npy",
+            "library/gguf_pattern_Q4_0.bin",
+            "256",
+            "gguf_pattern_Q4_0",
+        ),
+        (
+            "q8_0",
+            "inputs/gguf_pattern.npy",
+            "library/gguf_pattern_Q8_0.bin",
+            "256",
+            "gguf_pattern_Q8_0",
+        ),
+        (
+            "nf4",
+            "inputs/nf4_pattern.npy",
+            "library/nf4_pattern.bin",
+            "128",
+            "nf4_pattern",
+        ),
+    ] {
+        let bin = dir.path().join(format!("{format}.bin"));
+        let printed = succeeds(&["quantize", "--to", format, path(&data(input)), path(&bin)]);
+        assert!(
+            printed.starts_with(&format!("{format} 8 x {cols}: ")),
+            "{printed}"
+        );
+        let ours = std::fs::read(&bin).unwrap();
+        let theirs = std::fs::read(data(library)).unwrap();
+        // NF4's .bin is bitsandbytes' packed codes followed by the absmax.
+        assert_eq!(&ours[..theirs.len()], &theirs[..], "{format}: bytes");
+        if format == "nf4" {
+            let absmax = std::fs::read(data("library/nf4_pattern_absmax.bin")).unwrap();
+            assert_eq!(
+                &ours[theirs.len()..],
+                &absmax[..],
+                "nf4: absmax after the codes"
+            );
+        } else {
+            assert_eq!(ours.len(), theirs.len());
+        }
+        let npy = dir.path().join(format!("{format}.npy"));
+        succeeds(&[
+            "dequantize",
+            "--from",
+            format,
+            "--cols",
+            cols,
+            path(&bin),
+            path(&npy),
+        ]);
+        let back: Array2<f32> = ndarray_npy::read_npy(&npy).unwrap();
+        assert_eq!(
+            weight_hash(&back),
+            expected_hash(case),
+            "{format}: dequantized"
+        );
+    }
+}
+
+#[test]
+fn quantize_prints_each_formats_effective_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = data("inputs/gguf_pattern.npy");
+    let line = |format: &str| {
+        let out: PathBuf = dir.path().join(format!("{format}.bin"));
+        succeeds(&["quantize", "--to", format, path(&input), path(&out)])
+            .lines()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        line("q4_0"),
+        "q4_0 8 x 256: 4.500 bits/weight = 4.000 codes + 0.500 metadata (1,024 + 128 bytes for 2,048 weights)"
+    );
+    assert_eq!(
+        line("q8_0"),
+        "q8_0 8 x 256: 8.500 bits/weight = 8.000 codes + 0.500 metadata (2,048 + 128 bytes for 2,048 weights)"
+    );
+    assert_eq!(
+        line("nf4"),
+        "nf4 8 x 256: 4.500 bits/weight = 4.000 codes + 0.500 metadata (1,024 + 128 bytes for 2,048 weights)"
+    );
+}
+
+#[test]
+fn unknown_format_names_are_listed() {
+    let message = fails(&["quantize", "--to", "q4_k", "in.npy", "out.bin"]);
+    assert!(
+        message.contains(
+            "unknown weight format \"q4_k\": expected one of gptq, gptq_v2, awq, q4_0, q8_0, nf4"
+        ),
+        "{message}"
+    );
+    let message = fails(&["quantize", "--to", "gptq", "in.npy", "out.bin"]);
+    assert!(
+        message.contains("gptq cannot be produced by quantize"),
+        "{message}"
+    );
+}
