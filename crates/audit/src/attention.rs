@@ -1,7 +1,8 @@
 //! Attention recomputed with a different expression from the runner's: the log-sum-exp form
-//! out = sum_j exp(s_j - lse) v_j with lse = m + ln(sum_j exp(s_j - m)), queries pre-scaled by
-//! 1/sqrt(D), std's exp and ln. Agreement with the archived outputs is checked to about 1e-12
-//! relative, not bit for bit.
+//! out = sum_j exp((s_j - m) - ln(sum_i exp(s_i - m))) v_j, queries pre-scaled by 1/sqrt(D),
+//! std's exp and ln. The row maximum m is subtracted before the log-sum is, so huge scores do
+//! not swallow it. Agreement with the archived outputs is checked to about 1e-12 relative, not
+//! bit for bit.
 
 use ndarray::{Array2, ArrayView2};
 
@@ -14,9 +15,9 @@ pub fn attention(q: ArrayView2<f64>, k: ArrayView2<f64>, v: ArrayView2<f64>) -> 
             .map(|kj| kj.iter().zip(qi.iter()).map(|(a, b)| a * (b * scale)).sum())
             .collect();
         let m = scores.iter().copied().fold(f64::MIN, f64::max);
-        let lse = m + scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln();
+        let log_sum = scores.iter().map(|s| (s - m).exp()).sum::<f64>().ln();
         for (s, vj) in scores.iter().zip(v.outer_iter()) {
-            let w = (s - lse).exp();
+            let w = ((s - m) - log_sum).exp();
             oi.zip_mut_with(&vj, |o, x| *o += w * x);
         }
     }
@@ -47,5 +48,19 @@ mod tests {
             array![[1.0, 10.0], [3.0, 20.0]].view(),
         );
         assert!(relative_max_diff(&out, &array![[2.0, 15.0]]) < 1e-15);
+    }
+
+    #[test]
+    fn huge_tied_scores_still_average() {
+        // Scores of 1e38 tie: m + ln(2) would round back to m and double every weight.
+        let out = attention(
+            array![[1e19, 0.0]].view(),
+            array![[1e19, 0.0], [1e19, 1.0]].view(),
+            array![[1.0, 10.0], [3.0, 20.0]].view(),
+        );
+        assert!(
+            relative_max_diff(&out, &array![[2.0, 15.0]]) < 1e-15,
+            "{out}"
+        );
     }
 }

@@ -16,6 +16,14 @@ pub const FROZEN: &str = include_str!("../../../experiments/packed-kv/protocol.j
 /// Where the frozen protocol lives in the repository (recorded in manifests).
 pub const FROZEN_PATH: &str = "experiments/packed-kv/protocol.json";
 
+/// Largest K, V or q a protocol may ask for, in elements (2^27: 512 MiB as f32; a run holds a
+/// few such matrices and their f64 decodings at once).
+pub const MAX_MATRIX_ELEMENTS: usize = 1 << 27;
+
+/// Largest number of timed (or warm-up) calls a protocol may ask for; every timed call is one
+/// line of timings.json.
+pub const MAX_TIMED_CALLS: usize = 1_000_000;
+
 #[derive(Debug, Error)]
 pub enum ProtocolError {
     #[error("protocol field `{field}`: {message}")]
@@ -339,6 +347,7 @@ impl Protocol {
         }
         positive("features", self.features)?;
         positive("queries", self.queries)?;
+        self.validate_sizes()?;
         for (i, s) in self.settings.iter().enumerate() {
             codec::Layout::with_mode(codec::Axis::Token, s.mode.codec(), s.bits, s.group_size)
                 .map_err(|e| invalid(format!("settings[{i}]"), e.to_string()))?;
@@ -347,6 +356,21 @@ impl Protocol {
         self.validate_budget()?;
         if let Some(timing) = &self.timing {
             positive("timing.repeats", timing.repeats)?;
+            let calls = self
+                .comparison_count()
+                .checked_mul(5)
+                .and_then(|n| n.checked_mul(timing.repeats.max(timing.warmup)));
+            if calls.is_none_or(|n| n > MAX_TIMED_CALLS) {
+                return Err(invalid(
+                    "timing",
+                    format!(
+                        "{} comparisons x 5 operations x {} repeats (or warm-up calls) exceeds \
+                         {MAX_TIMED_CALLS} calls",
+                        self.comparison_count(),
+                        timing.repeats.max(timing.warmup)
+                    ),
+                ));
+            }
         }
         for &seed in &self.seeds {
             for &n in &self.tokens {
@@ -357,6 +381,33 @@ impl Protocol {
                     ));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Every matrix a run holds must fit in memory comfortably: refuse sizes that would abort
+    /// the process instead of running.
+    fn validate_sizes(&self) -> Result<(), ProtocolError> {
+        let elements = |rows: usize| rows.checked_mul(self.features);
+        for (i, &n) in self.tokens.iter().enumerate() {
+            if elements(n).is_none_or(|e| e > MAX_MATRIX_ELEMENTS) {
+                return Err(invalid(
+                    format!("tokens[{i}]"),
+                    format!(
+                        "{n} tokens x {} features exceeds {MAX_MATRIX_ELEMENTS} elements per matrix",
+                        self.features
+                    ),
+                ));
+            }
+        }
+        if elements(self.queries).is_none_or(|e| e > MAX_MATRIX_ELEMENTS) {
+            return Err(invalid(
+                "queries",
+                format!(
+                    "{} queries x {} features exceeds {MAX_MATRIX_ELEMENTS} elements",
+                    self.queries, self.features
+                ),
+            ));
         }
         Ok(())
     }
@@ -640,6 +691,24 @@ mod tests {
         );
         // A window as long as the cache leaves no low-precision segment.
         assert_eq!(Policy::Recent8.segments(32, 32, 4).len(), 1);
+    }
+
+    #[test]
+    fn sizes_that_would_exhaust_memory_are_refused_by_field() {
+        let e = err(|v| v["features"] = (1u64 << 40).into());
+        assert!(
+            e.contains("`tokens[0]`") && e.contains("elements per matrix"),
+            "{e}"
+        );
+        let e = err(|v| {
+            v["tokens"] = serde_json::json!([i32::MAX]);
+            v["features"] = (1u64 << 62).into();
+        });
+        assert!(e.contains("`tokens[0]`"), "{e}");
+        let e = err(|v| v["queries"] = (1u64 << 30).into());
+        assert!(e.contains("`queries`"), "{e}");
+        let e = err(|v| v["timing"]["repeats"] = 1_000_000_000_000_000u64.into());
+        assert!(e.contains("`timing`") && e.contains("calls"), "{e}");
     }
 
     #[test]

@@ -110,13 +110,14 @@ pub fn measure(run: &StudyRun, timing: &Timing, mut progress: impl FnMut(usize))
         for (w, op, repeat) in calls {
             let started = Instant::now();
             workloads[w].call(op);
+            // A call would have to run for 584 years to overflow u64 nanoseconds.
             let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             measurements.push(Measurement {
                 order: measurements.len(),
                 comparison: comparisons[w].row.id.clone(),
                 operation: op,
                 repeat,
-                ns: ns.max(1),
+                ns,
             });
         }
         progress(measurements.len());
