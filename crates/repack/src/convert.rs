@@ -1,6 +1,11 @@
 //! `repack convert`: every integer layer of a checkpoint from one layout to another, through the
 //! logical matrix, each proven bit-identical before anything is written.
 //!
+//! Row order: a layer's recorded `input_permutation` (written by an earlier conversion to AWQ)
+//! is checked to be a permutation of its K rows and undone first, so a target with g_idx gets
+//! the original rows and g_idx back and needs no permutation; a target without g_idx gets one
+//! relative to the original rows.
+//!
 //! Refused, with nothing written: an existing output; NF4 layers or `--from nf4` (needs
 //! requantization); metadata that contradicts the flags (a declared convention, bit width or
 //! group size other than the one asked for: reading one GPTQ convention as the other shifts
@@ -13,7 +18,6 @@ use std::fmt;
 use std::path::Path;
 
 use codec::bpw::Cost;
-use codec::formats::logical::compose_permutations;
 use codec::formats::{FormatError, WeightFormat};
 use codec::repack;
 
@@ -42,8 +46,12 @@ pub struct LayerConversion {
     pub stored_shape: [usize; 2],
     pub before: Cost,
     pub after: Cost,
-    /// Whether this conversion reordered the rows (see the layer's `input_permutation`).
+    /// Whether the written rows are not in their original order (see the layer's
+    /// `input_permutation`, relative to the original rows).
     pub permuted: bool,
+    /// Whether the source's recorded `input_permutation` was undone and the output needs none:
+    /// its rows are back in their original order, g_idx with them.
+    pub restored: bool,
 }
 
 /// What `repack convert` did.
@@ -93,13 +101,13 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
             request.group_size,
             logical,
         )?;
-        let repacked =
-            repack::repack(&packed, request.to).map_err(Error::in_layer(&layer.prefix))?;
-        let earlier = layer_io::input_permutation(&source.metadata, &layer.prefix)?;
-        let permutation = match (earlier, &repacked.input_permutation) {
-            (Some(first), Some(second)) => Some(compose_permutations(&first, second)),
-            (first, second) => first.or_else(|| second.clone()),
-        };
+        let recorded = layer_io::input_permutation(
+            &source.metadata,
+            &layer.prefix,
+            packed.logical_shape()[0],
+        )?;
+        let repacked = repack::repack_recorded(&packed, recorded.as_deref(), request.to)
+            .map_err(Error::in_layer(&layer.prefix))?;
         let stored_shape = layer_io::stored_shape(&repacked.layer);
         let logical_shape = repacked.layer.logical_shape();
         if stored_shape != logical_shape {
@@ -108,10 +116,10 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
                 format!("[{}, {}]", logical_shape[0], logical_shape[1]),
             );
         }
-        if let Some(permutation) = permutation {
+        if let Some(permutation) = &repacked.input_permutation {
             target.metadata.insert(
                 qualified(&layer.prefix, INPUT_PERMUTATION),
-                serde_json::to_string(&permutation).expect("a list of numbers"),
+                serde_json::to_string(permutation).expect("a list of numbers"),
             );
         }
         target
@@ -125,6 +133,7 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
             before: packed.storage(),
             after: repacked.layer.storage(),
             permuted: repacked.input_permutation.is_some(),
+            restored: repacked.rows_restored,
         });
     }
     target.metadata.extend(output_metadata(&request, &layers));
@@ -277,6 +286,13 @@ impl fmt::Display for Conversion {
                 writeln!(
                     f,
                     "  padded to K={pk} N={pn} with zero weights; logical size recorded"
+                )?;
+            }
+            if layer.restored {
+                writeln!(
+                    f,
+                    "  rows put back in their original order from the recorded `{}`, g_idx with them: no input permutation needed",
+                    qualified(&layer.name, INPUT_PERMUTATION)
                 )?;
             }
             if layer.permuted {

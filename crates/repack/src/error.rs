@@ -70,6 +70,13 @@ pub enum Error {
         expected: &'static str,
     },
 
+    #[error("metadata {key:?} cannot be used: {source}")]
+    BadPermutation {
+        key: String,
+        #[source]
+        source: Box<FormatError>,
+    },
+
     #[error("{format} cannot be {action} by this command; {hint}")]
     UnsupportedFormat {
         format: WeightFormat,

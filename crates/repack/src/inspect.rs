@@ -16,12 +16,22 @@ use crate::layer_io;
 use crate::layers::{Layer, LayerKind, find_layers};
 use crate::report::{cost_line, thousands};
 
-/// The report `repack inspect FILE` prints.
-pub fn inspect(path: &Path) -> Result<String> {
+/// What `repack inspect FILE` found: the report it prints, and the layers whose check failed
+/// (the command then exits non-zero).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inspection {
+    pub report: String,
+    /// Each failed layer's name and why, in file order.
+    pub failures: Vec<(String, String)>,
+}
+
+/// Inspects a checkpoint: its report, and which layers failed their check.
+pub fn inspect(path: &Path) -> Result<Inspection> {
     let ckpt = Checkpoint::read(path)?;
     let found = find_layers(&ckpt)?;
     let declared = layer_io::declared_format(&ckpt.metadata)?;
     let mut out = String::new();
+    let mut failures = Vec::new();
     writeln!(out, "{}: {} tensors", path.display(), ckpt.tensors.len()).unwrap();
     if !ckpt.metadata.is_empty() {
         let pairs: Vec<String> = ckpt
@@ -32,11 +42,18 @@ pub fn inspect(path: &Path) -> Result<String> {
         writeln!(out, "metadata: {}", pairs.join(", ")).unwrap();
     }
     for layer in &found.layers {
-        match layer.kind {
+        let check = match layer.kind {
             LayerKind::Integer => {
                 integer_layer(&mut out, &ckpt, layer, declared.as_ref().map(|(_, f)| *f))?
             }
             LayerKind::Nf4 => nf4_layer(&mut out, layer)?,
+        };
+        match check {
+            Check::Passed(what) => writeln!(out, "  check: {what}").unwrap(),
+            Check::Failed(why) => {
+                writeln!(out, "  check: FAILS: {why}").unwrap();
+                failures.push((display_name(&layer.prefix).to_string(), why));
+            }
         }
     }
     for name in &found.passthrough {
@@ -50,7 +67,17 @@ pub fn inspect(path: &Path) -> Result<String> {
         )
         .unwrap();
     }
-    Ok(out)
+    Ok(Inspection {
+        report: out,
+        failures,
+    })
+}
+
+/// A layer's check: what it established, or why it failed.
+#[derive(Debug, Clone, PartialEq)]
+enum Check {
+    Passed(String),
+    Failed(String),
 }
 
 /// At most `max` characters, with an ellipsis when cut.
@@ -76,7 +103,7 @@ fn integer_layer(
     ckpt: &Checkpoint,
     layer: &Layer<'_>,
     declared: Option<WeightFormat>,
-) -> Result<()> {
+) -> Result<Check> {
     let is_gptq = layer.has("g_idx");
     // AWQ has one convention; a GPTQ layer's needs the metadata.
     let format = declared
@@ -112,20 +139,26 @@ fn integer_layer(
     layer_lines(out, layer, k * n, |inside| {
         integer_role(inside, is_gptq, bits, format)
     });
-    if let Some(permutation) = layer_io::input_permutation(&ckpt.metadata, &layer.prefix)? {
-        writeln!(
-            out,
-            "  rows reordered: the input activations must be permuted ({} indices recorded)",
-            permutation.len()
-        )
-        .unwrap();
-    }
-    let check = match format {
-        Some(format) => check_integer_layer(ckpt, layer, format, bits),
-        None => "not unpacked: pass the convention with `repack convert --from`".to_string(),
+    let permutation = match layer_io::input_permutation(&ckpt.metadata, &layer.prefix, k) {
+        Ok(Some(permutation)) => {
+            writeln!(
+                out,
+                "  rows reordered: the input activations must be permuted ({} indices recorded)",
+                permutation.len()
+            )
+            .unwrap();
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(err) => Err(err.to_string()),
     };
-    writeln!(out, "  check: {check}").unwrap();
-    Ok(())
+    Ok(match (format, permutation) {
+        (_, Err(why)) => Check::Failed(why),
+        (Some(format), Ok(())) => check_integer_layer(ckpt, layer, format, bits),
+        (None, Ok(())) => Check::Passed(
+            "not unpacked: pass the convention with `repack convert --from`".to_string(),
+        ),
+    })
 }
 
 /// Rows in group 0: the group size, for sequential and act-order g_idx alike (every group but
@@ -142,7 +175,7 @@ fn check_integer_layer(
     layer: &Layer<'_>,
     format: WeightFormat,
     bits: usize,
-) -> String {
+) -> Check {
     let result = (|| {
         let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
             Some(g) => g,
@@ -158,8 +191,8 @@ fn check_integer_layer(
         Ok::<_, crate::error::Error>(())
     })();
     match result {
-        Ok(()) => format!("unpacks cleanly as {format}"),
-        Err(err) => format!("FAILS: {err}"),
+        Ok(()) => Check::Passed(format!("unpacks cleanly as {format}")),
+        Err(err) => Check::Failed(err.to_string()),
     }
 }
 
@@ -196,7 +229,7 @@ fn integer_role(
     }
 }
 
-fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<()> {
+fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<Check> {
     let state = layer.get("weight.quant_state.bitsandbytes__nf4")?;
     let state: serde_json::Value = serde_json::from_slice(&state.data).unwrap_or_default();
     let shape: Vec<usize> = state["shape"]
@@ -242,14 +275,15 @@ fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<()> {
                 absmax,
             };
             match tensor.check() {
-                Ok(()) => "codes and absmax agree with the shape; converting to an integer format needs requantization".into(),
-                Err(err) => format!("FAILS: {err}"),
+                Ok(()) => Check::Passed("codes and absmax agree with the shape; converting to an integer format needs requantization".into()),
+                Err(err) => Check::Failed(err.to_string()),
             }
         }
-        _ => "FAILS: the quant state does not give a 2-D shape, or absmax is not f32".to_string(),
+        _ => Check::Failed(
+            "the quant state does not give a 2-D shape, or absmax is not f32".to_string(),
+        ),
     };
-    writeln!(out, "  check: {check}").unwrap();
-    Ok(())
+    Ok(check)
 }
 
 /// Which part of a layer's cost a tensor is.

@@ -9,13 +9,15 @@
 //! - `quant_method` (`gptq` or `awq`), `bits`, `group_size`, `converted_from`.
 //! - `<layer>.logical_shape`: `[K, N]` when the tensors were padded beyond the logical size.
 //! - `<layer>.input_permutation`: `[p0, p1, ...]` when the rows were reordered: the layer's input
-//!   activations must be permuted as `x_new[k] = x[p[k]]`.
+//!   activations must be permuted as `x_new[k] = x[p[k]]`. It must be a permutation of the
+//!   layer's K rows (checked on every read).
 
 use std::collections::BTreeMap;
 
 use codec::formats::WeightFormat;
 use codec::formats::awq::AwqLayer;
 use codec::formats::gptq::{GPTQ_BITS, GptqLayer, ZeroConvention};
+use codec::formats::logical::check_permutation;
 use codec::repack::PackedLayer;
 
 use crate::checkpoint::Tensor;
@@ -98,16 +100,22 @@ pub fn logical_shape(
     .transpose()
 }
 
-/// A layer's recorded input permutation, if any.
+/// A layer's recorded input permutation, if any, checked to be a permutation of its `rows`
+/// (logical K) rows: anything else would index past the rows or drop some of them.
 pub fn input_permutation(
     metadata: &BTreeMap<String, String>,
     prefix: &str,
+    rows: usize,
 ) -> Result<Option<Vec<u32>>> {
-    json_list(
-        metadata,
-        &qualified(prefix, INPUT_PERMUTATION),
-        "a JSON list of row indices",
-    )
+    let key = qualified(prefix, INPUT_PERMUTATION);
+    let Some(permutation) = json_list(metadata, &key, "a JSON list of row indices")? else {
+        return Ok(None);
+    };
+    check_permutation(&permutation, rows).map_err(|source| Error::BadPermutation {
+        key,
+        source: Box::new(source),
+    })?;
+    Ok(Some(permutation))
 }
 
 fn json_list<T: serde::de::DeserializeOwned>(
@@ -310,11 +318,34 @@ mod tests {
             ("logical_shape", "[1]"),
         ]);
         assert_eq!(logical_shape(&m, "proj").unwrap(), Some([100, 60]));
-        assert_eq!(input_permutation(&m, "proj").unwrap(), Some(vec![1, 0]));
+        assert_eq!(input_permutation(&m, "proj", 2).unwrap(), Some(vec![1, 0]));
         assert_eq!(logical_shape(&m, "other").unwrap(), None);
         assert_eq!(
             logical_shape(&m, "").unwrap_err().to_string(),
             "metadata \"logical_shape\" = \"[1]\" is not a JSON list [K, N]"
+        );
+    }
+
+    #[test]
+    fn a_malformed_input_permutation_is_refused_with_its_key() {
+        let m = metadata(&[
+            ("short.input_permutation", "[0]"),
+            ("twice.input_permutation", "[0, 0]"),
+            ("text.input_permutation", "rows"),
+        ]);
+        assert_eq!(
+            input_permutation(&m, "short", 2).unwrap_err().to_string(),
+            "metadata \"short.input_permutation\" cannot be used: the row permutation has 1 \
+             entries for K = 2 rows"
+        );
+        assert_eq!(
+            input_permutation(&m, "twice", 2).unwrap_err().to_string(),
+            "metadata \"twice.input_permutation\" cannot be used: the row permutation is not a \
+             permutation of rows 0..2: entry 1 is 0, which entry 0 already holds"
+        );
+        assert_eq!(
+            input_permutation(&m, "text", 2).unwrap_err().to_string(),
+            "metadata \"text.input_permutation\" = \"rows\" is not a JSON list of row indices"
         );
     }
 }

@@ -113,7 +113,23 @@ fn run(cli: Cli) -> Result<()> {
             println!("{conversion}");
             println!("wrote {}", output.display());
         }
-        Command::Inspect { file } => print!("{}", inspect::inspect(&file)?),
+        Command::Inspect { file } => {
+            let inspection = inspect::inspect(&file)?;
+            print!("{}", inspection.report);
+            if !inspection.failures.is_empty() {
+                let layers: Vec<&str> = inspection
+                    .failures
+                    .iter()
+                    .map(|(layer, _)| layer.as_str())
+                    .collect();
+                anyhow::bail!(
+                    "{}: {} layer(s) failed the check (`check: FAILS` above): {}",
+                    file.display(),
+                    layers.len(),
+                    layers.join(", ")
+                );
+            }
+        }
         Command::Quantize {
             to,
             block_size,

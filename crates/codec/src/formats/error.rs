@@ -106,6 +106,20 @@ pub enum FormatError {
         expected: String,
     },
 
+    #[error("the row permutation has {found} entries for K = {rows} rows")]
+    PermutationLength { found: usize, rows: usize },
+
+    #[error(
+        "the row permutation is not a permutation of rows 0..{rows}: entry {index} is {value}, \
+         {problem}"
+    )]
+    NotAPermutation {
+        rows: usize,
+        index: usize,
+        value: u32,
+        problem: String,
+    },
+
     #[error("{format} needs {what} to be a multiple of {multiple}, got {found}")]
     NotAligned {
         format: &'static str,

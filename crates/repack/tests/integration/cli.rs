@@ -45,13 +45,20 @@ fn succeeds(args: &[&str]) -> String {
     stdout(&output)
 }
 
-/// Runs `repack` and requires failure, returning stderr.
+/// Runs `repack` and requires a refusal (a non-zero exit that is not a panic's 101), returning
+/// stderr.
 fn fails(args: &[&str]) -> String {
     let output = repack(args);
     assert!(
         !output.status.success(),
         "repack {args:?} should have failed:\n{}",
         stdout(&output)
+    );
+    assert_ne!(
+        output.status.code(),
+        Some(101),
+        "repack {args:?} panicked:\n{}",
+        stderr(&output)
     );
     stderr(&output)
 }
@@ -140,7 +147,7 @@ fn awq_to_gptq_writes_autoawqs_own_bytes_and_prints_both_costs() {
 }
 
 #[test]
-fn act_order_gptq_to_awq_and_back_reports_the_permutation_and_keeps_every_weight() {
+fn act_order_gptq_to_awq_and_back_gives_the_original_tensors_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
     let (awq, back) = (
         dir.path().join("awq.safetensors"),
@@ -151,26 +158,89 @@ fn act_order_gptq_to_awq_and_back_reports_the_permutation_and_keeps_every_weight
     assert!(printed.contains(
         "  rows reordered into contiguous groups: permute the input activations by `input_permutation`\n"
     ));
-    convert_ok("awq", "gptq", "32", path(&awq), path(&back));
-
+    let printed = convert_ok("awq", "gptq", "32", path(&awq), path(&back));
+    assert!(
+        printed.contains(
+            "  rows put back in their original order from the recorded `input_permutation`, g_idx \
+             with them: no input permutation needed\n"
+        ),
+        "{printed}"
+    );
+    // The rows are back where AutoGPTQ put them, with its scattered g_idx: the same qweight,
+    // qzeros, scales and g_idx bytes, and no permutation left for a loader to ignore.
+    assert_eq!(raw_tensors(&back), raw_tensors(&input));
     let metadata = Checkpoint::read(&back).unwrap().metadata;
-    let perm: Vec<usize> = serde_json::from_str(&metadata["input_permutation"]).unwrap();
-    let source = only_layer(&input, WeightFormat::Gptq, 32)
+    assert!(!metadata.contains_key("input_permutation"), "{metadata:?}");
+    let weights = only_layer(&back, WeightFormat::Gptq, 32)
         .unpack()
         .unwrap()
         .dequantize();
-    let round_trip = only_layer(&back, WeightFormat::Gptq, 32)
-        .unpack()
-        .unwrap()
-        .dequantize();
-    for ((k, n), value) in round_trip.indexed_iter() {
+    assert_eq!(weight_hash(&weights), expected_hash("gptq_actorder_b4"));
+}
+
+/// The act-order fixture converted to AWQ, its `input_permutation` then replaced by `value`.
+fn awq_with_permutation(dir: &Path, value: &str) -> PathBuf {
+    let awq = dir.join("awq.safetensors");
+    let input = data("library/gptq_actorder_b4.safetensors");
+    convert_ok("gptq", "awq", "32", path(&input), path(&awq));
+    let mut ckpt = Checkpoint::read(&awq).unwrap();
+    ckpt.metadata
+        .insert("input_permutation".into(), value.to_string());
+    let edited = dir.join("edited.safetensors");
+    ckpt.write_new(&edited).unwrap();
+    edited
+}
+
+#[test]
+fn a_malformed_input_permutation_is_refused_instead_of_panicking() {
+    let duplicated = format!(
+        "[{}]",
+        (0..128)
+            .map(|k| (k / 2).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for (value, why) in [
+        (
+            "[0]".to_string(),
+            "the row permutation has 1 entries for K = 128 rows",
+        ),
+        (
+            duplicated,
+            "the row permutation is not a permutation of rows 0..128: entry 1 is 0, which entry \
+             0 already holds",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let edited = awq_with_permutation(dir.path(), &value);
+        let out = dir.path().join("out.safetensors");
+        for to in ["gptq", "awq"] {
+            let message = convert_fails("awq", to, "32", path(&edited), path(&out));
+            assert_eq!(
+                message,
+                format!("repack: error: metadata \"input_permutation\" cannot be used: {why}\n"),
+                "--to {to}"
+            );
+            assert!(!out.exists());
+        }
+        let output = repack(&["inspect", path(&edited)]);
+        assert_eq!(output.status.code(), Some(1));
+        assert!(
+            stdout(&output).contains(&format!(
+                "  check: FAILS: metadata \"input_permutation\" cannot be used: {why}\n"
+            )),
+            "{}",
+            stdout(&output)
+        );
         assert_eq!(
-            value.to_bits(),
-            source[[perm[k], n]].to_bits(),
-            "[{k}, {n}]"
+            stderr(&output),
+            format!(
+                "repack: error: {}: 1 layer(s) failed the check (`check: FAILS` above): \
+                 (unprefixed)\n",
+                edited.display()
+            )
         );
     }
-    assert_eq!(weight_hash(&source), expected_hash("gptq_actorder_b4"));
 }
 
 #[test]
