@@ -33,7 +33,8 @@ pub struct ConvertRequest {
     pub from: WeightFormat,
     pub to: WeightFormat,
     pub group_size: usize,
-    /// The checkpoint's bit width; read from metadata or tensor shapes when absent.
+    /// The checkpoint's bit width; when absent, the metadata's `bits`, else the tensor shapes.
+    /// Whichever is used must agree with the shapes.
     pub bits: Option<u32>,
 }
 
@@ -91,13 +92,14 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
             .tensors
             .insert(name.clone(), source.tensors[name].clone());
     }
+    let declared = layer_io::declared_bits(request.bits, &source.metadata)?;
     let mut layers = Vec::new();
     for layer in &found.layers {
         let logical = layer_io::logical_shape(&source.metadata, &layer.prefix)?;
         let packed = layer_io::read_integer_layer(
             layer,
             request.from,
-            request.bits,
+            declared,
             request.group_size,
             logical,
         )?;

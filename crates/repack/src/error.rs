@@ -7,6 +7,8 @@ use codec::formats::{FormatError, WeightFormat};
 use codec::repack::RepackError;
 use thiserror::Error;
 
+use crate::layer_io::DeclaredBits;
+
 #[derive(Debug, Error)]
 pub enum Error {
     #[error("{}: {source}", path.display())]
@@ -61,6 +63,16 @@ pub enum Error {
         file: String,
         flag: String,
         why: &'static str,
+    },
+
+    #[error(
+        "layer {}: {declared}, but {found}; the codes cannot be read at another width",
+        label(layer)
+    )]
+    BitsConflict {
+        layer: String,
+        declared: DeclaredBits,
+        found: String,
     },
 
     #[error("metadata {key:?} = {value:?} is not {expected}")]

@@ -154,7 +154,7 @@ fn integer_layer(
     };
     Ok(match (format, permutation) {
         (_, Err(why)) => Check::Failed(why),
-        (Some(format), Ok(())) => check_integer_layer(ckpt, layer, format, bits),
+        (Some(format), Ok(())) => check_integer_layer(ckpt, layer, format),
         (None, Ok(())) => Check::Passed(
             "not unpacked: pass the convention with `repack convert --from`".to_string(),
         ),
@@ -170,12 +170,7 @@ fn gptq_group_size(layer: &Layer<'_>) -> Result<usize> {
     Ok(g_idx.iter().filter(|&&g| g == 0).count())
 }
 
-fn check_integer_layer(
-    ckpt: &Checkpoint,
-    layer: &Layer<'_>,
-    format: WeightFormat,
-    bits: usize,
-) -> Check {
+fn check_integer_layer(ckpt: &Checkpoint, layer: &Layer<'_>, format: WeightFormat) -> Check {
     let result = (|| {
         let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
             Some(g) => g,
@@ -185,8 +180,8 @@ fn check_integer_layer(
             None => gptq_group_size(layer)?,
         };
         let logical = layer_io::logical_shape(&ckpt.metadata, &layer.prefix)?;
-        let packed =
-            layer_io::read_integer_layer(layer, format, Some(bits as u32), group_size, logical)?;
+        let declared = layer_io::declared_bits(None, &ckpt.metadata)?;
+        let packed = layer_io::read_integer_layer(layer, format, declared, group_size, logical)?;
         packed.unpack()?;
         Ok::<_, crate::error::Error>(())
     })();

@@ -36,7 +36,8 @@ enum Command {
         /// The checkpoint's group size (kept; changing it would need requantization).
         #[arg(long, value_name = "G")]
         group_size: usize,
-        /// The checkpoint's bit width; by default from metadata or the tensor shapes.
+        /// The checkpoint's bit width [default: the metadata's `bits`, else the tensor shapes];
+        /// refused when the tensor shapes say otherwise.
         #[arg(long, value_name = "B")]
         bits: Option<u32>,
         /// Input checkpoint (.safetensors).

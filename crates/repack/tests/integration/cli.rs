@@ -303,6 +303,62 @@ fn a_convention_the_file_contradicts_is_refused() {
 }
 
 #[test]
+fn metadata_bits_that_contradict_the_shapes_are_refused_not_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    // A 4-bit file whose metadata says 8: before, convert read it as 4-bit and wrote bits = 4.
+    let input = edited_fixture(dir.path(), "library/gptq_pattern_b4.safetensors", |ckpt| {
+        ckpt.metadata.insert("bits".into(), "8".into());
+    });
+    let message = convert_fails("gptq", "awq", "32", path(&input), path(&out));
+    assert_eq!(
+        message,
+        "repack: error: layer (unprefixed): the metadata says bits = 8, but its tensor shapes are \
+         4-bit (qweight has 16 rows for K = 128 g_idx entries: K * 4 / 32); the codes cannot be \
+         read at another width\n"
+    );
+    assert!(!out.exists());
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stdout(&output).contains("  check: FAILS: layer (unprefixed): the metadata says bits = 8"),
+        "{}",
+        stdout(&output)
+    );
+
+    // An explicit --bits is held to the shapes the same way.
+    let fixture = data("library/gptq_pattern_b4.safetensors");
+    let mut args = convert_args("gptq", "awq", "32", path(&fixture), path(&out)).to_vec();
+    args.extend(["--bits", "8"]);
+    let message = fails(&args);
+    assert!(
+        message.contains("its metadata says bits = \"4\", but --bits 8 was given"),
+        "{message}"
+    );
+    let unrecorded = dir.path().join("unrecorded.safetensors");
+    let mut ckpt = Checkpoint::read(&fixture).unwrap();
+    ckpt.metadata.remove("bits");
+    ckpt.write_new(&unrecorded).unwrap();
+    let mut args = convert_args("gptq", "awq", "32", path(&unrecorded), path(&out)).to_vec();
+    args.extend(["--bits", "8"]);
+    assert!(
+        fails(&args)
+            .contains("layer (unprefixed): --bits 8 was given, but its tensor shapes are 4-bit"),
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn without_bits_the_metadata_width_is_used_and_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let input = data("library/gptq_pattern_b3.safetensors");
+    let printed = convert_ok("gptq", "gptq_v2", "32", path(&input), path(&out));
+    assert!(printed.starts_with("layer (unprefixed): K=128 N=64, 3-bit, group 32\n"));
+    assert_eq!(Checkpoint::read(&out).unwrap().metadata["bits"], "3");
+}
+
+#[test]
 fn an_unknown_layer_layout_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.safetensors");
