@@ -29,6 +29,9 @@ pub enum Error {
         source: ndarray_npy::ReadNpyError,
     },
 
+    #[error("{}: the file is empty; {what} (nothing was written)", path.display())]
+    EmptyInput { path: PathBuf, what: String },
+
     #[error("{} already exists; refusing to overwrite it (nothing was written)", .0.display())]
     OutputExists(PathBuf),
 

@@ -347,11 +347,15 @@ fn tensor_line(
     weights: usize,
     role: &str,
 ) {
-    let bits = (tensor.data.len() * 8) as f64 / weights.max(1) as f64;
+    // No weights, no ratio: "n/a" rather than NaN, or a ratio against a made-up count.
+    let bits = match weights {
+        0 => "n/a".to_string(),
+        _ => format!("{:.3}", (tensor.data.len() * 8) as f64 / weights as f64),
+    };
     let layout = format!("{:?} {:?}", tensor.dtype, tensor.shape);
     writeln!(
         out,
-        "  {name:<width$}  {layout:<14} {:>9} B  {bits:6.3} bits/weight  {role}",
+        "  {name:<width$}  {layout:<14} {:>9} B  {bits:>6} bits/weight  {role}",
         thousands(tensor.data.len())
     )
     .unwrap();

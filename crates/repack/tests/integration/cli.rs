@@ -674,6 +674,34 @@ fn quantize_prints_each_formats_effective_bits() {
 }
 
 #[test]
+fn an_empty_block_file_is_refused_instead_of_written_as_nan_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.bin");
+    std::fs::write(&empty, b"").unwrap();
+    for format in ["q4_0", "q8_0", "nf4"] {
+        let out = dir.path().join(format!("{format}.npy"));
+        let message = fails(&[
+            "dequantize",
+            "--from",
+            format,
+            "--cols",
+            "32",
+            path(&empty),
+            path(&out),
+        ]);
+        assert_eq!(
+            message,
+            format!(
+                "repack: error: {}: the file is empty; a {format} block file holds at least one \
+                 row (nothing was written)\n",
+                empty.display()
+            )
+        );
+        assert!(!out.exists(), "{format}");
+    }
+}
+
+#[test]
 fn unknown_format_names_are_listed() {
     let message = fails(&["quantize", "--to", "q4_k", "in.npy", "out.bin"]);
     assert!(
