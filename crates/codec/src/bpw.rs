@@ -159,7 +159,8 @@ impl Cost {
         self.code_bytes + self.metadata_bytes()
     }
 
-    /// 8 * total bytes / elements.
+    /// 8 * total bytes / elements: NaN or infinite for 0 elements, so whoever prints it checks
+    /// `elements` first ([`cost`] refuses empty shapes).
     pub fn bits_per_element(&self) -> f64 {
         8.0 * self.total_bytes() as f64 / self.elements as f64
     }

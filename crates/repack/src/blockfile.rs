@@ -45,7 +45,7 @@ pub fn quantize_file(
         path: input.to_path_buf(),
         source,
     })?;
-    let (bytes, cost) = encode(x.view(), format, block_size)?;
+    let (bytes, cost) = encode(x.view(), format, block_size).map_err(Error::in_file(input))?;
     write_new_file(output, &bytes)?;
     Ok(BlockFileReport {
         format,
@@ -73,7 +73,7 @@ pub fn dequantize_file(
             what: format!("a {format} block file holds at least one row"),
         });
     }
-    let (x, cost) = decode(&bytes, format, cols, block_size)?;
+    let (x, cost) = decode(&bytes, format, cols, block_size).map_err(Error::in_file(input))?;
     let mut npy = Vec::new();
     x.write_npy(&mut npy).map_err(|err| Error::Io {
         path: output.to_path_buf(),

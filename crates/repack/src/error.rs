@@ -32,6 +32,13 @@ pub enum Error {
     #[error("{}: the file is empty; {what} (nothing was written)", path.display())]
     EmptyInput { path: PathBuf, what: String },
 
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<Error>,
+    },
+
     #[error("{} already exists; refusing to overwrite it (nothing was written)", .0.display())]
     OutputExists(PathBuf),
 
@@ -118,6 +125,14 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { path, source }
+    }
+
+    /// Names the input file a problem was found in.
+    pub(crate) fn in_file(path: &std::path::Path) -> impl FnOnce(Error) -> Error + '_ {
+        move |source| Error::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        }
     }
 
     pub(crate) fn in_layer(layer: &str) -> impl FnOnce(RepackError) -> Error + '_ {

@@ -702,6 +702,73 @@ fn an_empty_block_file_is_refused_instead_of_written_as_nan_bits() {
 }
 
 #[test]
+fn values_a_block_scale_cannot_hold_are_refused_instead_of_stored_as_inf_or_0() {
+    let dir = tempfile::tempdir().unwrap();
+    // Row 0 ramps to 1e9, past what an f16 Q4_0 or Q8_0 scale holds (ggml stores d = inf);
+    // row 1 is 1e-9 small, where d rounds to 0 (ggml stores 0 and every weight becomes 0).
+    let x = Array2::from_shape_fn((2, 32), |(row, col)| {
+        let ramp = (col as f32 - 15.5) / 15.5;
+        if row == 0 { ramp * 1e9 } else { ramp * 1e-9 }
+    });
+    let input = dir.path().join("x.npy");
+    ndarray_npy::write_npy(&input, &x).unwrap();
+    for (format, why) in [
+        (
+            "q4_0",
+            "Q4_0 block 0 (row 0, columns 0..32) spans -1e9 to 1e9: its scale d = 1.25e8 rounds \
+             to infinity in f16",
+        ),
+        (
+            "q8_0",
+            "Q8_0 block 0 (row 0, columns 0..32) spans -1e9 to 1e9: its scale d = 7.8740155e6 \
+             rounds to infinity in f16",
+        ),
+    ] {
+        let out = dir.path().join(format!("{format}.bin"));
+        let message = fails(&["quantize", "--to", format, path(&input), path(&out)]);
+        assert!(
+            message.starts_with(&format!("repack: error: {}: {why}", input.display())),
+            "{message}"
+        );
+        assert!(!out.exists());
+    }
+    let small = dir.path().join("small.npy");
+    ndarray_npy::write_npy(&small, &x.slice(ndarray::s![1.., ..]).to_owned()).unwrap();
+    let out = dir.path().join("small.bin");
+    let message = fails(&["quantize", "--to", "q4_0", path(&small), path(&out)]);
+    assert!(
+        message.contains(
+            "Q4_0 block 0 (row 0, columns 0..32) spans -1e-9 to 1e-9: its scale d = 1.25e-10 \
+             rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every weight of \
+             the block would dequantize to 0; ggml stores it anyway, this tool refuses"
+        ),
+        "{message}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn non_finite_input_is_refused_naming_the_file_and_element() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut x = Array2::<f32>::from_elem((2, 64), 0.25);
+    x[[1, 3]] = f32::NAN;
+    let input = dir.path().join("x.npy");
+    ndarray_npy::write_npy(&input, &x).unwrap();
+    for format in ["q4_0", "q8_0", "nf4"] {
+        let out = dir.path().join(format!("{format}.bin"));
+        assert_eq!(
+            fails(&["quantize", "--to", format, path(&input), path(&out)]),
+            format!(
+                "repack: error: {}: non-finite input: element [1, 3] is NaN; the quantizers need \
+                 finite values\n",
+                input.display()
+            )
+        );
+        assert!(!out.exists());
+    }
+}
+
+#[test]
 fn unknown_format_names_are_listed() {
     let message = fails(&["quantize", "--to", "q4_k", "in.npy", "out.bin"]);
     assert!(
