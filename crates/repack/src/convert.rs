@@ -77,13 +77,23 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
     if found.layers.is_empty() {
         return Err(Error::NoLayers(input.to_path_buf()));
     }
-    if let Some(nf4) = found.layers.iter().find(|l| l.kind == LayerKind::Nf4) {
-        return Err(Error::in_layer(&nf4.prefix)(
-            FormatError::NeedsRequantization {
-                to: request.to.to_string(),
-            }
-            .into(),
-        ));
+    if let Some(bnb) = found
+        .layers
+        .iter()
+        .find(|l| l.kind == LayerKind::Bitsandbytes)
+    {
+        return Err(match bnb.quant_state() {
+            Some((_, quant_type)) if quant_type != "nf4" => Error::UnsupportedQuantType {
+                layer: bnb.prefix.clone(),
+                quant_type: quant_type.to_string(),
+            },
+            _ => Error::in_layer(&bnb.prefix)(
+                FormatError::NeedsRequantization {
+                    to: request.to.to_string(),
+                }
+                .into(),
+            ),
+        });
     }
 
     let mut target = Checkpoint::default();

@@ -60,6 +60,23 @@ pub enum Error {
         source: Box<RepackError>,
     },
 
+    #[error(
+        "layer {}: a bitsandbytes {quant_type:?} 4-bit layer; this tool reads only nf4, so it \
+         refuses the layer rather than copy or label it as something it has not checked",
+        label(layer)
+    )]
+    UnsupportedQuantType { layer: String, quant_type: String },
+
+    #[error("layer {}: quant state {tensor:?} is unusable: {why}", label(layer))]
+    QuantState {
+        layer: String,
+        tensor: String,
+        why: String,
+    },
+
+    #[error("layer {}: {what} does not fit in {} bits", label(layer), usize::BITS)]
+    SizeOverflow { layer: String, what: String },
+
     #[error("{}: no quantized layers found (looked for <layer>.qweight and bitsandbytes NF4 quant states)", .0.display())]
     NoLayers(PathBuf),
 

@@ -264,6 +264,127 @@ fn nf4_to_gptq_is_refused_because_it_needs_requantization() {
     assert!(inspected.contains("layer proj: bitsandbytes nf4, block 64, shape [8, 128]"));
 }
 
+/// `proj_nf4.safetensors` with its quant state replaced by `state` under `bitsandbytes__<named>`.
+fn nf4_with_state(dir: &Path, named: &str, state: &str) -> PathBuf {
+    edited_fixture(dir, "proj_nf4.safetensors", |ckpt| {
+        ckpt.tensors
+            .remove("proj.weight.quant_state.bitsandbytes__nf4");
+        ckpt.tensors.insert(
+            format!("proj.weight.quant_state.bitsandbytes__{named}"),
+            Tensor {
+                dtype: safetensors::Dtype::U8,
+                shape: vec![state.len()],
+                data: state.as_bytes().to_vec(),
+            },
+        );
+    })
+}
+
+#[test]
+fn inspect_exits_non_zero_when_an_nf4_check_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = edited_fixture(dir.path(), "proj_nf4.safetensors", |ckpt| {
+        let absmax = ckpt.tensors.get_mut("proj.weight.absmax").unwrap();
+        absmax.shape = vec![15];
+        absmax.data.truncate(60);
+    });
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stdout(&output)
+            .ends_with("  check: FAILS: NF4 absmax for 16 blocks of 64: 60 bytes, expected 64\n"),
+        "{}",
+        stdout(&output)
+    );
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "repack: error: {}: 1 layer(s) failed the check (`check: FAILS` above): proj\n",
+            input.display()
+        )
+    );
+}
+
+#[test]
+fn malformed_quant_state_json_is_an_error_not_an_empty_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = nf4_with_state(
+        dir.path(),
+        "nf4",
+        "{\"quant_type\": \"nf4\", \"shape\": [8, 128]}",
+    );
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stdout(&output).is_empty(), "no partial report");
+    assert_eq!(
+        stderr(&output),
+        "repack: error: layer \"proj\": quant state \"proj.weight.quant_state.bitsandbytes__nf4\" \
+         is unusable: not bitsandbytes' quant-state JSON: missing field `blocksize` at line 1 \
+         column 40\n"
+    );
+}
+
+#[test]
+fn an_nf4_shape_whose_element_count_overflows_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = 1usize << (usize::BITS / 2 + 8);
+    let state =
+        format!("{{\"quant_type\": \"nf4\", \"blocksize\": 64, \"shape\": [{huge}, {huge}]}}");
+    let input = nf4_with_state(dir.path(), "nf4", &state);
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "repack: error: layer \"proj\": the element count of shape [{huge}, {huge}] does not \
+             fit in {} bits\n",
+            usize::BITS
+        )
+    );
+}
+
+#[test]
+fn an_fp4_layer_is_flagged_by_name_not_labelled_nf4() {
+    let dir = tempfile::tempdir().unwrap();
+    let fp4 =
+        "{\"quant_type\": \"fp4\", \"blocksize\": 64, \"dtype\": \"float32\", \"shape\": [8, 128]}";
+    // The state's JSON says fp4 though its name says nf4.
+    let mislabelled = nf4_with_state(dir.path(), "nf4", fp4);
+    let output = repack(&["inspect", path(&mislabelled)]);
+    assert_eq!(output.status.code(), Some(1));
+    let printed = stdout(&output);
+    assert!(
+        printed.contains("layer proj: bitsandbytes fp4, block 64, shape [8, 128]\n"),
+        "{printed}"
+    );
+    assert!(
+        printed.ends_with(
+            "  check: FAILS: its quant_type is \"fp4\", though the state tensor is named for nf4; \
+             this tool reads only nf4 (fp4 codes index a different table), so it does not vouch \
+             for this layer\n"
+        ),
+        "{printed}"
+    );
+    // A layer bitsandbytes wrote as fp4: found and flagged, never passed through as plain tensors.
+    let dir = tempfile::tempdir().unwrap();
+    let written_as_fp4 = nf4_with_state(dir.path(), "fp4", fp4);
+    let output = repack(&["inspect", path(&written_as_fp4)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stdout(&output)
+            .contains("  check: FAILS: its quant_type is \"fp4\"; this tool reads only nf4"),
+        "{}",
+        stdout(&output)
+    );
+    let out = dir.path().join("out.safetensors");
+    assert_eq!(
+        convert_fails("gptq", "awq", "64", path(&written_as_fp4), path(&out)),
+        "repack: error: layer \"proj\": a bitsandbytes \"fp4\" 4-bit layer; this tool reads only \
+         nf4, so it refuses the layer rather than copy or label it as something it has not checked\n"
+    );
+    assert!(!out.exists());
+}
+
 #[test]
 fn an_existing_output_is_refused_and_left_untouched() {
     let dir = tempfile::tempdir().unwrap();
