@@ -63,7 +63,20 @@ pub struct Conversion {
     pub group_size: usize,
     pub layers: Vec<LayerConversion>,
     pub passed_through: usize,
+    /// The source's metadata keys written unchanged: all but the ones convert sets itself
+    /// ([`OWNED_KEYS`], and each converted layer's `logical_shape` and `input_permutation`).
+    pub kept_metadata: Vec<String>,
 }
+
+/// File-level metadata keys convert writes itself, replacing the source's.
+pub const OWNED_KEYS: [&str; 6] = [
+    "format",
+    "quant_method",
+    "checkpoint_format",
+    "bits",
+    "group_size",
+    "converted_from",
+];
 
 /// Converts `input` into a new file `output`.
 pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<Conversion> {
@@ -149,6 +162,27 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
         });
     }
     target.metadata.extend(output_metadata(&request, &layers));
+    // Everything else the source says about itself travels unchanged (its library, versions,
+    // quantization settings); what convert owns was rewritten above.
+    let owned = |key: &str| {
+        OWNED_KEYS.contains(&key)
+            || found.layers.iter().any(|layer| {
+                [LOGICAL_SHAPE, INPUT_PERMUTATION]
+                    .iter()
+                    .any(|name| key == qualified(&layer.prefix, name))
+            })
+    };
+    let kept_metadata: Vec<String> = source
+        .metadata
+        .keys()
+        .filter(|key| !owned(key))
+        .cloned()
+        .collect();
+    for key in &kept_metadata {
+        target
+            .metadata
+            .insert(key.clone(), source.metadata[key].clone());
+    }
     target.write_new(output)?;
     Ok(Conversion {
         from: request.from,
@@ -156,6 +190,7 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
         group_size: request.group_size,
         layers,
         passed_through: found.passthrough.len(),
+        kept_metadata,
     })
 }
 
@@ -314,6 +349,13 @@ impl fmt::Display for Conversion {
                     qualified(&layer.name, INPUT_PERMUTATION)
                 )?;
             }
+        }
+        if !self.kept_metadata.is_empty() {
+            writeln!(
+                f,
+                "metadata copied unchanged: {}",
+                self.kept_metadata.join(", ")
+            )?;
         }
         write!(
             f,

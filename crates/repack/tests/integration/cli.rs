@@ -133,6 +133,7 @@ fn awq_to_gptq_writes_autoawqs_own_bytes_and_prints_both_costs() {
             "layer (unprefixed): K=128 N=64, 4-bit, group 32\n\
              \x20 before awq   4.625 bits/weight = 4.000 codes + 0.625 metadata (4,096 + 640 bytes for 8,192 weights)\n\
              \x20 after  gptq  5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)\n\
+             metadata copied unchanged: lib, versions\n\
              1 layer(s) converted awq -> gptq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
              wrote {}\n",
             out.display()
@@ -241,6 +242,48 @@ fn a_malformed_input_permutation_is_refused_instead_of_panicking() {
             )
         );
     }
+}
+
+#[test]
+fn the_sources_other_metadata_is_carried_over_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (awq, back) = (
+        dir.path().join("awq.safetensors"),
+        dir.path().join("back.safetensors"),
+    );
+    let input = data("library/gptq_actorder_b4.safetensors");
+    let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
+    assert!(
+        printed.contains("\nmetadata copied unchanged: lib, versions\n"),
+        "{printed}"
+    );
+    let source = Checkpoint::read(&input).unwrap().metadata;
+    let written = Checkpoint::read(&awq).unwrap().metadata;
+    for key in ["lib", "versions"] {
+        assert_eq!(written[key], source[key], "{key}");
+    }
+    // What convert owns is rewritten, the recorded permutation included; nothing else is added.
+    let keys: Vec<&str> = written.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "bits",
+            "checkpoint_format",
+            "converted_from",
+            "format",
+            "group_size",
+            "input_permutation",
+            "lib",
+            "quant_method",
+            "versions"
+        ]
+    );
+    assert_eq!(written["format"], "pt");
+    // Back to GPTQ: the permutation was undone, so its key goes; the others travel on.
+    convert_ok("awq", "gptq", "32", path(&awq), path(&back));
+    let back = Checkpoint::read(&back).unwrap().metadata;
+    assert!(!back.contains_key("input_permutation"));
+    assert_eq!(back["versions"], source["versions"]);
 }
 
 #[test]
