@@ -155,17 +155,34 @@ fn act_order_gptq_to_awq_and_back_gives_the_original_tensors_byte_for_byte() {
         dir.path().join("back.safetensors"),
     );
     let input = data("library/gptq_actorder_b4.safetensors");
+    // Both outputs as the README quotes them.
     let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
-    assert!(printed.contains(
-        "  rows reordered into contiguous groups: permute the input activations by `input_permutation`\n"
-    ));
+    assert_eq!(
+        printed,
+        format!(
+            "layer (unprefixed): K=128 N=64, 4-bit, group 32\n\
+             \x20 before gptq  5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)\n\
+             \x20 after  awq   4.625 bits/weight = 4.000 codes + 0.625 metadata (4,096 + 640 bytes for 8,192 weights)\n\
+             \x20 rows reordered into contiguous groups: permute the input activations by `input_permutation`\n\
+             metadata copied unchanged: lib, versions\n\
+             1 layer(s) converted gptq -> awq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
+             wrote {}\n",
+            awq.display()
+        )
+    );
     let printed = convert_ok("awq", "gptq", "32", path(&awq), path(&back));
-    assert!(
-        printed.contains(
-            "  rows put back in their original order from the recorded `input_permutation`, g_idx \
-             with them: no input permutation needed\n"
-        ),
-        "{printed}"
+    assert_eq!(
+        printed,
+        format!(
+            "layer (unprefixed): K=128 N=64, 4-bit, group 32\n\
+             \x20 before awq   4.625 bits/weight = 4.000 codes + 0.625 metadata (4,096 + 640 bytes for 8,192 weights)\n\
+             \x20 after  gptq  5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)\n\
+             \x20 rows put back in their original order from the recorded `input_permutation`, g_idx with them: no input permutation needed\n\
+             metadata copied unchanged: lib, versions\n\
+             1 layer(s) converted awq -> gptq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
+             wrote {}\n",
+            back.display()
+        )
     );
     // The rows are back where AutoGPTQ put them, with its scattered g_idx: the same qweight,
     // qzeros, scales and g_idx bytes, and no permutation left for a loader to ignore.
@@ -641,6 +658,43 @@ fn odd_sizes_are_padded_recorded_and_cropped_through_two_conversions() {
     );
 }
 
+/// The README's realistic-size example: a synthetic 4096 x 4096 GPTQ layer (4-bit, group 128,
+/// patterned codes; its bytes follow from the shapes alone) converted to AWQ by the binary.
+/// `cargo test --release -p repack --test integration a_4096_square -- --nocapture` prints it.
+#[test]
+fn a_4096_square_layer_costs_what_the_readme_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (
+        dir.path().join("proj.safetensors"),
+        dir.path().join("awq.safetensors"),
+    );
+    let weights = LogicalWeights::with_sequential_groups(
+        4,
+        128,
+        Array2::from_shape_fn((4096, 4096), |(k, n)| ((k * 7 + n * 3) % 16) as u8),
+        Array2::from_shape_fn((32, 4096), |(g, n)| {
+            f16::from_f32(0.001 * (1 + (g + n) % 13) as f32)
+        }),
+        Array2::from_shape_fn((32, 4096), |(g, n)| (1 + (g * 5 + n) % 15) as u8),
+    )
+    .unwrap();
+    let layer = PackedLayer::Gptq(gptq::pack(&weights, ZeroConvention::V1).unwrap());
+    write_layer(&input, "proj", &layer, &[("checkpoint_format", "gptq")]);
+    let printed = convert_ok("gptq", "awq", "128", path(&input), path(&out));
+    print!("{printed}");
+    assert_eq!(
+        printed,
+        format!(
+            "layer proj: K=4096 N=4096, 4-bit, group 128\n\
+             \x20 before gptq  4.164 bits/weight = 4.000 codes + 0.164 metadata (8,388,608 + 344,064 bytes for 16,777,216 weights)\n\
+             \x20 after  awq   4.156 bits/weight = 4.000 codes + 0.156 metadata (8,388,608 + 327,680 bytes for 16,777,216 weights)\n\
+             1 layer(s) converted gptq -> awq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
+             wrote {}\n",
+            out.display()
+        )
+    );
+}
+
 #[test]
 fn every_layer_is_converted_and_other_tensors_pass_through_unchanged() {
     let dir = tempfile::tempdir().unwrap();
@@ -814,9 +868,10 @@ fn quantize_and_dequantize_match_ggml_and_bitsandbytes() {
 #[test]
 fn quantize_prints_each_formats_effective_bits() {
     let dir = tempfile::tempdir().unwrap();
-    let input = data("inputs/gguf_pattern.npy");
-    let line = |format: &str| {
+    // The README's lines, from the inputs it names.
+    let line = |format: &str, input: &str| {
         let out: PathBuf = dir.path().join(format!("{format}.bin"));
+        let input = data(&format!("inputs/{input}"));
         succeeds(&["quantize", "--to", format, path(&input), path(&out)])
             .lines()
             .next()
@@ -824,16 +879,16 @@ fn quantize_prints_each_formats_effective_bits() {
             .to_string()
     };
     assert_eq!(
-        line("q4_0"),
+        line("q4_0", "gguf_pattern.npy"),
         "q4_0 8 x 256: 4.500 bits/weight = 4.000 codes + 0.500 metadata (1,024 + 128 bytes for 2,048 weights)"
     );
     assert_eq!(
-        line("q8_0"),
+        line("q8_0", "gguf_pattern.npy"),
         "q8_0 8 x 256: 8.500 bits/weight = 8.000 codes + 0.500 metadata (2,048 + 128 bytes for 2,048 weights)"
     );
     assert_eq!(
-        line("nf4"),
-        "nf4 8 x 256: 4.500 bits/weight = 4.000 codes + 0.500 metadata (1,024 + 128 bytes for 2,048 weights)"
+        line("nf4", "nf4_pattern.npy"),
+        "nf4 8 x 128: 4.500 bits/weight = 4.000 codes + 0.500 metadata (512 + 64 bytes for 1,024 weights)"
     );
 }
 
