@@ -25,6 +25,9 @@
 //! - Bits per element: `8 * total bytes / (rows * cols)`, logical elements only, so padding
 //!   counts as cost. Shapes, names and file headers are not counted (a [`crate::PackedTensor`]
 //!   adds its 8 shape bytes on top).
+//! - Every count is computed with checked arithmetic: a shape or layout whose element count, any
+//!   part's bytes or the total does not fit in a `usize` is an error naming that quantity, never
+//!   a wrapped number.
 
 use std::fmt;
 use std::str::FromStr;
@@ -151,11 +154,13 @@ impl Cost {
         self.scale_bytes + self.zero_point_bytes + self.g_idx_bytes + self.extra_bytes
     }
 
+    /// Every part together. A [`cost`] result has checked that this sum fits.
     pub fn total_bytes(&self) -> usize {
         self.code_bytes + self.metadata_bytes()
     }
 
-    /// 8 * total bytes / elements.
+    /// 8 * total bytes / elements: NaN or infinite for 0 elements, so whoever prints it checks
+    /// `elements` first ([`cost`] refuses empty shapes).
     pub fn bits_per_element(&self) -> f64 {
         8.0 * self.total_bytes() as f64 / self.elements as f64
     }
@@ -167,7 +172,8 @@ impl Cost {
     }
 }
 
-/// What `format` stores for a `rows` x `cols` matrix.
+/// What `format` stores for a `rows` x `cols` matrix; an error if the shape is empty, the group
+/// size 0, or any count overflows.
 pub fn cost(format: &Format, rows: usize, cols: usize) -> Result<Cost> {
     if rows == 0 || cols == 0 {
         return Err(CodecError::EmptyShape { rows, cols });
@@ -175,34 +181,76 @@ pub fn cost(format: &Format, rows: usize, cols: usize) -> Result<Cost> {
     if format.group_size == 0 {
         return Err(CodecError::ZeroGroupSize);
     }
+    let fits = |value: Option<usize>, quantity: &'static str| {
+        value.ok_or(CodecError::SizeOverflow {
+            quantity,
+            rows,
+            cols,
+        })
+    };
     let (lines, line_len) = match format.axis {
         Axis::Token => (cols, rows),
         Axis::Feature => (rows, cols),
     };
+    let elements = fits(rows.checked_mul(cols), "the element count (rows x cols)")?;
     let groups_per_line = line_len.div_ceil(format.group_size);
-    let groups = lines * groups_per_line;
+    let groups = fits(lines.checked_mul(groups_per_line), "the group count")?;
     let coded_line_len = match format.padding {
         Padding::None => line_len,
-        Padding::Groups => groups_per_line * format.group_size,
+        Padding::Groups => fits(
+            groups_per_line.checked_mul(format.group_size),
+            "the padded line length",
+        )?,
     };
-    let bits = format.bits;
-    let code_bytes = match format.container {
-        Container::ByteStream => bits.byte_count(lines * coded_line_len),
-        Container::LineWords => lines * 4 * bits.word_count(coded_line_len),
+    let bits = format.bits.get() as usize;
+    // Bytes of `count` b-bit codes in one stream padded to whole `unit`-bit units.
+    let stream = |count: usize, unit: usize| {
+        count
+            .checked_mul(bits)
+            .map(|total_bits| total_bits.div_ceil(unit) * (unit / 8))
     };
-    let zero_point_bytes = match (format.zero_points, format.container) {
-        (ZeroPoints::None, _) => 0,
-        (ZeroPoints::Float(dtype), _) => groups * dtype.bytes(),
-        (ZeroPoints::Packed, Container::ByteStream) => bits.byte_count(groups),
-        (ZeroPoints::Packed, Container::LineWords) => groups_per_line * 4 * bits.word_count(lines),
+    let line_words = |count: usize, per: usize| stream(per, 32)?.checked_mul(count);
+    let code_bytes = fits(
+        match format.container {
+            Container::ByteStream => lines
+                .checked_mul(coded_line_len)
+                .and_then(|codes| stream(codes, 8)),
+            Container::LineWords => line_words(lines, coded_line_len),
+        },
+        "the code bytes",
+    )?;
+    let zero_point_bytes = fits(
+        match (format.zero_points, format.container) {
+            (ZeroPoints::None, _) => Some(0),
+            (ZeroPoints::Float(dtype), _) => groups.checked_mul(dtype.bytes()),
+            (ZeroPoints::Packed, Container::ByteStream) => stream(groups, 8),
+            (ZeroPoints::Packed, Container::LineWords) => line_words(groups_per_line, lines),
+        },
+        "the zero-point bytes",
+    )?;
+    let scale_bytes = fits(groups.checked_mul(format.scale.bytes()), "the scale bytes")?;
+    let g_idx_bytes = if format.g_idx {
+        fits(line_len.checked_mul(4), "the g_idx bytes")?
+    } else {
+        0
     };
+    let extra_bytes = fits(
+        groups.checked_mul(format.extra_bytes_per_group),
+        "the extra metadata bytes (groups x extra bytes per group)",
+    )?;
+    fits(
+        [scale_bytes, zero_point_bytes, g_idx_bytes, extra_bytes]
+            .into_iter()
+            .try_fold(code_bytes, usize::checked_add),
+        "the total bytes",
+    )?;
     Ok(Cost {
-        elements: rows * cols,
+        elements,
         code_bytes,
-        scale_bytes: groups * format.scale.bytes(),
+        scale_bytes,
         zero_point_bytes,
-        g_idx_bytes: if format.g_idx { 4 * line_len } else { 0 },
-        extra_bytes: groups * format.extra_bytes_per_group,
+        g_idx_bytes,
+        extra_bytes,
     })
 }
 

@@ -54,6 +54,17 @@ pub enum CodecError {
     #[error("empty matrix shape {rows} x {cols}: effective bits need at least one element")]
     EmptyShape { rows: usize, cols: usize },
 
+    #[error(
+        "{quantity} of a {rows} x {cols} matrix does not fit in {} bits; refusing to print a \
+         wrapped number",
+        usize::BITS
+    )]
+    SizeOverflow {
+        quantity: &'static str,
+        rows: usize,
+        cols: usize,
+    },
+
     #[error("malformed packed tensor: {0}")]
     Malformed(String),
 }

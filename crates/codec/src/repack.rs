@@ -5,9 +5,13 @@
 //! 1. Unpack the source with its own axis, slot order and int32 handling into codes [K, N].
 //! 2. Normalise zero points to true zero points (AutoGPTQ's v1 "minus one" added back), so the
 //!    rule is w = scale * (q - zero) everywhere.
-//! 3. Resolve g_idx: a target without g_idx (AWQ) gets the rows sorted into sequential groups,
-//!    and the permutation that the layer's input activations need is returned; a target with
-//!    g_idx (GPTQ) keeps the rows where they are.
+//! 3. Resolve the row order. A source whose rows an earlier conversion reordered (its recorded
+//!    input permutation, passed to [`repack_recorded`]) first gets them back in their original
+//!    order, g_idx travelling with them. Then a target without g_idx (AWQ) gets the rows sorted
+//!    into sequential groups, and the permutation that the layer's input activations need
+//!    (relative to the original rows) is returned; a target with g_idx (GPTQ) keeps the original
+//!    order and its g_idx, so it needs no permutation. Act-order GPTQ -> AWQ -> GPTQ therefore
+//!    gives back the original tensors.
 //! 4. Pack with the target's axis, order and convention, padding K and N with zero weights as the
 //!    target requires and recording the logical size.
 //! 5. Unpack the packed target again, dequantize it and the source, and require every weight to
@@ -57,9 +61,13 @@ pub enum PackedLayer {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Repacked {
     pub layer: PackedLayer,
-    /// `Some(perm)` when rows were reordered: row k of the new layer is row perm[k] of the
-    /// source, so the input activations must be permuted as `x_new[k] = x[perm[k]]`.
+    /// `Some(perm)` when the new layer's rows are not in their original order: row k of the new
+    /// layer is row perm[k] of the original (the source's rows after undoing any recorded
+    /// permutation), so the input activations must be permuted as `x_new[k] = x[perm[k]]`.
     pub input_permutation: Option<Vec<u32>>,
+    /// Whether a recorded permutation was undone and the new layer needs none: its rows are
+    /// back in their original order.
+    pub rows_restored: bool,
 }
 
 impl PackedLayer {
@@ -118,22 +126,52 @@ pub fn pack(weights: &LogicalWeights, target: WeightFormat) -> Result<PackedLaye
 }
 
 /// Converts `source` to `target` through the logical matrix and proves the weights unchanged.
+/// The source's rows are taken to be in their original order (no recorded permutation).
 pub fn repack(source: &PackedLayer, target: WeightFormat) -> Result<Repacked, RepackError> {
+    repack_recorded(source, None, target)
+}
+
+/// Like [`repack`], for a source that may carry a recorded input permutation: `recorded[k]` is
+/// the original row of the source's row k (what an earlier conversion to a layout without
+/// g_idx wrote). The rows are put back in their original order before anything else, so a
+/// target with g_idx needs no permutation and one without gets a permutation relative to the
+/// original rows. A recorded permutation that is not a permutation of the source's K rows is
+/// refused ([`crate::formats::logical::check_permutation`]).
+pub fn repack_recorded(
+    source: &PackedLayer,
+    recorded: Option<&[u32]>,
+    target: WeightFormat,
+) -> Result<Repacked, RepackError> {
     let logical = source.unpack()?;
     let source_weights = logical.dequantize();
+    let logical = match recorded {
+        Some(perm) => logical.with_rows_restored(perm)?,
+        None => logical,
+    };
     let (logical, input_permutation) = match target {
         WeightFormat::Awq => logical.into_sequential_groups()?,
         _ => (logical, None),
     };
     let layer = pack(&logical, target)?;
     let target_weights = layer.unpack()?.dequantize();
-    verify_bit_identical(
-        &source_weights,
-        input_permutation.as_deref(),
-        &target_weights,
-    )?;
+    // Target row k is original row o = perm[k], which is the source's row s with recorded[s] = o.
+    let source_rows = match (recorded, &input_permutation) {
+        (None, perm) => perm.clone(),
+        (Some(recorded), perm) => {
+            let mut stored_row = vec![0u32; recorded.len()];
+            for (s, &original) in recorded.iter().enumerate() {
+                stored_row[original as usize] = s as u32;
+            }
+            Some(match perm {
+                Some(perm) => perm.iter().map(|&o| stored_row[o as usize]).collect(),
+                None => stored_row,
+            })
+        }
+    };
+    verify_bit_identical(&source_weights, source_rows.as_deref(), &target_weights)?;
     Ok(Repacked {
         layer,
+        rows_restored: recorded.is_some() && input_permutation.is_none(),
         input_permutation,
     })
 }
@@ -202,6 +240,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn act_order_to_awq_and_back_with_the_recorded_permutation_gives_the_original_layer() {
+        let source = act_order();
+        let to_awq = repack(&source, WeightFormat::Awq).unwrap();
+        let recorded = to_awq.input_permutation.clone().unwrap();
+        let back = repack_recorded(&to_awq.layer, Some(&recorded), WeightFormat::Gptq).unwrap();
+        assert_eq!((back.input_permutation, back.rows_restored), (None, true));
+        assert_eq!(back.layer, source);
+        // To AWQ again: the permutation is relative to the original rows, not composed.
+        let again = repack_recorded(&to_awq.layer, Some(&recorded), WeightFormat::Awq).unwrap();
+        assert_eq!(again.input_permutation, Some(recorded));
+        assert_eq!(again.layer, to_awq.layer);
+    }
+
+    #[test]
+    fn a_recorded_permutation_of_the_wrong_length_is_refused() {
+        let to_awq = repack(&act_order(), WeightFormat::Awq).unwrap();
+        assert_eq!(
+            repack_recorded(&to_awq.layer, Some(&[0]), WeightFormat::Gptq)
+                .unwrap_err()
+                .to_string(),
+            "the row permutation has 1 entries for K = 4 rows"
+        );
     }
 
     #[test]

@@ -117,3 +117,48 @@ fn bad_shapes_and_names_are_refused() {
     assert!("pad".parse::<Padding>().is_err());
     assert_eq!("line-words".parse::<Container>(), Ok(Container::LineWords));
 }
+
+#[test]
+fn sizes_that_overflow_are_an_error_naming_the_quantity() {
+    let big = 99_999_999_999;
+    let format = Format::new(Bits::FOUR, 128, FloatDtype::F16);
+    assert_eq!(
+        bpw::cost(&format, big, big),
+        Err(CodecError::SizeOverflow {
+            quantity: "the element count (rows x cols)",
+            rows: big,
+            cols: big,
+        })
+    );
+    // One group, so the extra bytes fit, but the total does not.
+    let extra = Format {
+        extra_bytes_per_group: usize::MAX,
+        ..format
+    };
+    assert_eq!(
+        bpw::cost(&extra, 128, 1).unwrap_err().to_string(),
+        format!(
+            "the total bytes of a 128 x 1 matrix does not fit in {} bits; refusing to print a \
+             wrapped number",
+            usize::BITS
+        )
+    );
+    // Every group of a 4096 x 4096 matrix: the extra bytes themselves overflow.
+    assert_eq!(
+        bpw::cost(&extra, 4096, 4096).unwrap_err(),
+        CodecError::SizeOverflow {
+            quantity: "the extra metadata bytes (groups x extra bytes per group)",
+            rows: 4096,
+            cols: 4096,
+        }
+    );
+    // A line so long that its codes' bits overflow, though the element count fits.
+    assert_eq!(
+        bpw::cost(&format, usize::MAX / 2, 1).unwrap_err(),
+        CodecError::SizeOverflow {
+            quantity: "the code bytes",
+            rows: usize::MAX / 2,
+            cols: 1,
+        }
+    );
+}

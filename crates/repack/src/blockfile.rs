@@ -45,7 +45,7 @@ pub fn quantize_file(
         path: input.to_path_buf(),
         source,
     })?;
-    let (bytes, cost) = encode(x.view(), format, block_size)?;
+    let (bytes, cost) = encode(x.view(), format, block_size).map_err(Error::in_file(input))?;
     write_new_file(output, &bytes)?;
     Ok(BlockFileReport {
         format,
@@ -67,7 +67,13 @@ pub fn dequantize_file(
     }
     check_block_format(format, "read by dequantize")?;
     let bytes = std::fs::read(input).map_err(Error::io(input))?;
-    let (x, cost) = decode(&bytes, format, cols, block_size)?;
+    if bytes.is_empty() {
+        return Err(Error::EmptyInput {
+            path: input.to_path_buf(),
+            what: format!("a {format} block file holds at least one row"),
+        });
+    }
+    let (x, cost) = decode(&bytes, format, cols, block_size).map_err(Error::in_file(input))?;
     let mut npy = Vec::new();
     x.write_npy(&mut npy).map_err(|err| Error::Io {
         path: output.to_path_buf(),
@@ -121,13 +127,17 @@ fn encode_gguf<B: GgufBlock>(flat: &[f32], cols: usize) -> Result<(Vec<u8>, Cost
     Ok((gguf::to_bytes(&blocks), gguf::storage::<B>(blocks.len())))
 }
 
-/// The float32 matrix a `.bin` holds, `cols` values per row, and what it costs.
+/// The float32 matrix a `.bin` holds, `cols` values per row, and what it costs. Empty input
+/// is refused: it holds no rows.
 pub fn decode(
     bytes: &[u8],
     format: WeightFormat,
     cols: usize,
     block_size: usize,
 ) -> Result<(Array2<f32>, Cost)> {
+    if bytes.is_empty() {
+        return Err(FormatError::EmptyMatrix { rows: 0, cols }.into());
+    }
     match format {
         WeightFormat::Q4_0 => decode_gguf::<BlockQ4_0>(bytes, cols),
         WeightFormat::Q8_0 => decode_gguf::<BlockQ8_0>(bytes, cols),
@@ -227,6 +237,17 @@ mod tests {
                 .to_string(),
             "NF4 file of whole rows of 128 (codes, then an f32 absmax per 64): 577 bytes, expected 576"
         );
+    }
+
+    #[test]
+    fn an_empty_block_file_decodes_to_an_error_not_an_empty_matrix() {
+        for format in [WeightFormat::Q4_0, WeightFormat::Q8_0, WeightFormat::Nf4] {
+            assert_eq!(
+                decode(&[], format, 32, 64).unwrap_err().to_string(),
+                "empty matrix: shape 0 x 32 has no elements",
+                "{format}"
+            );
+        }
     }
 
     #[test]

@@ -132,7 +132,14 @@ pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<()> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    let mut temp = tempfile::Builder::new()
+    let mut builder = tempfile::Builder::new();
+    // tempfile creates private (0600) files; an output is an ordinary file, 0666 minus the umask.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut temp = builder
         .prefix(".repack-")
         .tempfile_in(dir)
         .map_err(Error::io(dir))?;

@@ -1,6 +1,11 @@
 //! `repack convert`: every integer layer of a checkpoint from one layout to another, through the
 //! logical matrix, each proven bit-identical before anything is written.
 //!
+//! Row order: a layer's recorded `input_permutation` (written by an earlier conversion to AWQ)
+//! is checked to be a permutation of its K rows and undone first, so a target with g_idx gets
+//! the original rows and g_idx back and needs no permutation; a target without g_idx gets one
+//! relative to the original rows.
+//!
 //! Refused, with nothing written: an existing output; NF4 layers or `--from nf4` (needs
 //! requantization); metadata that contradicts the flags (a declared convention, bit width or
 //! group size other than the one asked for: reading one GPTQ convention as the other shifts
@@ -13,7 +18,6 @@ use std::fmt;
 use std::path::Path;
 
 use codec::bpw::Cost;
-use codec::formats::logical::compose_permutations;
 use codec::formats::{FormatError, WeightFormat};
 use codec::repack;
 
@@ -29,7 +33,8 @@ pub struct ConvertRequest {
     pub from: WeightFormat,
     pub to: WeightFormat,
     pub group_size: usize,
-    /// The checkpoint's bit width; read from metadata or tensor shapes when absent.
+    /// The checkpoint's bit width; when absent, the metadata's `bits`, else the tensor shapes.
+    /// Whichever is used must agree with the shapes.
     pub bits: Option<u32>,
 }
 
@@ -42,8 +47,12 @@ pub struct LayerConversion {
     pub stored_shape: [usize; 2],
     pub before: Cost,
     pub after: Cost,
-    /// Whether this conversion reordered the rows (see the layer's `input_permutation`).
+    /// Whether the written rows are not in their original order (see the layer's
+    /// `input_permutation`, relative to the original rows).
     pub permuted: bool,
+    /// Whether the source's recorded `input_permutation` was undone and the output needs none:
+    /// its rows are back in their original order, g_idx with them.
+    pub restored: bool,
 }
 
 /// What `repack convert` did.
@@ -54,7 +63,20 @@ pub struct Conversion {
     pub group_size: usize,
     pub layers: Vec<LayerConversion>,
     pub passed_through: usize,
+    /// The source's metadata keys written unchanged: all but the ones convert sets itself
+    /// ([`OWNED_KEYS`], and each converted layer's `logical_shape` and `input_permutation`).
+    pub kept_metadata: Vec<String>,
 }
+
+/// File-level metadata keys convert writes itself, replacing the source's.
+pub const OWNED_KEYS: [&str; 6] = [
+    "format",
+    "quant_method",
+    "checkpoint_format",
+    "bits",
+    "group_size",
+    "converted_from",
+];
 
 /// Converts `input` into a new file `output`.
 pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<Conversion> {
@@ -68,13 +90,23 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
     if found.layers.is_empty() {
         return Err(Error::NoLayers(input.to_path_buf()));
     }
-    if let Some(nf4) = found.layers.iter().find(|l| l.kind == LayerKind::Nf4) {
-        return Err(Error::in_layer(&nf4.prefix)(
-            FormatError::NeedsRequantization {
-                to: request.to.to_string(),
-            }
-            .into(),
-        ));
+    if let Some(bnb) = found
+        .layers
+        .iter()
+        .find(|l| l.kind == LayerKind::Bitsandbytes)
+    {
+        return Err(match bnb.quant_state() {
+            Some((_, quant_type)) if quant_type != "nf4" => Error::UnsupportedQuantType {
+                layer: bnb.prefix.clone(),
+                quant_type: quant_type.to_string(),
+            },
+            _ => Error::in_layer(&bnb.prefix)(
+                FormatError::NeedsRequantization {
+                    to: request.to.to_string(),
+                }
+                .into(),
+            ),
+        });
     }
 
     let mut target = Checkpoint::default();
@@ -83,23 +115,24 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
             .tensors
             .insert(name.clone(), source.tensors[name].clone());
     }
+    let declared = layer_io::declared_bits(request.bits, &source.metadata)?;
     let mut layers = Vec::new();
     for layer in &found.layers {
         let logical = layer_io::logical_shape(&source.metadata, &layer.prefix)?;
         let packed = layer_io::read_integer_layer(
             layer,
             request.from,
-            request.bits,
+            declared,
             request.group_size,
             logical,
         )?;
-        let repacked =
-            repack::repack(&packed, request.to).map_err(Error::in_layer(&layer.prefix))?;
-        let earlier = layer_io::input_permutation(&source.metadata, &layer.prefix)?;
-        let permutation = match (earlier, &repacked.input_permutation) {
-            (Some(first), Some(second)) => Some(compose_permutations(&first, second)),
-            (first, second) => first.or_else(|| second.clone()),
-        };
+        let recorded = layer_io::input_permutation(
+            &source.metadata,
+            &layer.prefix,
+            packed.logical_shape()[0],
+        )?;
+        let repacked = repack::repack_recorded(&packed, recorded.as_deref(), request.to)
+            .map_err(Error::in_layer(&layer.prefix))?;
         let stored_shape = layer_io::stored_shape(&repacked.layer);
         let logical_shape = repacked.layer.logical_shape();
         if stored_shape != logical_shape {
@@ -108,10 +141,10 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
                 format!("[{}, {}]", logical_shape[0], logical_shape[1]),
             );
         }
-        if let Some(permutation) = permutation {
+        if let Some(permutation) = &repacked.input_permutation {
             target.metadata.insert(
                 qualified(&layer.prefix, INPUT_PERMUTATION),
-                serde_json::to_string(&permutation).expect("a list of numbers"),
+                serde_json::to_string(permutation).expect("a list of numbers"),
             );
         }
         target
@@ -125,9 +158,31 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
             before: packed.storage(),
             after: repacked.layer.storage(),
             permuted: repacked.input_permutation.is_some(),
+            restored: repacked.rows_restored,
         });
     }
     target.metadata.extend(output_metadata(&request, &layers));
+    // Everything else the source says about itself travels unchanged (its library, versions,
+    // quantization settings); what convert owns was rewritten above.
+    let owned = |key: &str| {
+        OWNED_KEYS.contains(&key)
+            || found.layers.iter().any(|layer| {
+                [LOGICAL_SHAPE, INPUT_PERMUTATION]
+                    .iter()
+                    .any(|name| key == qualified(&layer.prefix, name))
+            })
+    };
+    let kept_metadata: Vec<String> = source
+        .metadata
+        .keys()
+        .filter(|key| !owned(key))
+        .cloned()
+        .collect();
+    for key in &kept_metadata {
+        target
+            .metadata
+            .insert(key.clone(), source.metadata[key].clone());
+    }
     target.write_new(output)?;
     Ok(Conversion {
         from: request.from,
@@ -135,6 +190,7 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
         group_size: request.group_size,
         layers,
         passed_through: found.passthrough.len(),
+        kept_metadata,
     })
 }
 
@@ -279,6 +335,13 @@ impl fmt::Display for Conversion {
                     "  padded to K={pk} N={pn} with zero weights; logical size recorded"
                 )?;
             }
+            if layer.restored {
+                writeln!(
+                    f,
+                    "  rows put back in their original order from the recorded `{}`, g_idx with them: no input permutation needed",
+                    qualified(&layer.name, INPUT_PERMUTATION)
+                )?;
+            }
             if layer.permuted {
                 writeln!(
                     f,
@@ -286,6 +349,13 @@ impl fmt::Display for Conversion {
                     qualified(&layer.name, INPUT_PERMUTATION)
                 )?;
             }
+        }
+        if !self.kept_metadata.is_empty() {
+            writeln!(
+                f,
+                "metadata copied unchanged: {}",
+                self.kept_metadata.join(", ")
+            )?;
         }
         write!(
             f,

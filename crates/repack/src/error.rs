@@ -7,6 +7,8 @@ use codec::formats::{FormatError, WeightFormat};
 use codec::repack::RepackError;
 use thiserror::Error;
 
+use crate::layer_io::DeclaredBits;
+
 #[derive(Debug, Error)]
 pub enum Error {
     #[error("{}: {source}", path.display())]
@@ -25,6 +27,16 @@ pub enum Error {
     Npy {
         path: PathBuf,
         source: ndarray_npy::ReadNpyError,
+    },
+
+    #[error("{}: the file is empty; {what} (nothing was written)", path.display())]
+    EmptyInput { path: PathBuf, what: String },
+
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<Error>,
     },
 
     #[error("{} already exists; refusing to overwrite it (nothing was written)", .0.display())]
@@ -48,6 +60,23 @@ pub enum Error {
         source: Box<RepackError>,
     },
 
+    #[error(
+        "layer {}: a bitsandbytes {quant_type:?} 4-bit layer; this tool reads only nf4, so it \
+         refuses the layer rather than copy or label it as something it has not checked",
+        label(layer)
+    )]
+    UnsupportedQuantType { layer: String, quant_type: String },
+
+    #[error("layer {}: quant state {tensor:?} is unusable: {why}", label(layer))]
+    QuantState {
+        layer: String,
+        tensor: String,
+        why: String,
+    },
+
+    #[error("layer {}: {what} does not fit in {} bits", label(layer), usize::BITS)]
+    SizeOverflow { layer: String, what: String },
+
     #[error("{}: no quantized layers found (looked for <layer>.qweight and bitsandbytes NF4 quant states)", .0.display())]
     NoLayers(PathBuf),
 
@@ -63,11 +92,28 @@ pub enum Error {
         why: &'static str,
     },
 
+    #[error(
+        "layer {}: {declared}, but {found}; the codes cannot be read at another width",
+        label(layer)
+    )]
+    BitsConflict {
+        layer: String,
+        declared: DeclaredBits,
+        found: String,
+    },
+
     #[error("metadata {key:?} = {value:?} is not {expected}")]
     BadMetadata {
         key: String,
         value: String,
         expected: &'static str,
+    },
+
+    #[error("metadata {key:?} cannot be used: {source}")]
+    BadPermutation {
+        key: String,
+        #[source]
+        source: Box<FormatError>,
     },
 
     #[error("{format} cannot be {action} by this command; {hint}")]
@@ -96,6 +142,14 @@ impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { path, source }
+    }
+
+    /// Names the input file a problem was found in.
+    pub(crate) fn in_file(path: &std::path::Path) -> impl FnOnce(Error) -> Error + '_ {
+        move |source| Error::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        }
     }
 
     pub(crate) fn in_layer(layer: &str) -> impl FnOnce(RepackError) -> Error + '_ {

@@ -8,20 +8,31 @@ use std::path::Path;
 
 use codec::bpw::Cost;
 use codec::formats::WeightFormat;
-use codec::formats::nf4::Nf4Tensor;
+use codec::formats::nf4::{NF4_LEVELS, Nf4Tensor};
+use serde::Deserialize;
 
 use crate::checkpoint::{Checkpoint, Tensor};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::layer_io;
 use crate::layers::{Layer, LayerKind, find_layers};
 use crate::report::{cost_line, thousands};
 
-/// The report `repack inspect FILE` prints.
-pub fn inspect(path: &Path) -> Result<String> {
+/// What `repack inspect FILE` found: the report it prints, and the layers whose check failed
+/// (the command then exits non-zero).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inspection {
+    pub report: String,
+    /// Each failed layer's name and why, in file order.
+    pub failures: Vec<(String, String)>,
+}
+
+/// Inspects a checkpoint: its report, and which layers failed their check.
+pub fn inspect(path: &Path) -> Result<Inspection> {
     let ckpt = Checkpoint::read(path)?;
     let found = find_layers(&ckpt)?;
     let declared = layer_io::declared_format(&ckpt.metadata)?;
     let mut out = String::new();
+    let mut failures = Vec::new();
     writeln!(out, "{}: {} tensors", path.display(), ckpt.tensors.len()).unwrap();
     if !ckpt.metadata.is_empty() {
         let pairs: Vec<String> = ckpt
@@ -32,11 +43,18 @@ pub fn inspect(path: &Path) -> Result<String> {
         writeln!(out, "metadata: {}", pairs.join(", ")).unwrap();
     }
     for layer in &found.layers {
-        match layer.kind {
+        let check = match layer.kind {
             LayerKind::Integer => {
                 integer_layer(&mut out, &ckpt, layer, declared.as_ref().map(|(_, f)| *f))?
             }
-            LayerKind::Nf4 => nf4_layer(&mut out, layer)?,
+            LayerKind::Bitsandbytes => bnb_layer(&mut out, layer)?,
+        };
+        match check {
+            Check::Passed(what) => writeln!(out, "  check: {what}").unwrap(),
+            Check::Failed(why) => {
+                writeln!(out, "  check: FAILS: {why}").unwrap();
+                failures.push((display_name(&layer.prefix).to_string(), why));
+            }
         }
     }
     for name in &found.passthrough {
@@ -50,7 +68,17 @@ pub fn inspect(path: &Path) -> Result<String> {
         )
         .unwrap();
     }
-    Ok(out)
+    Ok(Inspection {
+        report: out,
+        failures,
+    })
+}
+
+/// A layer's check: what it established, or why it failed.
+#[derive(Debug, Clone, PartialEq)]
+enum Check {
+    Passed(String),
+    Failed(String),
 }
 
 /// At most `max` characters, with an ellipsis when cut.
@@ -76,7 +104,7 @@ fn integer_layer(
     ckpt: &Checkpoint,
     layer: &Layer<'_>,
     declared: Option<WeightFormat>,
-) -> Result<()> {
+) -> Result<Check> {
     let is_gptq = layer.has("g_idx");
     // AWQ has one convention; a GPTQ layer's needs the metadata.
     let format = declared
@@ -92,12 +120,23 @@ fn integer_layer(
     };
     let [k, n] =
         layer_io::logical_shape(&ckpt.metadata, &layer.prefix)?.unwrap_or([stored_k, stored_n]);
+    let weights = product(&[k, n]).ok_or_else(|| Error::SizeOverflow {
+        layer: layer.prefix.clone(),
+        what: format!("K x N = {k} x {n} weights"),
+    })?;
     let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
         Some(g) => format!("group {g}"),
         None if is_gptq => format!("group {} (inferred)", gptq_group_size(layer)?),
-        None => format!("group {} (inferred)", stored_k / groups.max(1)),
+        None => match stored_k.checked_div(groups) {
+            Some(g) => format!("group {g} (inferred)"),
+            None => "group unknown (scales has no rows)".to_string(),
+        },
     };
-    let bits = 32 * dim(qweight, 0) * dim(qweight, 1) / (stored_k * stored_n).max(1);
+    // Bits per stored code, from the shapes: none when they hold no codes (or overflow).
+    let bits = product(&[32, dim(qweight, 0), dim(qweight, 1)])
+        .zip(product(&[stored_k, stored_n]))
+        .and_then(|(bits, codes)| bits.checked_div(codes));
+    let width = bits.map_or("unknown width".to_string(), |b| format!("{b}-bit"));
     let name = match format {
         Some(f) => f.to_string(),
         None if is_gptq => "gptq (zero-point convention not recorded: gptq or gptq_v2)".into(),
@@ -105,27 +144,33 @@ fn integer_layer(
     };
     writeln!(
         out,
-        "layer {}: {name}, {bits}-bit, {group_size}, K={k} N={n}",
+        "layer {}: {name}, {width}, {group_size}, K={k} N={n}",
         display_name(&layer.prefix)
     )
     .unwrap();
-    layer_lines(out, layer, k * n, |inside| {
-        integer_role(inside, is_gptq, bits, format)
+    layer_lines(out, layer, weights, |inside| {
+        integer_role(inside, is_gptq, &width, format)
     });
-    if let Some(permutation) = layer_io::input_permutation(&ckpt.metadata, &layer.prefix)? {
-        writeln!(
-            out,
-            "  rows reordered: the input activations must be permuted ({} indices recorded)",
-            permutation.len()
-        )
-        .unwrap();
-    }
-    let check = match format {
-        Some(format) => check_integer_layer(ckpt, layer, format, bits),
-        None => "not unpacked: pass the convention with `repack convert --from`".to_string(),
+    let permutation = match layer_io::input_permutation(&ckpt.metadata, &layer.prefix, k) {
+        Ok(Some(permutation)) => {
+            writeln!(
+                out,
+                "  rows reordered: the input activations must be permuted ({} indices recorded)",
+                permutation.len()
+            )
+            .unwrap();
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(err) => Err(err.to_string()),
     };
-    writeln!(out, "  check: {check}").unwrap();
-    Ok(())
+    Ok(match (format, permutation) {
+        (_, Err(why)) => Check::Failed(why),
+        (Some(format), Ok(())) => check_integer_layer(ckpt, layer, format),
+        (None, Ok(())) => Check::Passed(
+            "not unpacked: pass the convention with `repack convert --from`".to_string(),
+        ),
+    })
 }
 
 /// Rows in group 0: the group size, for sequential and act-order g_idx alike (every group but
@@ -137,36 +182,34 @@ fn gptq_group_size(layer: &Layer<'_>) -> Result<usize> {
     Ok(g_idx.iter().filter(|&&g| g == 0).count())
 }
 
-fn check_integer_layer(
-    ckpt: &Checkpoint,
-    layer: &Layer<'_>,
-    format: WeightFormat,
-    bits: usize,
-) -> String {
+fn check_integer_layer(ckpt: &Checkpoint, layer: &Layer<'_>, format: WeightFormat) -> Check {
     let result = (|| {
         let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
             Some(g) => g,
-            None if format == WeightFormat::Awq => {
-                dim(layer.get("qweight")?, 0) / dim(layer.get("scales")?, 0).max(1)
-            }
+            None if format == WeightFormat::Awq => dim(layer.get("qweight")?, 0)
+                .checked_div(dim(layer.get("scales")?, 0))
+                .ok_or_else(|| Error::UnknownLayout {
+                    layer: layer.prefix.clone(),
+                    why: "scales has no rows, so there is no group size to infer".to_string(),
+                })?,
             None => gptq_group_size(layer)?,
         };
         let logical = layer_io::logical_shape(&ckpt.metadata, &layer.prefix)?;
-        let packed =
-            layer_io::read_integer_layer(layer, format, Some(bits as u32), group_size, logical)?;
+        let declared = layer_io::declared_bits(None, &ckpt.metadata)?;
+        let packed = layer_io::read_integer_layer(layer, format, declared, group_size, logical)?;
         packed.unpack()?;
         Ok::<_, crate::error::Error>(())
     })();
     match result {
-        Ok(()) => format!("unpacks cleanly as {format}"),
-        Err(err) => format!("FAILS: {err}"),
+        Ok(()) => Check::Passed(format!("unpacks cleanly as {format}")),
+        Err(err) => Check::Failed(err.to_string()),
     }
 }
 
 fn integer_role(
     inside: &str,
     is_gptq: bool,
-    bits: usize,
+    width: &str,
     format: Option<WeightFormat>,
 ) -> (Part, String) {
     let zeros = match format {
@@ -181,7 +224,7 @@ fn integer_role(
         ", slots 0 2 4 6 1 3 5 7"
     };
     match inside {
-        "qweight" if is_gptq => (Part::Codes, format!("codes: {bits}-bit, packed along K")),
+        "qweight" if is_gptq => (Part::Codes, format!("codes: {width}, packed along K")),
         "qweight" => (
             Part::Codes,
             format!("codes: 4-bit, packed along N{awq_slots}"),
@@ -196,60 +239,128 @@ fn integer_role(
     }
 }
 
-fn nf4_layer(out: &mut String, layer: &Layer<'_>) -> Result<()> {
-    let state = layer.get("weight.quant_state.bitsandbytes__nf4")?;
-    let state: serde_json::Value = serde_json::from_slice(&state.data).unwrap_or_default();
-    let shape: Vec<usize> = state["shape"]
-        .as_array()
-        .map(|dims| {
-            dims.iter()
-                .filter_map(|d| d.as_u64())
-                .map(|d| d as usize)
-                .collect()
-        })
-        .unwrap_or_default();
-    let block_size = state["blocksize"].as_u64().unwrap_or(0) as usize;
-    let weights: usize = shape.iter().product();
+/// A bitsandbytes quant state, as `Linear4bit` serializes it (JSON); other keys are ignored.
+#[derive(Debug, Deserialize)]
+struct QuantState {
+    quant_type: String,
+    blocksize: usize,
+    shape: Vec<usize>,
+}
+
+fn bnb_layer(out: &mut String, layer: &Layer<'_>) -> Result<Check> {
+    let (state_name, named_type) = layer.quant_state().ok_or_else(|| Error::UnknownLayout {
+        layer: layer.prefix.clone(),
+        why: "no bitsandbytes quant state".to_string(),
+    })?;
+    let unusable = |why: String| Error::QuantState {
+        layer: layer.prefix.clone(),
+        tensor: layer.tensor_name(state_name),
+        why,
+    };
+    let state: QuantState = serde_json::from_slice(&layer.get(state_name)?.data)
+        .map_err(|err| unusable(format!("not bitsandbytes' quant-state JSON: {err}")))?;
+    let weights = product(&state.shape).ok_or_else(|| Error::SizeOverflow {
+        layer: layer.prefix.clone(),
+        what: format!("the element count of shape {:?}", state.shape),
+    })?;
+    let block_size = state.blocksize;
     writeln!(
         out,
-        "layer {}: bitsandbytes {}, block {block_size}, shape {shape:?}",
+        "layer {}: bitsandbytes {}, block {block_size}, shape {:?}",
         display_name(&layer.prefix),
-        state["quant_type"].as_str().unwrap_or("4-bit"),
+        state.quant_type,
+        state.shape,
     )
     .unwrap();
+    let is_nf4 = state.quant_type == "nf4" && named_type == "nf4";
     layer_lines(out, layer, weights, |inside| match inside {
-        "weight" => (
+        "weight" if is_nf4 => (
             Part::Codes,
             "NF4 codes, 2 per byte, first element in the high nibble".into(),
         ),
+        "weight" => (Part::Codes, format!("{} codes", state.quant_type)),
         "weight.absmax" => (
             Part::Scales,
             format!("f32 absmax per block of {block_size}"),
         ),
-        "weight.quant_map" => (Part::Other, "the 16 NF4 levels".into()),
-        "weight.quant_state.bitsandbytes__nf4" => (Part::Other, "quant state (JSON)".into()),
+        "weight.quant_map" if is_nf4 => (Part::Other, "the 16 NF4 levels".into()),
+        "weight.quant_map" => (Part::Other, "the code levels".into()),
+        _ if inside == state_name => (Part::Other, "quant state (JSON)".into()),
         _ => (Part::Other, "nested absmax quantization".into()),
     });
-    let check = match (
-        <[usize; 2]>::try_from(shape),
-        layer.get("weight.absmax")?.f32_vector("absmax"),
-    ) {
-        (Ok(shape), Ok(absmax)) => {
-            let tensor = Nf4Tensor {
-                shape,
-                block_size,
-                packed: layer.get("weight")?.data.clone(),
-                absmax,
-            };
-            match tensor.check() {
-                Ok(()) => "codes and absmax agree with the shape; converting to an integer format needs requantization".into(),
-                Err(err) => format!("FAILS: {err}"),
-            }
-        }
-        _ => "FAILS: the quant state does not give a 2-D shape, or absmax is not f32".to_string(),
+    Ok(match check_nf4(layer, named_type, &state) {
+        Ok(()) => Check::Passed(
+            "codes and absmax agree with the shape; converting to an integer format needs \
+             requantization"
+                .into(),
+        ),
+        Err(why) => Check::Failed(why),
+    })
+}
+
+/// What an NF4 layer must be for this tool to vouch for it; the first thing it is not.
+fn check_nf4(
+    layer: &Layer<'_>,
+    named_type: &str,
+    state: &QuantState,
+) -> std::result::Result<(), String> {
+    let not_nf4 = match (named_type, state.quant_type.as_str()) {
+        ("nf4", "nf4") => None,
+        ("nf4", other) => Some(format!(
+            "its quant_type is {other:?}, though the state tensor is named for nf4"
+        )),
+        (named, _) => Some(format!("its quant_type is {named:?}")),
     };
-    writeln!(out, "  check: {check}").unwrap();
-    Ok(())
+    if let Some(what) = not_nf4 {
+        return Err(format!(
+            "{what}; this tool reads only nf4 (fp4 codes index a different table), so it does \
+             not vouch for this layer"
+        ));
+    }
+    if layer.has("weight.nested_absmax") {
+        return Err(
+            "absmax is itself quantized (nested_absmax); this tool reads only f32 absmax".into(),
+        );
+    }
+    let shape = <[usize; 2]>::try_from(state.shape.clone())
+        .map_err(|_| format!("the quant state's shape {:?} is not 2-D", state.shape))?;
+    let absmax = layer
+        .get("weight.absmax")
+        .and_then(|t| t.f32_vector(&layer.tensor_name("weight.absmax")))
+        .map_err(|err| err.to_string())?;
+    if let Some(map) = layer.tensors.get("weight.quant_map") {
+        let levels = map
+            .f32_vector(&layer.tensor_name("weight.quant_map"))
+            .map_err(|err| err.to_string())?;
+        if levels
+            .iter()
+            .map(|l| l.to_bits())
+            .ne(NF4_LEVELS.iter().map(|l| l.to_bits()))
+        {
+            return Err(format!(
+                "quant_map ({} values) is not the 16 NF4 levels bit for bit, so the codes do not \
+                 mean NF4",
+                levels.len()
+            ));
+        }
+    }
+    let tensor = Nf4Tensor {
+        shape,
+        block_size: state.blocksize,
+        packed: layer
+            .get("weight")
+            .map_err(|err| err.to_string())?
+            .data
+            .clone(),
+        absmax,
+    };
+    tensor.check().map_err(|err| err.to_string())
+}
+
+/// The product of `dims`, or `None` if it overflows.
+fn product(dims: &[usize]) -> Option<usize> {
+    dims.iter()
+        .try_fold(1usize, |total, &d| total.checked_mul(d))
 }
 
 /// Which part of a layer's cost a tensor is.
@@ -318,11 +429,15 @@ fn tensor_line(
     weights: usize,
     role: &str,
 ) {
-    let bits = (tensor.data.len() * 8) as f64 / weights.max(1) as f64;
+    // No weights, no ratio: "n/a" rather than NaN, or a ratio against a made-up count.
+    let bits = match weights {
+        0 => "n/a".to_string(),
+        _ => format!("{:.3}", (tensor.data.len() * 8) as f64 / weights as f64),
+    };
     let layout = format!("{:?} {:?}", tensor.dtype, tensor.shape);
     writeln!(
         out,
-        "  {name:<width$}  {layout:<14} {:>9} B  {bits:6.3} bits/weight  {role}",
+        "  {name:<width$}  {layout:<14} {:>9} B  {bits:>6} bits/weight  {role}",
         thousands(tensor.data.len())
     )
     .unwrap();

@@ -9,13 +9,16 @@
 //! - `quant_method` (`gptq` or `awq`), `bits`, `group_size`, `converted_from`.
 //! - `<layer>.logical_shape`: `[K, N]` when the tensors were padded beyond the logical size.
 //! - `<layer>.input_permutation`: `[p0, p1, ...]` when the rows were reordered: the layer's input
-//!   activations must be permuted as `x_new[k] = x[p[k]]`.
+//!   activations must be permuted as `x_new[k] = x[p[k]]`. It must be a permutation of the
+//!   layer's K rows (checked on every read).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use codec::formats::WeightFormat;
 use codec::formats::awq::AwqLayer;
 use codec::formats::gptq::{GPTQ_BITS, GptqLayer, ZeroConvention};
+use codec::formats::logical::check_permutation;
 use codec::repack::PackedLayer;
 
 use crate::checkpoint::Tensor;
@@ -69,6 +72,53 @@ pub fn metadata_number(metadata: &BTreeMap<String, String>, key: &str) -> Result
         .transpose()
 }
 
+/// A bit width the reader was told: the `--bits` flag, or the metadata's `bits`. Either must
+/// agree with the tensor shapes ([`read_integer_layer`] refuses it otherwise, naming both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeclaredBits {
+    Flag(u32),
+    Metadata(u32),
+}
+
+impl DeclaredBits {
+    pub fn bits(self) -> u32 {
+        match self {
+            DeclaredBits::Flag(bits) | DeclaredBits::Metadata(bits) => bits,
+        }
+    }
+}
+
+impl fmt::Display for DeclaredBits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeclaredBits::Flag(bits) => write!(f, "--bits {bits} was given"),
+            DeclaredBits::Metadata(bits) => write!(f, "the metadata says bits = {bits}"),
+        }
+    }
+}
+
+/// The width to read at: `--bits` when given, else the metadata's `bits` when recorded; `None`
+/// leaves it to the tensor shapes.
+pub fn declared_bits(
+    flag: Option<u32>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<Option<DeclaredBits>> {
+    if let Some(bits) = flag {
+        return Ok(Some(DeclaredBits::Flag(bits)));
+    }
+    metadata_number(metadata, "bits")?
+        .map(|bits| {
+            u32::try_from(bits)
+                .map(DeclaredBits::Metadata)
+                .map_err(|_| Error::BadMetadata {
+                    key: "bits".into(),
+                    value: metadata["bits"].clone(),
+                    expected: "a bit width",
+                })
+        })
+        .transpose()
+}
+
 /// The recorded group size, if any. AutoGPTQ records -1 for one group spanning all of K; that
 /// counts as unrecorded, and the tensor shapes then check `--group-size` (G = ceil(K / g) = 1).
 pub fn recorded_group_size(metadata: &BTreeMap<String, String>) -> Result<Option<usize>> {
@@ -98,16 +148,22 @@ pub fn logical_shape(
     .transpose()
 }
 
-/// A layer's recorded input permutation, if any.
+/// A layer's recorded input permutation, if any, checked to be a permutation of its `rows`
+/// (logical K) rows: anything else would index past the rows or drop some of them.
 pub fn input_permutation(
     metadata: &BTreeMap<String, String>,
     prefix: &str,
+    rows: usize,
 ) -> Result<Option<Vec<u32>>> {
-    json_list(
-        metadata,
-        &qualified(prefix, INPUT_PERMUTATION),
-        "a JSON list of row indices",
-    )
+    let key = qualified(prefix, INPUT_PERMUTATION);
+    let Some(permutation) = json_list(metadata, &key, "a JSON list of row indices")? else {
+        return Ok(None);
+    };
+    check_permutation(&permutation, rows).map_err(|source| Error::BadPermutation {
+        key,
+        source: Box::new(source),
+    })?;
+    Ok(Some(permutation))
 }
 
 fn json_list<T: serde::de::DeserializeOwned>(
@@ -127,18 +183,19 @@ fn json_list<T: serde::de::DeserializeOwned>(
         .transpose()
 }
 
-/// Reads an integer layer's tensors as `format` (gptq, gptq_v2 or awq).
+/// Reads an integer layer's tensors as `format` (gptq, gptq_v2 or awq). The width comes from
+/// the tensor shapes; a `declared` width that they contradict is refused, naming both.
 pub fn read_integer_layer(
     layer: &Layer<'_>,
     format: WeightFormat,
-    bits: Option<u32>,
+    declared: Option<DeclaredBits>,
     group_size: usize,
     logical: Option<[usize; 2]>,
 ) -> Result<PackedLayer> {
     match format {
-        WeightFormat::Gptq => read_gptq(layer, ZeroConvention::V1, bits, group_size, logical),
-        WeightFormat::GptqV2 => read_gptq(layer, ZeroConvention::V2, bits, group_size, logical),
-        WeightFormat::Awq => read_awq(layer, bits, group_size, logical),
+        WeightFormat::Gptq => read_gptq(layer, ZeroConvention::V1, declared, group_size, logical),
+        WeightFormat::GptqV2 => read_gptq(layer, ZeroConvention::V2, declared, group_size, logical),
+        WeightFormat::Awq => read_awq(layer, declared, group_size, logical),
         other => Err(Error::UnsupportedFormat {
             format: other,
             action: "read as a qweight/qzeros/scales layer",
@@ -150,7 +207,7 @@ pub fn read_integer_layer(
 fn read_gptq(
     layer: &Layer<'_>,
     convention: ZeroConvention,
-    bits: Option<u32>,
+    declared: Option<DeclaredBits>,
     group_size: usize,
     logical: Option<[usize; 2]>,
 ) -> Result<PackedLayer> {
@@ -159,10 +216,19 @@ fn read_gptq(
     let qzeros = layer.get("qzeros")?.i32_matrix(&name("qzeros"))?;
     let scales = layer.get("scales")?.f16_matrix(&name("scales"))?;
     let g_idx = layer.get("g_idx")?.i32_vector(&name("g_idx"))?;
-    let bits = match bits {
-        Some(bits) => bits,
-        None => gptq_bits_from_shapes(layer, qweight.nrows(), g_idx.len())?,
-    };
+    let bits = gptq_bits_from_shapes(layer, qweight.nrows(), g_idx.len())?;
+    if let Some(declared) = declared.filter(|d| d.bits() != bits) {
+        return Err(Error::BitsConflict {
+            layer: layer.prefix.clone(),
+            declared,
+            found: format!(
+                "its tensor shapes are {bits}-bit (qweight has {} rows for K = {} g_idx entries: \
+                 K * {bits} / 32)",
+                qweight.nrows(),
+                g_idx.len()
+            ),
+        });
+    }
     let logical_shape = logical.unwrap_or([g_idx.len(), scales.ncols()]);
     Ok(PackedLayer::Gptq(GptqLayer {
         bits,
@@ -192,7 +258,7 @@ fn gptq_bits_from_shapes(layer: &Layer<'_>, qweight_rows: usize, k: usize) -> Re
 
 fn read_awq(
     layer: &Layer<'_>,
-    bits: Option<u32>,
+    declared: Option<DeclaredBits>,
     group_size: usize,
     logical: Option<[usize; 2]>,
 ) -> Result<PackedLayer> {
@@ -205,13 +271,12 @@ fn read_awq(
             ),
         });
     }
-    if let Some(bits) = bits.filter(|&b| b != codec::formats::awq::AWQ_BITS) {
-        return Err(codec::formats::FormatError::UnsupportedBits {
-            format: "AWQ (GEMM)",
-            bits,
-            supported: "4-bit",
-        }
-        .into());
+    if let Some(declared) = declared.filter(|d| d.bits() != codec::formats::awq::AWQ_BITS) {
+        return Err(Error::BitsConflict {
+            layer: layer.prefix.clone(),
+            declared,
+            found: "AWQ (GEMM) layers hold 4-bit codes only".to_string(),
+        });
     }
     let name = |n: &str| layer.tensor_name(n);
     let qweight = layer.get("qweight")?.i32_matrix(&name("qweight"))?;
@@ -285,6 +350,26 @@ mod tests {
     }
 
     #[test]
+    fn the_width_is_the_flag_else_the_metadata_else_the_shapes() {
+        let recorded = metadata(&[("bits", "8")]);
+        assert_eq!(
+            declared_bits(Some(4), &recorded).unwrap(),
+            Some(DeclaredBits::Flag(4))
+        );
+        assert_eq!(
+            declared_bits(None, &recorded).unwrap(),
+            Some(DeclaredBits::Metadata(8))
+        );
+        assert_eq!(declared_bits(None, &metadata(&[])).unwrap(), None);
+        assert_eq!(
+            declared_bits(None, &metadata(&[("bits", "99999999999")]))
+                .unwrap_err()
+                .to_string(),
+            "metadata \"bits\" = \"99999999999\" is not a bit width"
+        );
+    }
+
+    #[test]
     fn group_size_minus_one_means_unrecorded() {
         assert_eq!(
             recorded_group_size(&metadata(&[("group_size", "-1")])).unwrap(),
@@ -310,11 +395,34 @@ mod tests {
             ("logical_shape", "[1]"),
         ]);
         assert_eq!(logical_shape(&m, "proj").unwrap(), Some([100, 60]));
-        assert_eq!(input_permutation(&m, "proj").unwrap(), Some(vec![1, 0]));
+        assert_eq!(input_permutation(&m, "proj", 2).unwrap(), Some(vec![1, 0]));
         assert_eq!(logical_shape(&m, "other").unwrap(), None);
         assert_eq!(
             logical_shape(&m, "").unwrap_err().to_string(),
             "metadata \"logical_shape\" = \"[1]\" is not a JSON list [K, N]"
+        );
+    }
+
+    #[test]
+    fn a_malformed_input_permutation_is_refused_with_its_key() {
+        let m = metadata(&[
+            ("short.input_permutation", "[0]"),
+            ("twice.input_permutation", "[0, 0]"),
+            ("text.input_permutation", "rows"),
+        ]);
+        assert_eq!(
+            input_permutation(&m, "short", 2).unwrap_err().to_string(),
+            "metadata \"short.input_permutation\" cannot be used: the row permutation has 1 \
+             entries for K = 2 rows"
+        );
+        assert_eq!(
+            input_permutation(&m, "twice", 2).unwrap_err().to_string(),
+            "metadata \"twice.input_permutation\" cannot be used: the row permutation is not a \
+             permutation of rows 0..2: entry 1 is 0, which entry 0 already holds"
+        );
+        assert_eq!(
+            input_permutation(&m, "text", 2).unwrap_err().to_string(),
+            "metadata \"text.input_permutation\" = \"rows\" is not a JSON list of row indices"
         );
     }
 }

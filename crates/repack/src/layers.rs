@@ -5,9 +5,11 @@
 //!   single layer without a prefix. `<layer>.bias` is an ordinary tensor and passes through.
 //!   Any other tensor under a layer's prefix (exllama's `q_perm`, Marlin's `B`/`s`, a stray
 //!   `weight`) makes the layer's layout unknown: refused, never silently dropped.
-//! - bitsandbytes NF4 layers: `<layer>.weight` with `<layer>.weight.absmax`,
-//!   `<layer>.weight.quant_map` and `<layer>.weight.quant_state.bitsandbytes__nf4` (and, when the
-//!   absmax is itself quantized, `nested_absmax` / `nested_quant_map`).
+//! - bitsandbytes 4-bit layers: `<layer>.weight` with `<layer>.weight.absmax`,
+//!   `<layer>.weight.quant_map` and `<layer>.weight.quant_state.bitsandbytes__<type>` (and, when
+//!   the absmax is itself quantized, `nested_absmax` / `nested_quant_map`). The type in the
+//!   state's name is `nf4` or `fp4`; this tool reads NF4 only, but finds both, so that `inspect`
+//!   can name an fp4 layer and `convert` can refuse it instead of copying it as plain tensors.
 //! - Everything else is not quantized and passes through unchanged.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,24 +20,25 @@ use crate::error::{Error, Result};
 /// The tensors an integer layer may hold.
 pub const INTEGER_TENSORS: [&str; 4] = ["qweight", "qzeros", "scales", "g_idx"];
 
-/// Suffixes (after `<layer>.weight`) of a bitsandbytes 4-bit layer's tensors.
-pub const NF4_SUFFIXES: [&str; 6] = [
+/// Suffixes (after `<layer>.weight`) of a bitsandbytes 4-bit layer's tensors, besides its quant
+/// state.
+pub const BNB_SUFFIXES: [&str; 5] = [
     "",
     ".absmax",
     ".quant_map",
     ".nested_absmax",
     ".nested_quant_map",
-    ".quant_state.bitsandbytes__nf4",
 ];
 
-const NF4_STATE: &str = ".weight.quant_state.bitsandbytes__nf4";
+/// A bitsandbytes 4-bit layer's quant state, inside the layer, before its quant type.
+pub const BNB_STATE: &str = "weight.quant_state.bitsandbytes__";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
     /// qweight / qzeros / scales [/ g_idx]: GPTQ or AWQ.
     Integer,
-    /// bitsandbytes NF4.
-    Nf4,
+    /// bitsandbytes 4-bit (NF4, or fp4, which this tool does not read).
+    Bitsandbytes,
 }
 
 /// One quantized layer: its prefix (empty for an unprefixed file) and its tensors by the name
@@ -74,6 +77,16 @@ impl Layer<'_> {
         self.tensors.contains_key(name)
     }
 
+    /// A bitsandbytes layer's quant state: its name inside the layer, and the quant type that
+    /// name gives (`nf4`, `fp4`).
+    pub fn quant_state(&self) -> Option<(&str, &str)> {
+        self.tensors.keys().find_map(|inside| {
+            inside
+                .strip_prefix(BNB_STATE)
+                .map(|quant_type| (inside.as_str(), quant_type))
+        })
+    }
+
     /// Bytes of all this layer's tensors as stored.
     pub fn stored_bytes(&self) -> usize {
         self.tensors.values().map(|t| t.data.len()).sum()
@@ -96,11 +109,20 @@ pub fn find_layers(ckpt: &Checkpoint) -> Result<Layers<'_>> {
         .keys()
         .filter_map(|name| prefix_of(name, "qweight"))
         .collect();
-    let nf4: BTreeSet<String> = ckpt
-        .tensors
-        .keys()
-        .filter_map(|name| name.strip_suffix(NF4_STATE).map(str::to_string))
-        .collect();
+    let mut bnb: BTreeMap<String, &str> = BTreeMap::new();
+    for name in ckpt.tensors.keys() {
+        let Some((prefix, quant_type)) = bnb_state(name) else {
+            continue;
+        };
+        if let Some(other) = bnb.insert(prefix.clone(), quant_type) {
+            return Err(Error::UnknownLayout {
+                layer: prefix,
+                why: format!(
+                    "it has two bitsandbytes quant states, for {other:?} and {quant_type:?}"
+                ),
+            });
+        }
+    }
     let mut layers = Vec::new();
     let mut claimed = BTreeSet::new();
     for prefix in &integer {
@@ -108,8 +130,8 @@ pub fn find_layers(ckpt: &Checkpoint) -> Result<Layers<'_>> {
         claimed.extend(layer.tensors.keys().map(|n| qualified(prefix, n)));
         layers.push(layer);
     }
-    for prefix in &nf4 {
-        let layer = nf4_layer(ckpt, prefix);
+    for (prefix, quant_type) in &bnb {
+        let layer = bnb_layer(ckpt, prefix, quant_type);
         claimed.extend(layer.tensors.keys().map(|n| qualified(prefix, n)));
         layers.push(layer);
     }
@@ -170,11 +192,23 @@ fn looks_quantized(name: &str) -> bool {
     name.starts_with('q') || name == "B" || name == "s" || name == "workspace"
 }
 
-fn nf4_layer<'a>(ckpt: &'a Checkpoint, prefix: &str) -> Layer<'a> {
-    let tensors = NF4_SUFFIXES
+/// `(prefix, quant type)` when `name` is a bitsandbytes quant state
+/// (`<prefix>.weight.quant_state.bitsandbytes__<type>`, or unprefixed).
+fn bnb_state(name: &str) -> Option<(String, &str)> {
+    let (prefix, quant_type) = match name.split_once(&format!(".{BNB_STATE}")) {
+        Some((prefix, quant_type)) => (prefix.to_string(), quant_type),
+        None => (String::new(), name.strip_prefix(BNB_STATE)?),
+    };
+    (!quant_type.is_empty() && !quant_type.contains('.')).then_some((prefix, quant_type))
+}
+
+fn bnb_layer<'a>(ckpt: &'a Checkpoint, prefix: &str, quant_type: &str) -> Layer<'a> {
+    let state = format!("{BNB_STATE}{quant_type}");
+    let tensors = BNB_SUFFIXES
         .iter()
-        .filter_map(|suffix| {
-            let inside = format!("weight{suffix}");
+        .map(|suffix| format!("weight{suffix}"))
+        .chain([state])
+        .filter_map(|inside| {
             ckpt.tensors
                 .get(&qualified(prefix, &inside))
                 .map(|t| (inside, t))
@@ -182,7 +216,7 @@ fn nf4_layer<'a>(ckpt: &'a Checkpoint, prefix: &str) -> Layer<'a> {
         .collect();
     Layer {
         prefix: prefix.to_string(),
-        kind: LayerKind::Nf4,
+        kind: LayerKind::Bitsandbytes,
         tensors,
     }
 }
@@ -230,7 +264,14 @@ mod tests {
         assert_eq!(summary.len(), 2);
         assert_eq!(summary[0].0, "model.layers.0.mlp.down_proj");
         assert_eq!(summary[0].2, ["g_idx", "qweight", "qzeros", "scales"]);
-        assert_eq!((summary[1].0, summary[1].1), ("lm_head", LayerKind::Nf4));
+        assert_eq!(
+            (summary[1].0, summary[1].1),
+            ("lm_head", LayerKind::Bitsandbytes)
+        );
+        assert_eq!(
+            found.layers[1].quant_state(),
+            Some(("weight.quant_state.bitsandbytes__nf4", "nf4"))
+        );
         assert_eq!(
             found.passthrough,
             [
@@ -238,6 +279,21 @@ mod tests {
                 "model.layers.0.mlp.down_proj.bias"
             ]
         );
+    }
+
+    #[test]
+    fn a_bitsandbytes_fp4_layer_is_found_not_passed_through() {
+        let fp4 = ckpt(&[
+            "proj.weight",
+            "proj.weight.absmax",
+            "proj.weight.quant_map",
+            "proj.weight.quant_state.bitsandbytes__fp4",
+        ]);
+        let found = find_layers(&fp4).unwrap();
+        assert_eq!(found.layers.len(), 1);
+        assert!(found.passthrough.is_empty());
+        assert_eq!(found.layers[0].prefix, "proj");
+        assert_eq!(found.layers[0].quant_state().unwrap().1, "fp4");
     }
 
     #[test]

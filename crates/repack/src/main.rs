@@ -36,7 +36,8 @@ enum Command {
         /// The checkpoint's group size (kept; changing it would need requantization).
         #[arg(long, value_name = "G")]
         group_size: usize,
-        /// The checkpoint's bit width; by default from metadata or the tensor shapes.
+        /// The checkpoint's bit width [default: the metadata's `bits`, else the tensor shapes];
+        /// refused when the tensor shapes say otherwise.
         #[arg(long, value_name = "B")]
         bits: Option<u32>,
         /// Input checkpoint (.safetensors).
@@ -113,7 +114,23 @@ fn run(cli: Cli) -> Result<()> {
             println!("{conversion}");
             println!("wrote {}", output.display());
         }
-        Command::Inspect { file } => print!("{}", inspect::inspect(&file)?),
+        Command::Inspect { file } => {
+            let inspection = inspect::inspect(&file)?;
+            print!("{}", inspection.report);
+            if !inspection.failures.is_empty() {
+                let layers: Vec<&str> = inspection
+                    .failures
+                    .iter()
+                    .map(|(layer, _)| layer.as_str())
+                    .collect();
+                anyhow::bail!(
+                    "{}: {} layer(s) failed the check (`check: FAILS` above): {}",
+                    file.display(),
+                    layers.len(),
+                    layers.join(", ")
+                );
+            }
+        }
         Command::Quantize {
             to,
             block_size,

@@ -3,8 +3,16 @@
 
 use codec::bpw::Cost;
 
-/// `5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)`
+/// `5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)`;
+/// with no weights there is no ratio to print, and the line says so instead of printing NaN.
 pub fn cost_line(cost: &Cost) -> String {
+    if cost.elements == 0 {
+        return format!(
+            "no weights, so no bits/weight ({} + {} bytes for 0 weights)",
+            thousands(cost.code_bytes),
+            thousands(cost.metadata_bytes()),
+        );
+    }
     let bits = |bytes: usize| (8 * bytes) as f64 / cost.elements as f64;
     format!(
         "{:.3} bits/weight = {:.3} codes + {:.3} metadata ({} + {} bytes for {} weights)",
@@ -51,6 +59,22 @@ mod tests {
         assert_eq!(
             (thousands(0), thousands(999), thousands(1000)),
             ("0".into(), "999".into(), "1,000".into())
+        );
+    }
+
+    #[test]
+    fn zero_weights_print_no_bits_per_weight_instead_of_nan() {
+        let cost = Cost {
+            elements: 0,
+            code_bytes: 0,
+            scale_bytes: 64,
+            zero_point_bytes: 0,
+            g_idx_bytes: 0,
+            extra_bytes: 0,
+        };
+        assert_eq!(
+            cost_line(&cost),
+            "no weights, so no bits/weight (0 + 64 bytes for 0 weights)"
         );
     }
 }

@@ -8,7 +8,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use codec::bpw::{self, Container, Cost, FloatDtype, Format, Padding, ZeroPoints};
-use codec::{Axis, Bits};
+use codec::{Axis, Bits, CodecError};
 
 use crate::summary::thousands;
 
@@ -89,11 +89,19 @@ fn parse_shape(shape: &str) -> Result<(usize, usize)> {
 }
 
 fn worked_example(rows: usize, cols: usize) -> Result<String> {
-    let elements = rows * cols;
+    let overflow = |quantity| CodecError::SizeOverflow {
+        quantity,
+        rows,
+        cols,
+    };
+    let elements = rows
+        .checked_mul(cols)
+        .ok_or(overflow("the element count (rows x cols)"))?;
+    let fp16_bytes = elements.checked_mul(2).ok_or(overflow("the fp16 bytes"))?;
     let mut out = format!(
         "One {rows} x {cols} matrix: {} weights, {} bytes in fp16.\n\n",
         thousands(elements),
-        thousands(2 * elements)
+        thousands(fp16_bytes)
     );
     out.push_str(&format!(
         "{:<44}  {:>12}  {:>14}  {:>12}  {}\n",

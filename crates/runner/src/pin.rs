@@ -89,7 +89,14 @@ pub fn pin(manifest_path: &Path, dirs: &[PathBuf]) -> Result<RootManifest, PinEr
     };
     let mut text = serde_json::to_string_pretty(&root).expect("a root manifest serializes");
     text.push('\n');
-    let mut tmp = tempfile::NamedTempFile::new_in(base).map_err(io(format!(
+    let mut builder = tempfile::Builder::new();
+    // tempfile creates private (0600) files; the manifest is an ordinary file.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder.tempfile_in(base).map_err(io(format!(
         "creating a temporary file in {}",
         base.display()
     )))?;

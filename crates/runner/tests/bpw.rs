@@ -86,3 +86,36 @@ fn bad_layouts_are_refused_with_the_reason() {
     let out = runner(&["bpw", "--shape", "4096"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected ROWSxCOLS"));
 }
+
+#[test]
+fn sizes_that_overflow_are_refused_not_wrapped() {
+    let width = usize::BITS;
+    for (args, message) in [
+        (
+            &["bpw", "--shape", "99999999999x99999999999"][..],
+            format!(
+                "runner: error: the element count (rows x cols) of a 99999999999 x 99999999999 \
+                 matrix does not fit in {width} bits; refusing to print a wrapped number\n"
+            ),
+        ),
+        (
+            &[
+                "bpw",
+                "--bits",
+                "4",
+                "--extra-bytes-per-group",
+                "18446744073709551615",
+            ][..],
+            format!(
+                "runner: error: the extra metadata bytes (groups x extra bytes per group) of a \
+                 4096 x 4096 matrix does not fit in {width} bits; refusing to print a wrapped \
+                 number\n"
+            ),
+        ),
+    ] {
+        let out = runner(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), message, "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: no partial output");
+    }
+}

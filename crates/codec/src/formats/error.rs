@@ -106,6 +106,20 @@ pub enum FormatError {
         expected: String,
     },
 
+    #[error("the row permutation has {found} entries for K = {rows} rows")]
+    PermutationLength { found: usize, rows: usize },
+
+    #[error(
+        "the row permutation is not a permutation of rows 0..{rows}: entry {index} is {value}, \
+         {problem}"
+    )]
+    NotAPermutation {
+        rows: usize,
+        index: usize,
+        value: u32,
+        problem: String,
+    },
+
     #[error("{format} needs {what} to be a multiple of {multiple}, got {found}")]
     NotAligned {
         format: &'static str,
@@ -124,8 +138,47 @@ pub enum FormatError {
     #[error(transparent)]
     Stream(#[from] crate::error::CodecError),
 
-    #[error("non-finite input: element {index} is {value}")]
-    NonFinite { index: usize, value: f32 },
+    #[error(
+        "non-finite input: element [{row}, {col}] is {value}; the quantizers need finite values"
+    )]
+    NonFinite { row: usize, col: usize, value: f32 },
+
+    #[error(
+        "{format} block {block} (row {row}, columns {start}..{end}) spans {low:e} to {high:e}: its \
+         scale d = {scale:e} {problem}; ggml stores it anyway, this tool refuses"
+    )]
+    ScaleUnrepresentable {
+        format: &'static str,
+        block: usize,
+        row: usize,
+        start: usize,
+        end: usize,
+        low: f32,
+        high: f32,
+        scale: f32,
+        problem: &'static str,
+    },
+
+    #[error(
+        "NF4 block {block} (elements {start}..{end} of the flattened matrix) has absmax \
+         {absmax:e}, whose inverse overflows f32, so every code in it would be a clamp to -1 or \
+         +1 (and each zero a NaN that becomes code 0); bitsandbytes stores it anyway, this tool \
+         refuses"
+    )]
+    AbsmaxTooSmall {
+        block: usize,
+        start: usize,
+        end: usize,
+        absmax: f32,
+    },
+
+    #[error("{format} block {block} has {what} = {value}; a stored scale must be finite")]
+    NonFiniteScale {
+        format: &'static str,
+        what: &'static str,
+        block: usize,
+        value: f32,
+    },
 
     #[error(
         "converting NF4 to {to} needs requantization: NF4 codes index 16 fixed, non-uniform levels \

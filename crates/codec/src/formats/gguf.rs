@@ -15,6 +15,13 @@
 //! - Q8_0 quantizer (`quantize_row_q8_0_ref`): d = amax / 127 in f32, id = 1/d (or 0),
 //!   q = round(x * id) with halves rounded away from zero.
 //! - Dequantization: `(q - 8) as f32 * f32(d)` and `q as f32 * f32(d)`.
+//! - Unrepresentable blocks (where this module departs from ggml, which stores them silently):
+//!   [`quantize`] refuses non-finite input and any block whose f32 `d` rounds to infinity in f16
+//!   (|d| of 65520 and more: values from about 5.2e5 for Q4_0, 8.3e6 for Q8_0) or to 0 although
+//!   the block is not all zeros (|d| at most 2^-25, so every weight would dequantize to 0),
+//!   naming the block and its value range. Scales that f16 holds only as subnormals are kept,
+//!   as ggml keeps them. Every other block is byte-identical to ggml's. [`from_bytes`] refuses
+//!   stored blocks whose `d` is not finite.
 //!
 //! In the logical form (see [`super::logical`]) a GGUF tensor of `rows` x `cols` is K = cols
 //! in-features and N = rows out-features: codes[k, n] = element k of row n, groups of 32 along K,
@@ -68,7 +75,10 @@ pub trait GgufBlock: Sized + Copy + PartialEq + std::fmt::Debug {
     /// The fixed logical zero point: weight = d * (code - ZERO).
     const ZERO: u8;
 
-    /// ggml's reference quantizer for one block of 32 finite values.
+    /// ggml's f32 scale `d` for one block of 32 finite values, before it is rounded to f16.
+    fn scale_of(x: &[f32; 32]) -> f32;
+    /// ggml's reference quantizer for one block of 32 finite values, bit for bit, including its
+    /// silent infinite or zero `d` for blocks f16 cannot scale; [`quantize`] refuses those.
     fn quantize(x: &[f32; 32]) -> Self;
     fn scale(&self) -> f16;
     /// Logical unsigned codes, element order.
@@ -92,7 +102,7 @@ impl GgufBlock for BlockQ4_0 {
     const BITS: u32 = 4;
     const ZERO: u8 = 8;
 
-    fn quantize(x: &[f32; 32]) -> Self {
+    fn scale_of(x: &[f32; 32]) -> f32 {
         // The element of largest magnitude, sign kept; `<` keeps the first on ties, as ggml.
         let (mut amax, mut max) = (0f32, 0f32);
         for &v in x {
@@ -101,7 +111,11 @@ impl GgufBlock for BlockQ4_0 {
                 max = v;
             }
         }
-        let d = max / -8.0;
+        max / -8.0
+    }
+
+    fn quantize(x: &[f32; 32]) -> Self {
+        let d = Self::scale_of(x);
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         // ggml: MIN(15, (int8_t)(x*id + 8.5f)); the cast truncates toward zero.
         let codes = x.map(|v| ((v * id + 8.5).trunc() as i8).min(15) as u8);
@@ -145,9 +159,12 @@ impl GgufBlock for BlockQ8_0 {
     const BITS: u32 = 8;
     const ZERO: u8 = 128;
 
+    fn scale_of(x: &[f32; 32]) -> f32 {
+        x.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0
+    }
+
     fn quantize(x: &[f32; 32]) -> Self {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
+        let d = Self::scale_of(x);
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         // ggml: roundf, halves away from zero; |x * id| <= 127 so the cast cannot saturate.
         BlockQ8_0 {
@@ -185,14 +202,51 @@ impl GgufBlock for BlockQ8_0 {
 }
 
 /// Quantizes a row-major `rows` x `cols` matrix row by row; `cols` must be a multiple of 32.
+/// Refuses non-finite values, and blocks whose scale f16 cannot hold (see the module spec).
 pub fn quantize<B: GgufBlock>(x: &[f32], cols: usize) -> Result<Vec<B>> {
     check_row_length::<B>(x.len(), cols)?;
     if let Some((index, &value)) = x.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-        return Err(FormatError::NonFinite { index, value });
+        return Err(FormatError::NonFinite {
+            row: index / cols,
+            col: index % cols,
+            value,
+        });
     }
-    Ok(x.chunks_exact(32)
-        .map(|block| B::quantize(block.try_into().expect("32 values")))
-        .collect())
+    x.chunks_exact(32)
+        .enumerate()
+        .map(|(index, values)| {
+            let values: &[f32; 32] = values.try_into().expect("32 values");
+            let block = B::quantize(values);
+            check_scale(index, cols, values, &block)?;
+            Ok(block)
+        })
+        .collect()
+}
+
+/// Refuses a block whose f16 scale is infinite, or 0 for values that are not all zero.
+fn check_scale<B: GgufBlock>(index: usize, cols: usize, x: &[f32; 32], block: &B) -> Result<()> {
+    let stored = block.scale();
+    let problem = if !stored.is_finite() {
+        "rounds to infinity in f16 (largest finite value 65504), so the block's weights would \
+         dequantize to infinities and NaN"
+    } else if stored.to_f32() == 0.0 && x.iter().any(|&v| v != 0.0) {
+        "rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every weight of the \
+         block would dequantize to 0"
+    } else {
+        return Ok(());
+    };
+    let start = index * 32 % cols;
+    Err(FormatError::ScaleUnrepresentable {
+        format: B::NAME,
+        block: index,
+        row: index * 32 / cols,
+        start,
+        end: start + 32,
+        low: x.iter().copied().fold(f32::INFINITY, f32::min),
+        high: x.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        scale: B::scale_of(x),
+        problem,
+    })
 }
 
 /// Dequantizes blocks back to the row-major values.
@@ -209,7 +263,8 @@ pub fn to_bytes<B: GgufBlock>(blocks: &[B]) -> Vec<u8> {
     out
 }
 
-/// Blocks from stored bytes; the length must be a whole number of blocks.
+/// Blocks from stored bytes; the length must be a whole number of blocks, and every block's
+/// scale finite (an infinite or NaN `d` would dequantize to infinities and NaN).
 pub fn from_bytes<B: GgufBlock>(bytes: &[u8]) -> Result<Vec<B>> {
     if bytes.len() % B::BYTES != 0 {
         return Err(FormatError::ByteLength {
@@ -218,7 +273,20 @@ pub fn from_bytes<B: GgufBlock>(bytes: &[u8]) -> Result<Vec<B>> {
             expected: bytes.len().next_multiple_of(B::BYTES),
         });
     }
-    Ok(bytes.chunks_exact(B::BYTES).map(B::read_from).collect())
+    let blocks: Vec<B> = bytes.chunks_exact(B::BYTES).map(B::read_from).collect();
+    if let Some((block, stored)) = blocks
+        .iter()
+        .enumerate()
+        .find(|(_, b)| !b.scale().is_finite())
+    {
+        return Err(FormatError::NonFiniteScale {
+            format: B::NAME,
+            what: "scale d",
+            block,
+            value: stored.scale().to_f32(),
+        });
+    }
+    Ok(blocks)
 }
 
 /// The logical matrix of a `rows` x `cols` tensor: K = cols, N = rows, groups of 32 along K.
@@ -367,6 +435,61 @@ mod tests {
     fn zero_blocks_quantize_to_zero_scale() {
         assert_eq!(BlockQ4_0::quantize(&[0.0; 32]).dequantize(), [0.0; 32]);
         assert_eq!(BlockQ8_0::quantize(&[0.0; 32]).dequantize(), [0.0; 32]);
+    }
+
+    #[test]
+    fn a_scale_f16_cannot_hold_is_refused_not_stored_as_inf_or_0() {
+        let row = |scale: f32| -> Vec<f32> { (0..64).map(|i| (i as f32 - 31.5) * scale).collect() };
+        // ggml itself stores d = inf here; every weight would come back as inf or NaN.
+        assert!(
+            BlockQ4_0::quantize(&row(4e4)[..32].try_into().unwrap())
+                .d
+                .is_infinite()
+        );
+        assert_eq!(
+            quantize::<BlockQ4_0>(&row(4e4), 64)
+                .unwrap_err()
+                .to_string(),
+            "Q4_0 block 0 (row 0, columns 0..32) spans -1.26e6 to -2e4: its scale d = 1.575e5 \
+             rounds to infinity in f16 (largest finite value 65504), so the block's weights would \
+             dequantize to infinities and NaN; ggml stores it anyway, this tool refuses"
+        );
+        // And d = 0 here, so every weight would come back as 0.
+        assert_eq!(
+            quantize::<BlockQ8_0>(&row(1e-9), 32)
+                .unwrap_err()
+                .to_string(),
+            "Q8_0 block 0 (row 0, columns 0..32) spans -3.15e-8 to -5e-10: its scale d = \
+             2.480315e-10 rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every \
+             weight of the block would dequantize to 0; ggml stores it anyway, this tool refuses"
+        );
+        // The second block of the second row is named by its place.
+        let mut x = vec![1.0f32; 128];
+        x[64 + 40] = 1e7;
+        assert!(
+            quantize::<BlockQ4_0>(&x, 64)
+                .unwrap_err()
+                .to_string()
+                .starts_with("Q4_0 block 3 (row 1, columns 32..64) spans 1e0 to 1e7")
+        );
+        // Small but representable scales (subnormal in f16) are kept, as ggml keeps them.
+        assert!(quantize::<BlockQ8_0>(&row(1e-5), 32).is_ok());
+    }
+
+    #[test]
+    fn non_finite_input_and_stored_scales_are_refused() {
+        let mut x = vec![0.5f32; 64];
+        x[37] = f32::NAN;
+        assert_eq!(
+            quantize::<BlockQ4_0>(&x, 32).unwrap_err().to_string(),
+            "non-finite input: element [1, 5] is NaN; the quantizers need finite values"
+        );
+        let mut bytes = to_bytes(&quantize::<BlockQ8_0>(&[1.0; 64], 32).unwrap());
+        bytes[34..36].copy_from_slice(&f16::INFINITY.to_le_bytes());
+        assert_eq!(
+            from_bytes::<BlockQ8_0>(&bytes).unwrap_err().to_string(),
+            "Q8_0 block 1 has scale d = inf; a stored scale must be finite"
+        );
     }
 
     #[test]

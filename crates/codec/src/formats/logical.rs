@@ -216,6 +216,28 @@ impl LogicalWeights {
         Ok((sorted, Some(perm)))
     }
 
+    /// Undoes a recorded row permutation: row k of this matrix goes back to row `perm[k]`, its
+    /// g_idx entry with it. It inverts [`Self::into_sequential_groups`] exactly:
+    /// `sorted.with_rows_restored(&perm)` is the act-order matrix again, scattered g_idx
+    /// included. `perm` must be a permutation of this matrix's rows ([`check_permutation`]).
+    pub fn with_rows_restored(self, perm: &[u32]) -> Result<Self> {
+        check_permutation(perm, self.k())?;
+        let mut inverse = vec![0usize; perm.len()];
+        for (k, &original) in perm.iter().enumerate() {
+            inverse[original as usize] = k;
+        }
+        let codes = self.codes.select(Axis(0), &inverse);
+        let g_idx = inverse.iter().map(|&k| self.g_idx[k]).collect();
+        Self::new(
+            self.bits,
+            self.group_size,
+            codes,
+            self.scales,
+            self.zeros,
+            g_idx,
+        )
+    }
+
     /// Sorting rows by group gives sequential groups only when every group but the last holds
     /// exactly group_size rows and the last holds the rest.
     fn check_group_counts(&self) -> Result<()> {
@@ -310,10 +332,34 @@ pub fn sequential_g_idx(rows: usize, group_size: usize) -> Vec<u32> {
     (0..rows).map(|k| (k / group_size) as u32).collect()
 }
 
-/// Composes two row permutations: applying `first`, then `second` to the result, is the same
-/// as applying the returned one (`result[k] = first[second[k]]`).
-pub fn compose_permutations(first: &[u32], second: &[u32]) -> Vec<u32> {
-    second.iter().map(|&k| first[k as usize]).collect()
+/// Checks that `perm` is a permutation of the rows 0..rows: exactly `rows` entries, each row
+/// exactly once. A recorded permutation that fails this cannot be applied (an entry past the
+/// last row) or loses rows (a repeated entry), so it is refused rather than used.
+pub fn check_permutation(perm: &[u32], rows: usize) -> Result<()> {
+    if perm.len() != rows {
+        return Err(FormatError::PermutationLength {
+            found: perm.len(),
+            rows,
+        });
+    }
+    let mut seen_at: Vec<Option<usize>> = vec![None; rows];
+    for (index, &value) in perm.iter().enumerate() {
+        let problem = match seen_at.get_mut(value as usize) {
+            None => format!("past the last row {}", rows - 1),
+            Some(Some(first)) => format!("which entry {first} already holds"),
+            Some(slot) => {
+                *slot = Some(index);
+                continue;
+            }
+        };
+        return Err(FormatError::NotAPermutation {
+            rows,
+            index,
+            value,
+            problem,
+        });
+    }
+    Ok(())
 }
 
 fn to_usize(perm: &[u32]) -> Vec<usize> {
@@ -449,13 +495,45 @@ mod tests {
     }
 
     #[test]
-    fn permutations_compose_in_application_order() {
-        let x = [10, 11, 12, 13];
-        let apply =
-            |perm: &[u32], v: &[i32]| -> Vec<i32> { perm.iter().map(|&k| v[k as usize]).collect() };
-        let (first, second) = ([2, 0, 3, 1], [3, 2, 1, 0]);
-        let twice = apply(&second, &apply(&first, &x));
-        assert_eq!(twice, vec![11, 13, 10, 12]);
-        assert_eq!(apply(&compose_permutations(&first, &second), &x), twice);
+    fn restoring_rows_undoes_the_sort_into_sequential_groups() {
+        let act_order = LogicalWeights::new(
+            4,
+            2,
+            array![[1, 1], [2, 2], [3, 3], [4, 4]],
+            f16s(&[[1.0, 1.0], [2.0, 2.0]]),
+            array![[0, 0], [0, 0]],
+            vec![1, 0, 1, 0],
+        )
+        .unwrap();
+        let (sorted, perm) = act_order.clone().into_sequential_groups().unwrap();
+        assert_eq!(
+            sorted.with_rows_restored(&perm.unwrap()).unwrap(),
+            act_order
+        );
+    }
+
+    #[test]
+    fn a_malformed_input_permutation_is_refused_by_name() {
+        assert_eq!(check_permutation(&[2, 0, 1], 3), Ok(()));
+        assert_eq!(
+            check_permutation(&[0], 3).unwrap_err().to_string(),
+            "the row permutation has 1 entries for K = 3 rows"
+        );
+        assert_eq!(
+            check_permutation(&[0, 3, 1], 3).unwrap_err().to_string(),
+            "the row permutation is not a permutation of rows 0..3: entry 1 is 3, past the last \
+             row 2"
+        );
+        assert_eq!(
+            check_permutation(&[0, 1, 1], 3).unwrap_err().to_string(),
+            "the row permutation is not a permutation of rows 0..3: entry 2 is 1, which entry 1 \
+             already holds"
+        );
+        let err = small().with_rows_restored(&[0, 1, 1, 2]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the row permutation is not a permutation of rows 0..4: entry 2 is 1, which entry 1 \
+             already holds"
+        );
     }
 }

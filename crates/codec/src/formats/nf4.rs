@@ -13,6 +13,11 @@
 //!   |scaled - level| in f32, and on an exact tie (a midpoint) the LOWER code. An all-zero block
 //!   has absmax 0, its scaled values are NaN (0 * inf) and bitsandbytes' argmin then picks
 //!   code 0; we write the same byte, which decodes to -1.0 * 0 = -0.0.
+//! - Unrepresentable blocks (where this module departs from bitsandbytes, which stores them
+//!   silently): non-finite input is refused, and so is a block whose absmax is nonzero but
+//!   below 2^-128 (a subnormal f32), whose inverse overflows to infinity and turns every code
+//!   into a clamp. absmax is the largest magnitude of finite values, so it is finite itself; a
+//!   stored absmax that is not finite is refused on reading ([`Nf4Tensor::check`]).
 //! - NF4 is not an integer code: its levels are not evenly spaced, so no scale and zero point
 //!   reproduce them, and converting NF4 to GPTQ, AWQ or GGUF needs requantization
 //!   ([`to_integer_format`] refuses with that explanation).
@@ -85,15 +90,24 @@ pub fn quantize(x: ArrayView2<f32>, block_size: usize) -> Result<Nf4Tensor> {
     if rows == 0 || cols == 0 {
         return Err(FormatError::EmptyMatrix { rows, cols });
     }
-    let flat: Vec<f32> = x.iter().copied().collect();
-    if let Some((index, &value)) = flat.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-        return Err(FormatError::NonFinite { index, value });
+    if let Some(((row, col), &value)) = x.indexed_iter().find(|(_, v)| !v.is_finite()) {
+        return Err(FormatError::NonFinite { row, col, value });
     }
+    let flat: Vec<f32> = x.iter().copied().collect();
     let mut codes = Vec::with_capacity(flat.len());
     let mut absmax = Vec::with_capacity(flat.len().div_ceil(block_size));
-    for block in flat.chunks(block_size) {
+    for (index, block) in flat.chunks(block_size).enumerate() {
         let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
         let inverse = 1.0 / amax;
+        if amax != 0.0 && inverse.is_infinite() {
+            let start = index * block_size;
+            return Err(FormatError::AbsmaxTooSmall {
+                block: index,
+                start,
+                end: start + block.len(),
+                absmax: amax,
+            });
+        }
         codes.extend(
             block
                 .iter()
@@ -176,6 +190,15 @@ impl Nf4Tensor {
                 what: format!("NF4 absmax for {blocks} blocks of {}", self.block_size),
                 found: 4 * self.absmax.len(),
                 expected: 4 * blocks,
+            });
+        }
+        if let Some((block, &value)) = self.absmax.iter().enumerate().find(|(_, a)| !a.is_finite())
+        {
+            return Err(FormatError::NonFiniteScale {
+                format: "NF4",
+                what: "absmax",
+                block,
+                value,
             });
         }
         Ok(())
@@ -289,6 +312,36 @@ mod tests {
             (vec![0x00], vec![0.0])
         );
         assert!(t.dequantize().unwrap().iter().all(|v| *v == 0.0));
+    }
+
+    #[test]
+    fn a_block_whose_absmax_inverse_overflows_is_refused_not_clamped() {
+        // absmax 1e-40 (subnormal): 1 / absmax = inf, so 1e-40 and 1e-45 would both take code 15
+        // and the zero code 0 (-1.0 * absmax).
+        let x = array![[1e-40f32, 1e-45, 0.0, 0.5]];
+        assert_eq!(
+            quantize(x.view(), 3).unwrap_err().to_string(),
+            "NF4 block 0 (elements 0..3 of the flattened matrix) has absmax 1e-40, whose inverse \
+             overflows f32, so every code in it would be a clamp to -1 or +1 (and each zero a NaN \
+             that becomes code 0); bitsandbytes stores it anyway, this tool refuses"
+        );
+        assert!(quantize(array![[1e-30f32, 0.0]].view(), 64).is_ok());
+        assert_eq!(
+            quantize(array![[0.0f32, f32::INFINITY]].view(), 64)
+                .unwrap_err()
+                .to_string(),
+            "non-finite input: element [0, 1] is inf; the quantizers need finite values"
+        );
+    }
+
+    #[test]
+    fn a_stored_absmax_that_is_not_finite_is_refused() {
+        let mut t = quantize(array![[1.0f32, -1.0]].view(), 64).unwrap();
+        t.absmax[0] = f32::NAN;
+        assert_eq!(
+            t.dequantize().unwrap_err().to_string(),
+            "NF4 block 0 has absmax = NaN; a stored scale must be finite"
+        );
     }
 
     #[test]

@@ -45,13 +45,20 @@ fn succeeds(args: &[&str]) -> String {
     stdout(&output)
 }
 
-/// Runs `repack` and requires failure, returning stderr.
+/// Runs `repack` and requires a refusal (a non-zero exit that is not a panic's 101), returning
+/// stderr.
 fn fails(args: &[&str]) -> String {
     let output = repack(args);
     assert!(
         !output.status.success(),
         "repack {args:?} should have failed:\n{}",
         stdout(&output)
+    );
+    assert_ne!(
+        output.status.code(),
+        Some(101),
+        "repack {args:?} panicked:\n{}",
+        stderr(&output)
     );
     stderr(&output)
 }
@@ -126,6 +133,7 @@ fn awq_to_gptq_writes_autoawqs_own_bytes_and_prints_both_costs() {
             "layer (unprefixed): K=128 N=64, 4-bit, group 32\n\
              \x20 before awq   4.625 bits/weight = 4.000 codes + 0.625 metadata (4,096 + 640 bytes for 8,192 weights)\n\
              \x20 after  gptq  5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)\n\
+             metadata copied unchanged: lib, versions\n\
              1 layer(s) converted awq -> gptq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
              wrote {}\n",
             out.display()
@@ -140,7 +148,121 @@ fn awq_to_gptq_writes_autoawqs_own_bytes_and_prints_both_costs() {
 }
 
 #[test]
-fn act_order_gptq_to_awq_and_back_reports_the_permutation_and_keeps_every_weight() {
+fn act_order_gptq_to_awq_and_back_gives_the_original_tensors_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let (awq, back) = (
+        dir.path().join("awq.safetensors"),
+        dir.path().join("back.safetensors"),
+    );
+    let input = data("library/gptq_actorder_b4.safetensors");
+    // Both outputs as the README quotes them.
+    let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
+    assert_eq!(
+        printed,
+        format!(
+            "layer (unprefixed): K=128 N=64, 4-bit, group 32\n\
+             \x20 before gptq  5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)\n\
+             \x20 after  awq   4.625 bits/weight = 4.000 codes + 0.625 metadata (4,096 + 640 bytes for 8,192 weights)\n\
+             \x20 rows reordered into contiguous groups: permute the input activations by `input_permutation`\n\
+             metadata copied unchanged: lib, versions\n\
+             1 layer(s) converted gptq -> awq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
+             wrote {}\n",
+            awq.display()
+        )
+    );
+    let printed = convert_ok("awq", "gptq", "32", path(&awq), path(&back));
+    assert_eq!(
+        printed,
+        format!(
+            "layer (unprefixed): K=128 N=64, 4-bit, group 32\n\
+             \x20 before awq   4.625 bits/weight = 4.000 codes + 0.625 metadata (4,096 + 640 bytes for 8,192 weights)\n\
+             \x20 after  gptq  5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)\n\
+             \x20 rows put back in their original order from the recorded `input_permutation`, g_idx with them: no input permutation needed\n\
+             metadata copied unchanged: lib, versions\n\
+             1 layer(s) converted awq -> gptq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
+             wrote {}\n",
+            back.display()
+        )
+    );
+    // The rows are back where AutoGPTQ put them, with its scattered g_idx: the same qweight,
+    // qzeros, scales and g_idx bytes, and no permutation left for a loader to ignore.
+    assert_eq!(raw_tensors(&back), raw_tensors(&input));
+    let metadata = Checkpoint::read(&back).unwrap().metadata;
+    assert!(!metadata.contains_key("input_permutation"), "{metadata:?}");
+    let weights = only_layer(&back, WeightFormat::Gptq, 32)
+        .unpack()
+        .unwrap()
+        .dequantize();
+    assert_eq!(weight_hash(&weights), expected_hash("gptq_actorder_b4"));
+}
+
+/// The act-order fixture converted to AWQ, its `input_permutation` then replaced by `value`.
+fn awq_with_permutation(dir: &Path, value: &str) -> PathBuf {
+    let awq = dir.join("awq.safetensors");
+    let input = data("library/gptq_actorder_b4.safetensors");
+    convert_ok("gptq", "awq", "32", path(&input), path(&awq));
+    let mut ckpt = Checkpoint::read(&awq).unwrap();
+    ckpt.metadata
+        .insert("input_permutation".into(), value.to_string());
+    let edited = dir.join("edited.safetensors");
+    ckpt.write_new(&edited).unwrap();
+    edited
+}
+
+#[test]
+fn a_malformed_input_permutation_is_refused_instead_of_panicking() {
+    let duplicated = format!(
+        "[{}]",
+        (0..128)
+            .map(|k| (k / 2).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for (value, why) in [
+        (
+            "[0]".to_string(),
+            "the row permutation has 1 entries for K = 128 rows",
+        ),
+        (
+            duplicated,
+            "the row permutation is not a permutation of rows 0..128: entry 1 is 0, which entry \
+             0 already holds",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let edited = awq_with_permutation(dir.path(), &value);
+        let out = dir.path().join("out.safetensors");
+        for to in ["gptq", "awq"] {
+            let message = convert_fails("awq", to, "32", path(&edited), path(&out));
+            assert_eq!(
+                message,
+                format!("repack: error: metadata \"input_permutation\" cannot be used: {why}\n"),
+                "--to {to}"
+            );
+            assert!(!out.exists());
+        }
+        let output = repack(&["inspect", path(&edited)]);
+        assert_eq!(output.status.code(), Some(1));
+        assert!(
+            stdout(&output).contains(&format!(
+                "  check: FAILS: metadata \"input_permutation\" cannot be used: {why}\n"
+            )),
+            "{}",
+            stdout(&output)
+        );
+        assert_eq!(
+            stderr(&output),
+            format!(
+                "repack: error: {}: 1 layer(s) failed the check (`check: FAILS` above): \
+                 (unprefixed)\n",
+                edited.display()
+            )
+        );
+    }
+}
+
+#[test]
+fn the_sources_other_metadata_is_carried_over_not_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let (awq, back) = (
         dir.path().join("awq.safetensors"),
@@ -148,29 +270,37 @@ fn act_order_gptq_to_awq_and_back_reports_the_permutation_and_keeps_every_weight
     );
     let input = data("library/gptq_actorder_b4.safetensors");
     let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
-    assert!(printed.contains(
-        "  rows reordered into contiguous groups: permute the input activations by `input_permutation`\n"
-    ));
-    convert_ok("awq", "gptq", "32", path(&awq), path(&back));
-
-    let metadata = Checkpoint::read(&back).unwrap().metadata;
-    let perm: Vec<usize> = serde_json::from_str(&metadata["input_permutation"]).unwrap();
-    let source = only_layer(&input, WeightFormat::Gptq, 32)
-        .unpack()
-        .unwrap()
-        .dequantize();
-    let round_trip = only_layer(&back, WeightFormat::Gptq, 32)
-        .unpack()
-        .unwrap()
-        .dequantize();
-    for ((k, n), value) in round_trip.indexed_iter() {
-        assert_eq!(
-            value.to_bits(),
-            source[[perm[k], n]].to_bits(),
-            "[{k}, {n}]"
-        );
+    assert!(
+        printed.contains("\nmetadata copied unchanged: lib, versions\n"),
+        "{printed}"
+    );
+    let source = Checkpoint::read(&input).unwrap().metadata;
+    let written = Checkpoint::read(&awq).unwrap().metadata;
+    for key in ["lib", "versions"] {
+        assert_eq!(written[key], source[key], "{key}");
     }
-    assert_eq!(weight_hash(&source), expected_hash("gptq_actorder_b4"));
+    // What convert owns is rewritten, the recorded permutation included; nothing else is added.
+    let keys: Vec<&str> = written.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "bits",
+            "checkpoint_format",
+            "converted_from",
+            "format",
+            "group_size",
+            "input_permutation",
+            "lib",
+            "quant_method",
+            "versions"
+        ]
+    );
+    assert_eq!(written["format"], "pt");
+    // Back to GPTQ: the permutation was undone, so its key goes; the others travel on.
+    convert_ok("awq", "gptq", "32", path(&awq), path(&back));
+    let back = Checkpoint::read(&back).unwrap().metadata;
+    assert!(!back.contains_key("input_permutation"));
+    assert_eq!(back["versions"], source["versions"]);
 }
 
 #[test]
@@ -192,6 +322,127 @@ fn nf4_to_gptq_is_refused_because_it_needs_requantization() {
     }
     let inspected = succeeds(&["inspect", path(&input)]);
     assert!(inspected.contains("layer proj: bitsandbytes nf4, block 64, shape [8, 128]"));
+}
+
+/// `proj_nf4.safetensors` with its quant state replaced by `state` under `bitsandbytes__<named>`.
+fn nf4_with_state(dir: &Path, named: &str, state: &str) -> PathBuf {
+    edited_fixture(dir, "proj_nf4.safetensors", |ckpt| {
+        ckpt.tensors
+            .remove("proj.weight.quant_state.bitsandbytes__nf4");
+        ckpt.tensors.insert(
+            format!("proj.weight.quant_state.bitsandbytes__{named}"),
+            Tensor {
+                dtype: safetensors::Dtype::U8,
+                shape: vec![state.len()],
+                data: state.as_bytes().to_vec(),
+            },
+        );
+    })
+}
+
+#[test]
+fn inspect_exits_non_zero_when_an_nf4_check_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = edited_fixture(dir.path(), "proj_nf4.safetensors", |ckpt| {
+        let absmax = ckpt.tensors.get_mut("proj.weight.absmax").unwrap();
+        absmax.shape = vec![15];
+        absmax.data.truncate(60);
+    });
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stdout(&output)
+            .ends_with("  check: FAILS: NF4 absmax for 16 blocks of 64: 60 bytes, expected 64\n"),
+        "{}",
+        stdout(&output)
+    );
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "repack: error: {}: 1 layer(s) failed the check (`check: FAILS` above): proj\n",
+            input.display()
+        )
+    );
+}
+
+#[test]
+fn malformed_quant_state_json_is_an_error_not_an_empty_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = nf4_with_state(
+        dir.path(),
+        "nf4",
+        "{\"quant_type\": \"nf4\", \"shape\": [8, 128]}",
+    );
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stdout(&output).is_empty(), "no partial report");
+    assert_eq!(
+        stderr(&output),
+        "repack: error: layer \"proj\": quant state \"proj.weight.quant_state.bitsandbytes__nf4\" \
+         is unusable: not bitsandbytes' quant-state JSON: missing field `blocksize` at line 1 \
+         column 40\n"
+    );
+}
+
+#[test]
+fn an_nf4_shape_whose_element_count_overflows_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = 1usize << (usize::BITS / 2 + 8);
+    let state =
+        format!("{{\"quant_type\": \"nf4\", \"blocksize\": 64, \"shape\": [{huge}, {huge}]}}");
+    let input = nf4_with_state(dir.path(), "nf4", &state);
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "repack: error: layer \"proj\": the element count of shape [{huge}, {huge}] does not \
+             fit in {} bits\n",
+            usize::BITS
+        )
+    );
+}
+
+#[test]
+fn an_fp4_layer_is_flagged_by_name_not_labelled_nf4() {
+    let dir = tempfile::tempdir().unwrap();
+    let fp4 =
+        "{\"quant_type\": \"fp4\", \"blocksize\": 64, \"dtype\": \"float32\", \"shape\": [8, 128]}";
+    // The state's JSON says fp4 though its name says nf4.
+    let mislabelled = nf4_with_state(dir.path(), "nf4", fp4);
+    let output = repack(&["inspect", path(&mislabelled)]);
+    assert_eq!(output.status.code(), Some(1));
+    let printed = stdout(&output);
+    assert!(
+        printed.contains("layer proj: bitsandbytes fp4, block 64, shape [8, 128]\n"),
+        "{printed}"
+    );
+    assert!(
+        printed.ends_with(
+            "  check: FAILS: its quant_type is \"fp4\", though the state tensor is named for nf4; \
+             this tool reads only nf4 (fp4 codes index a different table), so it does not vouch \
+             for this layer\n"
+        ),
+        "{printed}"
+    );
+    // A layer bitsandbytes wrote as fp4: found and flagged, never passed through as plain tensors.
+    let dir = tempfile::tempdir().unwrap();
+    let written_as_fp4 = nf4_with_state(dir.path(), "fp4", fp4);
+    let output = repack(&["inspect", path(&written_as_fp4)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stdout(&output)
+            .contains("  check: FAILS: its quant_type is \"fp4\"; this tool reads only nf4"),
+        "{}",
+        stdout(&output)
+    );
+    let out = dir.path().join("out.safetensors");
+    assert_eq!(
+        convert_fails("gptq", "awq", "64", path(&written_as_fp4), path(&out)),
+        "repack: error: layer \"proj\": a bitsandbytes \"fp4\" 4-bit layer; this tool reads only \
+         nf4, so it refuses the layer rather than copy or label it as something it has not checked\n"
+    );
+    assert!(!out.exists());
 }
 
 #[test]
@@ -230,6 +481,62 @@ fn a_convention_the_file_contradicts_is_refused() {
     );
     assert!(message.contains("metadata says group_size = \"32\", but --group-size 64 was given"));
     assert!(!out.exists());
+}
+
+#[test]
+fn metadata_bits_that_contradict_the_shapes_are_refused_not_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    // A 4-bit file whose metadata says 8: before, convert read it as 4-bit and wrote bits = 4.
+    let input = edited_fixture(dir.path(), "library/gptq_pattern_b4.safetensors", |ckpt| {
+        ckpt.metadata.insert("bits".into(), "8".into());
+    });
+    let message = convert_fails("gptq", "awq", "32", path(&input), path(&out));
+    assert_eq!(
+        message,
+        "repack: error: layer (unprefixed): the metadata says bits = 8, but its tensor shapes are \
+         4-bit (qweight has 16 rows for K = 128 g_idx entries: K * 4 / 32); the codes cannot be \
+         read at another width\n"
+    );
+    assert!(!out.exists());
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stdout(&output).contains("  check: FAILS: layer (unprefixed): the metadata says bits = 8"),
+        "{}",
+        stdout(&output)
+    );
+
+    // An explicit --bits is held to the shapes the same way.
+    let fixture = data("library/gptq_pattern_b4.safetensors");
+    let mut args = convert_args("gptq", "awq", "32", path(&fixture), path(&out)).to_vec();
+    args.extend(["--bits", "8"]);
+    let message = fails(&args);
+    assert!(
+        message.contains("its metadata says bits = \"4\", but --bits 8 was given"),
+        "{message}"
+    );
+    let unrecorded = dir.path().join("unrecorded.safetensors");
+    let mut ckpt = Checkpoint::read(&fixture).unwrap();
+    ckpt.metadata.remove("bits");
+    ckpt.write_new(&unrecorded).unwrap();
+    let mut args = convert_args("gptq", "awq", "32", path(&unrecorded), path(&out)).to_vec();
+    args.extend(["--bits", "8"]);
+    assert!(
+        fails(&args)
+            .contains("layer (unprefixed): --bits 8 was given, but its tensor shapes are 4-bit"),
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn without_bits_the_metadata_width_is_used_and_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let input = data("library/gptq_pattern_b3.safetensors");
+    let printed = convert_ok("gptq", "gptq_v2", "32", path(&input), path(&out));
+    assert!(printed.starts_with("layer (unprefixed): K=128 N=64, 3-bit, group 32\n"));
+    assert_eq!(Checkpoint::read(&out).unwrap().metadata["bits"], "3");
 }
 
 #[test]
@@ -348,6 +655,43 @@ fn odd_sizes_are_padded_recorded_and_cropped_through_two_conversions() {
     assert!(
         inspected.contains("layer model.proj: awq, 4-bit, group 32, K=72 N=60\n"),
         "{inspected}"
+    );
+}
+
+/// The README's realistic-size example: a synthetic 4096 x 4096 GPTQ layer (4-bit, group 128,
+/// patterned codes; its bytes follow from the shapes alone) converted to AWQ by the binary.
+/// `cargo test --release -p repack --test integration a_4096_square -- --nocapture` prints it.
+#[test]
+fn a_4096_square_layer_costs_what_the_readme_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, out) = (
+        dir.path().join("proj.safetensors"),
+        dir.path().join("awq.safetensors"),
+    );
+    let weights = LogicalWeights::with_sequential_groups(
+        4,
+        128,
+        Array2::from_shape_fn((4096, 4096), |(k, n)| ((k * 7 + n * 3) % 16) as u8),
+        Array2::from_shape_fn((32, 4096), |(g, n)| {
+            f16::from_f32(0.001 * (1 + (g + n) % 13) as f32)
+        }),
+        Array2::from_shape_fn((32, 4096), |(g, n)| (1 + (g * 5 + n) % 15) as u8),
+    )
+    .unwrap();
+    let layer = PackedLayer::Gptq(gptq::pack(&weights, ZeroConvention::V1).unwrap());
+    write_layer(&input, "proj", &layer, &[("checkpoint_format", "gptq")]);
+    let printed = convert_ok("gptq", "awq", "128", path(&input), path(&out));
+    print!("{printed}");
+    assert_eq!(
+        printed,
+        format!(
+            "layer proj: K=4096 N=4096, 4-bit, group 128\n\
+             \x20 before gptq  4.164 bits/weight = 4.000 codes + 0.164 metadata (8,388,608 + 344,064 bytes for 16,777,216 weights)\n\
+             \x20 after  awq   4.156 bits/weight = 4.000 codes + 0.156 metadata (8,388,608 + 327,680 bytes for 16,777,216 weights)\n\
+             1 layer(s) converted gptq -> awq, every weight verified bit-identical; 0 other tensor(s) copied unchanged\n\
+             wrote {}\n",
+            out.display()
+        )
     );
 }
 
@@ -524,9 +868,10 @@ fn quantize_and_dequantize_match_ggml_and_bitsandbytes() {
 #[test]
 fn quantize_prints_each_formats_effective_bits() {
     let dir = tempfile::tempdir().unwrap();
-    let input = data("inputs/gguf_pattern.npy");
-    let line = |format: &str| {
+    // The README's lines, from the inputs it names.
+    let line = |format: &str, input: &str| {
         let out: PathBuf = dir.path().join(format!("{format}.bin"));
+        let input = data(&format!("inputs/{input}"));
         succeeds(&["quantize", "--to", format, path(&input), path(&out)])
             .lines()
             .next()
@@ -534,17 +879,112 @@ fn quantize_prints_each_formats_effective_bits() {
             .to_string()
     };
     assert_eq!(
-        line("q4_0"),
+        line("q4_0", "gguf_pattern.npy"),
         "q4_0 8 x 256: 4.500 bits/weight = 4.000 codes + 0.500 metadata (1,024 + 128 bytes for 2,048 weights)"
     );
     assert_eq!(
-        line("q8_0"),
+        line("q8_0", "gguf_pattern.npy"),
         "q8_0 8 x 256: 8.500 bits/weight = 8.000 codes + 0.500 metadata (2,048 + 128 bytes for 2,048 weights)"
     );
     assert_eq!(
-        line("nf4"),
-        "nf4 8 x 256: 4.500 bits/weight = 4.000 codes + 0.500 metadata (1,024 + 128 bytes for 2,048 weights)"
+        line("nf4", "nf4_pattern.npy"),
+        "nf4 8 x 128: 4.500 bits/weight = 4.000 codes + 0.500 metadata (512 + 64 bytes for 1,024 weights)"
     );
+}
+
+#[test]
+fn an_empty_block_file_is_refused_instead_of_written_as_nan_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.bin");
+    std::fs::write(&empty, b"").unwrap();
+    for format in ["q4_0", "q8_0", "nf4"] {
+        let out = dir.path().join(format!("{format}.npy"));
+        let message = fails(&[
+            "dequantize",
+            "--from",
+            format,
+            "--cols",
+            "32",
+            path(&empty),
+            path(&out),
+        ]);
+        assert_eq!(
+            message,
+            format!(
+                "repack: error: {}: the file is empty; a {format} block file holds at least one \
+                 row (nothing was written)\n",
+                empty.display()
+            )
+        );
+        assert!(!out.exists(), "{format}");
+    }
+}
+
+#[test]
+fn values_a_block_scale_cannot_hold_are_refused_instead_of_stored_as_inf_or_0() {
+    let dir = tempfile::tempdir().unwrap();
+    // Row 0 ramps to 1e9, past what an f16 Q4_0 or Q8_0 scale holds (ggml stores d = inf);
+    // row 1 is 1e-9 small, where d rounds to 0 (ggml stores 0 and every weight becomes 0).
+    let x = Array2::from_shape_fn((2, 32), |(row, col)| {
+        let ramp = (col as f32 - 15.5) / 15.5;
+        if row == 0 { ramp * 1e9 } else { ramp * 1e-9 }
+    });
+    let input = dir.path().join("x.npy");
+    ndarray_npy::write_npy(&input, &x).unwrap();
+    for (format, why) in [
+        (
+            "q4_0",
+            "Q4_0 block 0 (row 0, columns 0..32) spans -1e9 to 1e9: its scale d = 1.25e8 rounds \
+             to infinity in f16",
+        ),
+        (
+            "q8_0",
+            "Q8_0 block 0 (row 0, columns 0..32) spans -1e9 to 1e9: its scale d = 7.8740155e6 \
+             rounds to infinity in f16",
+        ),
+    ] {
+        let out = dir.path().join(format!("{format}.bin"));
+        let message = fails(&["quantize", "--to", format, path(&input), path(&out)]);
+        assert!(
+            message.starts_with(&format!("repack: error: {}: {why}", input.display())),
+            "{message}"
+        );
+        assert!(!out.exists());
+    }
+    let small = dir.path().join("small.npy");
+    ndarray_npy::write_npy(&small, &x.slice(ndarray::s![1.., ..]).to_owned()).unwrap();
+    let out = dir.path().join("small.bin");
+    let message = fails(&["quantize", "--to", "q4_0", path(&small), path(&out)]);
+    assert!(
+        message.contains(
+            "Q4_0 block 0 (row 0, columns 0..32) spans -1e-9 to 1e-9: its scale d = 1.25e-10 \
+             rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every weight of \
+             the block would dequantize to 0; ggml stores it anyway, this tool refuses"
+        ),
+        "{message}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn non_finite_input_is_refused_naming_the_file_and_element() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut x = Array2::<f32>::from_elem((2, 64), 0.25);
+    x[[1, 3]] = f32::NAN;
+    let input = dir.path().join("x.npy");
+    ndarray_npy::write_npy(&input, &x).unwrap();
+    for format in ["q4_0", "q8_0", "nf4"] {
+        let out = dir.path().join(format!("{format}.bin"));
+        assert_eq!(
+            fails(&["quantize", "--to", format, path(&input), path(&out)]),
+            format!(
+                "repack: error: {}: non-finite input: element [1, 3] is NaN; the quantizers need \
+                 finite values\n",
+                input.display()
+            )
+        );
+        assert!(!out.exists());
+    }
 }
 
 #[test]

@@ -199,6 +199,12 @@ fn act_order_gptq_converts_to_awq_and_back_with_bit_identical_weights() {
         restored.row_mut(source_row as usize).assign(&after.row(k));
     }
     assert_eq!(weight_hash(&restored), expected_hash("gptq_actorder_b4"));
+
+    // Given the recorded permutation, the conversion back puts the rows back itself: the
+    // library's own layer, tensor for tensor, with its scattered g_idx.
+    let restored = repack::repack_recorded(&to_awq.layer, Some(&perm), WeightFormat::Gptq).unwrap();
+    assert!(restored.rows_restored && restored.input_permutation.is_none());
+    assert_eq!(restored.layer, source);
 }
 
 fn gguf_case<B: GgufBlock>(probe: &str, failures: &mut Vec<String>) {
