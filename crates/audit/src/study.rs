@@ -767,7 +767,7 @@ fn check_tensor(
 }
 
 /// Each scale (and zero point) must follow from its group of the original:
-/// - symmetric: scale = max|x| / qmax in f32, or 1.0 for an all-zero group;
+/// - symmetric: scale = max|x| / qmax in f32, or 1.0 when that is 0;
 /// - asymmetric: lo = min(min x, 0), hi = max(max x, 0), scale = (hi - lo) / (2^b - 1) in f32
 ///   (1.0 with zero point 0 if that is 0), zero = clamp(round_half_even(-lo / scale), 0, 2^b - 1).
 fn check_scales(
@@ -789,12 +789,9 @@ fn check_scales(
         match grid.mode {
             Mode::Symmetric => {
                 let amax = (-lo[[r, g]]).max(hi[[r, g]]);
-                let scale = if amax == 0.0 {
-                    1.0
-                } else {
-                    amax / f32::from(grid.qmax())
-                };
-                (scale, grid.qmax())
+                let scale = amax / f32::from(grid.qmax());
+                // A zero (all-zero or underflowing) scale is stored as 1.0.
+                (if scale == 0.0 { 1.0 } else { scale }, grid.qmax())
             }
             Mode::Asymmetric => {
                 let levels = f32::from(grid.max_code());

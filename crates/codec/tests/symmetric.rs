@@ -100,6 +100,23 @@ fn all_zero_input_gets_scale_one_and_exact_zeros() {
 }
 
 #[test]
+fn subnormal_input_round_trips_through_its_own_validation() {
+    // max|x| / 7 underflows to 0 in f32: the encoder must still write a tensor that
+    // from_parts accepts and that decodes within half a scale.
+    let tiny = f32::from_bits(3);
+    let x = Array2::<f32>::from_elem((4, 4), tiny);
+    let packed = encode(x.view(), layout(Axis::Token, 4, 4)).unwrap();
+    let rebuilt = PackedTensor::from_parts(
+        packed.layout(),
+        packed.shape_i32(),
+        packed.code_bytes().to_vec(),
+        packed.scales().clone(),
+    )
+    .unwrap();
+    assert!(decode(&rebuilt).iter().all(|&v| v == 0.0));
+}
+
+#[test]
 fn all_maximum_probe_writes_top_code_and_never_15() {
     // Every element equals the group maximum: every stored code is 2 * qmax.
     let x = Array2::<f32>::from_elem((16, 8), 3.5);
