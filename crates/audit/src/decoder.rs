@@ -14,35 +14,15 @@
 
 use ndarray::{Array2, ArrayView2};
 
+pub use crate::protocol::Mode;
+
+/// The axis a tensor is grouped along.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Axis {
+pub enum GroupAxis {
+    /// Groups of consecutive tokens within each feature column (K).
     Token,
+    /// Groups of consecutive features within each token row (V).
     Feature,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Symmetric,
-    Asymmetric,
-}
-
-impl Mode {
-    /// `None` (absent) and "symmetric" are symmetric; anything else but "asymmetric" is unknown.
-    pub fn parse(name: Option<&str>) -> Option<Mode> {
-        match name {
-            None | Some("symmetric") => Some(Mode::Symmetric),
-            Some("asymmetric") => Some(Mode::Asymmetric),
-            Some(_) => None,
-        }
-    }
-
-    /// Whether `bits` is a width this mode can store.
-    pub fn supports(self, bits: u32) -> bool {
-        match self {
-            Mode::Symmetric => (2..=8).contains(&bits),
-            Mode::Asymmetric => (1..=8).contains(&bits),
-        }
-    }
 }
 
 /// Where one packed tensor's elements live, from its logical shape and format.
@@ -52,7 +32,7 @@ pub struct Grid {
     pub features: usize,
     pub group_size: usize,
     pub bits: u32,
-    pub axis: Axis,
+    pub axis: GroupAxis,
     pub mode: Mode,
 }
 
@@ -60,8 +40,8 @@ impl Grid {
     /// (rows, padded row length, groups per row) of the grouped view.
     pub fn view(&self) -> (usize, usize, usize) {
         let (rows, len) = match self.axis {
-            Axis::Token => (self.features, self.tokens),
-            Axis::Feature => (self.tokens, self.features),
+            GroupAxis::Token => (self.features, self.tokens),
+            GroupAxis::Feature => (self.tokens, self.features),
         };
         let groups = len / self.group_size + usize::from(len % self.group_size != 0);
         (rows, groups * self.group_size, groups)
@@ -102,8 +82,8 @@ impl Grid {
     pub fn locate(&self, t: usize, f: usize) -> (usize, [usize; 2]) {
         let (_, padded, _) = self.view();
         match self.axis {
-            Axis::Token => (f * padded + t, [f, t / self.group_size]),
-            Axis::Feature => (t * padded + f, [t, f / self.group_size]),
+            GroupAxis::Token => (f * padded + t, [f, t / self.group_size]),
+            GroupAxis::Feature => (t * padded + f, [t, f / self.group_size]),
         }
     }
 
@@ -117,8 +97,8 @@ impl Grid {
     pub fn is_padding(&self, p: usize) -> bool {
         let (_, padded, _) = self.view();
         let len = match self.axis {
-            Axis::Token => self.tokens,
-            Axis::Feature => self.features,
+            GroupAxis::Token => self.tokens,
+            GroupAxis::Feature => self.features,
         };
         p % padded >= len
     }
@@ -172,7 +152,7 @@ mod tests {
     use super::*;
     use ndarray::array;
 
-    fn grid(tokens: usize, features: usize, group_size: usize, bits: u32, axis: Axis) -> Grid {
+    fn grid(tokens: usize, features: usize, group_size: usize, bits: u32, axis: GroupAxis) -> Grid {
         Grid {
             tokens,
             features,
@@ -200,7 +180,7 @@ mod tests {
     #[test]
     fn token_axis_reads_feature_columns_of_padded_tokens() {
         // 3 tokens x 2 features, g2: stream positions 0..4 are feature 0 (token 3 is padding).
-        let g = grid(3, 2, 2, 4, Axis::Token);
+        let g = grid(3, 2, 2, 4, GroupAxis::Token);
         let scales = array![[1.0f32, 1.0], [1.0, 1.0]];
         let out = decode(
             &g,
@@ -214,7 +194,7 @@ mod tests {
 
     #[test]
     fn feature_axis_reads_token_rows() {
-        let g = grid(3, 2, 2, 8, Axis::Feature);
+        let g = grid(3, 2, 2, 8, GroupAxis::Feature);
         let scales = array![[1.0f32], [1.0], [2.0]];
         let stream = [127, 128, 129, 130, 131, 132];
         let out = decode(&g, &stream, scales.view(), &offsets(&g, &[]));
@@ -227,7 +207,7 @@ mod tests {
         // Zero points 1 and 2 (stream 0b10_01); codes [0, 3] and [3, 2] (stream 0b10_11_11_00).
         let g = Grid {
             mode: Mode::Asymmetric,
-            ..grid(2, 2, 2, 2, Axis::Feature)
+            ..grid(2, 2, 2, 2, GroupAxis::Feature)
         };
         let scales = array![[0.5f32], [1.0]];
         let out = decode(&g, &[0b1011_1100], scales.view(), &offsets(&g, &[0b10_01]));

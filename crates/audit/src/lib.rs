@@ -1,112 +1,426 @@
 //! Independent audit of packed-KV evidence.
 //!
-//! The audit trusts nothing the runner wrote: it checks file hashes, then re-decodes every code
-//! with its own decoder ([`decoder`]), recomputes attention with a different expression
-//! ([`attention`]), and recomputes every metric, payload and summary figure. It does not depend
-//! on the codec or the runner crates and shares no code with them.
+//! The audit trusts nothing the runner wrote. From the protocol recorded in `manifest.json` it
+//! re-derives every input (q, k and v of every seed, length and distribution, bit for bit),
+//! re-decodes every code with its own decoder and holds it to the quantization rule, recomputes
+//! every scale, attention output, metric, payload, summary figure, table cell and chart marker,
+//! checks every hash, and requires the run's sources to be exactly the runner's own, matching the
+//! tree it is given. It reads arrays.npz only in the canonical layout on which NumPy and it cannot
+//! disagree, and it opens only regular files inside the directory and tree it was given, with
+//! size caps.
+//!
+//! What it depends on, and why it may: `nprand` (NumPy's generator, pinned to NumPy's own vectors
+//! by its tests) and `rand_chacha`/`rand_distr` to re-derive inputs; `serde_json` to parse JSON,
+//! `sha2` to hash, `crc32fast` for the ZIP checksums, `pulldown-cmark` to read markdown as a
+//! renderer does, `roxmltree` to read the SVG, `ndarray` for arrays, `walkdir` to list source
+//! trees, `clap` and `anyhow` for the binary. It never depends on the codec or the runner, and
+//! shares no code with them: the decoder, the quantization rule, attention, the strict npz reader
+//! and every table are written here again from the evidence format's spec. (Its tests use the
+//! runner and the codec as dev-dependencies, to make runs to tamper with.)
 //!
 //! - [`audit_dir`]: one evidence directory (`audit DIR`);
 //! - [`audit_pins`]: everything a root manifest pins (`audit`).
 
-pub mod arrays;
 pub mod attention;
+pub mod chart;
+pub mod comparisons;
 pub mod decoder;
+pub mod files;
 pub mod hashes;
-pub mod model;
+pub mod inputs;
+pub mod manifest;
+pub mod markdown;
+pub mod npz;
+pub mod plan;
+pub mod protocol;
 pub mod report;
-pub mod study;
+pub mod results;
+pub mod rules;
+pub mod sources;
+pub mod summary;
+pub mod tensors;
+pub mod timings;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use model::{MANIFEST_FORMAT, Manifest, ROOT_MANIFEST_FORMAT, RootManifest, read_json};
-pub use report::Report;
+use serde::de::DeserializeOwned;
+
+use files::{EntryKind, FileError, MAX_TEXT_BYTES};
+use manifest::{MANIFEST_FORMAT, Manifest, ROOT_MANIFEST_FORMAT, RootManifest};
+pub use report::{Checked, Note, Problem, Report};
+
+/// The files a run writes besides manifest.json (timings.json only when the protocol times).
+pub const RUN_FILES: [&str; 5] = [
+    "arrays.npz",
+    "results.json",
+    "summary.json",
+    "summary.md",
+    "error-vs-bytes.svg",
+];
+/// The raw timings file.
+pub const TIMINGS: &str = "timings.json";
+/// The manifest.
+pub const MANIFEST: &str = "manifest.json";
 
 /// The workspace this audit was built from: where source hashes are checked by default.
 pub fn default_tree() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+fn parse_json<T: DeserializeOwned>(file: &str, bytes: &[u8]) -> Result<T, Problem> {
+    serde_json::from_slice(bytes).map_err(|e| Problem::Json {
+        file: file.to_string(),
+        message: e.to_string(),
+    })
+}
+
 /// Audits one evidence directory; source hashes are compared with the files in `tree`.
 pub fn audit_dir(dir: &Path, tree: &Path) -> Report {
     let mut report = Report::new(dir.display().to_string());
-    if !dir.is_dir() {
-        report.fail(format!("{} is not a directory", dir.display()));
+    let dir = match dir.canonicalize() {
+        Ok(d) if d.is_dir() => d,
+        _ => {
+            report.fail(Problem::File(FileError::NotRegular {
+                path: dir.to_path_buf(),
+            }));
+            return report;
+        }
+    };
+    let tree = tree.canonicalize().unwrap_or_else(|_| tree.to_path_buf());
+    let manifest_bytes = match files::read_confined(&dir, MANIFEST, MAX_TEXT_BYTES) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            report.fail(Problem::File(e));
+            return report;
+        }
+    };
+    // The format first, so an older or foreign manifest is named as such.
+    let format = serde_json::from_slice::<serde_json::Value>(&manifest_bytes)
+        .ok()
+        .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(String::from));
+    if let Some(found) = format.filter(|f| f != MANIFEST_FORMAT) {
+        report.fail(Problem::Format {
+            file: MANIFEST.into(),
+            found,
+            expected: MANIFEST_FORMAT,
+        });
         return report;
     }
-    let manifest: Manifest = match read_json(&dir.join("manifest.json")) {
+    let manifest: Manifest = match parse_json(MANIFEST, &manifest_bytes) {
         Ok(m) => m,
         Err(problem) => {
             report.fail(problem);
             return report;
         }
     };
-    if manifest.format != MANIFEST_FORMAT {
-        report.fail(format!(
-            "manifest.json format is {:?}; this audit reads {MANIFEST_FORMAT:?}",
-            manifest.format
-        ));
+    if let Err(e) = manifest.protocol.validate() {
+        report.fail(Problem::Protocol(e));
         return report;
     }
-    let mut required = vec![
-        "arrays.npz",
-        "results.json",
-        "summary.json",
-        "summary.md",
-        "error-vs-bytes.svg",
-    ];
+    let outputs = read_outputs(&dir, &manifest, &mut report);
+    sources::check(&tree, &manifest, &mut report);
+    check_manifest_fields(&tree, &manifest, &mut report);
+    check_contents(&manifest, &outputs, &mut report);
+    report
+}
+
+/// The files a run of this manifest's protocol writes, besides the manifest.
+fn run_files(manifest: &Manifest) -> Vec<&'static str> {
+    let mut files = RUN_FILES.to_vec();
     if manifest.protocol.timing.is_some() {
-        required.push("timings.json");
+        files.push(TIMINGS);
     }
-    for required in required {
-        if !manifest.outputs.contains_key(required) {
-            report.fail(format!("manifest.json does not list the output {required}"));
+    files
+}
+
+/// Checks the directory holds exactly the run's files, that the manifest lists exactly those,
+/// and that each hashes as recorded; returns the bytes of those that could be read.
+fn read_outputs(
+    dir: &Path,
+    manifest: &Manifest,
+    report: &mut Report,
+) -> BTreeMap<&'static str, Vec<u8>> {
+    let expected = run_files(manifest);
+    let listed: BTreeSet<&str> = manifest.outputs.keys().map(String::as_str).collect();
+    for name in &listed {
+        if !expected.contains(name) {
+            report.fail(Problem::UnexpectedListing {
+                name: name.to_string(),
+            });
         }
     }
-    hashes::check_outputs(dir, &manifest.outputs, "output hashes", &mut report);
-    let tree = tree.canonicalize().unwrap_or_else(|_| tree.to_path_buf());
-    hashes::check_sources(
-        &tree,
-        &manifest.source_roots,
-        &manifest.sources,
-        &mut report,
+    for name in &expected {
+        if !listed.contains(name) {
+            report.fail(Problem::MissingListing {
+                name: name.to_string(),
+            });
+        }
+    }
+    match files::list_dir(dir) {
+        Ok(entries) => {
+            for (name, kind) in entries {
+                let known = name == MANIFEST || expected.contains(&name.as_str());
+                if !known || kind != EntryKind::File {
+                    report.fail(Problem::UnexpectedFile { name });
+                }
+            }
+        }
+        Err(e) => report.fail(Problem::File(e)),
+    }
+    let mut out = BTreeMap::new();
+    for name in expected {
+        let cap = if name == "arrays.npz" {
+            npz::zip::MAX_ARCHIVE_BYTES
+        } else {
+            MAX_TEXT_BYTES
+        };
+        match files::read_confined(dir, name, cap) {
+            Ok(bytes) => {
+                if let Some(recorded) = manifest.outputs.get(name) {
+                    let actual = hashes::sha256_hex(&bytes);
+                    if &actual != recorded {
+                        report.fail(Problem::Hash {
+                            file: name.to_string(),
+                            recorded: hashes::short(recorded),
+                            actual: hashes::short(&actual),
+                        });
+                    }
+                    report.count(Checked::OutputHashes, 1);
+                }
+                out.insert(name, bytes);
+            }
+            Err(e) => report.fail(Problem::File(e)),
+        }
+    }
+    out
+}
+
+/// The manifest's counts, tool, and (for a protocol from the tree) the protocol itself.
+fn check_manifest_fields(tree: &Path, manifest: &Manifest, report: &mut Report) {
+    let p = &manifest.protocol;
+    let timings = p.timing.map_or(0, |t| {
+        p.comparison_count() * timings::OPERATIONS.len() * t.repeats
+    });
+    for (field, found, expected) in [
+        ("counts.inputs", manifest.counts.inputs, p.input_count()),
+        (
+            "counts.comparisons",
+            manifest.counts.comparisons,
+            p.comparison_count(),
+        ),
+        ("counts.timings", manifest.counts.timings, timings),
+    ] {
+        if found != expected {
+            report.fail(Problem::Manifest {
+                field,
+                found: found.to_string(),
+                expected: expected.to_string(),
+            });
+        }
+    }
+    if manifest.tool.name != "runner" {
+        report.fail(Problem::Manifest {
+            field: "tool.name",
+            found: manifest.tool.name.clone(),
+            expected: "runner".into(),
+        });
+    }
+    // A protocol read from a file of the tree must be that file's protocol.
+    let source = manifest.protocol_source.as_str();
+    let path = source.strip_prefix("embedded ").unwrap_or(source);
+    if path.starts_with("experiments/") {
+        let from_tree = files::read_confined(tree, path, MAX_TEXT_BYTES)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<protocol::Protocol>(&bytes).ok());
+        if from_tree.as_ref() != Some(p) {
+            report.fail(Problem::Manifest {
+                field: "protocol",
+                found: "the protocol recorded".into(),
+                expected: format!("the tree's {path}"),
+            });
+        }
+    }
+}
+
+/// Everything inside the files: results, arrays, summary, markdown, chart, timings.
+fn check_contents(
+    manifest: &Manifest,
+    outputs: &BTreeMap<&'static str, Vec<u8>>,
+    report: &mut Report,
+) {
+    let p = &manifest.protocol;
+    let inputs = plan::inputs(p);
+    let comparisons = plan::comparisons(p, &inputs);
+    let configs = plan::configs(p);
+    let labels: Vec<String> = configs.iter().map(|c| c.label()).collect();
+    let parsed = |name: &'static str| outputs.get(name).map(|bytes| (name, bytes));
+
+    let rows =
+        match parsed("results.json").map(|(n, b)| parse_json::<Vec<results::ResultRow>>(n, b)) {
+            Some(Ok(rows)) => results::check(p, &inputs, &comparisons, rows, report),
+            Some(Err(problem)) => {
+                report.fail(problem);
+                BTreeMap::new()
+            }
+            None => BTreeMap::new(),
+        };
+    let recomputed = match outputs.get("arrays.npz") {
+        Some(bytes) => match npz::Archive::new(bytes.clone()) {
+            Ok(archive) => {
+                report.count(Checked::ArchiveMembers, archive.names().len());
+                comparisons::check(p, &inputs, &comparisons, &rows, &archive, report)
+            }
+            Err(e) => {
+                report.fail(Problem::Archive(e));
+                BTreeMap::new()
+            }
+        },
+        None => BTreeMap::new(),
+    };
+    let timings = match (p.timing, parsed(TIMINGS)) {
+        (Some(timing), Some((name, bytes))) => match parse_json::<timings::Timings>(name, bytes) {
+            Ok(t) => {
+                timings::check(&timing, &comparisons, &t, report);
+                Some(t)
+            }
+            Err(problem) => {
+                report.fail(problem);
+                None
+            }
+        },
+        _ => None,
+    };
+    let complete = recomputed.len() == comparisons.len();
+    let summary = match parsed("summary.json").map(|(n, b)| parse_json::<summary::Summary>(n, b)) {
+        Some(Ok(s)) => s,
+        Some(Err(problem)) => return report.fail(problem),
+        None => return,
+    };
+    let tables = summary::Tables::new(p, &inputs, &comparisons, &recomputed);
+    if complete {
+        summary::check(p, &tables, &summary, report);
+    }
+    timings::check_medians(
+        &inputs,
+        &comparisons,
+        &labels,
+        &p.tokens,
+        timings.as_ref(),
+        &summary,
+        report,
     );
-    report.note(format!(
-        "source hashes compared with the tree at {}",
-        tree.display()
-    ));
-    study::check_study(dir, &manifest.protocol, &mut report);
-    report
+    if let Some(md) = outputs.get("summary.md") {
+        match std::str::from_utf8(md) {
+            Ok(text) => markdown::check(text, p, &summary, manifest, report),
+            Err(_) => report.fail(Problem::Markdown(markdown::MarkdownProblem::Markup {
+                what: "bytes that are not UTF-8".into(),
+            })),
+        }
+    }
+    if let Some(svg) = outputs.get("error-vs-bytes.svg")
+        && complete
+    {
+        match std::str::from_utf8(svg) {
+            Ok(text) => chart::check(
+                text,
+                p,
+                &inputs,
+                &comparisons,
+                &configs,
+                &recomputed,
+                report,
+            ),
+            Err(_) => report.fail(Problem::Chart(chart::ChartProblem::Document {
+                reason: "not UTF-8".into(),
+            })),
+        }
+    }
 }
 
 /// Audits what a root manifest pins: each pinned file's hash, then each directory in full.
 pub fn audit_pins(root_manifest: &Path, tree: &Path) -> Vec<Report> {
     let mut pins = Report::new(root_manifest.display().to_string());
-    let root: RootManifest = match read_json(root_manifest) {
-        Ok(r) => r,
-        Err(problem) => {
-            pins.fail(problem);
+    let root: RootManifest = match files::read_regular(root_manifest, MAX_TEXT_BYTES) {
+        Ok(bytes) => {
+            let format = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(String::from));
+            if let Some(found) = format.filter(|f| f != ROOT_MANIFEST_FORMAT) {
+                pins.fail(Problem::Format {
+                    file: root_manifest.display().to_string(),
+                    found,
+                    expected: ROOT_MANIFEST_FORMAT,
+                });
+                return vec![pins];
+            }
+            match parse_json(&root_manifest.display().to_string(), &bytes) {
+                Ok(root) => root,
+                Err(problem) => {
+                    pins.fail(problem);
+                    return vec![pins];
+                }
+            }
+        }
+        Err(e) => {
+            pins.fail(Problem::File(e));
             return vec![pins];
         }
     };
-    if root.format != ROOT_MANIFEST_FORMAT {
-        pins.fail(format!(
-            "root manifest format is {:?}; this audit reads {ROOT_MANIFEST_FORMAT:?}",
-            root.format
-        ));
-        return vec![pins];
-    }
     if root.evidence.is_empty() {
-        pins.fail("the root manifest pins no evidence");
+        pins.fail(Problem::Pin("it pins no evidence".into()));
     }
-    let base = root_manifest.parent().unwrap_or(Path::new(""));
+    let base = root_manifest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let mut reports = Vec::new();
     for (dir, pinned) in &root.evidence {
-        let path = base.join(dir);
-        hashes::check_outputs(&path, &pinned.files, "pinned file hashes", &mut pins);
-        if !pinned.files.contains_key("manifest.json") {
-            pins.fail(format!(
-                "{dir}: the root manifest does not pin its manifest.json"
-            ));
+        let path = match files::confined_path(base, dir) {
+            Ok(path) => path,
+            Err(e) => {
+                pins.fail(Problem::Pin(e.to_string()));
+                continue;
+            }
+        };
+        if !pinned.files.contains_key(MANIFEST) {
+            pins.fail(Problem::Pin(format!(
+                "{dir}: its manifest.json is not pinned"
+            )));
+        }
+        let present: BTreeSet<String> = match files::list_dir(&path) {
+            Ok(entries) => entries.into_iter().map(|(name, _)| name).collect(),
+            Err(e) => {
+                pins.fail(Problem::File(e));
+                BTreeSet::new()
+            }
+        };
+        for name in present.iter().filter(|n| !pinned.files.contains_key(*n)) {
+            pins.fail(Problem::Pin(format!("{dir}/{name} is not pinned")));
+        }
+        for (name, recorded) in &pinned.files {
+            let cap = npz::zip::MAX_ARCHIVE_BYTES;
+            match files::plain_components(name)
+                .ok()
+                .filter(|parts| parts.len() == 1)
+                .map(|_| files::read_confined(&path, name, cap))
+            {
+                Some(Ok(bytes)) => {
+                    let actual = hashes::sha256_hex(&bytes);
+                    if &actual != recorded {
+                        pins.fail(Problem::Hash {
+                            file: format!("{dir}/{name}"),
+                            recorded: hashes::short(recorded),
+                            actual: hashes::short(&actual),
+                        });
+                    }
+                }
+                Some(Err(e)) => pins.fail(Problem::File(e)),
+                None => pins.fail(Problem::Pin(format!(
+                    "{dir}: {name:?} is not a plain file name"
+                ))),
+            }
+            pins.count(Checked::PinnedFiles, 1);
         }
         reports.push(audit_dir(&path, tree));
     }

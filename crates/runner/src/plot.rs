@@ -1,9 +1,28 @@
 //! error-vs-bytes.svg: mean relative L2 error against K+V payload bytes, both on log scales.
 //!
 //! One marker per configuration (packed-KV setting or budget policy), length and distribution:
-//! the colour names the configuration, the shape the distribution, and each marker is the mean
-//! over seeds. Dashed verticals mark the float32 K+V size at each length. Drawn with plotters'
-//! SVG backend from results.json's rows only, so the same run gives the same file.
+//! the colour names the configuration, the shape the distribution (circle `clean`, triangle
+//! `early_focus`, diamond `recent_focus`), budget policies are hollow, and each marker is the
+//! mean over seeds. Dashed verticals mark the float32 K+V size at each length.
+//!
+//! plotters draws the axes, ticks, labels, float32 lines and the legend (to the right of the
+//! plot, so nothing covers a marker). The markers are written as SVG elements by this module,
+//! because each one carries its data so that a reader, or the audit, can tie it to its rows:
+//!
+//! ```text
+//! <g id="markers" data-x-range="LO HI" data-y-range="LO HI" data-x-pixels="A B" data-y-pixels="C D">
+//!   <g class="marker" data-config="g8_b4" data-distribution="clean" data-tokens="128"
+//!      data-payload-bytes="8208" data-relative-l2="0.0979..." transform="translate(X,Y)">
+//!     <circle r="5" .../>
+//!   </g> ...
+//! </g>
+//! ```
+//!
+//! The axis mapping is plotters': value v lands at pixel A + (B - A) * ln(v / LO) / ln(HI / LO)
+//! (rounded to a whole pixel), on both axes. Drawn from results.json's rows only, so the same run
+//! gives the same file.
+
+use std::fmt::Write as _;
 
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -12,8 +31,10 @@ use crate::protocol::{Distribution, Protocol};
 use crate::study::{ResultRow, float32_kv_bytes, plans};
 use crate::summary::{config_label, row_label, thousands};
 
-const WIDTH: u32 = 960;
+const WIDTH: u32 = 1040;
 const HEIGHT: u32 = 600;
+/// Pixels left of the legend, which takes the rest of the width.
+const CHART_WIDTH: u32 = 830;
 
 /// Tableau-like palette: distinct, readable on white.
 const PALETTE: [RGBColor; 10] = [
@@ -32,33 +53,57 @@ const PALETTE: [RGBColor; 10] = [
 /// One plotted point: (payload bytes, mean relative L2).
 type Point = (f64, f64);
 
+/// A configuration's mean error over seeds at one length and distribution.
+struct Marker {
+    label: String,
+    distribution: Distribution,
+    tokens: usize,
+    payload_bytes: usize,
+    relative_l2: f64,
+}
+
+/// The marker shape of a distribution, centred on (0, 0): SVG element name and geometry.
+pub fn marker_shape(distribution: Distribution) -> (&'static str, &'static str) {
+    match distribution {
+        Distribution::Clean => ("circle", r#"r="5""#),
+        Distribution::EarlyFocus => ("polygon", r#"points="0,-6 5.2,3 -5.2,3""#),
+        Distribution::RecentFocus => ("polygon", r#"points="0,-6 6,0 0,6 -6,0""#),
+    }
+}
+
 /// Renders the chart as SVG text.
 pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String, String> {
-    let series = points(protocol, rows);
-    let all: Vec<Point> = series
-        .iter()
-        .flat_map(|(_, _, p)| p.iter().copied())
+    let markers: Vec<Marker> = markers(protocol, rows)
+        .into_iter()
+        .filter(|m| m.relative_l2 > 0.0)
         .collect();
-    if all.is_empty() {
+    if markers.is_empty() {
         return Err("no comparisons with a positive error to plot".into());
     }
+    let labels = labels(protocol);
     let baselines: Vec<(usize, f64)> = protocol
         .tokens
         .iter()
         .map(|&n| (n, float32_kv_bytes(n, protocol.features) as f64))
         .collect();
+    let all: Vec<Point> = markers
+        .iter()
+        .map(|m| (m.payload_bytes as f64, m.relative_l2))
+        .collect();
     let x_min = all.iter().map(|p| p.0).fold(f64::INFINITY, f64::min) * 0.7;
-    // Room on the right of the largest float32 line for the legend.
-    let x_max = baselines.iter().map(|b| b.1).fold(0.0, f64::max) * 4.0;
+    let x_max = baselines.iter().map(|b| b.1).fold(0.0, f64::max) * 1.5;
     let y_min = all.iter().map(|p| p.1).fold(f64::INFINITY, f64::min) * 0.7;
     let y_max = all.iter().map(|p| p.1).fold(0.0, f64::max) * 1.5;
 
     let mut svg = String::new();
+    let placed: Vec<(i32, i32)>;
+    let pixels: [(i32, i32); 2];
     {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         let fail = |e: &dyn std::fmt::Debug| format!("drawing error-vs-bytes.svg: {e:?}");
         root.fill(&WHITE).map_err(|e| fail(&e))?;
-        let mut chart = ChartBuilder::on(&root)
+        let (left, legend) = root.split_horizontally(CHART_WIDTH);
+        let mut chart = ChartBuilder::on(&left)
             .caption(
                 format!(
                     "{}: attention-output error against K+V payload",
@@ -89,8 +134,8 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
             .draw()
             .map_err(|e| fail(&e))?;
 
+        let grey = RGBColor(90, 90, 90);
         for (n, bytes) in &baselines {
-            let grey = RGBColor(90, 90, 90);
             chart
                 .draw_series(DashedLineSeries::new(
                     vec![(*bytes, y_min), (*bytes, y_max)],
@@ -110,79 +155,95 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
                 )))
                 .map_err(|e| fail(&e))?;
         }
+        placed = all.iter().map(|p| chart.backend_coord(p)).collect();
+        let low = chart.backend_coord(&(x_min, y_min));
+        let high = chart.backend_coord(&(x_max, y_max));
+        pixels = [(low.0, high.0), (low.1, high.1)];
 
-        for (color_index, label) in labels(protocol).iter().enumerate() {
-            let color = PALETTE[color_index % PALETTE.len()];
-            let budget = is_budget(label);
-            // Legend entry for the configuration: a filled square in its colour.
-            chart
-                .draw_series(std::iter::empty::<Circle<Point, i32>>())
-                .map_err(|e| fail(&e))?
-                .label(label.clone())
-                .legend(move |(x, y)| {
-                    let style = if budget {
-                        color.stroke_width(2)
-                    } else {
-                        color.filled()
-                    };
-                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], style)
-                });
-            for (config, distribution, points) in &series {
-                if config != label {
-                    continue;
-                }
-                // Budget policies are hollow, so `uniform` stays visible on top of the packed
-                // setting it equals (g32 b4).
-                let style = if is_budget(label) {
-                    color.stroke_width(2)
-                } else {
-                    color.filled()
-                };
-                let drawn = match distribution {
-                    Distribution::Clean => {
-                        chart.draw_series(points.iter().map(|&p| Circle::new(p, 5, style)))
-                    }
-                    Distribution::EarlyFocus => {
-                        chart.draw_series(points.iter().map(|&p| TriangleMarker::new(p, 6, style)))
-                    }
-                    Distribution::RecentFocus => chart.draw_series(
-                        points
-                            .iter()
-                            .map(|&p| Cross::new(p, 5, color.stroke_width(2))),
-                    ),
-                };
-                drawn.map_err(|e| fail(&e))?;
-            }
-        }
-        // Legend entries for the distributions: black markers of each shape.
-        for distribution in &protocol.distributions {
-            let entry = chart
-                .draw_series(std::iter::empty::<Circle<Point, i32>>())
-                .map_err(|e| fail(&e))?
-                .label(distribution.to_string());
-            match distribution {
-                Distribution::Clean => {
-                    entry.legend(|(x, y)| Circle::new((x + 5, y), 5, BLACK.filled()));
-                }
-                Distribution::EarlyFocus => {
-                    entry.legend(|(x, y)| TriangleMarker::new((x + 5, y), 6, BLACK.filled()));
-                }
-                Distribution::RecentFocus => {
-                    entry.legend(|(x, y)| Cross::new((x + 5, y), 5, BLACK.stroke_width(2)));
-                }
-            }
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .label_font(("sans-serif", 13))
-            .draw()
-            .map_err(|e| fail(&e))?;
+        draw_legend(&legend, protocol, &labels).map_err(|e| fail(&e))?;
         root.present().map_err(|e| fail(&e))?;
     }
-    Ok(svg)
+
+    // The markers, each with its data, after everything plotters drew.
+    let body = svg
+        .trim_end()
+        .strip_suffix("</svg>")
+        .ok_or("plotters' SVG does not end with </svg>")?
+        .to_string();
+    let mut out = body;
+    let _ = writeln!(
+        out,
+        r#"<g id="markers" data-x-range="{x_min:?} {x_max:?}" data-y-range="{y_min:?} {y_max:?}" data-x-pixels="{} {}" data-y-pixels="{} {}">"#,
+        pixels[0].0, pixels[0].1, pixels[1].0, pixels[1].1
+    );
+    for (m, (x, y)) in markers.iter().zip(placed) {
+        let index = labels.iter().position(|l| *l == m.label).unwrap_or(0);
+        let color = hex(PALETTE[index % PALETTE.len()]);
+        let paint = if is_budget(&m.label) {
+            format!(r#"fill="none" stroke="{color}" stroke-width="2""#)
+        } else {
+            format!(r#"fill="{color}" stroke="none""#)
+        };
+        let (element, geometry) = marker_shape(m.distribution);
+        let _ = writeln!(
+            out,
+            r#"<g class="marker" data-config="{}" data-distribution="{}" data-tokens="{}" data-payload-bytes="{}" data-relative-l2="{:?}" transform="translate({x},{y})"><{element} {geometry} {paint}/></g>"#,
+            m.label, m.distribution, m.tokens, m.payload_bytes, m.relative_l2
+        );
+    }
+    out.push_str("</g>\n</svg>\n");
+    Ok(out)
+}
+
+/// The legend, right of the chart: a swatch per configuration (hollow for budget policies), then
+/// a black marker per distribution. Each swatch is drawn just before its label.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    protocol: &Protocol,
+    labels: &[String],
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let font = ("sans-serif", 13).into_font();
+    let mut y = 60;
+    area.draw(&Text::new("configuration", (10, y - 20), font.clone()))?;
+    for (index, label) in labels.iter().enumerate() {
+        let color = PALETTE[index % PALETTE.len()];
+        let style = if is_budget(label) {
+            color.stroke_width(2)
+        } else {
+            color.filled()
+        };
+        area.draw(&Rectangle::new([(10, y), (20, y + 10)], style))?;
+        area.draw(&Text::new(label.clone(), (28, y - 1), font.clone()))?;
+        y += 18;
+    }
+    y += 24;
+    area.draw(&Text::new("distribution", (10, y - 20), font.clone()))?;
+    for &distribution in &protocol.distributions {
+        let center = (15, y + 5);
+        match distribution {
+            Distribution::Clean => area.draw(&Circle::new(center, 5, BLACK.filled()))?,
+            Distribution::EarlyFocus => area.draw(&Polygon::new(
+                vec![(15, y - 1), (20, y + 8), (10, y + 8)],
+                BLACK.filled(),
+            ))?,
+            Distribution::RecentFocus => area.draw(&Polygon::new(
+                vec![(15, y - 1), (21, y + 5), (15, y + 11), (9, y + 5)],
+                BLACK.filled(),
+            ))?,
+        }
+        area.draw(&Text::new(
+            distribution.to_string(),
+            (28, y - 1),
+            font.clone(),
+        ))?;
+        y += 18;
+    }
+    area.draw(&Text::new("hollow: budget policy", (10, y + 6), font))?;
+    Ok(())
+}
+
+fn hex(color: RGBColor) -> String {
+    format!("#{:02X}{:02X}{:02X}", color.0, color.1, color.2)
 }
 
 fn is_budget(label: &str) -> bool {
@@ -220,12 +281,11 @@ fn labels(protocol: &Protocol) -> Vec<String> {
     plans(protocol).iter().map(config_label).collect()
 }
 
-/// (configuration label, distribution, points) with the mean error over seeds per length.
-fn points(protocol: &Protocol, rows: &[ResultRow]) -> Vec<(String, Distribution, Vec<Point>)> {
+/// Every (configuration, distribution, length) with its mean error over seeds, in protocol order.
+fn markers(protocol: &Protocol, rows: &[ResultRow]) -> Vec<Marker> {
     let mut out = Vec::new();
     for label in labels(protocol) {
         for &distribution in &protocol.distributions {
-            let mut points = Vec::new();
             for &n in &protocol.tokens {
                 let mine: Vec<&ResultRow> = rows
                     .iter()
@@ -235,15 +295,18 @@ fn points(protocol: &Protocol, rows: &[ResultRow]) -> Vec<(String, Distribution,
                             && r.tokens == n
                     })
                     .collect();
-                if mine.is_empty() {
+                let Some(first) = mine.first() else {
                     continue;
-                }
+                };
                 let mean = mine.iter().map(|r| r.relative_l2).sum::<f64>() / mine.len() as f64;
-                if mean > 0.0 {
-                    points.push((mine[0].payload_bytes as f64, mean));
-                }
+                out.push(Marker {
+                    label: label.clone(),
+                    distribution,
+                    tokens: n,
+                    payload_bytes: first.payload_bytes,
+                    relative_l2: mean,
+                });
             }
-            out.push((label.clone(), distribution, points));
         }
     }
     out

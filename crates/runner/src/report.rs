@@ -1,91 +1,132 @@
 //! summary.md: the run's tables in markdown, with the chart beside it.
+//!
+//! Every figure is in a table; the text between them has none (not even a count), so that a
+//! reader, or the audit, can check everything summary.md claims by checking its table cells. The
+//! tables, in order: the run (protocol and counts), the packed-KV table, the same per
+//! distribution, the budget table (when the protocol has a budget study), the platform and the
+//! median timings (when it takes timings).
 
 use std::fmt::Write as _;
 
 use crate::manifest::Manifest;
 use crate::protocol::Protocol;
 use crate::summary::{
-    Summary, budget_table, packed_by_distribution_table, packed_table, timing_table,
+    Summary, Table, budget_table, packed_by_distribution_table, packed_table, timing_table,
 };
 
+/// The run table: what was run, and how many of everything.
+pub fn run_table(protocol: &Protocol) -> Table {
+    let join = |items: Vec<String>| items.join(", ");
+    let inputs = protocol.inputs().len();
+    let policies = protocol.budget.as_ref().map_or(0, |b| b.policies.len());
+    let mut rows = vec![
+        ("generator", protocol.generator.name.name().to_string()),
+        (
+            "seeds",
+            join(protocol.seeds.iter().map(u64::to_string).collect()),
+        ),
+        (
+            "lengths (N)",
+            join(protocol.tokens.iter().map(usize::to_string).collect()),
+        ),
+        ("features (D)", protocol.features.to_string()),
+        ("queries", protocol.queries.to_string()),
+        (
+            "distributions",
+            join(
+                protocol
+                    .distributions
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect(),
+            ),
+        ),
+        ("focus window (tokens)", protocol.focus.window.to_string()),
+        ("focus gain", protocol.focus.gain.to_string()),
+        ("inputs", inputs.to_string()),
+        ("packed-KV settings", protocol.settings.len().to_string()),
+    ];
+    if let Some(budget) = &protocol.budget {
+        rows.push(("budget policies", policies.to_string()));
+        rows.push(("budget group size", budget.group_size.to_string()));
+        rows.push(("budget low bits", budget.low_bits.to_string()));
+        rows.push(("budget window W (tokens)", budget.window.to_string()));
+    }
+    if let Some(timing) = &protocol.timing {
+        rows.push(("timing warm-up calls", timing.warmup.to_string()));
+        rows.push(("timing repeats", timing.repeats.to_string()));
+    }
+    rows.push(("comparisons", protocol.comparison_count().to_string()));
+    Table {
+        headers: vec!["quantity".into(), "value".into()],
+        rows: rows
+            .into_iter()
+            .map(|(k, v)| vec![k.to_string(), v])
+            .collect(),
+    }
+}
+
+/// The platform the timings describe.
+pub fn platform_table(manifest: &Manifest) -> Table {
+    Table {
+        headers: vec!["target".into(), "rustc".into(), "profile".into()],
+        rows: vec![vec![
+            manifest.platform.target.clone(),
+            manifest.tool.rustc.clone(),
+            manifest.tool.profile.clone(),
+        ]],
+    }
+}
+
+/// summary.md's text.
 pub fn summary_markdown(protocol: &Protocol, summary: &Summary, manifest: &Manifest) -> String {
     let mut md = String::new();
-    let settings = protocol.settings.len();
-    let policies = protocol.budget.as_ref().map_or(0, |b| b.policies.len());
-    let inputs = protocol.inputs().len();
-    writeln!(md, "# Run summary: {}\n", protocol.study).unwrap();
-    writeln!(
-        md,
-        "{} seeds x {} lengths x {} distributions = {inputs} inputs; {settings} packed-KV settings \
-         and {policies} budget policies on each: {} comparisons. Generator `{}`; D = {}, {} queries.\n",
-        protocol.seeds.len(),
-        protocol.tokens.len(),
-        protocol.distributions.len(),
-        inputs * (settings + policies),
-        protocol.generator.name.name(),
-        protocol.features,
-        protocol.queries,
-    )
-    .unwrap();
-    writeln!(
-        md,
-        "Inputs are synthetic standard-normal draws, not KV from a trained model, and nothing here \
-         measures model quality. `early_focus` and `recent_focus` (keys shifted towards the mean \
-         query over the first or last {} tokens) are this project's conditions.\n",
-        protocol.focus.window
-    )
-    .unwrap();
-
-    writeln!(md, "## Packed KV\n").unwrap();
-    writeln!(
-        md,
+    let mut line = |text: &str| {
+        md.push_str(text);
+        md.push_str("\n\n");
+    };
+    line(&format!("# Run summary: {}", protocol.study));
+    line(
+        "Every figure of this run is in a table below; the text only says what the tables hold. \
+         The inputs are synthetic standard-normal draws, not K and V from a trained model, and \
+         nothing here measures model quality. `early_focus` and `recent_focus` (keys shifted \
+         towards the mean query over the first or last tokens of the focus window) are this \
+         project's conditions.",
+    );
+    line("## Run");
+    line(&run_table(protocol).to_markdown());
+    line("## Packed KV");
+    line(
         "Mean relative L2 error of the attention output over the clean inputs, and the K+V \
-         payload (codes + f32 scales + two i32 shape values per tensor):\n"
-    )
-    .unwrap();
-    writeln!(md, "{}\n", packed_table(protocol, summary).to_markdown()).unwrap();
-    writeln!(
-        md,
-        "The same settings on every distribution (mean over seeds and lengths):\n"
-    )
-    .unwrap();
-    writeln!(
-        md,
-        "{}\n",
-        packed_by_distribution_table(protocol, summary).to_markdown()
-    )
-    .unwrap();
-
-    if let Some(budget) = &protocol.budget {
-        writeln!(md, "## Recent-token precision budget\n").unwrap();
-        writeln!(
-            md,
-            "Group {}, {}-bit everywhere except a window of W = {} tokens at the start (`early*`) \
-             or the end (`recent*`) of the cache, kept 8-bit or float32; each part is stored as \
-             its own segment. Mean relative L2 error over seeds and lengths:\n",
-            budget.group_size, budget.low_bits, budget.window
-        )
-        .unwrap();
-        writeln!(md, "{}\n", budget_table(protocol, summary).to_markdown()).unwrap();
+         payload (codes, float32 scales, zero points when asymmetric, and two int32 shape values \
+         per tensor):",
+    );
+    line(&packed_table(protocol, summary).to_markdown());
+    line("The same settings on every distribution (mean over seeds and lengths):");
+    line(&packed_by_distribution_table(protocol, summary).to_markdown());
+    if protocol.budget.is_some() {
+        line("## Recent-token precision budget");
+        line(
+            "With the codec fixed at the budget group size and low width (see the run table), \
+             a window of W tokens at the start (`early*`) or the end (`recent*`) of the cache is \
+             kept at eight bits or in float32; each part is stored as its own segment. Mean \
+             relative L2 error over seeds and lengths:",
+        );
+        line(&budget_table(protocol, summary).to_markdown());
     }
-
     if !summary.timings.is_empty() {
-        let per_cell = summary.timings.first().map_or(0, |t| t.measurements);
-        writeln!(md, "## Median timings\n").unwrap();
-        writeln!(
-            md,
-            "Median of {per_cell} raw measurements per cell (every seed and distribution, every \
-             repeat; all of them are in timings.json), in ns, on {} ({}, {} build). Descriptive \
-             only: they vary by machine and run.\n",
-            manifest.platform.target, manifest.tool.rustc, manifest.tool.profile
-        )
-        .unwrap();
-        writeln!(md, "{}\n", timing_table(summary).to_markdown()).unwrap();
+        line("## Median timings");
+        line(
+            "Medians of the raw measurements in each cell (every seed, distribution and repeat; \
+             all of them are in timings.json), in nanoseconds, on the platform below. \
+             Descriptive only: they vary by machine and run.",
+        );
+        line(&platform_table(manifest).to_markdown());
+        line(&timing_table(summary).to_markdown());
     }
-    writeln!(
+    let _ = writeln!(
         md,
         "![Relative error against payload bytes](error-vs-bytes.svg)"
-    )
-    .unwrap();
+    );
     md
 }

@@ -364,11 +364,12 @@ pub fn packed_by_distribution_table(protocol: &Protocol, summary: &Summary) -> T
         protocol,
         "setting",
         summary.packed_kv.iter().map(|r| {
-            (
-                format!("g{} b{}", r.group_size, r.bits),
-                &r.mean_relative_l2,
-                &r.payload_bytes,
-            )
+            let setting = crate::protocol::Setting {
+                group_size: r.group_size,
+                bits: r.bits,
+                mode: r.mode,
+            };
+            (setting.label(), &r.mean_relative_l2, &r.payload_bytes)
         }),
     )
 }
@@ -384,8 +385,14 @@ pub fn budget_table(protocol: &Protocol, summary: &Summary) -> Table {
     )
 }
 
+/// Median timings: one row per configuration and length, with how many raw measurements each
+/// median is over, then one column per operation.
 pub fn timing_table(summary: &Summary) -> Table {
-    let mut headers = vec!["config".to_string(), "N".to_string()];
+    let mut headers = vec![
+        "config".to_string(),
+        "N".to_string(),
+        "measurements".to_string(),
+    ];
     headers.extend(
         Operation::ALL
             .iter()
@@ -395,7 +402,9 @@ pub fn timing_table(summary: &Summary) -> Table {
     for row in &summary.timings {
         let key = [row.config.clone(), row.tokens.to_string()];
         if rows.last().is_none_or(|last| last[..2] != key) {
-            rows.push(key.to_vec());
+            let mut cells = key.to_vec();
+            cells.push(row.measurements.to_string());
+            rows.push(cells);
         }
         rows.last_mut()
             .expect("just pushed")

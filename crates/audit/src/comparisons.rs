@@ -1,0 +1,290 @@
+//! arrays.npz against the protocol: every input re-derived and required bit for bit, every
+//! reference and output recomputed, every stored segment checked ([`crate::tensors`]), and each
+//! results row's metrics and payloads recomputed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ndarray::{Array2, Axis, s};
+
+use crate::attention::{attention, relative_max_diff};
+use crate::decoder::{Grid, GroupAxis};
+use crate::inputs;
+use crate::npz::Archive;
+use crate::plan::{ComparisonPlan, InputPlan};
+use crate::protocol::Protocol;
+use crate::report::{Checked, Problem, Report};
+use crate::results::ResultRow;
+use crate::tensors::{self, Stored, within};
+
+/// Recomputed attention outputs must agree with the archived ones to this relative precision.
+pub const OUTPUT_TOLERANCE: f64 = 1e-12;
+/// Recomputed metrics must agree with results.json to this relative precision.
+pub const METRIC_TOLERANCE: f64 = 1e-12;
+
+/// What the audit recomputed for one comparison.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Recomputed {
+    /// ||out - ref||_F / ||ref||_F from the archived (and verified) out and reference.
+    pub relative_l2: f64,
+    /// max |out - ref|.
+    pub max_abs: f64,
+    /// K + V payload as stored.
+    pub payload_bytes: usize,
+}
+
+/// Whether `recorded` is `actual` to within [`METRIC_TOLERANCE`], relatively.
+pub fn close(recorded: f64, actual: f64) -> bool {
+    within((recorded - actual).abs(), METRIC_TOLERANCE * actual.abs())
+}
+
+/// Checks arrays.npz and the rows' numbers; returns what it recomputed, by comparison id.
+pub fn check(
+    p: &Protocol,
+    inputs: &[InputPlan],
+    plan: &[ComparisonPlan],
+    rows: &BTreeMap<String, ResultRow>,
+    archive: &Archive,
+    report: &mut Report,
+) -> BTreeMap<String, Recomputed> {
+    let mut recomputed = BTreeMap::new();
+    if !check_names(inputs, plan, archive, report) {
+        return recomputed;
+    }
+    let mut draw = None;
+    for (index, input) in inputs.iter().enumerate() {
+        let key = (input.seed, input.tokens);
+        if draw.as_ref().is_none_or(|(k, _)| *k != key) {
+            let Some(d) = inputs::draw(p, input.seed, input.tokens) else {
+                return recomputed;
+            };
+            draw = Some((key, d));
+        }
+        let (_, d) = draw.as_ref().expect("just drawn");
+        let k = inputs::keys(p, d, input.distribution);
+        let Some(reference) = check_input(p, input, &d.q, &k, &d.v, archive, report) else {
+            continue;
+        };
+        let q64 = d.q.mapv(f64::from);
+        for e in plan.iter().filter(|e| e.input == index) {
+            if let Some(r) = check_comparison(
+                p,
+                e,
+                &q64,
+                &k,
+                &d.v,
+                &reference,
+                archive,
+                rows.get(&e.id),
+                report,
+            ) {
+                recomputed.insert(e.id.clone(), r);
+            }
+        }
+    }
+    recomputed
+}
+
+/// The archive must hold exactly the arrays the plan names.
+fn check_names(
+    inputs: &[InputPlan],
+    plan: &[ComparisonPlan],
+    archive: &Archive,
+    report: &mut Report,
+) -> bool {
+    let mut expected = BTreeSet::new();
+    for input in inputs {
+        for part in ["q", "k", "v", "ref"] {
+            expected.insert(format!("{}_{part}", input.id));
+        }
+    }
+    for e in plan {
+        expected.extend(e.array_names());
+    }
+    let present: BTreeSet<String> = archive.names().iter().cloned().collect();
+    let missing: Vec<&String> = expected.difference(&present).collect();
+    let unexpected: Vec<&String> = present.difference(&expected).collect();
+    for (what, names) in [
+        ("is missing", &missing),
+        ("has an unexpected array", &unexpected),
+    ] {
+        if let Some(first) = names.first() {
+            report.fail(Problem::ArrayNames {
+                what,
+                first: first.to_string(),
+                more: names.len() - 1,
+            });
+        }
+    }
+    // Missing arrays would fail again one by one below; the line above says it once.
+    missing.is_empty()
+}
+
+/// The archived q, k, v must be the re-derived ones, and the reference their attention. Returns
+/// the archived reference.
+fn check_input(
+    p: &Protocol,
+    input: &InputPlan,
+    q: &Array2<f32>,
+    k: &Array2<f32>,
+    v: &Array2<f32>,
+    archive: &Archive,
+    report: &mut Report,
+) -> Option<Array2<f64>> {
+    let id = &input.id;
+    let mut all_same = true;
+    for (part, derived) in [("q", q), ("k", k), ("v", v)] {
+        let array = format!("{id}_{part}");
+        match archive.matrix::<f32>(&array, [derived.nrows(), derived.ncols()]) {
+            Ok(archived) => {
+                let mut differ = archived
+                    .indexed_iter()
+                    .zip(derived.iter())
+                    .filter(|((_, a), b)| a.to_bits() != b.to_bits());
+                if let Some((((t, f), &a), &b)) = differ.next() {
+                    all_same = false;
+                    report.fail(Problem::Input {
+                        array,
+                        count: 1 + differ.count(),
+                        first: [t, f],
+                        archived: a,
+                        derived: b,
+                    });
+                }
+            }
+            Err(e) => {
+                all_same = false;
+                report.fail(Problem::Array(e));
+            }
+        }
+    }
+    if all_same {
+        report.count(Checked::InputsRederived, 1);
+    }
+    let array = format!("{id}_ref");
+    let reference = match archive.matrix::<f64>(&array, [p.queries, p.features]) {
+        Ok(r) => r,
+        Err(e) => {
+            report.fail(Problem::Array(e));
+            return None;
+        }
+    };
+    let recomputed = attention(
+        q.mapv(f64::from).view(),
+        k.mapv(f64::from).view(),
+        v.mapv(f64::from).view(),
+    );
+    let diff = relative_max_diff(&recomputed, &reference);
+    if !within(diff, OUTPUT_TOLERANCE) {
+        report.fail(Problem::Attention {
+            array,
+            what: "attention over the re-derived inputs",
+            diff,
+        });
+    }
+    report.count(Checked::References, 1);
+    Some(reference)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_comparison(
+    p: &Protocol,
+    e: &ComparisonPlan,
+    q: &Array2<f64>,
+    k: &Array2<f32>,
+    v: &Array2<f32>,
+    reference: &Array2<f64>,
+    archive: &Archive,
+    row: Option<&ResultRow>,
+    report: &mut Report,
+) -> Option<Recomputed> {
+    let id = &e.id;
+    let mut decoded = Vec::new();
+    let mut payloads = Vec::new();
+    for (tensor, original, axis) in [("k", k, GroupAxis::Token), ("v", v, GroupAxis::Feature)] {
+        let mut parts: Vec<Stored> = Vec::new();
+        for (index, segment) in e.segments.iter().enumerate() {
+            let suffix = e.suffix(index);
+            let slice = original.slice(s![segment.start..segment.end, ..]);
+            let name = format!("{id}_{tensor}");
+            let stored = match segment.bits {
+                Some(bits) => {
+                    let grid = Grid {
+                        tokens: segment.len(),
+                        features: p.features,
+                        group_size: e.group_size,
+                        bits,
+                        axis,
+                        mode: segment.mode,
+                    };
+                    tensors::check_quantized(archive, &name, &suffix, grid, slice, report)
+                }
+                None => tensors::check_float32(archive, &name, &suffix, slice, report),
+            };
+            parts.push(stored?);
+        }
+        let views: Vec<_> = parts.iter().map(|s| s.decoded.view()).collect();
+        decoded.push(ndarray::concatenate(Axis(0), &views).expect("segments tile the cache"));
+        payloads.push(parts.iter().map(|s| s.payload_bytes).sum::<usize>());
+    }
+    report.count(Checked::Segments, 2 * e.segments.len());
+    let array = format!("{id}_out");
+    let out = match archive.matrix::<f64>(&array, [p.queries, p.features]) {
+        Ok(out) => out,
+        Err(err) => {
+            report.fail(Problem::Array(err));
+            return None;
+        }
+    };
+    let recomputed = attention(q.view(), decoded[0].view(), decoded[1].view());
+    let diff = relative_max_diff(&recomputed, &out);
+    if !within(diff, OUTPUT_TOLERANCE) {
+        report.fail(Problem::Attention {
+            array,
+            what: "attention over the decoded codes",
+            diff,
+        });
+    }
+    report.count(Checked::Comparisons, 1);
+
+    let difference = &out - reference;
+    let result = Recomputed {
+        relative_l2: frobenius(&difference) / frobenius(reference),
+        max_abs: difference.iter().fold(0.0f64, |m, x| m.max(x.abs())),
+        payload_bytes: payloads[0] + payloads[1],
+    };
+    if let Some(row) = row {
+        for (field, recorded, actual) in [
+            ("relative_l2", row.relative_l2, result.relative_l2),
+            ("max_abs", row.max_abs, result.max_abs),
+        ] {
+            if !close(recorded, actual) {
+                report.fail(Problem::Metric {
+                    id: id.clone(),
+                    field,
+                    recorded: recorded.to_string(),
+                    recomputed: actual.to_string(),
+                });
+            }
+        }
+        for (field, recorded, actual) in [
+            ("k_payload_bytes", row.k_payload_bytes, payloads[0]),
+            ("v_payload_bytes", row.v_payload_bytes, payloads[1]),
+            ("payload_bytes", row.payload_bytes, result.payload_bytes),
+            ("baseline_bytes", row.baseline_bytes, 2 * 4 * k.len()),
+        ] {
+            if recorded != actual {
+                report.fail(Problem::Metric {
+                    id: id.clone(),
+                    field,
+                    recorded: recorded.to_string(),
+                    recomputed: actual.to_string(),
+                });
+            }
+        }
+    }
+    Some(result)
+}
+
+fn frobenius(a: &Array2<f64>) -> f64 {
+    a.iter().map(|x| x * x).sum::<f64>().sqrt()
+}

@@ -1,0 +1,503 @@
+//! The ZIP container of `arrays.npz`, read strictly.
+//!
+//! `numpy.load` reads an npz with Python's `zipfile`, which finds the last end record, tolerates
+//! bytes before the first member and between members, and reads each member through the central
+//! directory. A lenient reader here could therefore see different arrays from the same bytes
+//! (say, an honest archive followed by a forged one with its own end record). So this reader
+//! accepts only the one layout the runner writes, where every reading agrees, and names the rule
+//! any other layout breaks.
+//!
+//! The accepted layout (integers little-endian; PKWARE APPNOTE 6.3, sections 4.3.7, 4.3.12 and
+//! 4.3.16):
+//! - local file headers, each followed at once by its member's bytes, from offset 0, with no byte
+//!   between them;
+//! - then the central directory, one entry per member in the same order, each agreeing with its
+//!   local header field for field (offset, name, version needed, flags, method, time, date,
+//!   CRC-32, sizes);
+//! - then one end-of-central-directory record of 22 bytes, without a comment, ending at the last
+//!   byte of the file, on disk 0, counting exactly the members;
+//! - every member stored (method 0, compressed size = size), general-purpose flags 0 (no
+//!   encryption, no data descriptor, no UTF-8 names), no extra field, no file comment, a CRC-32
+//!   that matches its bytes, and a name `<stem>.npy` whose stem is ASCII letters, digits and
+//!   underscores, unique in the archive;
+//! - no ZIP64 record or field (the archive is below 4 GiB and 65,535 members).
+
+use std::ops::Range;
+
+use thiserror::Error;
+
+/// The largest archive this reader accepts: the ZIP format without its 64-bit extension.
+pub const MAX_ARCHIVE_BYTES: u64 = u32::MAX as u64;
+
+const LOCAL_SIGNATURE: u32 = 0x0403_4b50;
+const CENTRAL_SIGNATURE: u32 = 0x0201_4b50;
+const END_SIGNATURE: u32 = 0x0605_4b50;
+const LOCAL_HEADER_BYTES: usize = 30;
+const CENTRAL_HEADER_BYTES: usize = 46;
+const END_RECORD_BYTES: usize = 22;
+/// Versions "needed to extract" that a stored member can carry: 1.0 (the runner's writer) and
+/// 2.0 (Python's zipfile).
+const VERSIONS_NEEDED: [u16; 2] = [10, 20];
+
+/// Why a ZIP container is not the canonical layout. Each variant names one rule.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ZipError {
+    /// The file is larger than [`MAX_ARCHIVE_BYTES`].
+    #[error("it holds {bytes} bytes, more than a ZIP without its 64-bit extension can")]
+    TooLarge {
+        /// Size of the file.
+        bytes: u64,
+    },
+    /// The last 22 bytes are not an end-of-central-directory record without a comment.
+    #[error(
+        "its last 22 bytes are not an end-of-central-directory record without a comment \
+         (bytes after the archive, a comment, or no archive at all)"
+    )]
+    EndRecord,
+    /// The end record describes more than one disk, or counts differ between its fields.
+    #[error("its end record describes a multi-disk archive or inconsistent entry counts")]
+    Disk,
+    /// A ZIP64 marker value in the end record or a header.
+    #[error("it uses ZIP64 fields (at byte {offset})")]
+    Zip64 {
+        /// Where the marker was found.
+        offset: usize,
+    },
+    /// The central directory does not end exactly where the end record starts.
+    #[error(
+        "its central directory ({size} bytes at byte {offset}) does not end where the end record \
+         starts (byte {end_record}): bytes before the first member or after the directory"
+    )]
+    DirectoryBounds {
+        /// Recorded start of the central directory.
+        offset: u64,
+        /// Recorded size of the central directory.
+        size: u64,
+        /// Where the end record starts.
+        end_record: usize,
+    },
+    /// Something other than a local header where the next member must start.
+    #[error(
+        "byte {offset} is neither the next local header nor the start of the central directory \
+         (byte {directory}): a gap, leading bytes or an unreferenced member"
+    )]
+    Layout {
+        /// Where a local header was expected.
+        offset: usize,
+        /// Where the central directory starts.
+        directory: usize,
+    },
+    /// A header or a member's bytes run past the region that must hold them.
+    #[error("the {what} at byte {offset} runs past byte {limit}")]
+    Truncated {
+        /// Which structure.
+        what: &'static str,
+        /// Where it starts.
+        offset: usize,
+        /// Where it must end at the latest.
+        limit: usize,
+    },
+    /// A member with non-zero general-purpose flags.
+    #[error(
+        "member {member:?} has general-purpose flags {flags:#06x} (encrypted, streamed or UTF-8)"
+    )]
+    Flags {
+        /// The member's name.
+        member: String,
+        /// The flags found.
+        flags: u16,
+    },
+    /// A member that is not stored uncompressed.
+    #[error("member {member:?} is compressed (method {method}, {compressed} of {size} bytes)")]
+    Compressed {
+        /// The member's name.
+        member: String,
+        /// Compression method found.
+        method: u16,
+        /// Compressed size.
+        compressed: u64,
+        /// Uncompressed size.
+        size: u64,
+    },
+    /// A member whose "version needed to extract" is not one a stored member carries.
+    #[error("member {member:?} needs version {version} to extract")]
+    Version {
+        /// The member's name.
+        member: String,
+        /// The version field.
+        version: u16,
+    },
+    /// An extra field or a file comment.
+    #[error("member {member:?} carries an extra field or a comment")]
+    ExtraField {
+        /// The member's name.
+        member: String,
+    },
+    /// The central directory holds more or fewer entries than the local headers, or more bytes.
+    #[error("the central directory does not list exactly the {members} members that precede it")]
+    DirectoryEntries {
+        /// Members found by walking the local headers.
+        members: usize,
+    },
+    /// A central directory entry that is not one.
+    #[error("central directory entry {index} has no central header signature")]
+    DirectorySignature {
+        /// Position in the directory.
+        index: usize,
+    },
+    /// A central entry disagrees with its local header.
+    #[error(
+        "member {member:?}: the central directory and the local header disagree on its {field}"
+    )]
+    HeaderMismatch {
+        /// The member's name (from the local header).
+        member: String,
+        /// Which field.
+        field: &'static str,
+    },
+    /// The CRC-32 recorded for a member is not that of its bytes.
+    #[error("member {member:?}: CRC-32 {recorded:#010x} recorded, {actual:#010x} computed")]
+    Crc {
+        /// The member's name.
+        member: String,
+        /// CRC-32 in the headers.
+        recorded: u32,
+        /// CRC-32 of the bytes.
+        actual: u32,
+    },
+    /// A member name that is not `<stem>.npy` with a plain stem.
+    #[error(
+        "member name {name:?} is not `<stem>.npy` with a stem of ASCII letters, digits and \
+         underscores"
+    )]
+    Name {
+        /// The name as stored (lossily decoded).
+        name: String,
+    },
+    /// Two members with the same name.
+    #[error("member {name:?} appears more than once")]
+    DuplicateName {
+        /// The repeated name.
+        name: String,
+    },
+}
+
+impl ZipError {
+    /// A stable identifier of the rule broken (used by the hostile-archive fixtures).
+    pub fn rule(&self) -> &'static str {
+        match self {
+            ZipError::TooLarge { .. } => "too_large",
+            ZipError::EndRecord => "end_record",
+            ZipError::Disk => "disk",
+            ZipError::Zip64 { .. } => "zip64",
+            ZipError::DirectoryBounds { .. } => "directory_bounds",
+            ZipError::Layout { .. } => "layout",
+            ZipError::Truncated { .. } => "truncated",
+            ZipError::Flags { .. } => "flags",
+            ZipError::Compressed { .. } => "compressed",
+            ZipError::Version { .. } => "version",
+            ZipError::ExtraField { .. } => "extra_field",
+            ZipError::DirectoryEntries { .. } => "directory_entries",
+            ZipError::DirectorySignature { .. } => "directory_signature",
+            ZipError::HeaderMismatch { .. } => "header_mismatch",
+            ZipError::Crc { .. } => "crc",
+            ZipError::Name { .. } => "name",
+            ZipError::DuplicateName { .. } => "duplicate_name",
+        }
+    }
+}
+
+/// One member of a canonical archive: its name without `.npy`, and where its bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The member's name without the `.npy` suffix, as `numpy.load` keys it.
+    pub stem: String,
+    /// Its bytes (the whole `.npy` file) within the archive.
+    pub data: Range<usize>,
+}
+
+/// The fields a local header and its central entry must share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Header {
+    offset: usize,
+    version: u16,
+    flags: u16,
+    method: u16,
+    time: u16,
+    date: u16,
+    crc: u32,
+    compressed: u32,
+    size: u32,
+    name: Vec<u8>,
+}
+
+/// A bounds-checked little-endian reader over one region of the archive.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn u16(&mut self) -> u16 {
+        let v = u16::from_le_bytes([self.bytes[self.at], self.bytes[self.at + 1]]);
+        self.at += 2;
+        v
+    }
+
+    fn u32(&mut self) -> u32 {
+        let b = &self.bytes[self.at..self.at + 4];
+        self.at += 4;
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
+/// Reads the members of a canonical archive, or names the first rule it breaks.
+pub fn entries(bytes: &[u8]) -> Result<Vec<Entry>, ZipError> {
+    let len = bytes.len();
+    if len as u64 > MAX_ARCHIVE_BYTES {
+        return Err(ZipError::TooLarge { bytes: len as u64 });
+    }
+    let directory = end_record(bytes)?;
+    let end_record_at = len - END_RECORD_BYTES;
+    let locals = walk_local_headers(bytes, directory.start)?;
+    let central = walk_central_directory(bytes, directory, end_record_at, locals.len())?;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::with_capacity(locals.len());
+    for (local, central) in locals.iter().zip(&central) {
+        compare(local, central)?;
+        let name = String::from_utf8_lossy(&local.name).into_owned();
+        let stem = plain_stem(&local.name).ok_or_else(|| ZipError::Name { name: name.clone() })?;
+        if !seen.insert(stem.to_string()) {
+            return Err(ZipError::DuplicateName { name });
+        }
+        let start = local.offset + LOCAL_HEADER_BYTES + local.name.len();
+        let data = start..start + local.size as usize;
+        let actual = crc32fast::hash(&bytes[data.clone()]);
+        if actual != local.crc {
+            return Err(ZipError::Crc {
+                member: name,
+                recorded: local.crc,
+                actual,
+            });
+        }
+        out.push(Entry {
+            stem: stem.to_string(),
+            data,
+        });
+    }
+    Ok(out)
+}
+
+/// Checks the end record and returns where the central directory lies.
+fn end_record(bytes: &[u8]) -> Result<Range<usize>, ZipError> {
+    let len = bytes.len();
+    if len < END_RECORD_BYTES {
+        return Err(ZipError::EndRecord);
+    }
+    let at = len - END_RECORD_BYTES;
+    let mut c = Cursor { bytes, at };
+    if c.u32() != END_SIGNATURE {
+        return Err(ZipError::EndRecord);
+    }
+    let (disk, directory_disk, on_disk, total) = (c.u16(), c.u16(), c.u16(), c.u16());
+    let (size, offset, comment) = (c.u32(), c.u32(), c.u16());
+    if comment != 0 {
+        return Err(ZipError::EndRecord);
+    }
+    if total == u16::MAX || size == u32::MAX || offset == u32::MAX {
+        return Err(ZipError::Zip64 { offset: at });
+    }
+    if disk != 0 || directory_disk != 0 || on_disk != total {
+        return Err(ZipError::Disk);
+    }
+    let (offset, size) = (offset as usize, size as usize);
+    if offset.checked_add(size) != Some(at) {
+        return Err(ZipError::DirectoryBounds {
+            offset: offset as u64,
+            size: size as u64,
+            end_record: at,
+        });
+    }
+    Ok(offset..at)
+}
+
+/// Walks local headers from offset 0 to the central directory; they must tile it exactly.
+fn walk_local_headers(bytes: &[u8], directory: usize) -> Result<Vec<Header>, ZipError> {
+    let mut headers = Vec::new();
+    let mut at = 0;
+    while at < directory {
+        if at + LOCAL_HEADER_BYTES > directory
+            || u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+                != LOCAL_SIGNATURE
+        {
+            return Err(ZipError::Layout {
+                offset: at,
+                directory,
+            });
+        }
+        let mut c = Cursor { bytes, at: at + 4 };
+        let (version, flags, method, time, date) = (c.u16(), c.u16(), c.u16(), c.u16(), c.u16());
+        let (crc, compressed, size) = (c.u32(), c.u32(), c.u32());
+        let (name_len, extra_len) = (c.u16() as usize, c.u16() as usize);
+        let name_end = c.at + name_len;
+        if name_end > directory {
+            return Err(ZipError::Truncated {
+                what: "local header",
+                offset: at,
+                limit: directory,
+            });
+        }
+        let name = bytes[c.at..name_end].to_vec();
+        let member = String::from_utf8_lossy(&name).into_owned();
+        if compressed == u32::MAX || size == u32::MAX {
+            return Err(ZipError::Zip64 { offset: at });
+        }
+        if flags != 0 {
+            return Err(ZipError::Flags { member, flags });
+        }
+        if method != 0 || compressed != size {
+            return Err(ZipError::Compressed {
+                member,
+                method,
+                compressed: compressed.into(),
+                size: size.into(),
+            });
+        }
+        if !VERSIONS_NEEDED.contains(&version) {
+            return Err(ZipError::Version { member, version });
+        }
+        if extra_len != 0 {
+            return Err(ZipError::ExtraField { member });
+        }
+        let data_end = name_end + size as usize;
+        if data_end > directory {
+            return Err(ZipError::Truncated {
+                what: "member",
+                offset: at,
+                limit: directory,
+            });
+        }
+        headers.push(Header {
+            offset: at,
+            version,
+            flags,
+            method,
+            time,
+            date,
+            crc,
+            compressed,
+            size,
+            name,
+        });
+        at = data_end;
+    }
+    Ok(headers)
+}
+
+/// Reads the central directory; it must list exactly `members` entries and fill its region.
+fn walk_central_directory(
+    bytes: &[u8],
+    directory: Range<usize>,
+    end_record_at: usize,
+    members: usize,
+) -> Result<Vec<Header>, ZipError> {
+    let mut headers = Vec::new();
+    let mut at = directory.start;
+    let total = u16::from_le_bytes([bytes[end_record_at + 10], bytes[end_record_at + 11]]) as usize;
+    if total != members {
+        return Err(ZipError::DirectoryEntries { members });
+    }
+    for index in 0..total {
+        if at + CENTRAL_HEADER_BYTES > directory.end {
+            return Err(ZipError::Truncated {
+                what: "central directory entry",
+                offset: at,
+                limit: directory.end,
+            });
+        }
+        let mut c = Cursor { bytes, at };
+        if c.u32() != CENTRAL_SIGNATURE {
+            return Err(ZipError::DirectorySignature { index });
+        }
+        let _made_by = c.u16();
+        let (version, flags, method, time, date) = (c.u16(), c.u16(), c.u16(), c.u16(), c.u16());
+        let (crc, compressed, size) = (c.u32(), c.u32(), c.u32());
+        let (name_len, extra_len, comment_len) =
+            (c.u16() as usize, c.u16() as usize, c.u16() as usize);
+        let (disk_start, _internal, _external) = (c.u16(), c.u16(), c.u32());
+        let offset = c.u32();
+        let name_end = c.at + name_len;
+        if name_end > directory.end {
+            return Err(ZipError::Truncated {
+                what: "central directory entry",
+                offset: at,
+                limit: directory.end,
+            });
+        }
+        let name = bytes[c.at..name_end].to_vec();
+        if compressed == u32::MAX || size == u32::MAX || offset == u32::MAX {
+            return Err(ZipError::Zip64 { offset: at });
+        }
+        if extra_len != 0 || comment_len != 0 {
+            return Err(ZipError::ExtraField {
+                member: String::from_utf8_lossy(&name).into_owned(),
+            });
+        }
+        if disk_start != 0 {
+            return Err(ZipError::Disk);
+        }
+        headers.push(Header {
+            offset: offset as usize,
+            version,
+            flags,
+            method,
+            time,
+            date,
+            crc,
+            compressed,
+            size,
+            name,
+        });
+        at = name_end;
+    }
+    if at != directory.end {
+        return Err(ZipError::DirectoryEntries { members });
+    }
+    Ok(headers)
+}
+
+/// A central entry must repeat its local header.
+fn compare(local: &Header, central: &Header) -> Result<(), ZipError> {
+    let field = if central.offset != local.offset {
+        "offset"
+    } else if central.name != local.name {
+        "name"
+    } else if central.version != local.version {
+        "version needed"
+    } else if central.flags != local.flags {
+        "flags"
+    } else if central.method != local.method {
+        "compression method"
+    } else if (central.time, central.date) != (local.time, local.date) {
+        "modification time"
+    } else if central.crc != local.crc {
+        "CRC-32"
+    } else if (central.compressed, central.size) != (local.compressed, local.size) {
+        "sizes"
+    } else {
+        return Ok(());
+    };
+    Err(ZipError::HeaderMismatch {
+        member: String::from_utf8_lossy(&local.name).into_owned(),
+        field,
+    })
+}
+
+/// The stem of `<stem>.npy` when the stem is non-empty ASCII letters, digits and underscores.
+fn plain_stem(name: &[u8]) -> Option<&str> {
+    let stem = name.strip_suffix(b".npy")?;
+    let plain = !stem.is_empty() && stem.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_');
+    // ASCII, so the conversion cannot fail.
+    plain.then(|| std::str::from_utf8(stem).ok()).flatten()
+}

@@ -1,0 +1,265 @@
+//! What a run of a protocol must contain, derived from the protocol alone: its inputs, its
+//! comparisons (ids, segments, array names) and the labels tables use.
+
+use crate::protocol::{Distribution, Mode, Policy, Protocol, Setting};
+
+/// One input the protocol calls for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputPlan {
+    /// `s7_n128_clean`.
+    pub id: String,
+    /// Seed of the draw.
+    pub seed: u64,
+    /// N.
+    pub tokens: usize,
+    /// How K is shaped.
+    pub distribution: Distribution,
+}
+
+/// Which study a comparison belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Study {
+    /// A packed-KV setting over the whole cache.
+    PackedKv,
+    /// A budget policy.
+    Budget,
+}
+
+impl Study {
+    /// As results.json spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Study::PackedKv => "packed_kv",
+            Study::Budget => "budget",
+        }
+    }
+}
+
+/// A configuration: what tables, timings and the chart label a comparison by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Config {
+    /// A packed-KV setting.
+    Setting(Setting),
+    /// A budget policy.
+    Policy(Policy),
+}
+
+impl Config {
+    /// `g8_b4`, `g32_b2_asym`, or the policy's name.
+    pub fn label(&self) -> String {
+        match self {
+            Config::Setting(s) => setting_label(s),
+            Config::Policy(p) => p.name().to_string(),
+        }
+    }
+}
+
+/// `g8_b4`, or `g32_b2_asym` when asymmetric.
+pub fn setting_label(s: &Setting) -> String {
+    let suffix = match s.mode {
+        Mode::Symmetric => "",
+        Mode::Asymmetric => "_asym",
+    };
+    format!("g{}_b{}{suffix}", s.group_size, s.bits)
+}
+
+/// One run of consecutive tokens stored one way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    /// First token.
+    pub start: usize,
+    /// One past the last token.
+    pub end: usize,
+    /// Code width, or None for a float32 segment.
+    pub bits: Option<u32>,
+    /// The quantization mode (symmetric for float32 segments).
+    pub mode: Mode,
+}
+
+impl Segment {
+    fn quantized(start: usize, end: usize, bits: u32, mode: Mode) -> Segment {
+        Segment {
+            start,
+            end,
+            bits: Some(bits),
+            mode,
+        }
+    }
+
+    /// Tokens in the segment.
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether the segment holds no token (never the case in a plan).
+    pub fn is_empty(&self) -> bool {
+        self.end == self.start
+    }
+}
+
+/// The audit's reading of a budget policy: a window of W tokens at the start (`early*`) or the
+/// end (`recent*`), 8-bit or float32, the rest at the low width; empty segments dropped.
+pub fn policy_segments(
+    policy: Policy,
+    tokens: usize,
+    window: usize,
+    low_bits: u32,
+) -> Vec<Segment> {
+    let w = window.min(tokens);
+    let low = |start, end| Segment::quantized(start, end, low_bits, Mode::Symmetric);
+    let float32 = |start, end| Segment {
+        start,
+        end,
+        bits: None,
+        mode: Mode::Symmetric,
+    };
+    let eight = |start, end| Segment::quantized(start, end, 8, Mode::Symmetric);
+    let segments = match policy {
+        Policy::Uniform => vec![low(0, tokens)],
+        Policy::Recent8 => vec![low(0, tokens - w), eight(tokens - w, tokens)],
+        Policy::RecentF32 => vec![low(0, tokens - w), float32(tokens - w, tokens)],
+        Policy::Early8 => vec![eight(0, w), low(w, tokens)],
+        Policy::EarlyF32 => vec![float32(0, w), low(w, tokens)],
+    };
+    segments.into_iter().filter(|s| !s.is_empty()).collect()
+}
+
+/// One comparison the protocol calls for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComparisonPlan {
+    /// `s7_n128_clean_g8_b4` or `s7_n128_clean_budget_recent8`.
+    pub id: String,
+    /// Index of its input in [`inputs`].
+    pub input: usize,
+    /// Its study.
+    pub study: Study,
+    /// Its configuration.
+    pub config: Config,
+    /// Group size of every quantized segment.
+    pub group_size: usize,
+    /// The whole cache's width (packed-KV) or the low width (budget).
+    pub bits: u32,
+    /// The setting's mode (symmetric for budget comparisons).
+    pub mode: Mode,
+    /// The segments K and V are each stored in.
+    pub segments: Vec<Segment>,
+}
+
+impl ComparisonPlan {
+    /// Budget comparisons name their arrays with a `_s<index>` suffix per segment.
+    pub fn suffix(&self, index: usize) -> String {
+        match self.study {
+            Study::PackedKv => String::new(),
+            Study::Budget => format!("_s{index}"),
+        }
+    }
+
+    /// Every array this comparison stores, segment by segment.
+    pub fn array_names(&self) -> Vec<String> {
+        let mut names = vec![format!("{}_out", self.id)];
+        for tensor in ["k", "v"] {
+            for (index, segment) in self.segments.iter().enumerate() {
+                let parts: &[&str] = match (segment.bits, segment.mode) {
+                    (Some(_), Mode::Asymmetric) => &["codes", "scales", "zeros", "shape"],
+                    (Some(_), Mode::Symmetric) => &["codes", "scales", "shape"],
+                    (None, _) => &["values", "shape"],
+                };
+                let suffix = self.suffix(index);
+                names.extend(
+                    parts
+                        .iter()
+                        .map(|part| format!("{}_{tensor}_{part}{suffix}", self.id)),
+                );
+            }
+        }
+        names
+    }
+}
+
+/// Inputs in run order: seeds, then lengths, then distributions.
+pub fn inputs(p: &Protocol) -> Vec<InputPlan> {
+    let mut out = Vec::new();
+    for &seed in &p.seeds {
+        for &tokens in &p.tokens {
+            for &distribution in &p.distributions {
+                out.push(InputPlan {
+                    id: format!("s{seed}_n{tokens}_{distribution}"),
+                    seed,
+                    tokens,
+                    distribution,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Every configuration, packed-KV settings first, in protocol order.
+pub fn configs(p: &Protocol) -> Vec<Config> {
+    let mut out: Vec<Config> = p.settings.iter().map(|&s| Config::Setting(s)).collect();
+    if let Some(b) = &p.budget {
+        out.extend(b.policies.iter().map(|&policy| Config::Policy(policy)));
+    }
+    out
+}
+
+/// Comparisons in run order: per input, every configuration.
+pub fn comparisons(p: &Protocol, inputs: &[InputPlan]) -> Vec<ComparisonPlan> {
+    let mut out = Vec::new();
+    for (index, input) in inputs.iter().enumerate() {
+        for config in configs(p) {
+            out.push(match config {
+                Config::Setting(s) => ComparisonPlan {
+                    id: format!("{}_{}", input.id, setting_label(&s)),
+                    input: index,
+                    study: Study::PackedKv,
+                    config,
+                    group_size: s.group_size,
+                    bits: s.bits,
+                    mode: s.mode,
+                    segments: vec![Segment::quantized(0, input.tokens, s.bits, s.mode)],
+                },
+                Config::Policy(policy) => {
+                    let b = p.budget.as_ref().expect("policies come from the budget");
+                    ComparisonPlan {
+                        id: format!("{}_budget_{policy}", input.id),
+                        input: index,
+                        study: Study::Budget,
+                        config,
+                        group_size: b.group_size,
+                        bits: b.low_bits,
+                        mode: Mode::Symmetric,
+                        segments: policy_segments(policy, input.tokens, b.window, b.low_bits),
+                    }
+                }
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_cut_the_cache_where_their_names_say() {
+        let cut = |p| {
+            policy_segments(p, 128, 32, 4)
+                .iter()
+                .map(|s| (s.start, s.end, s.bits))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(cut(Policy::Uniform), vec![(0, 128, Some(4))]);
+        assert_eq!(
+            cut(Policy::Recent8),
+            vec![(0, 96, Some(4)), (96, 128, Some(8))]
+        );
+        assert_eq!(
+            cut(Policy::EarlyF32),
+            vec![(0, 32, None), (32, 128, Some(4))]
+        );
+        // A window as long as the cache leaves one segment.
+        assert_eq!(policy_segments(Policy::Early8, 32, 32, 4).len(), 1);
+    }
+}
