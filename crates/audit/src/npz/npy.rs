@@ -273,7 +273,7 @@ mod tests {
         for member in [ours, numpy] {
             let header = parse(&member).unwrap();
             assert_eq!((header.dtype, header.shape), (Dtype::F32, vec![1, 2]));
-            assert_eq!(header.data_offset, 64);
+            assert_eq!(header.data_offset, 128);
         }
         let vector = npy(
             "{'descr': '|u1', 'fortran_order': False, 'shape': (3,)}",

@@ -1,0 +1,16 @@
+//! The audit as a user (and an adversary) meets it, in one test binary:
+//!
+//! - `archived`: the archived evidence and the root manifest PASS;
+//! - `tampering`: a small run, made once, altered the ways a forger would (every manifest hash
+//!   rewritten to match), several alterations per audit, each a FAIL naming the problem;
+//! - `adversary`: the nine attacks of the "audit that trusts nothing" issue, one test each;
+//! - `archives`: hostile npz archives (made by `tests/data/npz/make_hostile.py`) refused by rule,
+//!   and every archive the audit accepts read exactly as NumPy reads it;
+//! - `properties`: the npz reader and the decoder under generated inputs.
+
+mod adversary;
+mod archived;
+mod archives;
+mod properties;
+mod support;
+mod tampering;

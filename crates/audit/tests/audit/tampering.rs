@@ -1,0 +1,286 @@
+//! A small run altered the ways a forger would, with every manifest hash rewritten to match:
+//! several alterations per audit, each named by its own problem.
+
+use audit::Problem;
+use audit::chart::ChartProblem;
+use audit::markdown::MarkdownProblem;
+use audit::results::ResultsProblem;
+use audit::timings::TimingProblem;
+
+use crate::support::{
+    array, assert_problem, audit, edit_arrays, edit_json, edit_text, rehash, small_copy,
+};
+
+fn named(array: &str, name: &str) -> bool {
+    array == name
+}
+
+#[test]
+fn altered_arrays_are_each_caught_by_recomputation() {
+    let (_tmp, dir) = small_copy();
+    edit_arrays(&dir, |arrays| {
+        // A 4-bit code one step off (staying inside 0..=14).
+        let codes = array(arrays, "s3_n24_clean_g8_b4_k_codes").u8();
+        let low = codes[[5]] & 0x0F;
+        codes[[5]] = (codes[[5]] & 0xF0) | if low < 14 { low + 1 } else { low - 1 };
+        // A scale off by 0.1 %.
+        array(arrays, "s3_n40_early_focus_g12_b8_v_scales").f32()[[3, 0]] *= 1.001;
+        // An asymmetric 3-bit zero point moved.
+        array(arrays, "s5_n24_clean_g16_b3_asym_k_zeros").u8()[[0]] ^= 0b001;
+        // The float32 window of a recent_f32 comparison no longer the input ...
+        array(arrays, "s5_n40_clean_budget_recent_f32_k_values_s1").f32()[[3, 5]] += 0.5;
+        // ... an archived input and an output changed.
+        array(arrays, "s3_n40_recent_focus_v").f32()[[10, 7]] = 0.25;
+        array(arrays, "s5_n24_early_focus_g12_b8_out").f64()[[1, 2]] += 1e-9;
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "code rule", |p| {
+        matches!(p, Problem::Code { array, .. } if named(array, "s3_n24_clean_g8_b4_k_codes"))
+    });
+    assert_problem(&report, "scale", |p| {
+        matches!(p, Problem::Scale { array, first: [3, 0], .. } if named(array, "s3_n40_early_focus_g12_b8_v_scales"))
+    });
+    assert_problem(&report, "zero point", |p| {
+        matches!(p, Problem::Scale { array, first: [0, 0], .. } if named(array, "s5_n24_clean_g16_b3_asym_k_scales"))
+    });
+    assert_problem(&report, "float32 segment", |p| {
+        matches!(p, Problem::Float32 { array } if named(array, "s5_n40_clean_budget_recent_f32_k_values_s1"))
+    });
+    assert_problem(&report, "input", |p| {
+        matches!(p, Problem::Input { array, first: [10, 7], count: 1, .. } if named(array, "s3_n40_recent_focus_v"))
+    });
+    assert_problem(&report, "output", |p| {
+        matches!(p, Problem::Attention { array, .. } if named(array, "s5_n24_early_focus_g12_b8_out"))
+    });
+}
+
+#[test]
+fn edited_or_missing_rows_are_named() {
+    let (_tmp, dir) = small_copy();
+    let mut id9 = String::new();
+    edit_json(&dir, "results.json", |rows| {
+        let rows = rows.as_array_mut().unwrap();
+        id9 = rows[9]["id"].as_str().unwrap().to_string();
+        let x = rows[9]["relative_l2"].as_f64().unwrap();
+        rows[9]["relative_l2"] = (x * 0.9).into();
+        rows[10]["payload_bytes"] = 4096.into();
+        let early8 = rows
+            .iter_mut()
+            .find(|r| r["id"] == "s3_n40_clean_budget_early8")
+            .unwrap();
+        early8["segments"][0]["end"] = 16.into();
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "relative_l2", |p| {
+        matches!(p, Problem::Metric { id, field: "relative_l2", .. } if *id == id9)
+    });
+    assert_problem(&report, "payload", |p| {
+        matches!(p, Problem::Metric { field: "payload_bytes", recorded, .. } if recorded == "4096")
+    });
+    assert_problem(&report, "moved window", |p| {
+        matches!(p, Problem::Results(ResultsProblem::Description { id }) if id == "s3_n40_clean_budget_early8")
+    });
+    // summary.json is held to the audit's own recomputation, not to the edited rows.
+    assert!(!report.problems.iter().any(|p| matches!(p, Problem::Summary { .. })));
+
+    let (_tmp, dir) = small_copy();
+    edit_json(&dir, "results.json", |rows| {
+        let rows = rows.as_array_mut().unwrap();
+        let first = rows.remove(0);
+        rows.push(first);
+        rows.remove(1);
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "row count", |p| {
+        matches!(p, Problem::Results(ResultsProblem::Count { found: 95, expected: 96 }))
+    });
+    assert_problem(&report, "missing row", |p| {
+        matches!(p, Problem::Results(ResultsProblem::Missing { .. }))
+    });
+}
+
+#[test]
+fn rows_out_of_order_are_named() {
+    let (_tmp, dir) = small_copy();
+    edit_json(&dir, "results.json", |rows| {
+        rows.as_array_mut().unwrap().swap(0, 1);
+    });
+    rehash(&dir);
+    assert_problem(&audit(&dir), "order", |p| {
+        matches!(p, Problem::Results(ResultsProblem::Order { position: 0, .. }))
+    });
+}
+
+#[test]
+fn timings_incomplete_altered_or_zero_fail() {
+    let (_tmp, dir) = small_copy();
+    edit_json(&dir, "timings.json", |t| {
+        let m = t["measurements"].as_array_mut().unwrap();
+        m.pop();
+        m[0]["operation"] = "encode_q".into();
+        m[1]["ns"] = 0.into();
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "measurements", |p| {
+        matches!(p, Problem::Timings(TimingProblem::Measurements { count, .. }) if *count >= 3)
+    });
+    assert_problem(&report, "median", |p| {
+        matches!(p, Problem::Timings(TimingProblem::Median { .. } | TimingProblem::Rows { .. }))
+    });
+}
+
+#[test]
+fn summary_json_with_extra_keys_or_other_values_fails() {
+    let (_tmp, dir) = small_copy();
+    edit_json(&dir, "summary.json", |s| {
+        s["budget"][1]["mean_relative_l2"]["spiky"] = 0.5.into();
+        s["packed_kv"][0]["payload_bytes"]["24"] = 1.into();
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "extra key", |p| {
+        matches!(p, Problem::Summary { place, .. } if place == "budget recent8 mean_relative_l2")
+    });
+    assert_problem(&report, "payload", |p| {
+        matches!(p, Problem::Summary { place, .. } if place == "packed_kv g8_b4 payload_bytes")
+    });
+
+    let (_tmp, dir) = small_copy();
+    edit_json(&dir, "summary.json", |s| s["claims"] = "13% better".into());
+    rehash(&dir);
+    assert_problem(&audit(&dir), "unknown field", |p| {
+        matches!(p, Problem::Json { file, message } if file == "summary.json" && message.contains("claims"))
+    });
+}
+
+#[test]
+fn summary_md_shows_only_checked_figures() {
+    let (_tmp, dir) = small_copy();
+    edit_text(&dir, "summary.md", |md| {
+        md.replacen("| 8     |      4 |", "| 8     |      5 |", 1)
+            .replacen("## Packed KV\n", "## Packed KV\n\nThe error falls by 40% here.\n", 1)
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "cell", |p| {
+        matches!(p, Problem::Markdown(MarkdownProblem::Cell { table: "packed-KV", row: 1, column: 1, found, .. }) if found == "5")
+    });
+    assert_problem(&report, "figure in text", |p| {
+        matches!(p, Problem::Markdown(MarkdownProblem::Figure { figure, .. }) if figure == "40%")
+    });
+
+    // A fake table shown, the real one hidden in an HTML comment.
+    let (_tmp, dir) = small_copy();
+    edit_text(&dir, "summary.md", |md| {
+        let start = md.find("| group |").unwrap();
+        let end = start + md[start..].find("\n\n").unwrap();
+        let real = md[start..end].to_string();
+        let fake = real.replace('%', "0%");
+        md.replacen(&real, &format!("{fake}\n\n<!--\n{real}\n-->"), 1)
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "html", |p| {
+        matches!(p, Problem::Markdown(MarkdownProblem::Markup { .. }))
+    });
+}
+
+#[test]
+fn chart_markers_ticks_and_extras_are_checked() {
+    let (_tmp, dir) = small_copy();
+    edit_text(&dir, "error-vs-bytes.svg", |svg| {
+        let mut lines: Vec<String> = svg.lines().map(String::from).collect();
+        let markers: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].starts_with("<g class=\"marker\""))
+            .collect();
+        // Move the first marker 40 px down; change the second one's error; recolour the third.
+        let moved = &lines[markers[0]];
+        let (head, tail) = moved.split_once("transform=\"translate(").unwrap();
+        let (xy, rest) = tail.split_once(')').unwrap();
+        let (x, y) = xy.split_once(',').unwrap();
+        let y: i32 = y.parse().unwrap();
+        lines[markers[0]] = format!("{head}transform=\"translate({x},{}){rest}", y + 40);
+        lines[markers[1]] = lines[markers[1]].replacen("data-relative-l2=\"0.", "data-relative-l2=\"0.0", 1);
+        lines[markers[2]] = lines[markers[2]].replacen("fill=\"#1F77B4\"", "fill=\"#D62728\"", 1);
+        // A stray marker in the plot, and a script.
+        let last = lines.len() - 1;
+        lines.insert(last, "<circle cx=\"200\" cy=\"200\" r=\"5\" fill=\"#000000\"/>".into());
+        lines.join("\n") + "\n"
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "position", |p| matches!(p, Problem::Chart(ChartProblem::Position { .. })));
+    assert_problem(&report, "marker data", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Marker { index: 1, .. }))
+    });
+    assert_problem(&report, "recoloured", |p| matches!(p, Problem::Chart(ChartProblem::Style { .. })));
+    assert_problem(&report, "stray", |p| matches!(p, Problem::Chart(ChartProblem::Stray { .. })));
+
+    // A y tick label that does not say what its position means.
+    let (_tmp, dir) = small_copy();
+    edit_text(&dir, "error-vs-bytes.svg", |svg| {
+        let at = svg.find("text-anchor=\"end\"").unwrap();
+        let label_start = at + svg[at..].find(">\n").unwrap() + 2;
+        let label_end = label_start + svg[label_start..].find('%').unwrap();
+        format!("{}9{}", &svg[..label_start], &svg[label_end..])
+    });
+    rehash(&dir);
+    assert_problem(&audit(&dir), "tick", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Tick { axis: "y", label, .. }) if label == "9%")
+    });
+
+    let (_tmp, dir) = small_copy();
+    edit_text(&dir, "error-vs-bytes.svg", |svg| {
+        svg.replacen("</svg>", "<script>alert(1)</script></svg>", 1)
+    });
+    rehash(&dir);
+    assert_problem(&audit(&dir), "script", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("script"))
+    });
+
+    // Just an SVG document is not the chart.
+    let (_tmp, dir) = small_copy();
+    std::fs::write(
+        dir.join("error-vs-bytes.svg"),
+        "<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>\n",
+    )
+    .unwrap();
+    rehash(&dir);
+    assert_problem(&audit(&dir), "mapping", |p| matches!(p, Problem::Chart(ChartProblem::Mapping { .. })));
+}
+
+#[test]
+fn missing_extra_truncated_and_malformed_files_fail() {
+    let (_tmp, dir) = small_copy();
+    std::fs::remove_file(dir.join("summary.json")).unwrap();
+    std::fs::write(dir.join("notes.txt"), "added later").unwrap();
+    let path = dir.join("arrays.npz");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let report = audit(&dir);
+    assert_problem(&report, "missing", |p| {
+        matches!(p, Problem::File(audit::files::FileError::Missing { path }) if path.ends_with("summary.json"))
+    });
+    assert_problem(&report, "unlisted", |p| {
+        matches!(p, Problem::UnexpectedFile { name } if name == "notes.txt")
+    });
+    assert_problem(&report, "hash", |p| matches!(p, Problem::Hash { file, .. } if file == "arrays.npz"));
+    assert_problem(&report, "archive", |p| matches!(p, Problem::Archive(_)));
+
+    let (_tmp, dir) = small_copy();
+    std::fs::write(dir.join("results.json"), "[{\"id\": ").unwrap();
+    rehash(&dir);
+    assert_problem(&audit(&dir), "malformed", |p| {
+        matches!(p, Problem::Json { file, .. } if file == "results.json")
+    });
+    std::fs::write(dir.join("manifest.json"), "{}").unwrap();
+    assert_problem(&audit(&dir), "malformed manifest", |p| {
+        matches!(p, Problem::Json { file, .. } if file == "manifest.json")
+    });
+    std::fs::write(dir.join("manifest.json"), "{\"format\": \"packed-kv-evidence/0\"}").unwrap();
+    assert_problem(&audit(&dir), "format", |p| matches!(p, Problem::Format { .. }));
+}
