@@ -285,6 +285,9 @@ pub fn check(
             );
         }
     }
+    if let Err(problem) = check_moves(root) {
+        return fail(report, problem);
+    }
     let groups: Vec<Node> = root
         .descendants()
         .filter(|n| n.has_tag_name("g") && n.attribute("id") == Some("markers"))
@@ -511,6 +514,71 @@ fn check_ticks(root: Node, x_axis: Axis, y_axis: Axis, report: &mut Report) {
             }));
         }
     }
+}
+
+/// Nothing may move or restyle what a reader reads: no group but the markers, no transform but
+/// the markers' translations and the rotation of an axis title, tick labels without offsets, and
+/// markers with only the attributes the chart writes.
+fn check_moves(root: Node) -> Result<(), ChartProblem> {
+    let element = |what: &str| ChartProblem::Element {
+        what: what.to_string(),
+    };
+    for node in root.descendants().filter(|n| n.is_element()) {
+        let in_markers = node
+            .ancestors()
+            .skip(1)
+            .any(|a| a.attribute("id") == Some("markers"));
+        let is_group = node.has_tag_name("g");
+        let marker_group = is_group
+            && (node.attribute("id") == Some("markers")
+                || (in_markers && node.attribute("class") == Some("marker")));
+        if is_group && !marker_group {
+            return Err(element("a group outside the markers"));
+        }
+        let label = node.text().unwrap_or("").trim();
+        let tick =
+            node.has_tag_name("text") && (y_label(label).is_some() || x_label(label).is_some());
+        if let Some(t) = node.attribute("transform") {
+            let rotated_title = node.has_tag_name("text") && t.starts_with("rotate(") && !tick;
+            if !(marker_group || rotated_title) {
+                return Err(element(&format!("a transform {t:?}")));
+            }
+        }
+        if tick {
+            let plain = node.attributes().all(|a| {
+                matches!(
+                    a.name(),
+                    "x" | "y" | "text-anchor" | "font-family" | "font-size" | "opacity" | "fill"
+                ) || (a.name() == "dy" && matches!(a.value(), "0.5ex" | "0.76em" | "-0.5ex"))
+            });
+            if !plain {
+                return Err(element("a tick label with an offset or a transform"));
+            }
+        }
+        if in_markers {
+            let known = node.attributes().all(|a| {
+                matches!(
+                    a.name(),
+                    "class"
+                        | "transform"
+                        | "data-config"
+                        | "data-distribution"
+                        | "data-tokens"
+                        | "data-payload-bytes"
+                        | "data-relative-l2"
+                        | "r"
+                        | "points"
+                        | "fill"
+                        | "stroke"
+                        | "stroke-width"
+                )
+            });
+            if !known {
+                return Err(element("a marker attribute the chart does not write"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// "0.5%" -> 0.005.

@@ -36,7 +36,11 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
     assert!(out.status.success(), "{stdout}");
     assert!(out.stderr.is_empty());
     assert!(stdout.ends_with("\nPASS\n"), "{stdout}");
-    for line in ["PASS evidence/packed-kv", "PASS evidence/widths-and-modes", "pinned file hashes"] {
+    for line in [
+        "PASS evidence/packed-kv",
+        "PASS evidence/widths-and-modes",
+        "pinned file hashes",
+    ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
     }
 }

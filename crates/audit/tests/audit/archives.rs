@@ -34,7 +34,9 @@ enum Verdict {
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum NumpyReading {
-    Arrays { arrays: Vec<NumpyArray> },
+    Arrays {
+        arrays: Vec<NumpyArray>,
+    },
     Error {
         #[allow(dead_code)] // Shown when a test fails: what NumPy said.
         error: String,
@@ -130,7 +132,11 @@ fn every_archive_the_audit_accepts_numpy_reads_the_same() {
         let mut numpy: Vec<_> = arrays
             .into_iter()
             .map(|a| {
-                assert!(!a.fortran, "{}: {} is in Fortran order", fixture.file, a.name);
+                assert!(
+                    !a.fortran,
+                    "{}: {} is in Fortran order",
+                    fixture.file, a.name
+                );
                 (a.name, a.dtype, a.shape, a.sha256)
             })
             .collect();
@@ -157,13 +163,22 @@ fn the_archived_evidence_is_read_as_numpy_reads_it() {
         for name in &names {
             let info = archive.info(name).unwrap();
             let shape: Vec<String> = info.shape.iter().map(usize::to_string).collect();
-            for part in [name.as_bytes(), info.dtype.descr().as_bytes(), shape.join(",").as_bytes()] {
+            for part in [
+                name.as_bytes(),
+                info.dtype.descr().as_bytes(),
+                shape.join(",").as_bytes(),
+            ] {
                 digest.update(part);
                 digest.update([0]);
             }
             digest.update(archive.data(name).unwrap());
         }
         assert_eq!(names.len(), evidence.arrays, "{}", evidence.path);
-        assert_eq!(hex::encode(digest.finalize()), evidence.digest, "{}", evidence.path);
+        assert_eq!(
+            hex::encode(digest.finalize()),
+            evidence.digest,
+            "{}",
+            evidence.path
+        );
     }
 }

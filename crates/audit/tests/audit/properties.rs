@@ -2,7 +2,7 @@
 //! audit's decoder and rule agree with the codec on everything the codec encodes (the codec is a
 //! dev-dependency only, as a second implementation to test against).
 
-use audit::decoder::{GroupAxis, Grid, decode, offsets};
+use audit::decoder::{Grid, GroupAxis, decode, offsets};
 use audit::npz::Archive;
 use audit::protocol::Mode;
 use ndarray::Array2;
@@ -12,10 +12,13 @@ fn honest_archive(values: &[f32]) -> Vec<u8> {
     let options = zip::write::SimpleFileOptions::default()
         .compression_method(zip::CompressionMethod::Stored)
         .last_modified_time(zip::DateTime::default());
-    let mut writer = ndarray_npy::NpzWriter::new_with_options(std::io::Cursor::new(Vec::new()), options);
+    let mut writer =
+        ndarray_npy::NpzWriter::new_with_options(std::io::Cursor::new(Vec::new()), options);
     let a = ndarray::Array1::from(values.to_vec());
     writer.add_array("x", &a).unwrap();
-    writer.add_array("y_codes", &ndarray::Array1::from(vec![1u8, 2, 3])).unwrap();
+    writer
+        .add_array("y_codes", &ndarray::Array1::from(vec![1u8, 2, 3]))
+        .unwrap();
     writer.finish().unwrap().into_inner()
 }
 

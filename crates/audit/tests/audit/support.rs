@@ -156,9 +156,15 @@ pub fn edit_arrays(dir: &Path, edit: impl FnOnce(&mut Vec<(String, AnyArray)>)) 
     let mut arrays = Vec::new();
     for name in archive.names() {
         let array = match archive.info(name).unwrap().dtype {
-            audit::npz::Dtype::U8 => AnyArray::U8(reader.by_name::<OwnedRepr<u8>, IxDyn>(name).unwrap()),
-            audit::npz::Dtype::I32 => AnyArray::I32(reader.by_name::<OwnedRepr<i32>, IxDyn>(name).unwrap()),
-            audit::npz::Dtype::F32 => AnyArray::F32(reader.by_name::<OwnedRepr<f32>, IxDyn>(name).unwrap()),
+            audit::npz::Dtype::U8 => {
+                AnyArray::U8(reader.by_name::<OwnedRepr<u8>, IxDyn>(name).unwrap())
+            }
+            audit::npz::Dtype::I32 => {
+                AnyArray::I32(reader.by_name::<OwnedRepr<i32>, IxDyn>(name).unwrap())
+            }
+            audit::npz::Dtype::F32 => {
+                AnyArray::F32(reader.by_name::<OwnedRepr<f32>, IxDyn>(name).unwrap())
+            }
             _ => AnyArray::F64(reader.by_name::<OwnedRepr<f64>, IxDyn>(name).unwrap()),
         };
         arrays.push((name.clone(), array));

@@ -35,24 +35,36 @@ fn altered_arrays_are_each_caught_by_recomputation() {
     });
     rehash(&dir);
     let report = audit(&dir);
-    assert_problem(&report, "code rule", |p| {
-        matches!(p, Problem::Code { array, .. } if named(array, "s3_n24_clean_g8_b4_k_codes"))
-    });
-    assert_problem(&report, "scale", |p| {
-        matches!(p, Problem::Scale { array, first: [3, 0], .. } if named(array, "s3_n40_early_focus_g12_b8_v_scales"))
-    });
-    assert_problem(&report, "zero point", |p| {
-        matches!(p, Problem::Scale { array, first: [0, 0], .. } if named(array, "s5_n24_clean_g16_b3_asym_k_scales"))
-    });
-    assert_problem(&report, "float32 segment", |p| {
-        matches!(p, Problem::Float32 { array } if named(array, "s5_n40_clean_budget_recent_f32_k_values_s1"))
-    });
-    assert_problem(&report, "input", |p| {
-        matches!(p, Problem::Input { array, first: [10, 7], count: 1, .. } if named(array, "s3_n40_recent_focus_v"))
-    });
-    assert_problem(&report, "output", |p| {
-        matches!(p, Problem::Attention { array, .. } if named(array, "s5_n24_early_focus_g12_b8_out"))
-    });
+    assert_problem(
+        &report,
+        "code rule",
+        |p| matches!(p, Problem::Code { array, .. } if named(array, "s3_n24_clean_g8_b4_k_codes")),
+    );
+    assert_problem(
+        &report,
+        "scale",
+        |p| matches!(p, Problem::Scale { array, first: [3, 0], .. } if named(array, "s3_n40_early_focus_g12_b8_v_scales")),
+    );
+    assert_problem(
+        &report,
+        "zero point",
+        |p| matches!(p, Problem::Scale { array, first: [0, 0], .. } if named(array, "s5_n24_clean_g16_b3_asym_k_scales")),
+    );
+    assert_problem(
+        &report,
+        "float32 segment",
+        |p| matches!(p, Problem::Float32 { array } if named(array, "s5_n40_clean_budget_recent_f32_k_values_s1")),
+    );
+    assert_problem(
+        &report,
+        "input",
+        |p| matches!(p, Problem::Input { array, first: [10, 7], count: 1, .. } if named(array, "s3_n40_recent_focus_v")),
+    );
+    assert_problem(
+        &report,
+        "output",
+        |p| matches!(p, Problem::Attention { array, .. } if named(array, "s5_n24_early_focus_g12_b8_out")),
+    );
 }
 
 #[test]
@@ -73,17 +85,28 @@ fn edited_or_missing_rows_are_named() {
     });
     rehash(&dir);
     let report = audit(&dir);
-    assert_problem(&report, "relative_l2", |p| {
-        matches!(p, Problem::Metric { id, field: "relative_l2", .. } if *id == id9)
-    });
-    assert_problem(&report, "payload", |p| {
-        matches!(p, Problem::Metric { field: "payload_bytes", recorded, .. } if recorded == "4096")
-    });
-    assert_problem(&report, "moved window", |p| {
-        matches!(p, Problem::Results(ResultsProblem::Description { id }) if id == "s3_n40_clean_budget_early8")
-    });
+    assert_problem(
+        &report,
+        "relative_l2",
+        |p| matches!(p, Problem::Metric { id, field: "relative_l2", .. } if *id == id9),
+    );
+    assert_problem(
+        &report,
+        "payload",
+        |p| matches!(p, Problem::Metric { field: "payload_bytes", recorded, .. } if recorded == "4096"),
+    );
+    assert_problem(
+        &report,
+        "moved window",
+        |p| matches!(p, Problem::Results(ResultsProblem::Description { id }) if id == "s3_n40_clean_budget_early8"),
+    );
     // summary.json is held to the audit's own recomputation, not to the edited rows.
-    assert!(!report.problems.iter().any(|p| matches!(p, Problem::Summary { .. })));
+    assert!(
+        !report
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::Summary { .. }))
+    );
 
     let (_tmp, dir) = small_copy();
     edit_json(&dir, "results.json", |rows| {
@@ -95,7 +118,13 @@ fn edited_or_missing_rows_are_named() {
     rehash(&dir);
     let report = audit(&dir);
     assert_problem(&report, "row count", |p| {
-        matches!(p, Problem::Results(ResultsProblem::Count { found: 95, expected: 96 }))
+        matches!(
+            p,
+            Problem::Results(ResultsProblem::Count {
+                found: 95,
+                expected: 96
+            })
+        )
     });
     assert_problem(&report, "missing row", |p| {
         matches!(p, Problem::Results(ResultsProblem::Missing { .. }))
@@ -110,7 +139,10 @@ fn rows_out_of_order_are_named() {
     });
     rehash(&dir);
     assert_problem(&audit(&dir), "order", |p| {
-        matches!(p, Problem::Results(ResultsProblem::Order { position: 0, .. }))
+        matches!(
+            p,
+            Problem::Results(ResultsProblem::Order { position: 0, .. })
+        )
     });
 }
 
@@ -125,11 +157,16 @@ fn timings_incomplete_altered_or_zero_fail() {
     });
     rehash(&dir);
     let report = audit(&dir);
-    assert_problem(&report, "measurements", |p| {
-        matches!(p, Problem::Timings(TimingProblem::Measurements { count, .. }) if *count >= 3)
-    });
+    assert_problem(
+        &report,
+        "measurements",
+        |p| matches!(p, Problem::Timings(TimingProblem::Measurements { count, .. }) if *count >= 3),
+    );
     assert_problem(&report, "median", |p| {
-        matches!(p, Problem::Timings(TimingProblem::Median { .. } | TimingProblem::Rows { .. }))
+        matches!(
+            p,
+            Problem::Timings(TimingProblem::Median { .. } | TimingProblem::Rows { .. })
+        )
     });
 }
 
@@ -142,19 +179,25 @@ fn summary_json_with_extra_keys_or_other_values_fails() {
     });
     rehash(&dir);
     let report = audit(&dir);
-    assert_problem(&report, "extra key", |p| {
-        matches!(p, Problem::Summary { place, .. } if place == "budget recent8 mean_relative_l2")
-    });
-    assert_problem(&report, "payload", |p| {
-        matches!(p, Problem::Summary { place, .. } if place == "packed_kv g8_b4 payload_bytes")
-    });
+    assert_problem(
+        &report,
+        "extra key",
+        |p| matches!(p, Problem::Summary { place, .. } if place == "budget recent8 mean_relative_l2"),
+    );
+    assert_problem(
+        &report,
+        "payload",
+        |p| matches!(p, Problem::Summary { place, .. } if place == "packed_kv g8_b4 payload_bytes"),
+    );
 
     let (_tmp, dir) = small_copy();
     edit_json(&dir, "summary.json", |s| s["claims"] = "13% better".into());
     rehash(&dir);
-    assert_problem(&audit(&dir), "unknown field", |p| {
-        matches!(p, Problem::Json { file, message } if file == "summary.json" && message.contains("claims"))
-    });
+    assert_problem(
+        &audit(&dir),
+        "unknown field",
+        |p| matches!(p, Problem::Json { file, message } if file == "summary.json" && message.contains("claims")),
+    );
 }
 
 #[test]
@@ -162,16 +205,24 @@ fn summary_md_shows_only_checked_figures() {
     let (_tmp, dir) = small_copy();
     edit_text(&dir, "summary.md", |md| {
         md.replacen("| 8     |      4 |", "| 8     |      5 |", 1)
-            .replacen("## Packed KV\n", "## Packed KV\n\nThe error falls by 40% here.\n", 1)
+            .replacen(
+                "## Packed KV\n",
+                "## Packed KV\n\nThe error falls by 40% here.\n",
+                1,
+            )
     });
     rehash(&dir);
     let report = audit(&dir);
-    assert_problem(&report, "cell", |p| {
-        matches!(p, Problem::Markdown(MarkdownProblem::Cell { table: "packed-KV", row: 1, column: 1, found, .. }) if found == "5")
-    });
-    assert_problem(&report, "figure in text", |p| {
-        matches!(p, Problem::Markdown(MarkdownProblem::Figure { figure, .. }) if figure == "40%")
-    });
+    assert_problem(
+        &report,
+        "cell",
+        |p| matches!(p, Problem::Markdown(MarkdownProblem::Cell { table: "packed-KV", row: 1, column: 1, found, .. }) if found == "5"),
+    );
+    assert_problem(
+        &report,
+        "figure in text",
+        |p| matches!(p, Problem::Markdown(MarkdownProblem::Figure { figure, .. }) if figure == "40%"),
+    );
 
     // A fake table shown, the real one hidden in an HTML comment.
     let (_tmp, dir) = small_copy();
@@ -204,21 +255,31 @@ fn chart_markers_ticks_and_extras_are_checked() {
         let (x, y) = xy.split_once(',').unwrap();
         let y: i32 = y.parse().unwrap();
         lines[markers[0]] = format!("{head}transform=\"translate({x},{}){rest}", y + 40);
-        lines[markers[1]] = lines[markers[1]].replacen("data-relative-l2=\"0.", "data-relative-l2=\"0.0", 1);
+        lines[markers[1]] =
+            lines[markers[1]].replacen("data-relative-l2=\"0.", "data-relative-l2=\"0.0", 1);
         lines[markers[2]] = lines[markers[2]].replacen("fill=\"#1F77B4\"", "fill=\"#D62728\"", 1);
         // A stray marker in the plot, and a script.
         let last = lines.len() - 1;
-        lines.insert(last, "<circle cx=\"200\" cy=\"200\" r=\"5\" fill=\"#000000\"/>".into());
+        lines.insert(
+            last,
+            "<circle cx=\"200\" cy=\"200\" r=\"5\" fill=\"#000000\"/>".into(),
+        );
         lines.join("\n") + "\n"
     });
     rehash(&dir);
     let report = audit(&dir);
-    assert_problem(&report, "position", |p| matches!(p, Problem::Chart(ChartProblem::Position { .. })));
+    assert_problem(&report, "position", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Position { .. }))
+    });
     assert_problem(&report, "marker data", |p| {
         matches!(p, Problem::Chart(ChartProblem::Marker { index: 1, .. }))
     });
-    assert_problem(&report, "recoloured", |p| matches!(p, Problem::Chart(ChartProblem::Style { .. })));
-    assert_problem(&report, "stray", |p| matches!(p, Problem::Chart(ChartProblem::Stray { .. })));
+    assert_problem(&report, "recoloured", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Style { .. }))
+    });
+    assert_problem(&report, "stray", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Stray { .. }))
+    });
 
     // A y tick label that does not say what its position means.
     let (_tmp, dir) = small_copy();
@@ -229,18 +290,38 @@ fn chart_markers_ticks_and_extras_are_checked() {
         format!("{}9{}", &svg[..label_start], &svg[label_end..])
     });
     rehash(&dir);
-    assert_problem(&audit(&dir), "tick", |p| {
-        matches!(p, Problem::Chart(ChartProblem::Tick { axis: "y", label, .. }) if label == "9%")
-    });
+    assert_problem(
+        &audit(&dir),
+        "tick",
+        |p| matches!(p, Problem::Chart(ChartProblem::Tick { axis: "y", label, .. }) if label == "9%"),
+    );
 
     let (_tmp, dir) = small_copy();
     edit_text(&dir, "error-vs-bytes.svg", |svg| {
         svg.replacen("</svg>", "<script>alert(1)</script></svg>", 1)
     });
     rehash(&dir);
-    assert_problem(&audit(&dir), "script", |p| {
-        matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("script"))
+    assert_problem(
+        &audit(&dir),
+        "script",
+        |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("script")),
+    );
+
+    // A tick label shifted by an offset, so it shows a value where another belongs.
+    let (_tmp, dir) = small_copy();
+    edit_text(&dir, "error-vs-bytes.svg", |svg| {
+        svg.replacen(
+            "text-anchor=\"end\"",
+            "dx=\"40\" text-anchor=\"end\"",
+            1,
+        )
     });
+    rehash(&dir);
+    assert_problem(
+        &audit(&dir),
+        "offset",
+        |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("offset")),
+    );
 
     // Just an SVG document is not the chart.
     let (_tmp, dir) = small_copy();
@@ -250,7 +331,9 @@ fn chart_markers_ticks_and_extras_are_checked() {
     )
     .unwrap();
     rehash(&dir);
-    assert_problem(&audit(&dir), "mapping", |p| matches!(p, Problem::Chart(ChartProblem::Mapping { .. })));
+    assert_problem(&audit(&dir), "mapping", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Mapping { .. }))
+    });
 }
 
 #[test]
@@ -262,25 +345,43 @@ fn missing_extra_truncated_and_malformed_files_fail() {
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
     let report = audit(&dir);
-    assert_problem(&report, "missing", |p| {
-        matches!(p, Problem::File(audit::files::FileError::Missing { path }) if path.ends_with("summary.json"))
-    });
-    assert_problem(&report, "unlisted", |p| {
-        matches!(p, Problem::UnexpectedFile { name } if name == "notes.txt")
-    });
-    assert_problem(&report, "hash", |p| matches!(p, Problem::Hash { file, .. } if file == "arrays.npz"));
+    assert_problem(
+        &report,
+        "missing",
+        |p| matches!(p, Problem::File(audit::files::FileError::Missing { path }) if path.ends_with("summary.json")),
+    );
+    assert_problem(
+        &report,
+        "unlisted",
+        |p| matches!(p, Problem::UnexpectedFile { name } if name == "notes.txt"),
+    );
+    assert_problem(
+        &report,
+        "hash",
+        |p| matches!(p, Problem::Hash { file, .. } if file == "arrays.npz"),
+    );
     assert_problem(&report, "archive", |p| matches!(p, Problem::Archive(_)));
 
     let (_tmp, dir) = small_copy();
     std::fs::write(dir.join("results.json"), "[{\"id\": ").unwrap();
     rehash(&dir);
-    assert_problem(&audit(&dir), "malformed", |p| {
-        matches!(p, Problem::Json { file, .. } if file == "results.json")
-    });
+    assert_problem(
+        &audit(&dir),
+        "malformed",
+        |p| matches!(p, Problem::Json { file, .. } if file == "results.json"),
+    );
     std::fs::write(dir.join("manifest.json"), "{}").unwrap();
-    assert_problem(&audit(&dir), "malformed manifest", |p| {
-        matches!(p, Problem::Json { file, .. } if file == "manifest.json")
+    assert_problem(
+        &audit(&dir),
+        "malformed manifest",
+        |p| matches!(p, Problem::Json { file, .. } if file == "manifest.json"),
+    );
+    std::fs::write(
+        dir.join("manifest.json"),
+        "{\"format\": \"packed-kv-evidence/0\"}",
+    )
+    .unwrap();
+    assert_problem(&audit(&dir), "format", |p| {
+        matches!(p, Problem::Format { .. })
     });
-    std::fs::write(dir.join("manifest.json"), "{\"format\": \"packed-kv-evidence/0\"}").unwrap();
-    assert_problem(&audit(&dir), "format", |p| matches!(p, Problem::Format { .. }));
 }
