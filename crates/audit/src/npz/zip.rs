@@ -35,8 +35,10 @@ const END_SIGNATURE: u32 = 0x0605_4b50;
 const LOCAL_HEADER_BYTES: usize = 30;
 const CENTRAL_HEADER_BYTES: usize = 46;
 const END_RECORD_BYTES: usize = 22;
-/// Versions "needed to extract" that a stored member can carry: 1.0 (the runner's writer) and
-/// 2.0 (Python's zipfile).
+/// Versions "needed to extract" that a plain stored member can carry: 1.0 (the runner's writer)
+/// and 2.0 (Python's `zipfile.writestr`). `numpy.savez` itself writes every member with ZIP64
+/// sizes (version 4.5), which this reader refuses as ZIP64: it reads the runner's archives, not
+/// every npz.
 const VERSIONS_NEEDED: [u16; 2] = [10, 20];
 
 /// Why a ZIP container is not the canonical layout. Each variant names one rule.

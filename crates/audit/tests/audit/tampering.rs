@@ -310,11 +310,7 @@ fn chart_markers_ticks_and_extras_are_checked() {
     // A tick label shifted by an offset, so it shows a value where another belongs.
     let (_tmp, dir) = small_copy();
     edit_text(&dir, "error-vs-bytes.svg", |svg| {
-        svg.replacen(
-            "text-anchor=\"end\"",
-            "dx=\"40\" text-anchor=\"end\"",
-            1,
-        )
+        svg.replacen("text-anchor=\"end\"", "dx=\"40\" text-anchor=\"end\"", 1)
     });
     rehash(&dir);
     assert_problem(

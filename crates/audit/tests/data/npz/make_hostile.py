@@ -29,14 +29,17 @@ never goes stale silently.
 
 numpy.savez: the fixture `numpy_savez.npz` is what `numpy.savez` (uncompressed) writes, with only
 the DOS time and date fields (2 x 2 bytes per member, local header and central entry) set to
-1980-01-01 00:00 so that it is reproducible. The audit REFUSES it, rule `version`: NumPy's
-`_savez` opens every member with `zipfile.open(name, "w", force_zip64=True)`, so Python's zipfile
-writes each local header with "version needed" 45 (ZIP64) and a 20-byte ZIP64 extra field (the
-sizes themselves stay 32-bit, no 0xFFFFFFFF marker, no data descriptor, flags 0, no UTF-8 flag);
-the central entries repeat version 45 without an extra field. The reader meets the version field
-before the extra field, so it names `version`. The accepted "NumPy" layout is the other honest
-fixture, `honest_python_zipfile.npz`: members written by NumPy's own `format.write_array` (header
-`{..., 'shape': (2, 3), }`) into Python's zipfile with `writestr` (version 20, no extra field).
+1980-01-01 00:00 so that it is reproducible. The audit REFUSES it, rule `zip64`: NumPy's `_savez`
+opens every member with `zipfile.open(name, "w", force_zip64=True)` (gh-10776), so Python's
+zipfile writes each LOCAL header with version needed 45, compressed and uncompressed sizes
+0xFFFFFFFF (the ZIP64 marker) and a 20-byte ZIP64 extra field holding the real sizes; the central
+entries carry version 45 and the real 32-bit sizes without any extra field. No data descriptor,
+flags 0 (no UTF-8 flag). The reader checks a local header's sizes for the ZIP64 marker before its
+flags, method, version and extra field, so it names `zip64` (the version 45 and the extra field
+would each be refused too). The runner never writes this layout. The accepted "NumPy" layout is
+the other honest fixture, `honest_python_zipfile.npz`: members written by NumPy's own
+`format.write_array` (header `{..., 'shape': (2, 3), }`) into Python's zipfile with `writestr`
+(version needed 20, no extra field, no ZIP64).
 
 Evidence: "evidence" records NumPy's reading of the two archived evidence archives as one digest
 each (SHA-256 over, per array in sorted name order, name, NUL, dtype.str, NUL, comma-joined shape,
@@ -247,8 +250,9 @@ def npy_pair(hostile_member):
     return build([Member("ok.npy", runner_npy(Q)), Member("hostile.npy", hostile_member)])
 
 
-F = "'fortran_order': False"
 QDATA = Q.tobytes()
+# 58 characters of dictionary, padded to a 10,038-byte header (10 + 10,038 = 157 x 64).
+LONG_HEADER = runner_dict(Q) + " " * 9970
 
 # ---------------------------------------------------------------------------------------------
 # The fixtures: (file stem, one line on the attack, audit verdict, NumPy reads every key?, bytes)
@@ -265,9 +269,9 @@ FIXTURES = [
      "accept", True, python_zipfile()),
     ("numpy_savez",
      "numpy.savez (uncompressed) output, dates fixed: zipfile writes it with force_zip64, so "
-     "every member needs version 45 and carries a ZIP64 extra field in its local header; NumPy "
-     "reads it, the audit refuses it (the runner never writes this layout)",
-     ["version"], True, numpy_savez()),
+     "every local header has sizes 0xFFFFFFFF, version 45 and a ZIP64 extra field; NumPy reads "
+     "it, the audit refuses it (the runner never writes this layout)",
+     ["zip64"], True, numpy_savez()),
     # Two readers.
     ("two_readers_appended",
      "two readers: an honest archive with a complete forged archive appended; zipfile takes the "
@@ -388,6 +392,14 @@ FIXTURES = [
      "bytes); zipfile raises BadZipFile when NumPy reads b",
      ["crc"], False,
      build(pair(crc=zlib.crc32(runner_npy(SHAPE)) ^ 1))),
+    ("crc_wrong_unchecked",
+     "member 'hostile' with a wrong CRC-32 in both headers and 4,096 bytes after its array "
+     "data: zipfile checks a CRC only when a read reaches the member's end, NumPy stops after "
+     "the data (and zipfile's 4 KiB read-ahead), so NumPy reads the array without noticing",
+     ["crc"], True,
+     (lambda m: build([Member("ok.npy", runner_npy(Q)),
+                       Member("hostile.npy", m, crc=zlib.crc32(m) ^ 1)]))(
+         npy(runner_dict(Q), QDATA + bytes(4096)))),
     # Names.
     ("duplicate_name",
      "two members named a.npy with different arrays; NumPy lists key 'a' twice and reads the "
@@ -485,10 +497,11 @@ FIXTURES = [
      ["npy_shape"], False,
      npy_pair(npy(runner_dict(REF, shape="(%d, %d)" % (2**40, 2**40)), bytes(16)))),
     ("npy_header_too_long",
-     "member 'hostile' whose header is 10,038 bytes, over NumPy's 10,000-byte limit for "
-     "allow_pickle=False loads; NumPy refuses it",
+     "member 'hostile' whose header is %d bytes (spaces after the dictionary), over NumPy's "
+     "10,000-byte limit for allow_pickle=False loads; NumPy refuses it"
+     % (len(npy(LONG_HEADER, b"")) - 10),
      ["npy_header_length"], False,
-     npy_pair(npy(runner_dict(Q) + " " * 10000, QDATA))),
+     npy_pair(npy(LONG_HEADER, QDATA))),
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -578,8 +591,9 @@ def main():
         "about": "Hostile and honest npz archives for the audit's strict reader "
                  "(crates/audit/src/npz), written by make_hostile.py: for each, the verdict "
                  "the audit must give ('accept' or the rule ids it may report first) and what "
-                 "numpy.load(path, allow_pickle=False) reads; and NumPy's reading of the "
-                 "archived evidence as one digest per archive.",
+                 "numpy.load(path, allow_pickle=False) reads ('arrays' when every key gives "
+                 "an ndarray, else 'error' with each key's result under 'members'); and "
+                 "NumPy's reading of the archived evidence as one digest per archive.",
         "archives": archives,
         "evidence": [evidence_record(rel) for rel in EVIDENCE],
     }
