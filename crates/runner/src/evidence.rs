@@ -699,3 +699,178 @@ impl<W: Seek> Seek for FirstError<W> {
         self.inner.seek(pos).map_err(|e| self.fail(e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive;
+    use crate::manifest::Counts;
+    use crate::protocol::Protocol;
+    use crate::{study, summary, timing};
+
+    /// Runs `text` and returns what `write` needs.
+    fn run(text: &str) -> (StudyRun, Summary, Option<Timings>, Manifest) {
+        let protocol = Protocol::from_json(text).unwrap();
+        let run = study::run(&protocol, |_| {}).unwrap();
+        let timings = protocol
+            .timing
+            .map(|t| timing::measure(&run, &t, |_| {}).unwrap());
+        let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
+        let summary = summary::summarize(&protocol, &rows, timings.as_ref());
+        let counts = Counts {
+            inputs: run.inputs.len(),
+            comparisons: run.comparisons.len(),
+            timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
+        };
+        let manifest = Manifest::new("test".into(), protocol, counts);
+        (run, summary, timings, manifest)
+    }
+
+    /// Asymmetric and symmetric settings, partial groups (N = 20 with g = 8, D = 6 with g = 4)
+    /// and every budget policy, float32 windows included.
+    const MIXED: &str = r#"{ "study": "mixed", "seeds": [1, 22], "tokens": [20, 8], "features": 6,
+        "queries": 2, "distributions": ["clean", "recent_focus"],
+        "focus": { "window": 2, "gain": 1.5 },
+        "settings": [ { "group_size": 8, "bits": 4 }, { "group_size": 4, "bits": 3, "mode": "asymmetric" } ],
+        "generator": { "name": "chacha20",
+                       "entropy": { "seed_multiplier": 100, "tokens_multiplier": 1, "offset": 0 } },
+        "budget": { "group_size": 8, "low_bits": 2, "window": 8,
+                    "policies": ["uniform", "recent8", "early8", "recent_f32", "early_f32"] },
+        "timing": { "warmup": 0, "repeats": 1, "shuffle_seed": 1 } }"#;
+
+    #[test]
+    fn the_written_archive_is_the_planned_one_within_the_size_estimate() {
+        let (run, summary, timings, manifest) = run(MIXED);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("run");
+        write(&out, &run, &summary, timings.as_ref(), manifest).unwrap();
+
+        let planned = archive::members(&run.protocol);
+        let file = File::open(out.join(ARRAYS)).unwrap();
+        let size = file.metadata().unwrap().len();
+        let zip = zip::ZipArchive::new(file).unwrap();
+        let names: Vec<&str> = zip.file_names().collect();
+        let mut written: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut want: Vec<String> = planned.iter().map(|m| format!("{}.npy", m.name)).collect();
+        written.sort();
+        want.sort();
+        assert_eq!(written, want);
+        assert_eq!(
+            archive::member_count(&run.protocol),
+            Some(planned.len() as u64)
+        );
+        let estimate = archive::estimated_bytes(&planned).unwrap();
+        assert!(
+            size <= estimate,
+            "{size} bytes written, {estimate} estimated"
+        );
+        // Only the .npy headers are over-estimated: at most 128 - 64 bytes each.
+        assert!(
+            estimate - size <= 64 * planned.len() as u64,
+            "{size} bytes written, {estimate} estimated"
+        );
+    }
+
+    #[test]
+    fn a_zero_timing_is_refused_before_anything_is_written() {
+        let (run, summary, timings, manifest) = run(MIXED);
+        let mut timings = timings.unwrap();
+        timings.measurements[3].ns = 0;
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("nested/run");
+        let err = write(&out, &run, &summary, Some(&timings), manifest).unwrap_err();
+        assert!(
+            matches!(&err, EvidenceError::Timing(TimingError::ZeroDuration { comparison, .. })
+                if *comparison == timings.measurements[3].comparison),
+            "{err:?}"
+        );
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_output_under_a_regular_file_is_refused_naming_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("somefile");
+        std::fs::write(&file, "x").unwrap();
+        for out in [file.join("run"), file.join("a/b/run")] {
+            match check_new(&out) {
+                Err(EvidenceError::NotADirectory { ancestor, .. }) => assert_eq!(ancestor, file),
+                other => panic!("{}: {other:?}", out.display()),
+            }
+        }
+        assert!(check_new(&tmp.path().join("new/deeper/run")).is_ok());
+        assert!(matches!(
+            check_new(&file),
+            Err(EvidenceError::Exists(path)) if path == file
+        ));
+    }
+
+    #[test]
+    fn staging_names_are_recognised_exactly() {
+        for name in [
+            ".run.partial-abc123",
+            ".a.b.partial-Z9",
+            ".x.partial-y.partial-QQ",
+        ] {
+            assert!(is_staging_name(name), "{name}");
+        }
+        for name in [
+            "run.partial-abc123",
+            "..partial-abc123",
+            ".run.partial-",
+            ".run.partial-abc.123",
+            ".run.partial-abc123.lock",
+            ".run.fresh",
+        ] {
+            assert!(!is_staging_name(name), "{name}");
+        }
+    }
+
+    /// Fails every write after `budget` bytes with ENOSPC.
+    struct SmallDisk {
+        budget: usize,
+        written: Vec<u8>,
+    }
+
+    impl Write for SmallDisk {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.written.len() + buf.len() > self.budget {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            self.written.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_first_write_error_is_kept_and_later_writes_are_discarded() {
+        let mut guard = FirstError::new(SmallDisk {
+            budget: 4,
+            written: Vec::new(),
+        });
+        guard.write_all(b"abc").unwrap();
+        let err = guard.write_all(b"defg").unwrap_err();
+        assert_eq!(err.raw_os_error(), None, "the caller gets a copy");
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        // Nothing more reaches the disk, and nothing more fails.
+        guard.write_all(b"hij").unwrap();
+        guard.flush().unwrap();
+        assert_eq!(guard.inner.written, b"abc");
+        let first = guard.state.borrow_mut().error.take().unwrap();
+        assert_eq!(first.raw_os_error(), Some(28));
+    }
+
+    #[test]
+    fn an_io_error_prints_its_cause_once() {
+        let err = EvidenceError::Io {
+            context: "writing x".into(),
+            source: io::Error::from_raw_os_error(28),
+        };
+        let chain = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(chain, "writing x: No space left on device (os error 28)");
+    }
+}

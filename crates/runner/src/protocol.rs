@@ -882,4 +882,205 @@ mod tests {
         });
         assert!(e.contains("overflows 128 bits"), "{e}");
     }
+
+    /// A small valid protocol to edit: one seed, one length, clean only, one setting.
+    fn small(edit: impl FnOnce(&mut serde_json::Value)) -> Result<Protocol, ProtocolError> {
+        let mut value = serde_json::json!({
+            "study": "bounds",
+            "seeds": [1],
+            "tokens": [16],
+            "features": 4,
+            "queries": 1,
+            "distributions": ["clean"],
+            "focus": { "window": 1, "gain": 1.0 },
+            "settings": [ { "group_size": 4, "bits": 4 } ],
+            "generator": { "name": "chacha20",
+                           "entropy": { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } }
+        });
+        edit(&mut value);
+        Protocol::from_json(&value.to_string())
+    }
+
+    fn field(err: &ProtocolError) -> &str {
+        match err {
+            ProtocolError::Parse { field, .. }
+            | ProtocolError::Invalid { field, .. }
+            | ProtocolError::GroupedViewTooLarge { field, .. } => field,
+            ProtocolError::TooManyMembers { .. } | ProtocolError::ArchiveTooLarge { .. } => "",
+        }
+    }
+
+    #[test]
+    fn study_names_are_one_to_64_plain_ascii_characters() {
+        for name in ["a", "packed-kv", "widths_and.modes-2", &"x".repeat(64)] {
+            assert!(small(|v| v["study"] = name.into()).is_ok(), "{name:?}");
+        }
+        let long = "x".repeat(65);
+        for name in [
+            "",
+            " ",
+            "a b",
+            "x|y",
+            "a\nb",
+            "<b>",
+            "# h",
+            "*x*",
+            "caf\u{e9}",
+            &long,
+        ] {
+            let err = small(|v| v["study"] = name.into()).unwrap_err();
+            assert!(
+                matches!(&err, ProtocolError::Invalid { field, .. } if field == "study"),
+                "{name:?}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn group_sizes_far_longer_than_the_tensor_are_refused_by_field_and_length() {
+        // K at N = 16, D = 4: 4 rows of 16 tokens padded to one group of g codes.
+        for g in [1u64 << 62, 1 << 32, u64::MAX] {
+            let err = small(|v| v["settings"][0]["group_size"] = g.into()).unwrap_err();
+            assert_eq!(
+                err,
+                ProtocolError::GroupedViewTooLarge {
+                    field: "settings[0].group_size".into(),
+                    group_size: g as usize,
+                    tokens: 16,
+                    segment: (0, 16),
+                    tensor: "K",
+                    rows: 4,
+                    padded_row_len: Some(g),
+                }
+            );
+        }
+        // The second setting at the second length: V is 1000 rows of one padded group of 2^20
+        // (at N = 16 both fit).
+        let err = small(|v| {
+            v["tokens"] = serde_json::json!([16, 1000]);
+            v["settings"] = serde_json::json!([{ "group_size": 4, "bits": 4 },
+                                               { "group_size": 1 << 20, "bits": 8 }]);
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::GroupedViewTooLarge {
+                field, tokens: 1000, tensor: "V", rows: 1000, padded_row_len: Some(0x10_0000), ..
+            } if field == "settings[1].group_size"),
+            "{err:?}"
+        );
+        let err = small(|v| {
+            v["budget"] = serde_json::json!({ "group_size": 1u64 << 40, "low_bits": 4,
+                                              "window": 4, "policies": ["recent8"] });
+        })
+        .unwrap_err();
+        // The first stored segment of recent8 is the low-precision tokens 0..12.
+        assert!(
+            matches!(&err, ProtocolError::GroupedViewTooLarge {
+                field, tokens: 16, segment: (0, 12), tensor: "K", ..
+            } if field == "budget.group_size"),
+            "{err:?}"
+        );
+        // The 8-bit window segment alone is checked too (early8 with the window the whole
+        // cache stores one 8-bit segment).
+        let err = small(|v| {
+            v["budget"] = serde_json::json!({ "group_size": 1u64 << 30, "low_bits": 4,
+                                              "window": 16, "policies": ["early8"] });
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ProtocolError::GroupedViewTooLarge {
+                    segment: (0, 16),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_padded_grouped_view_of_exactly_the_limit_is_accepted() {
+        // D = 1, N = 1: K and V are each 1 row of one group of g codes.
+        let limit = MAX_MATRIX_ELEMENTS as u64;
+        let at = |g: u64| {
+            small(|v| {
+                v["features"] = 1.into();
+                v["tokens"] = serde_json::json!([1]);
+                v["settings"][0]["group_size"] = g.into();
+            })
+        };
+        assert!(at(limit).is_ok());
+        assert!(matches!(
+            at(limit + 1),
+            Err(ProtocolError::GroupedViewTooLarge { rows: 1, padded_row_len: Some(p), .. })
+                if p == limit + 1
+        ));
+    }
+
+    #[test]
+    fn arrays_npz_stays_a_plain_zip() {
+        // 9 asymmetric settings store 9 members each, + 4 per input: 85 per input; 257 seeds
+        // x 3 distributions = 771 inputs hold exactly 65,535 members.
+        let with_seeds = |seeds: u64| {
+            small(|v| {
+                v["seeds"] = (0..seeds).collect::<Vec<_>>().into();
+                v["distributions"] = serde_json::json!(["clean", "early_focus", "recent_focus"]);
+                v["settings"] = (1..=9)
+                    .map(
+                        |g| serde_json::json!({ "group_size": g, "bits": 4, "mode": "asymmetric" }),
+                    )
+                    .collect::<Vec<_>>()
+                    .into();
+            })
+        };
+        let p = with_seeds(257).unwrap();
+        assert_eq!(archive::member_count(&p), Some(MAX_NPZ_MEMBERS));
+        assert_eq!(archive::members(&p).len() as u64, MAX_NPZ_MEMBERS);
+        assert_eq!(
+            with_seeds(258),
+            Err(ProtocolError::TooManyMembers {
+                members: Some(258 * 3 * 85)
+            })
+        );
+        // 20 inputs with K and V of 2^27 float32 values each: about 20 GiB.
+        let err = small(|v| {
+            v["seeds"] = (0..20).collect::<Vec<_>>().into();
+            v["tokens"] = serde_json::json!([1 << 14]);
+            v["features"] = (1 << 13).into();
+            v["settings"][0]["group_size"] = 64.into();
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, ProtocolError::ArchiveTooLarge { bytes: Some(b) } if b > 20 << 30),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn every_refusal_names_what_to_change() {
+        // One Display check per new variant; the others are covered above by field.
+        let view = small(|v| v["settings"][0]["group_size"] = (1u64 << 62).into()).unwrap_err();
+        assert_eq!(
+            view.to_string(),
+            "protocol field `settings[0].group_size`: group size 4611686018427387904 at N = 16: \
+             K would be stored as 4 rows x 4,611,686,018,427,387,904 padded codes, more than \
+             134,217,728 elements"
+        );
+        let members = ProtocolError::TooManyMembers { members: None };
+        assert_eq!(
+            members.to_string(),
+            "arrays.npz would hold more than 2^64 members; a plain ZIP holds at most 65,535 \
+             (fewer seeds, lengths, distributions, settings or policies)"
+        );
+        let bytes = ProtocolError::ArchiveTooLarge {
+            bytes: Some(1 << 32),
+        };
+        assert_eq!(
+            bytes.to_string(),
+            "arrays.npz would take about 4,294,967,296 bytes; a plain ZIP (no ZIP64) must stay \
+             below 4,294,967,296 bytes"
+        );
+        assert_eq!(field(&view), "settings[0].group_size");
+    }
 }

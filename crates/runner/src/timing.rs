@@ -280,6 +280,115 @@ pub fn median(values: &mut [u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Protocol;
+    use crate::study;
+
+    fn tiny_run() -> (StudyRun, Timing) {
+        let protocol = Protocol::from_json(
+            r#"{ "study": "t", "seeds": [1], "tokens": [8], "features": 4, "queries": 1,
+                 "distributions": ["clean"], "focus": { "window": 1, "gain": 1.0 },
+                 "settings": [ { "group_size": 4, "bits": 4 }, { "group_size": 8, "bits": 8 } ],
+                 "generator": { "name": "chacha20", "entropy":
+                     { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } },
+                 "timing": { "warmup": 0, "repeats": 2, "shuffle_seed": 3 } }"#,
+        )
+        .unwrap();
+        let timing = protocol.timing.unwrap();
+        (study::run(&protocol, |_| {}).unwrap(), timing)
+    }
+
+    #[test]
+    fn a_clock_too_coarse_to_see_a_call_is_refused_not_recorded() {
+        let (run, timing) = tiny_run();
+        // The clock sees the first three calls and then reads 0 ns.
+        let mut calls = 0;
+        let result = measure_with(
+            &run,
+            &timing,
+            |_| {},
+            |call| {
+                call();
+                calls += 1;
+                Duration::from_nanos(if calls <= 3 { 100 } else { 0 })
+            },
+        );
+        let ids: Vec<&str> = run.comparisons.iter().map(|c| c.row.id.as_str()).collect();
+        match result {
+            Err(TimingError::ZeroDuration { comparison, .. }) => {
+                assert!(ids.contains(&comparison.as_str()), "{comparison}");
+            }
+            other => panic!("expected a ZeroDuration error, got {other:?}"),
+        }
+        assert_eq!(calls, 4, "measuring stops at the first 0 ns reading");
+    }
+
+    #[test]
+    fn a_time_beyond_u64_nanoseconds_is_refused_not_clamped() {
+        let (run, timing) = tiny_run();
+        let result = measure_with(
+            &run,
+            &timing,
+            |_| {},
+            |call| {
+                call();
+                Duration::MAX
+            },
+        );
+        assert!(
+            matches!(result, Err(TimingError::TooLong { .. })),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn real_measurements_are_positive_and_complete() {
+        let (run, timing) = tiny_run();
+        let timings = measure(&run, &timing, |_| {}).unwrap();
+        // 2 comparisons x 5 operations x 2 repeats.
+        assert_eq!(timings.measurements.len(), 20);
+        assert!(timings.measurements.iter().all(|m| m.ns > 0));
+        assert_eq!(timings.check_positive(), Ok(()));
+    }
+
+    #[test]
+    fn check_positive_names_the_first_zero_measurement() {
+        let (run, timing) = tiny_run();
+        let mut timings = measure(&run, &timing, |_| {}).unwrap();
+        timings.measurements[7].ns = 0;
+        let m = &timings.measurements[7];
+        assert_eq!(
+            timings.check_positive(),
+            Err(TimingError::ZeroDuration {
+                comparison: m.comparison.clone(),
+                operation: m.operation,
+                repeat: m.repeat,
+            })
+        );
+    }
+
+    #[test]
+    fn timing_errors_say_what_was_refused() {
+        let zero = TimingError::ZeroDuration {
+            comparison: "s1_n8_clean_g4_b4".into(),
+            operation: Operation::DecodeV,
+            repeat: 1,
+        };
+        assert_eq!(
+            zero.to_string(),
+            "timing decode_v of s1_n8_clean_g4_b4 (repeat 1) measured 0 ns: the clock is too \
+             coarse to time this call, and timings.json records only real, positive times"
+        );
+        let long = TimingError::TooLong {
+            comparison: "s1_n8_clean_g4_b4".into(),
+            operation: Operation::Attention,
+            repeat: 0,
+        };
+        assert_eq!(
+            long.to_string(),
+            "timing attention of s1_n8_clean_g4_b4 (repeat 0) took more than u64::MAX ns (584 \
+             years), which timings.json cannot record"
+        );
+    }
 
     #[test]
     fn median_is_a_measured_value() {
