@@ -280,6 +280,12 @@ impl Staging {
                 .map_err(io(context()))?
                 .keep()
                 .map_err(|e| io(context())(e.error))?;
+            // tempfile returns an absolute path; keep the parent as the user gave it, so
+            // messages name paths the way --out did.
+            let lock_path = match lock_path.file_name() {
+                Some(file_name) => parent.join(file_name),
+                None => lock_path,
+            };
             match lock.try_lock() {
                 Ok(()) => {}
                 // Another run's cleanup holds it for a moment, taking it for a dead run's
