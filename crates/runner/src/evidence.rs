@@ -15,13 +15,34 @@
 //! - `timings.json`: every raw timing (when the protocol asks for timings);
 //! - `manifest.json`: provenance and SHA-256 of every other file.
 //!
-//! The directory must not exist. Everything is written into a hidden temporary sibling that is
-//! renamed into place only when complete, and removed if anything fails, so an interrupted run
-//! never leaves a directory that looks finished.
+//! The directory must not exist, and neither may the path's nearest existing ancestor be
+//! anything but a directory ([`check_new`], which the runner calls before the study runs).
+//!
+//! Crash safety:
+//! - Everything is written into a hidden staging sibling, `.NAME.partial-XXXXXX`, renamed to
+//!   NAME only when complete, so an interrupted run never leaves a directory that looks finished.
+//! - Before the staging directory exists, its sibling lock file `.NAME.partial-XXXXXX.lock` is
+//!   created and locked (`File::try_lock`, an advisory lock the kernel releases when the process
+//!   exits, however it exits). The lock is held until after the rename, then the lock file is
+//!   removed. It sits beside the staging directory, not in it, so the finished directory holds
+//!   exactly the run's files.
+//! - [`remove_stale_staging`], which the runner calls before each run, removes the staging
+//!   directory of any run that is no longer alive: one whose lock file exists and can be locked.
+//!   A locked one is left alone (its run is still writing), and so is a staging directory with
+//!   no lock file (it was not made this way); a lock file whose directory is gone and which can
+//!   be locked is removed.
+//! - Every file is fsynced (`File::sync_all`) before the rename, and so is the staging directory;
+//!   the parent is fsynced after it (directories on Unix only), so a run reported as written
+//!   survives a crash.
+//! - On any error (a full disk, say) the staging directory, its lock file and any parent
+//!   directories this run created are removed, and the error is reported once.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use ndarray::{Array1, ArrayBase, Data, Dimension};
 use ndarray_npy::{NpzWriter, WritableElement};
@@ -33,7 +54,7 @@ use zip::{CompressionMethod, DateTime};
 use crate::manifest::{Manifest, sha256_file};
 use crate::study::{Plan, ResultRow, SegmentData, StudyRun};
 use crate::summary::Summary;
-use crate::timing::Timings;
+use crate::timing::{TimingError, Timings};
 use crate::{plot, report};
 
 pub const ARRAYS: &str = "arrays.npz";
@@ -44,36 +65,61 @@ pub const PLOT: &str = "error-vs-bytes.svg";
 pub const TIMINGS: &str = "timings.json";
 pub const MANIFEST: &str = "manifest.json";
 
+/// Between an output name and the random suffix of its staging directory.
+const PARTIAL: &str = ".partial-";
+/// Appended to a staging directory's name to name its lock file.
+const LOCK_SUFFIX: &str = ".lock";
+/// Random characters in a staging name.
+const RANDOM_CHARS: usize = 6;
+/// Names tried before giving up on claiming a staging directory (each failure means a race with
+/// another run or a leftover of the same random name, both rare).
+const STAGING_ATTEMPTS: usize = 16;
+
 #[derive(Debug, Error)]
 pub enum EvidenceError {
     #[error("output directory {0} already exists; choose a new directory (runs never overwrite)")]
     Exists(PathBuf),
     #[error("output path {0} has no final component to name a directory")]
     NoName(PathBuf),
-    #[error("{context}: {source}")]
+    #[error("cannot create output directory {out}: {ancestor} is not a directory")]
+    NotADirectory { out: PathBuf, ancestor: PathBuf },
+    /// The cause is the source, so it is printed once, after the context.
+    #[error("{context}")]
     Io {
         context: String,
         #[source]
-        source: std::io::Error,
+        source: io::Error,
     },
+    /// An archive error that is not an I/O error (those are `Io`), as the npz writer words it.
     #[error("writing {ARRAYS}: {0}")]
-    Npz(#[from] ndarray_npy::WriteNpzError),
+    Npz(String),
     #[error("drawing {PLOT}: {0}")]
     Plot(String),
-    #[error("encoding {file}: {source}")]
+    #[error("encoding {file}")]
     Json {
         file: &'static str,
         #[source]
         source: serde_json::Error,
     },
+    #[error(transparent)]
+    Timing(#[from] TimingError),
 }
 
-fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> EvidenceError {
+fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> EvidenceError {
     let context = context.into();
     move |source| EvidenceError::Io { context, source }
 }
 
-/// Refuses an output path that already exists (file, directory or dangling link).
+/// The directory an output path is created in (`.` for a bare name).
+pub fn parent_dir(out: &Path) -> PathBuf {
+    match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Refuses an output path that already exists (file, directory or dangling link), that has no
+/// final component, or whose nearest existing ancestor is not a directory (`--out file/run`).
 pub fn check_new(out: &Path) -> Result<(), EvidenceError> {
     if out.symlink_metadata().is_ok() {
         return Err(EvidenceError::Exists(out.to_path_buf()));
@@ -81,66 +127,386 @@ pub fn check_new(out: &Path) -> Result<(), EvidenceError> {
     if out.file_name().is_none() {
         return Err(EvidenceError::NoName(out.to_path_buf()));
     }
-    Ok(())
+    let mut ancestor = parent_dir(out);
+    loop {
+        match std::fs::metadata(&ancestor) {
+            Ok(meta) if meta.is_dir() => return Ok(()),
+            Ok(_) => {
+                return Err(EvidenceError::NotADirectory {
+                    out: out.to_path_buf(),
+                    ancestor,
+                });
+            }
+            // Missing, or under a file: look further up for what is there.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                match ancestor.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => ancestor = p.to_path_buf(),
+                    // A relative path's first component is missing: it will be created in the
+                    // working directory.
+                    _ => return Ok(()),
+                }
+            }
+            Err(source) => {
+                return Err(EvidenceError::Io {
+                    context: format!("checking {}", ancestor.display()),
+                    source,
+                });
+            }
+        }
+    }
 }
 
 /// Writes the evidence directory at `out` (which must not exist) and returns its manifest.
+///
+/// Refuses timings with a 0 ns measurement before touching the disk. On error nothing is left
+/// behind: no staging directory, no lock file, no output directory.
 pub fn write(
     out: &Path,
     run: &StudyRun,
     summary: &Summary,
     timings: Option<&Timings>,
-    mut manifest: Manifest,
+    manifest: Manifest,
 ) -> Result<Manifest, EvidenceError> {
     check_new(out)?;
+    if let Some(timings) = timings {
+        timings.check_positive()?;
+    }
     let name = out
         .file_name()
         .ok_or_else(|| EvidenceError::NoName(out.into()))?;
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&parent).map_err(io(format!("creating {}", parent.display())))?;
-    let staging = tempfile::Builder::new()
-        .prefix(&format!(".{}.partial-", name.to_string_lossy()))
-        .tempdir_in(&parent)
-        .map_err(io(format!(
-            "creating a temporary directory in {}",
-            parent.display()
-        )))?;
+    let parent = parent_dir(out);
+    let created = create_parent(&parent)?;
+    let written = write_staged(out, &parent, name, run, summary, timings, manifest);
+    if written.is_err() {
+        // Deepest first; remove_dir only removes an empty directory, so nothing else is lost.
+        for dir in &created {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+    written
+}
 
-    let dir = staging.path();
+/// Creates `parent` and its missing ancestors; returns those this call created, deepest first,
+/// so a failed run can remove them again.
+fn create_parent(parent: &Path) -> Result<Vec<PathBuf>, EvidenceError> {
+    let mut missing = Vec::new();
+    let mut dir = parent;
+    while dir
+        .symlink_metadata()
+        .is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
+    {
+        missing.push(dir.to_path_buf());
+        match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => dir = p,
+            _ => break,
+        }
+    }
+    if let Err(source) = std::fs::create_dir_all(parent) {
+        for dir in &missing {
+            let _ = std::fs::remove_dir(dir);
+        }
+        return Err(EvidenceError::Io {
+            context: format!("creating {}", parent.display()),
+            source,
+        });
+    }
+    Ok(missing)
+}
+
+fn write_staged(
+    out: &Path,
+    parent: &Path,
+    name: &OsStr,
+    run: &StudyRun,
+    summary: &Summary,
+    timings: Option<&Timings>,
+    mut manifest: Manifest,
+) -> Result<Manifest, EvidenceError> {
+    let staging = Staging::create(parent, name)?;
+    let dir = staging.dir.clone();
     write_arrays(&dir.join(ARRAYS), run)?;
     let rows: Vec<ResultRow> = run.comparisons.iter().map(|c| c.row.clone()).collect();
     write_json(&dir.join(RESULTS), RESULTS, &rows)?;
     write_json(&dir.join(SUMMARY), SUMMARY, summary)?;
     let markdown = report::summary_markdown(&run.protocol, summary, &manifest);
-    write_text(&dir.join(SUMMARY_MD), &markdown)?;
+    write_file(&dir.join(SUMMARY_MD), markdown.as_bytes())?;
     let svg = plot::error_vs_bytes(&run.protocol, &rows).map_err(EvidenceError::Plot)?;
-    write_text(&dir.join(PLOT), &svg)?;
+    write_file(&dir.join(PLOT), svg.as_bytes())?;
     let mut files = vec![ARRAYS, RESULTS, SUMMARY, SUMMARY_MD, PLOT];
     if let Some(timings) = timings {
         write_json(&dir.join(TIMINGS), TIMINGS, timings)?;
         files.push(TIMINGS);
     }
     for file in files {
-        let path = staging.path().join(file);
+        let path = dir.join(file);
         let hash = sha256_file(&path).map_err(io(format!("hashing {}", path.display())))?;
         manifest.outputs.insert(file.to_string(), hash);
     }
-    write_json(&staging.path().join(MANIFEST), MANIFEST, &manifest)?;
-
-    // Re-check just before the rename: renaming onto an empty directory would succeed silently.
-    check_new(out)?;
-    let staged = staging.keep();
-    std::fs::rename(&staged, out).map_err(|source| {
-        let _ = std::fs::remove_dir_all(&staged);
-        EvidenceError::Io {
-            context: format!("moving the finished run into {}", out.display()),
-            source,
-        }
-    })?;
+    write_json(&dir.join(MANIFEST), MANIFEST, &manifest)?;
+    staging.commit(out, parent)?;
     Ok(manifest)
+}
+
+/// A staging directory being written, and the locked lock file beside it that says so.
+///
+/// Dropped without a successful [`Staging::commit`], it removes the directory and then the lock
+/// file; the lock itself is released last, when the file handle closes.
+struct Staging {
+    dir: PathBuf,
+    lock_path: PathBuf,
+    /// Held (locked) for as long as this value lives.
+    _lock: File,
+    renamed: bool,
+}
+
+impl Staging {
+    /// Creates and locks `.NAME.partial-XXXXXX.lock` in `parent`, then creates the staging
+    /// directory `.NAME.partial-XXXXXX`.
+    fn create(parent: &Path, name: &OsStr) -> Result<Staging, EvidenceError> {
+        let prefix = format!(".{}{PARTIAL}", name.to_string_lossy());
+        let context = || format!("creating a staging directory in {}", parent.display());
+        for _ in 0..STAGING_ATTEMPTS {
+            // tempfile picks a fresh random name and creates the file exclusively.
+            let (lock, lock_path) = tempfile::Builder::new()
+                .prefix(&prefix)
+                .suffix(LOCK_SUFFIX)
+                .rand_bytes(RANDOM_CHARS)
+                .tempfile_in(parent)
+                .map_err(io(context()))?
+                .keep()
+                .map_err(|e| io(context())(e.error))?;
+            // tempfile returns an absolute path; keep the parent as the user gave it, so
+            // messages name paths the way --out did.
+            let lock_path = match lock_path.file_name() {
+                Some(file_name) => parent.join(file_name),
+                None => lock_path,
+            };
+            match lock.try_lock() {
+                Ok(()) => {}
+                // Another run's cleanup holds it for a moment, taking it for a dead run's
+                // leftover; it will remove it. Take another name.
+                Err(TryLockError::WouldBlock) => continue,
+                Err(TryLockError::Error(source)) => {
+                    let _ = std::fs::remove_file(&lock_path);
+                    return Err(EvidenceError::Io {
+                        context: format!("locking {}", lock_path.display()),
+                        source,
+                    });
+                }
+            }
+            // The same race the other way: a cleanup that locked and removed the file before we
+            // locked it. Ours would then guard nothing, so take another name.
+            if !same_file(&lock, &lock_path) {
+                continue;
+            }
+            // `.NAME.partial-XXXXXX.lock` without its `.lock`.
+            let dir = lock_path.with_extension("");
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {
+                    return Ok(Staging {
+                        dir,
+                        lock_path,
+                        _lock: lock,
+                        renamed: false,
+                    });
+                }
+                // A leftover directory of the same name without a lock file: not ours to touch.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    let _ = std::fs::remove_file(&lock_path);
+                }
+                Err(source) => {
+                    let _ = std::fs::remove_file(&lock_path);
+                    return Err(EvidenceError::Io {
+                        context: format!("creating {}", dir.display()),
+                        source,
+                    });
+                }
+            }
+        }
+        Err(EvidenceError::Io {
+            context: context(),
+            source: io::Error::other(format!(
+                "no free staging name after {STAGING_ATTEMPTS} attempts"
+            )),
+        })
+    }
+
+    /// Syncs the staging directory, renames it to `out` and syncs `parent`; then drop removes
+    /// the lock file and releases the lock.
+    fn commit(mut self, out: &Path, parent: &Path) -> Result<(), EvidenceError> {
+        sync_dir(&self.dir).map_err(io(format!("syncing {}", self.dir.display())))?;
+        // Re-check just before the rename: renaming onto an empty directory would succeed
+        // silently.
+        check_new(out)?;
+        std::fs::rename(&self.dir, out).map_err(io(format!(
+            "moving the finished run into {}",
+            out.display()
+        )))?;
+        self.renamed = true;
+        sync_dir(parent).map_err(io(format!(
+            "syncing {} after moving the run into {} (the run is complete, but its directory \
+             entry may not survive a crash)",
+            parent.display(),
+            out.display()
+        )))
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.renamed && std::fs::remove_dir_all(&self.dir).is_err() {
+            // Keep the lock file: once this process has exited and the kernel has released the
+            // lock, the next run recognises the directory as a dead run's and removes it.
+            return;
+        }
+        let _ = std::fs::remove_file(&self.lock_path);
+    }
+}
+
+/// Whether `path` still names the file `file` has open (a lock on a file that was unlinked or
+/// replaced guards nothing).
+#[cfg(unix)]
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), path.symlink_metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn same_file(_file: &File, path: &Path) -> bool {
+    path.exists()
+}
+
+/// Makes a directory's entries durable: on Unix, fsync the directory itself.
+#[cfg(unix)]
+fn sync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+#[cfg(not(unix))]
+fn sync_dir(_path: &Path) -> io::Result<()> {
+    Ok(())
+}
+
+/// What [`remove_stale_staging`] did.
+#[derive(Debug, Default)]
+pub struct Cleanup {
+    /// Staging directories of runs that are no longer alive, removed with their lock files.
+    pub removed: Vec<PathBuf>,
+    /// Lock files of runs that are no longer alive whose directory was already gone, removed.
+    pub removed_locks: Vec<PathBuf>,
+    /// Entries that matched but could not be examined or removed, and why.
+    pub failed: Vec<(PathBuf, io::Error)>,
+}
+
+/// Whether `name` is a staging directory's name as [`Staging::create`] makes them:
+/// `.NAME.partial-XXXXXX`, NAME not empty, XXXXXX ASCII letters and digits.
+fn is_staging_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix('.') else {
+        return false;
+    };
+    let Some(at) = rest.rfind(PARTIAL) else {
+        return false;
+    };
+    let suffix = &rest[at + PARTIAL.len()..];
+    at > 0 && !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// Removes from `parent` the staging directories of runs that are no longer alive (see the
+/// module comment). Touches only entries named like a staging directory or its lock file.
+pub fn remove_stale_staging(parent: &Path) -> Cleanup {
+    let mut cleanup = Cleanup::default();
+    let entries = match std::fs::read_dir(parent) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return cleanup,
+        Err(e) => {
+            cleanup.failed.push((parent.to_path_buf(), e));
+            return cleanup;
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                cleanup.failed.push((parent.to_path_buf(), e));
+                continue;
+            }
+        };
+        let file_name = entry.file_name();
+        let Some(name) = file_name.to_str() else {
+            continue;
+        };
+        let path = entry.path();
+        if is_staging_name(name) {
+            if !path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+                continue;
+            }
+            let lock_path = parent.join(format!("{name}{LOCK_SUFFIX}"));
+            match claim(&lock_path) {
+                Ok(Some(_lock)) => {
+                    if let Err(e) = std::fs::remove_dir_all(&path) {
+                        // The lock file stays, so a later run can try again.
+                        cleanup.failed.push((path, e));
+                        continue;
+                    }
+                    if let Err(e) = std::fs::remove_file(&lock_path) {
+                        cleanup.failed.push((lock_path, e));
+                    }
+                    cleanup.removed.push(path);
+                }
+                // Its run is alive, or it has no lock file and is not ours to judge.
+                Ok(None) => {}
+                Err(e) => cleanup.failed.push((lock_path, e)),
+            }
+        } else if let Some(stem) = name.strip_suffix(LOCK_SUFFIX)
+            && is_staging_name(stem)
+        {
+            let dir = parent.join(stem);
+            if dir.symlink_metadata().is_ok() {
+                // Handled with its directory.
+                continue;
+            }
+            match claim(&path) {
+                Ok(Some(_lock)) => {
+                    // Under the lock no run can create this directory any more (a run creates
+                    // it only after locking), so it stays gone.
+                    if dir.symlink_metadata().is_ok() {
+                        continue;
+                    }
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => cleanup.removed_locks.push(path),
+                        Err(e) => cleanup.failed.push((path, e)),
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => cleanup.failed.push((path, e)),
+            }
+        }
+    }
+    cleanup
+}
+
+/// Opens and locks a lock file without waiting: `Ok(None)` when it does not exist, its run
+/// still holds it, or the path no longer names the file that was locked.
+fn claim(lock_path: &Path) -> io::Result<Option<File>> {
+    let file = match OpenOptions::new().read(true).open(lock_path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => return Ok(None),
+        Err(TryLockError::Error(e)) => return Err(e),
+    }
+    Ok(same_file(&file, lock_path).then_some(file))
 }
 
 fn write_json<T: Serialize + ?Sized>(
@@ -151,21 +517,55 @@ fn write_json<T: Serialize + ?Sized>(
     let mut text = serde_json::to_string_pretty(value)
         .map_err(|source| EvidenceError::Json { file, source })?;
     text.push('\n');
-    write_text(path, &text)
+    write_file(path, text.as_bytes())
 }
 
-fn write_text(path: &Path, text: &str) -> Result<(), EvidenceError> {
-    std::fs::write(path, text).map_err(io(format!("writing {}", path.display())))
+/// Creates `path` (which must not exist), writes `bytes` and syncs them to disk.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EvidenceError> {
+    let context = || format!("writing {}", path.display());
+    let mut file = File::create_new(path).map_err(io(context()))?;
+    file.write_all(bytes).map_err(io(context()))?;
+    file.sync_all().map_err(io(context()))
 }
 
 fn write_arrays(path: &Path, run: &StudyRun) -> Result<(), EvidenceError> {
-    let file = File::create(path).map_err(io(format!("creating {}", path.display())))?;
+    let context = || format!("writing {}", path.display());
+    let file = File::create_new(path).map_err(io(context()))?;
+    let guard = FirstError::new(file);
+    let state = Rc::clone(&guard.state);
+    // The first I/O error, when there was one, is the cause; the archive's own error wraps a
+    // copy of it.
+    let first_error = |err: EvidenceError| match state.borrow_mut().error.take() {
+        Some(source) => io(context())(source),
+        None => err,
+    };
     // Stored entries with a fixed timestamp and mode: the archive's bytes depend only on the run.
     let options = SimpleFileOptions::default()
         .compression_method(CompressionMethod::Stored)
         .last_modified_time(DateTime::default())
         .unix_permissions(0o644);
-    let mut npz = Archive(NpzWriter::new_with_options(BufWriter::new(file), options));
+    let mut npz = Archive(NpzWriter::new_with_options(BufWriter::new(guard), options));
+    if let Err(err) = add_arrays(&mut npz, run) {
+        // Nothing more reaches the file, whatever went wrong, so the archive's drop-time
+        // finish cannot fail and print.
+        state.borrow_mut().closed = true;
+        drop(npz);
+        return Err(first_error(err));
+    }
+    let writer = npz
+        .0
+        .finish()
+        .map_err(|e| first_error(EvidenceError::Npz(e.to_string())))?;
+    let guard = writer
+        .into_inner()
+        .map_err(|e| first_error(io(context())(e.into_error())))?;
+    if let Some(source) = state.borrow_mut().error.take() {
+        return Err(io(context())(source));
+    }
+    guard.inner.sync_all().map_err(io(context()))
+}
+
+fn add_arrays<W: Write + Seek>(npz: &mut Archive<W>, run: &StudyRun) -> Result<(), EvidenceError> {
     for input in &run.inputs {
         npz.add(&input.id, "q", &input.q)?;
         npz.add(&input.id, "k", &input.k)?;
@@ -212,17 +612,13 @@ fn write_arrays(path: &Path, run: &StudyRun) -> Result<(), EvidenceError> {
         }
         npz.add(id, "out", &c.out)?;
     }
-    let mut writer = npz.0.finish()?;
-    writer
-        .flush()
-        .map_err(io(format!("writing {}", path.display())))?;
     Ok(())
 }
 
 /// NpzWriter with the `<id>_<name>` key convention.
-struct Archive<W: Write + std::io::Seek>(NpzWriter<W>);
+struct Archive<W: Write + Seek>(NpzWriter<W>);
 
-impl<W: Write + std::io::Seek> Archive<W> {
+impl<W: Write + Seek> Archive<W> {
     fn add<A, S, D>(
         &mut self,
         id: &str,
@@ -234,7 +630,253 @@ impl<W: Write + std::io::Seek> Archive<W> {
         S: Data<Elem = A>,
         D: Dimension,
     {
-        self.0.add_array(format!("{id}_{name}"), array)?;
-        Ok(())
+        self.0
+            .add_array(format!("{id}_{name}"), array)
+            .map_err(|e| EvidenceError::Npz(e.to_string()))
+    }
+}
+
+/// A writer that passes writes through until one fails, keeps that first error, and from then
+/// on accepts and discards every write.
+///
+/// Why: when writing the archive fails (a full disk), `zip::ZipWriter` is dropped unfinished,
+/// and its `Drop` tries to finish the archive again; when that fails too it prints
+/// `ZipWriter drop failed: ...` to stderr, a second, stray report of the same cause. With writes
+/// discarded after the first error, that drop-time finish has nothing to fail on (the file is
+/// removed with the staging directory anyway), and the recorded error is reported once, with
+/// its context. The archive is still streamed to the file, never built in memory.
+struct FirstError<W> {
+    inner: W,
+    state: Rc<RefCell<FirstErrorState>>,
+}
+
+#[derive(Default)]
+struct FirstErrorState {
+    /// The first error, until it is taken for reporting.
+    error: Option<io::Error>,
+    /// Set at the first error (or by the owner): every later write is discarded.
+    closed: bool,
+}
+
+impl<W> FirstError<W> {
+    fn new(inner: W) -> Self {
+        FirstError {
+            inner,
+            state: Rc::default(),
+        }
+    }
+
+    /// Records `err` as the first error, closes the writer, and returns a copy for the caller.
+    fn fail(&self, err: io::Error) -> io::Error {
+        // Interrupted is retried by write_all and friends; it is not a failure.
+        if err.kind() == io::ErrorKind::Interrupted {
+            return err;
+        }
+        let copy = io::Error::new(err.kind(), err.to_string());
+        let mut state = self.state.borrow_mut();
+        state.closed = true;
+        state.error.get_or_insert(err);
+        copy
+    }
+
+    fn closed(&self) -> bool {
+        self.state.borrow().closed
+    }
+}
+
+impl<W: Write> Write for FirstError<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.closed() {
+            return Ok(buf.len());
+        }
+        self.inner.write(buf).map_err(|e| self.fail(e))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.closed() {
+            return Ok(());
+        }
+        self.inner.flush().map_err(|e| self.fail(e))
+    }
+}
+
+impl<W: Seek> Seek for FirstError<W> {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        self.inner.seek(pos).map_err(|e| self.fail(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive;
+    use crate::manifest::Counts;
+    use crate::protocol::Protocol;
+    use crate::{study, summary, timing};
+
+    /// Runs `text` and returns what `write` needs.
+    fn run(text: &str) -> (StudyRun, Summary, Option<Timings>, Manifest) {
+        let protocol = Protocol::from_json(text).unwrap();
+        let run = study::run(&protocol, |_| {}).unwrap();
+        let timings = protocol
+            .timing
+            .map(|t| timing::measure(&run, &t, |_| {}).unwrap());
+        let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
+        let summary = summary::summarize(&protocol, &rows, timings.as_ref());
+        let counts = Counts {
+            inputs: run.inputs.len(),
+            comparisons: run.comparisons.len(),
+            timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
+        };
+        let manifest = Manifest::new("test".into(), protocol, counts);
+        (run, summary, timings, manifest)
+    }
+
+    /// Asymmetric and symmetric settings, partial groups (N = 20 with g = 8, D = 6 with g = 4)
+    /// and every budget policy, float32 windows included.
+    const MIXED: &str = r#"{ "study": "mixed", "seeds": [1, 22], "tokens": [20, 8], "features": 6,
+        "queries": 2, "distributions": ["clean", "recent_focus"],
+        "focus": { "window": 2, "gain": 1.5 },
+        "settings": [ { "group_size": 8, "bits": 4 }, { "group_size": 4, "bits": 3, "mode": "asymmetric" } ],
+        "generator": { "name": "chacha20",
+                       "entropy": { "seed_multiplier": 100, "tokens_multiplier": 1, "offset": 0 } },
+        "budget": { "group_size": 8, "low_bits": 2, "window": 8,
+                    "policies": ["uniform", "recent8", "early8", "recent_f32", "early_f32"] },
+        "timing": { "warmup": 0, "repeats": 1, "shuffle_seed": 1 } }"#;
+
+    #[test]
+    fn the_written_archive_is_the_planned_one_within_the_size_estimate() {
+        let (run, summary, timings, manifest) = run(MIXED);
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("run");
+        write(&out, &run, &summary, timings.as_ref(), manifest).unwrap();
+
+        let planned = archive::members(&run.protocol);
+        let file = File::open(out.join(ARRAYS)).unwrap();
+        let size = file.metadata().unwrap().len();
+        let zip = zip::ZipArchive::new(file).unwrap();
+        let names: Vec<&str> = zip.file_names().collect();
+        let mut written: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut want: Vec<String> = planned.iter().map(|m| format!("{}.npy", m.name)).collect();
+        written.sort();
+        want.sort();
+        assert_eq!(written, want);
+        assert_eq!(
+            archive::member_count(&run.protocol),
+            Some(planned.len() as u64)
+        );
+        let estimate = archive::estimated_bytes(&planned).unwrap();
+        assert!(
+            size <= estimate,
+            "{size} bytes written, {estimate} estimated"
+        );
+        // Only the .npy headers are over-estimated: at most 128 - 64 bytes each.
+        assert!(
+            estimate - size <= 64 * planned.len() as u64,
+            "{size} bytes written, {estimate} estimated"
+        );
+    }
+
+    #[test]
+    fn a_zero_timing_is_refused_before_anything_is_written() {
+        let (run, summary, timings, manifest) = run(MIXED);
+        let mut timings = timings.unwrap();
+        timings.measurements[3].ns = 0;
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("nested/run");
+        let err = write(&out, &run, &summary, Some(&timings), manifest).unwrap_err();
+        assert!(
+            matches!(&err, EvidenceError::Timing(TimingError::ZeroDuration { comparison, .. })
+                if *comparison == timings.measurements[3].comparison),
+            "{err:?}"
+        );
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_output_under_a_regular_file_is_refused_naming_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("somefile");
+        std::fs::write(&file, "x").unwrap();
+        for out in [file.join("run"), file.join("a/b/run")] {
+            match check_new(&out) {
+                Err(EvidenceError::NotADirectory { ancestor, .. }) => assert_eq!(ancestor, file),
+                other => panic!("{}: {other:?}", out.display()),
+            }
+        }
+        assert!(check_new(&tmp.path().join("new/deeper/run")).is_ok());
+        assert!(matches!(
+            check_new(&file),
+            Err(EvidenceError::Exists(path)) if path == file
+        ));
+    }
+
+    #[test]
+    fn staging_names_are_recognised_exactly() {
+        for name in [
+            ".run.partial-abc123",
+            ".a.b.partial-Z9",
+            ".x.partial-y.partial-QQ",
+        ] {
+            assert!(is_staging_name(name), "{name}");
+        }
+        for name in [
+            "run.partial-abc123",
+            "..partial-abc123",
+            ".run.partial-",
+            ".run.partial-abc.123",
+            ".run.partial-abc123.lock",
+            ".run.fresh",
+        ] {
+            assert!(!is_staging_name(name), "{name}");
+        }
+    }
+
+    /// Fails every write after `budget` bytes with ENOSPC.
+    struct SmallDisk {
+        budget: usize,
+        written: Vec<u8>,
+    }
+
+    impl Write for SmallDisk {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.written.len() + buf.len() > self.budget {
+                return Err(io::Error::from_raw_os_error(28));
+            }
+            self.written.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_first_write_error_is_kept_and_later_writes_are_discarded() {
+        let mut guard = FirstError::new(SmallDisk {
+            budget: 4,
+            written: Vec::new(),
+        });
+        guard.write_all(b"abc").unwrap();
+        let err = guard.write_all(b"defg").unwrap_err();
+        assert_eq!(err.raw_os_error(), None, "the caller gets a copy");
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        // Nothing more reaches the disk, and nothing more fails.
+        guard.write_all(b"hij").unwrap();
+        guard.flush().unwrap();
+        assert_eq!(guard.inner.written, b"abc");
+        let first = guard.state.borrow_mut().error.take().unwrap();
+        assert_eq!(first.raw_os_error(), Some(28));
+    }
+
+    #[test]
+    fn an_io_error_prints_its_cause_once() {
+        let err = EvidenceError::Io {
+            context: "writing x".into(),
+            source: io::Error::from_raw_os_error(28),
+        };
+        let chain = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(chain, "writing x: No space left on device (os error 28)");
     }
 }

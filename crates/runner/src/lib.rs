@@ -3,6 +3,7 @@
 //! directory.
 //!
 //! - [`protocol`]: the protocol file and its validation;
+//! - [`archive`]: what arrays.npz will hold, planned from the protocol (members and size);
 //! - [`inputs`]: generators and distributions;
 //! - [`attention`]: reference attention and error metrics;
 //! - [`study`]: the comparisons;
@@ -13,6 +14,7 @@
 //! - [`pin`]: the root manifest that pins archived evidence;
 //! - [`bpw_cmd`]: the `bpw` command (effective bits per weight, from `codec::bpw`).
 
+pub mod archive;
 pub mod attention;
 pub mod bpw_cmd;
 pub mod evidence;

@@ -96,6 +96,20 @@ fn run(args: RunArgs) -> Result<()> {
             (protocol, path.display().to_string())
         }
     };
+    // Before this run adds its own: runs killed while writing leave their staging directories.
+    let cleanup = evidence::remove_stale_staging(&evidence::parent_dir(&out));
+    for dir in &cleanup.removed {
+        eprintln!(
+            "runner: removed {}, the staging directory of a run that is no longer running",
+            dir.display()
+        );
+    }
+    for (path, err) in &cleanup.failed {
+        eprintln!(
+            "runner: warning: could not clean up {}: {err}",
+            path.display()
+        );
+    }
     let total = protocol.comparison_count();
     eprintln!(
         "runner: {} ({source}): {} inputs x {} configurations = {total} comparisons",
@@ -108,13 +122,16 @@ fn run(args: RunArgs) -> Result<()> {
     let run = study::run(&protocol, |done| bar.set_position(done as u64))?;
     bar.finish_and_clear();
 
-    let timings = protocol.timing.map(|timing| {
-        let per_input = total / protocol.inputs().len() * Operation::ALL.len() * timing.repeats;
-        let bar = progress_bar((per_input * protocol.inputs().len()) as u64, "timings");
-        let timings = timing::measure(&run, &timing, |done| bar.set_position(done as u64));
-        bar.finish_and_clear();
-        timings
-    });
+    let timings = protocol
+        .timing
+        .map(|timing| {
+            let per_input = total / protocol.inputs().len() * Operation::ALL.len() * timing.repeats;
+            let bar = progress_bar((per_input * protocol.inputs().len()) as u64, "timings");
+            let timings = timing::measure(&run, &timing, |done| bar.set_position(done as u64));
+            bar.finish_and_clear();
+            timings
+        })
+        .transpose()?;
 
     let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
     let summary = summary::summarize(&protocol, &rows, timings.as_ref());

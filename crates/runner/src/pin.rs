@@ -37,7 +37,8 @@ pub enum PinError {
     Nested(PathBuf, String),
     #[error("evidence directory {0} holds no manifest.json; is it a run?")]
     NotARun(PathBuf),
-    #[error("{context}: {source}")]
+    /// The cause is the source, so it is printed once, after the context.
+    #[error("{context}")]
     Io {
         context: String,
         #[source]
@@ -107,4 +108,28 @@ pub fn pin(manifest_path: &Path, dirs: &[PathBuf]) -> Result<RootManifest, PinEr
         source: e.error,
     })?;
     Ok(root)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn an_unreadable_file_is_reported_once_with_its_cause() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("manifest.json"), "{}").unwrap();
+        // A dangling link cannot be hashed.
+        std::os::unix::fs::symlink(tmp.path().join("gone"), dir.join("dangling")).unwrap();
+        let err = pin(&tmp.path().join("manifest.json"), &[PathBuf::from("run")]).unwrap_err();
+        let PinError::Io { context, source } = &err else {
+            panic!("{err:?}");
+        };
+        assert!(context.starts_with("hashing ") && context.ends_with("dangling"));
+        assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        let chain = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(chain.matches("os error 2").count(), 1, "{chain}");
+    }
 }

@@ -3,6 +3,13 @@
 //! The packed-KV protocol ships inside the binary ([`FROZEN`]), so `runner --out DIR` works from
 //! any directory; `--protocol FILE` runs a user-written one. Unknown fields, empty lists, zero
 //! sizes, duplicates and unsupported bit widths are refused with the field named.
+//!
+//! Every size a run derives from the protocol is bounded here, with checked arithmetic, so that
+//! no protocol the validator accepts can make the runner panic or abort on an allocation: the
+//! study name ([`MAX_STUDY_NAME_CHARS`]), q, k and v and every stored tensor's padded grouped
+//! view ([`MAX_MATRIX_ELEMENTS`]), the number of timed calls ([`MAX_TIMED_CALLS`]), and
+//! `arrays.npz`, which must stay a plain ZIP ([`MAX_NPZ_MEMBERS`], [`MAX_NPZ_BYTES`]; see
+//! [`crate::archive`]). The audit enforces the same rules independently.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -10,26 +17,96 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::archive;
+use crate::study::{K_AXIS, V_AXIS};
+use crate::summary::thousands_u64 as thousands;
+
 /// The frozen packed-KV protocol, embedded at build time.
 pub const FROZEN: &str = include_str!("../../../experiments/packed-kv/protocol.json");
 
 /// Where the frozen protocol lives in the repository (recorded in manifests).
 pub const FROZEN_PATH: &str = "experiments/packed-kv/protocol.json";
 
+pub use crate::archive::{MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
+
+/// Longest study name, in characters. The name is printed into markdown headings and the chart
+/// title, so it is also limited to ASCII letters, digits, '-', '_' and '.' (no spaces, newlines,
+/// '|' or markup).
+pub const MAX_STUDY_NAME_CHARS: usize = 64;
+
 /// Largest K, V or q a protocol may ask for, in elements (2^27: 512 MiB as f32; a run holds a
-/// few such matrices and their f64 decodings at once).
+/// few such matrices and their f64 decodings at once). The same bound applies to the padded
+/// grouped view (rows x padded row length) of every tensor a run stores, since the encoder
+/// allocates the padded codes, and a group far longer than the tensor pads it without limit.
 pub const MAX_MATRIX_ELEMENTS: usize = 1 << 27;
 
 /// Largest number of timed (or warm-up) calls a protocol may ask for; every timed call is one
 /// line of timings.json.
 pub const MAX_TIMED_CALLS: usize = 1_000_000;
 
-#[derive(Debug, Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ProtocolError {
     #[error("protocol field `{field}`: {message}")]
     Parse { field: String, message: String },
     #[error("protocol field `{field}`: {message}")]
     Invalid { field: String, message: String },
+    /// A stored tensor's padded grouped view exceeds [`MAX_MATRIX_ELEMENTS`] (or overflows).
+    #[error(
+        "protocol field `{field}`: group size {group_size} at N = {tokens}{}: {tensor} would be \
+         stored as {} rows x {} padded codes, more than {} elements",
+        segment_note(*.segment, *.tokens),
+        thousands(*.rows),
+        amount(*.padded_row_len),
+        thousands(MAX_MATRIX_ELEMENTS as u64)
+    )]
+    GroupedViewTooLarge {
+        /// `settings[i].group_size` or `budget.group_size`.
+        field: String,
+        group_size: usize,
+        /// The input length N.
+        tokens: usize,
+        /// The stored token range (start, end): all of 0..N for a packed-KV setting.
+        segment: (usize, usize),
+        /// `K` (grouped along tokens) or `V` (grouped along features).
+        tensor: &'static str,
+        rows: u64,
+        /// `None` when it overflows u64.
+        padded_row_len: Option<u64>,
+    },
+    /// arrays.npz would need ZIP64 for its member count.
+    #[error(
+        "arrays.npz would hold {} members; a plain ZIP holds at most 65,535 (fewer seeds, \
+         lengths, distributions, settings or policies)",
+        amount(*.members)
+    )]
+    TooManyMembers {
+        /// `None` when the count overflows u64.
+        members: Option<u64>,
+    },
+    /// arrays.npz could need ZIP64 for its size.
+    #[error(
+        "arrays.npz would take about {} bytes; a plain ZIP (no ZIP64) must stay below \
+         4,294,967,296 bytes",
+        amount(*.bytes)
+    )]
+    ArchiveTooLarge {
+        /// The upper-bound estimate; `None` when it overflows u64.
+        bytes: Option<u64>,
+    },
+}
+
+/// A count for a message: the number, or that it overflows.
+fn amount(value: Option<u64>) -> String {
+    value.map_or_else(|| "more than 2^64".into(), thousands)
+}
+
+/// Names the stored segment when it is not the whole cache.
+fn segment_note((start, end): (usize, usize), tokens: usize) -> String {
+    if (start, end) == (0, tokens) {
+        String::new()
+    } else {
+        format!(" (tokens {start}..{end})")
+    }
 }
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> ProtocolError {
@@ -329,9 +406,7 @@ impl Protocol {
     }
 
     fn validate(&self) -> Result<(), ProtocolError> {
-        if self.study.trim().is_empty() {
-            return Err(invalid("study", "must name the study"));
-        }
+        self.validate_study()?;
         non_empty_unique("seeds", &self.seeds)?;
         non_empty_unique("tokens", &self.tokens)?;
         non_empty_unique("distributions", &self.distributions)?;
@@ -354,6 +429,16 @@ impl Protocol {
         }
         self.validate_focus()?;
         self.validate_budget()?;
+        // The member count first: it bounds every list, so the loops below stay short.
+        let members = archive::member_count(self);
+        if members.is_none_or(|m| m > MAX_NPZ_MEMBERS) {
+            return Err(ProtocolError::TooManyMembers { members });
+        }
+        self.validate_grouped_views()?;
+        let bytes = archive::estimated_bytes(&archive::members(self));
+        if bytes.is_none_or(|b| b > MAX_NPZ_BYTES) {
+            return Err(ProtocolError::ArchiveTooLarge { bytes });
+        }
         if let Some(timing) = &self.timing {
             positive("timing.repeats", timing.repeats)?;
             let calls = self
@@ -380,6 +465,83 @@ impl Protocol {
                         format!("seed {seed} with {n} tokens overflows 128 bits"),
                     ));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_study(&self) -> Result<(), ProtocolError> {
+        let chars = self.study.chars().count();
+        if !(1..=MAX_STUDY_NAME_CHARS).contains(&chars) {
+            return Err(invalid(
+                "study",
+                format!("must be 1 to {MAX_STUDY_NAME_CHARS} characters, got {chars}"),
+            ));
+        }
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        if let Some((i, c)) = self.study.chars().enumerate().find(|&(_, c)| !allowed(c)) {
+            return Err(invalid(
+                "study",
+                format!(
+                    "character {c:?} at position {i} is not allowed: the name goes into markdown \
+                     headings and the chart title, so use ASCII letters, digits, '-', '_' and '.'"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every tensor a run stores is encoded through its padded grouped view, which the encoder
+    /// allocates: bound it for every length, setting and quantized budget segment.
+    fn validate_grouped_views(&self) -> Result<(), ProtocolError> {
+        for (i, setting) in self.settings.iter().enumerate() {
+            for &tokens in &self.tokens {
+                let field = || format!("settings[{i}].group_size");
+                self.check_grouped_view(field, setting.group_size, tokens, (0, tokens))?;
+            }
+        }
+        let Some(budget) = &self.budget else {
+            return Ok(());
+        };
+        for &tokens in &self.tokens {
+            for policy in &budget.policies {
+                for segment in policy.segments(tokens, budget.window, budget.low_bits) {
+                    // A float32 segment is part of the N x D matrix, bounded already.
+                    if let Storage::Quantized { .. } = segment.storage {
+                        self.check_grouped_view(
+                            || "budget.group_size".to_string(),
+                            budget.group_size,
+                            tokens,
+                            (segment.start, segment.end),
+                        )?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_grouped_view(
+        &self,
+        field: impl Fn() -> String,
+        group_size: usize,
+        tokens: usize,
+        (start, end): (usize, usize),
+    ) -> Result<(), ProtocolError> {
+        for (tensor, axis) in [("K", K_AXIS), ("V", V_AXIS)] {
+            let len = (end - start) as u64;
+            let view = archive::grouped_view(axis, len, self.features as u64, group_size as u64);
+            let codes = view.and_then(|v| v.codes());
+            if codes.is_none_or(|c| c > MAX_MATRIX_ELEMENTS as u64) {
+                return Err(ProtocolError::GroupedViewTooLarge {
+                    field: field(),
+                    group_size,
+                    tokens,
+                    segment: (start, end),
+                    tensor,
+                    rows: view.map_or(0, |v| v.rows),
+                    padded_row_len: view.and_then(|v| v.padded_row_len()),
+                });
             }
         }
         Ok(())
@@ -719,5 +881,206 @@ mod tests {
             v["generator"]["entropy"]["tokens_multiplier"] = u64::MAX.into();
         });
         assert!(e.contains("overflows 128 bits"), "{e}");
+    }
+
+    /// A small valid protocol to edit: one seed, one length, clean only, one setting.
+    fn small(edit: impl FnOnce(&mut serde_json::Value)) -> Result<Protocol, ProtocolError> {
+        let mut value = serde_json::json!({
+            "study": "bounds",
+            "seeds": [1],
+            "tokens": [16],
+            "features": 4,
+            "queries": 1,
+            "distributions": ["clean"],
+            "focus": { "window": 1, "gain": 1.0 },
+            "settings": [ { "group_size": 4, "bits": 4 } ],
+            "generator": { "name": "chacha20",
+                           "entropy": { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } }
+        });
+        edit(&mut value);
+        Protocol::from_json(&value.to_string())
+    }
+
+    fn field(err: &ProtocolError) -> &str {
+        match err {
+            ProtocolError::Parse { field, .. }
+            | ProtocolError::Invalid { field, .. }
+            | ProtocolError::GroupedViewTooLarge { field, .. } => field,
+            ProtocolError::TooManyMembers { .. } | ProtocolError::ArchiveTooLarge { .. } => "",
+        }
+    }
+
+    #[test]
+    fn study_names_are_one_to_64_plain_ascii_characters() {
+        for name in ["a", "packed-kv", "widths_and.modes-2", &"x".repeat(64)] {
+            assert!(small(|v| v["study"] = name.into()).is_ok(), "{name:?}");
+        }
+        let long = "x".repeat(65);
+        for name in [
+            "",
+            " ",
+            "a b",
+            "x|y",
+            "a\nb",
+            "<b>",
+            "# h",
+            "*x*",
+            "caf\u{e9}",
+            &long,
+        ] {
+            let err = small(|v| v["study"] = name.into()).unwrap_err();
+            assert!(
+                matches!(&err, ProtocolError::Invalid { field, .. } if field == "study"),
+                "{name:?}: {err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn group_sizes_far_longer_than_the_tensor_are_refused_by_field_and_length() {
+        // K at N = 16, D = 4: 4 rows of 16 tokens padded to one group of g codes.
+        for g in [1u64 << 62, 1 << 32, u64::MAX] {
+            let err = small(|v| v["settings"][0]["group_size"] = g.into()).unwrap_err();
+            assert_eq!(
+                err,
+                ProtocolError::GroupedViewTooLarge {
+                    field: "settings[0].group_size".into(),
+                    group_size: g as usize,
+                    tokens: 16,
+                    segment: (0, 16),
+                    tensor: "K",
+                    rows: 4,
+                    padded_row_len: Some(g),
+                }
+            );
+        }
+        // The second setting at the second length: V is 1000 rows of one padded group of 2^20
+        // (at N = 16 both fit).
+        let err = small(|v| {
+            v["tokens"] = serde_json::json!([16, 1000]);
+            v["settings"] = serde_json::json!([{ "group_size": 4, "bits": 4 },
+                                               { "group_size": 1 << 20, "bits": 8 }]);
+        })
+        .unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::GroupedViewTooLarge {
+                field, tokens: 1000, tensor: "V", rows: 1000, padded_row_len: Some(0x10_0000), ..
+            } if field == "settings[1].group_size"),
+            "{err:?}"
+        );
+        let err = small(|v| {
+            v["budget"] = serde_json::json!({ "group_size": 1u64 << 40, "low_bits": 4,
+                                              "window": 4, "policies": ["recent8"] });
+        })
+        .unwrap_err();
+        // The first stored segment of recent8 is the low-precision tokens 0..12.
+        assert!(
+            matches!(&err, ProtocolError::GroupedViewTooLarge {
+                field, tokens: 16, segment: (0, 12), tensor: "K", ..
+            } if field == "budget.group_size"),
+            "{err:?}"
+        );
+        // The 8-bit window segment alone is checked too (early8 with the window the whole
+        // cache stores one 8-bit segment).
+        let err = small(|v| {
+            v["budget"] = serde_json::json!({ "group_size": 1u64 << 30, "low_bits": 4,
+                                              "window": 16, "policies": ["early8"] });
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ProtocolError::GroupedViewTooLarge {
+                    segment: (0, 16),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_padded_grouped_view_of_exactly_the_limit_is_accepted() {
+        // D = 1, N = 1: K and V are each 1 row of one group of g codes.
+        let limit = MAX_MATRIX_ELEMENTS as u64;
+        let at = |g: u64| {
+            small(|v| {
+                v["features"] = 1.into();
+                v["tokens"] = serde_json::json!([1]);
+                v["settings"][0]["group_size"] = g.into();
+            })
+        };
+        assert!(at(limit).is_ok());
+        assert!(matches!(
+            at(limit + 1),
+            Err(ProtocolError::GroupedViewTooLarge { rows: 1, padded_row_len: Some(p), .. })
+                if p == limit + 1
+        ));
+    }
+
+    #[test]
+    fn arrays_npz_stays_a_plain_zip() {
+        // 9 asymmetric settings store 9 members each, + 4 per input: 85 per input; 257 seeds
+        // x 3 distributions = 771 inputs hold exactly 65,535 members.
+        let with_seeds = |seeds: u64| {
+            small(|v| {
+                v["seeds"] = (0..seeds).collect::<Vec<_>>().into();
+                v["distributions"] = serde_json::json!(["clean", "early_focus", "recent_focus"]);
+                v["settings"] = (1..=9)
+                    .map(
+                        |g| serde_json::json!({ "group_size": g, "bits": 4, "mode": "asymmetric" }),
+                    )
+                    .collect::<Vec<_>>()
+                    .into();
+            })
+        };
+        let p = with_seeds(257).unwrap();
+        assert_eq!(archive::member_count(&p), Some(MAX_NPZ_MEMBERS));
+        assert_eq!(archive::members(&p).len() as u64, MAX_NPZ_MEMBERS);
+        assert_eq!(
+            with_seeds(258),
+            Err(ProtocolError::TooManyMembers {
+                members: Some(258 * 3 * 85)
+            })
+        );
+        // 20 inputs with K and V of 2^27 float32 values each: about 20 GiB.
+        let err = small(|v| {
+            v["seeds"] = (0..20).collect::<Vec<_>>().into();
+            v["tokens"] = serde_json::json!([1 << 14]);
+            v["features"] = (1 << 13).into();
+            v["settings"][0]["group_size"] = 64.into();
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, ProtocolError::ArchiveTooLarge { bytes: Some(b) } if b > 20 << 30),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn every_refusal_names_what_to_change() {
+        // One Display check per new variant; the others are covered above by field.
+        let view = small(|v| v["settings"][0]["group_size"] = (1u64 << 62).into()).unwrap_err();
+        assert_eq!(
+            view.to_string(),
+            "protocol field `settings[0].group_size`: group size 4611686018427387904 at N = 16: \
+             K would be stored as 4 rows x 4,611,686,018,427,387,904 padded codes, more than \
+             134,217,728 elements"
+        );
+        let members = ProtocolError::TooManyMembers { members: None };
+        assert_eq!(
+            members.to_string(),
+            "arrays.npz would hold more than 2^64 members; a plain ZIP holds at most 65,535 \
+             (fewer seeds, lengths, distributions, settings or policies)"
+        );
+        let bytes = ProtocolError::ArchiveTooLarge {
+            bytes: Some(1 << 32),
+        };
+        assert_eq!(
+            bytes.to_string(),
+            "arrays.npz would take about 4,294,967,296 bytes; a plain ZIP (no ZIP64) must stay \
+             below 4,294,967,296 bytes"
+        );
+        assert_eq!(field(&view), "settings[0].group_size");
     }
 }

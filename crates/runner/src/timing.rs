@@ -7,15 +7,19 @@
 //! Inputs are timed one after another, so only one input's decoded arrays are held at a time.
 //!
 //! Timings are descriptive: they depend on the machine and the moment, and no test asserts them.
+//! Every measurement must be positive: no call of these operations takes 0 ns, so a 0 ns reading
+//! means the clock is too coarse to time it, and such a run is refused rather than recorded (or
+//! rounded up to a time nobody measured).
 
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ndarray::Array2;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha20Rng;
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use crate::attention::attention;
 use crate::protocol::{SegmentPlan, Timing};
@@ -65,6 +69,31 @@ pub struct Measurement {
     pub ns: u64,
 }
 
+/// A measurement that cannot be a real timing.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TimingError {
+    #[error(
+        "timing {} of {comparison} (repeat {repeat}) measured 0 ns: the clock is too coarse to \
+         time this call, and timings.json records only real, positive times",
+        .operation.name()
+    )]
+    ZeroDuration {
+        comparison: String,
+        operation: Operation,
+        repeat: usize,
+    },
+    #[error(
+        "timing {} of {comparison} (repeat {repeat}) took more than u64::MAX ns (584 years), \
+         which timings.json cannot record",
+        .operation.name()
+    )]
+    TooLong {
+        comparison: String,
+        operation: Operation,
+        repeat: usize,
+    },
+}
+
 /// timings.json.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Timings {
@@ -78,9 +107,42 @@ pub struct Timings {
     pub measurements: Vec<Measurement>,
 }
 
-/// Times every comparison of `run`. `progress` is called after each input with the number of
-/// measurements made so far.
-pub fn measure(run: &StudyRun, timing: &Timing, mut progress: impl FnMut(usize)) -> Timings {
+impl Timings {
+    /// Refuses a 0 ns measurement (see the module comment), naming the first one.
+    pub fn check_positive(&self) -> Result<(), TimingError> {
+        match self.measurements.iter().find(|m| m.ns == 0) {
+            Some(m) => Err(TimingError::ZeroDuration {
+                comparison: m.comparison.clone(),
+                operation: m.operation,
+                repeat: m.repeat,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Times every comparison of `run` with the monotonic clock. `progress` is called after each
+/// input with the number of measurements made so far. Stops at the first 0 ns measurement.
+pub fn measure(
+    run: &StudyRun,
+    timing: &Timing,
+    progress: impl FnMut(usize),
+) -> Result<Timings, TimingError> {
+    measure_with(run, timing, progress, |call| {
+        let started = Instant::now();
+        call();
+        started.elapsed()
+    })
+}
+
+/// [`measure`] with the clock as a parameter (`clock` runs the call it is given and returns how
+/// long it took), so a test can stand in a clock too coarse to see a call.
+fn measure_with(
+    run: &StudyRun,
+    timing: &Timing,
+    mut progress: impl FnMut(usize),
+    mut clock: impl FnMut(&mut dyn FnMut()) -> Duration,
+) -> Result<Timings, TimingError> {
     let mut rng = ChaCha20Rng::seed_from_u64(timing.shuffle_seed);
     let mut measurements = Vec::new();
     for input in &run.inputs {
@@ -108,10 +170,21 @@ pub fn measure(run: &StudyRun, timing: &Timing, mut progress: impl FnMut(usize))
         }
         calls.shuffle(&mut rng);
         for (w, op, repeat) in calls {
-            let started = Instant::now();
-            workloads[w].call(op);
-            // A call would have to run for 584 years to overflow u64 nanoseconds.
-            let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let elapsed = clock(&mut || workloads[w].call(op));
+            let comparison = || comparisons[w].row.id.clone();
+            // Refused, not clamped: a call would have to run for 584 years to get here.
+            let ns = u64::try_from(elapsed.as_nanos()).map_err(|_| TimingError::TooLong {
+                comparison: comparison(),
+                operation: op,
+                repeat,
+            })?;
+            if ns == 0 {
+                return Err(TimingError::ZeroDuration {
+                    comparison: comparison(),
+                    operation: op,
+                    repeat,
+                });
+            }
             measurements.push(Measurement {
                 order: measurements.len(),
                 comparison: comparisons[w].row.id.clone(),
@@ -122,7 +195,7 @@ pub fn measure(run: &StudyRun, timing: &Timing, mut progress: impl FnMut(usize))
         }
         progress(measurements.len());
     }
-    Timings {
+    Ok(Timings {
         about: "Raw wall-clock times of each operation, every call kept. Descriptive only: they \
                 depend on the machine and the moment."
             .into(),
@@ -132,7 +205,7 @@ pub fn measure(run: &StudyRun, timing: &Timing, mut progress: impl FnMut(usize))
         repeats: timing.repeats,
         shuffle_seed: timing.shuffle_seed,
         measurements,
-    }
+    })
 }
 
 /// Everything one comparison's operations need, prepared before timing starts.
@@ -207,6 +280,115 @@ pub fn median(values: &mut [u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::Protocol;
+    use crate::study;
+
+    fn tiny_run() -> (StudyRun, Timing) {
+        let protocol = Protocol::from_json(
+            r#"{ "study": "t", "seeds": [1], "tokens": [8], "features": 4, "queries": 1,
+                 "distributions": ["clean"], "focus": { "window": 1, "gain": 1.0 },
+                 "settings": [ { "group_size": 4, "bits": 4 }, { "group_size": 8, "bits": 8 } ],
+                 "generator": { "name": "chacha20", "entropy":
+                     { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } },
+                 "timing": { "warmup": 0, "repeats": 2, "shuffle_seed": 3 } }"#,
+        )
+        .unwrap();
+        let timing = protocol.timing.unwrap();
+        (study::run(&protocol, |_| {}).unwrap(), timing)
+    }
+
+    #[test]
+    fn a_clock_too_coarse_to_see_a_call_is_refused_not_recorded() {
+        let (run, timing) = tiny_run();
+        // The clock sees the first three calls and then reads 0 ns.
+        let mut calls = 0;
+        let result = measure_with(
+            &run,
+            &timing,
+            |_| {},
+            |call| {
+                call();
+                calls += 1;
+                Duration::from_nanos(if calls <= 3 { 100 } else { 0 })
+            },
+        );
+        let ids: Vec<&str> = run.comparisons.iter().map(|c| c.row.id.as_str()).collect();
+        match result {
+            Err(TimingError::ZeroDuration { comparison, .. }) => {
+                assert!(ids.contains(&comparison.as_str()), "{comparison}");
+            }
+            other => panic!("expected a ZeroDuration error, got {other:?}"),
+        }
+        assert_eq!(calls, 4, "measuring stops at the first 0 ns reading");
+    }
+
+    #[test]
+    fn a_time_beyond_u64_nanoseconds_is_refused_not_clamped() {
+        let (run, timing) = tiny_run();
+        let result = measure_with(
+            &run,
+            &timing,
+            |_| {},
+            |call| {
+                call();
+                Duration::MAX
+            },
+        );
+        assert!(
+            matches!(result, Err(TimingError::TooLong { .. })),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn real_measurements_are_positive_and_complete() {
+        let (run, timing) = tiny_run();
+        let timings = measure(&run, &timing, |_| {}).unwrap();
+        // 2 comparisons x 5 operations x 2 repeats.
+        assert_eq!(timings.measurements.len(), 20);
+        assert!(timings.measurements.iter().all(|m| m.ns > 0));
+        assert_eq!(timings.check_positive(), Ok(()));
+    }
+
+    #[test]
+    fn check_positive_names_the_first_zero_measurement() {
+        let (run, timing) = tiny_run();
+        let mut timings = measure(&run, &timing, |_| {}).unwrap();
+        timings.measurements[7].ns = 0;
+        let m = &timings.measurements[7];
+        assert_eq!(
+            timings.check_positive(),
+            Err(TimingError::ZeroDuration {
+                comparison: m.comparison.clone(),
+                operation: m.operation,
+                repeat: m.repeat,
+            })
+        );
+    }
+
+    #[test]
+    fn timing_errors_say_what_was_refused() {
+        let zero = TimingError::ZeroDuration {
+            comparison: "s1_n8_clean_g4_b4".into(),
+            operation: Operation::DecodeV,
+            repeat: 1,
+        };
+        assert_eq!(
+            zero.to_string(),
+            "timing decode_v of s1_n8_clean_g4_b4 (repeat 1) measured 0 ns: the clock is too \
+             coarse to time this call, and timings.json records only real, positive times"
+        );
+        let long = TimingError::TooLong {
+            comparison: "s1_n8_clean_g4_b4".into(),
+            operation: Operation::Attention,
+            repeat: 0,
+        };
+        assert_eq!(
+            long.to_string(),
+            "timing attention of s1_n8_clean_g4_b4 (repeat 0) took more than u64::MAX ns (584 \
+             years), which timings.json cannot record"
+        );
+    }
 
     #[test]
     fn median_is_a_measured_value() {

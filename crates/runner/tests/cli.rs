@@ -273,3 +273,36 @@ fn a_long_user_sweep_with_budget_and_timings_runs() {
         assert!(out.join(file).is_file(), "{file}");
     }
 }
+
+#[test]
+fn group_sizes_that_used_to_crash_the_runner_are_refused_by_field() {
+    // Each passed validation and then panicked (exit 101) or aborted on allocation (134).
+    let cases = [
+        ("settings", 1u64 << 62, "settings[0].group_size"),
+        ("settings", 1 << 32, "settings[0].group_size"),
+        ("budget", 1 << 40, "budget.group_size"),
+    ];
+    for (part, group_size, field) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut value: serde_json::Value = serde_json::from_str(runner::protocol::FROZEN).unwrap();
+        match part {
+            "settings" => value["settings"][0]["group_size"] = group_size.into(),
+            _ => value["budget"]["group_size"] = group_size.into(),
+        }
+        let protocol = tmp.path().join("protocol.json");
+        std::fs::write(&protocol, value.to_string()).unwrap();
+        let out = tmp.path().join("run");
+        let result = runner(&[
+            "--out",
+            out.to_str().unwrap(),
+            "--protocol",
+            protocol.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert_eq!(result.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&format!("`{field}`")), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(!out.exists());
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
+    }
+}
