@@ -238,6 +238,79 @@ pub fn comparisons(p: &Protocol, inputs: &[InputPlan]) -> Vec<ComparisonPlan> {
     out
 }
 
+/// The runner's upper bound on arrays.npz's size, in bytes: per array 30 + 46 bytes of ZIP
+/// headers, 128 of `.npy` header and twice its file name, plus its data; 22 for the end record.
+/// None if it overflows.
+pub fn archive_estimate(p: &Protocol) -> Option<u64> {
+    let inputs = inputs(p);
+    let comparisons = comparisons(p, &inputs);
+    let member = |name: &str, data: Option<u64>| -> Option<u64> {
+        (30u64 + 46 + 128)
+            .checked_add(2 * (name.len() as u64 + 4))?
+            .checked_add(data?)
+    };
+    let matrix = |rows: usize, width: u64| {
+        (rows as u64)
+            .checked_mul(p.features as u64)?
+            .checked_mul(width)
+    };
+    let mut total = 22u64;
+    for input in &inputs {
+        for (part, rows, width) in [
+            ("q", p.queries, 4),
+            ("k", input.tokens, 4),
+            ("v", input.tokens, 4),
+            ("ref", p.queries, 8),
+        ] {
+            total = total.checked_add(member(
+                &format!("{}_{part}", input.id),
+                matrix(rows, width),
+            )?)?;
+        }
+    }
+    for e in &comparisons {
+        let id = &e.id;
+        total = total.checked_add(member(&format!("{id}_out"), matrix(p.queries, 8))?)?;
+        for tensor in ["k", "v"] {
+            for (index, segment) in e.segments.iter().enumerate() {
+                let name = |part: &str| format!("{id}_{tensor}_{part}{}", e.suffix(index));
+                let mut add = |part: &str, data: Option<u64>| -> Option<()> {
+                    total = total.checked_add(member(&name(part), data)?)?;
+                    Some(())
+                };
+                match segment.bits {
+                    Some(bits) => {
+                        let (rows, len) = match tensor {
+                            "k" => (p.features, segment.len()),
+                            _ => (segment.len(), p.features),
+                        };
+                        let groups_per_row = len.div_ceil(e.group_size) as u64;
+                        let padded = groups_per_row.checked_mul(e.group_size as u64)?;
+                        let codes = (rows as u64)
+                            .checked_mul(padded)?
+                            .checked_mul(u64::from(bits))?;
+                        let groups = (rows as u64).checked_mul(groups_per_row)?;
+                        add("codes", Some(codes.div_ceil(8)))?;
+                        add("scales", groups.checked_mul(4))?;
+                        add("shape", Some(8))?;
+                        if segment.mode == Mode::Asymmetric {
+                            add(
+                                "zeros",
+                                Some(groups.checked_mul(u64::from(bits))?.div_ceil(8)),
+                            )?;
+                        }
+                    }
+                    None => {
+                        add("values", matrix(segment.len(), 4))?;
+                        add("shape", Some(8))?;
+                    }
+                }
+            }
+        }
+    }
+    Some(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,8 @@ pub const MAX_MATRIX_ELEMENTS: usize = 1 << 27;
 pub const MAX_TIMED_CALLS: usize = 1_000_000;
 /// Largest number of arrays in arrays.npz: a ZIP without its 64-bit extension.
 pub const MAX_ARCHIVE_MEMBERS: usize = 65_535;
+/// Largest estimate of arrays.npz's size: a ZIP without its 64-bit extension.
+pub const MAX_ARCHIVE_BYTES: u64 = u32::MAX as u64;
 /// Longest study name.
 pub const MAX_STUDY_NAME: usize = 64;
 /// Operations timed per comparison.
@@ -338,12 +340,34 @@ impl Protocol {
                     "0 or longer than the shortest length",
                 ));
             }
+        }
+        if self
+            .archive_members()
+            .is_none_or(|m| m > MAX_ARCHIVE_MEMBERS)
+        {
+            return Err(refuse(
+                "(top level)",
+                "arrays.npz would exceed 65,535 members",
+            ));
+        }
+        if let Some(b) = &self.budget {
+            // Every quantized segment at its own length; float32 segments are not grouped.
             let mut lengths = Vec::new();
             for &n in &self.tokens {
-                lengths.extend([n, n - b.window, b.window]);
+                for &policy in &b.policies {
+                    let segments = crate::plan::policy_segments(policy, n, b.window, b.low_bits);
+                    lengths.extend(
+                        segments
+                            .iter()
+                            .filter(|s| s.bits.is_some())
+                            .map(|s| s.len()),
+                    );
+                }
             }
-            lengths.retain(|&n| n > 0);
             self.check_padded("budget.group_size", b.group_size, &lengths)?;
+        }
+        if crate::plan::archive_estimate(self).is_none_or(|b| b > MAX_ARCHIVE_BYTES) {
+            return Err(refuse("(top level)", "arrays.npz would reach 4 GiB"));
         }
         if let Some(t) = &self.timing {
             let calls = self
@@ -360,15 +384,6 @@ impl Protocol {
                     return Err(refuse("generator.entropy", "overflows 128 bits"));
                 }
             }
-        }
-        if self
-            .archive_members()
-            .is_none_or(|m| m > MAX_ARCHIVE_MEMBERS)
-        {
-            return Err(refuse(
-                "(top level)",
-                "arrays.npz would exceed 65,535 members",
-            ));
         }
         Ok(())
     }

@@ -6,11 +6,13 @@
 //! - `adversary`: the nine attacks of the "audit that trusts nothing" issue, one test each;
 //! - `archives`: hostile npz archives (made by `tests/data/npz/make_hostile.py`) refused by rule,
 //!   and every archive the audit accepts read exactly as NumPy reads it;
-//! - `properties`: the npz reader and the decoder under generated inputs.
+//! - `properties`: the npz reader and the decoder under generated inputs;
+//! - `protocols`: the audit accepts exactly the protocols the runner accepts.
 
 mod adversary;
 mod archived;
 mod archives;
 mod properties;
+mod protocols;
 mod support;
 mod tampering;

@@ -45,7 +45,7 @@ pub fn make_run(protocol: &str, out: &Path) {
     let run = runner::study::run(&protocol, |_| {}).expect("the run succeeds");
     let timings = protocol
         .timing
-        .map(|t| runner::timing::measure(&run, &t, |_| {}));
+        .map(|t| runner::timing::measure(&run, &t, |_| {}).expect("timed"));
     let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
     let summary = runner::summary::summarize(&protocol, &rows, timings.as_ref());
     let counts = Counts {
