@@ -118,7 +118,7 @@ pub fn code_at(stream: &[u8], bits: u32, p: usize) -> u8 {
 pub fn tail_is_clear(stream: &[u8], bits: u32, count: usize) -> bool {
     let used = count * bits as usize;
     match stream.last() {
-        Some(&last) if used % 8 != 0 => last >> (used % 8) == 0,
+        Some(&last) if !used.is_multiple_of(8) => last >> (used % 8) == 0,
         _ => true,
     }
 }

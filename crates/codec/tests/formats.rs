@@ -127,7 +127,7 @@ fn q8_0_code(bytes: &[u8], block: usize, i: usize) -> u8 {
 
 /// NF4: element i is in byte i / 2, high nibble for even i.
 fn nf4_code(packed: &[u8], i: usize) -> u8 {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         packed[i / 2] >> 4
     } else {
         packed[i / 2] & 0xF

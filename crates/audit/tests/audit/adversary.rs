@@ -475,7 +475,7 @@ fn huge_declared_sizes_fail_without_allocating() {
     let mut header =
         b"{'descr': '<f8', 'fortran_order': False, 'shape': (1099511627776, 1099511627776)}"
             .to_vec();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(b' ');
     }
     header.push(b'\n');

@@ -266,7 +266,7 @@ pub fn to_bytes<B: GgufBlock>(blocks: &[B]) -> Vec<u8> {
 /// Blocks from stored bytes; the length must be a whole number of blocks, and every block's
 /// scale finite (an infinite or NaN `d` would dequantize to infinities and NaN).
 pub fn from_bytes<B: GgufBlock>(bytes: &[u8]) -> Result<Vec<B>> {
-    if bytes.len() % B::BYTES != 0 {
+    if !bytes.len().is_multiple_of(B::BYTES) {
         return Err(FormatError::ByteLength {
             what: format!("{} data is whole {}-byte blocks", B::NAME, B::BYTES),
             found: bytes.len(),
@@ -370,7 +370,7 @@ pub fn storage<B: GgufBlock>(blocks: usize) -> Cost {
 }
 
 fn check_row_length<B: GgufBlock>(len: usize, cols: usize) -> Result<()> {
-    if cols == 0 || cols % 32 != 0 || len % cols != 0 {
+    if cols == 0 || !cols.is_multiple_of(32) || !len.is_multiple_of(cols) {
         return Err(FormatError::NotAligned {
             format: B::NAME,
             what: "the row length (blocks of 32 run along a row)",

@@ -11,7 +11,7 @@ pub(crate) fn check_aligned(
     size: usize,
     multiple: usize,
 ) -> Result<()> {
-    if size == 0 || size % multiple != 0 {
+    if size == 0 || !size.is_multiple_of(multiple) {
         return Err(FormatError::NotAligned {
             format,
             what,
