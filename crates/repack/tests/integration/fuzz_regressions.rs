@@ -62,3 +62,20 @@ fn every_regression_directory_belongs_to_a_target() {
         }
     }
 }
+
+#[test]
+fn every_block_file_seed_of_the_fuzz_target_decodes() {
+    // fuzz/seeds/repack_blockfile holds valid decode_case inputs, so that the fuzzer starts past
+    // the argument checks; a change to decode_case's layout must not quietly invalidate them.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/repack_blockfile");
+    let mut seeds = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let seed = entry.unwrap().path();
+        let bytes = std::fs::read(&seed).unwrap();
+        if let Err(err) = decode_case(&bytes) {
+            panic!("{}: {err}", seed.display());
+        }
+        seeds += 1;
+    }
+    assert!(seeds > 0, "{}: no seeds", dir.display());
+}
