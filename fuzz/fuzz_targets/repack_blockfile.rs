@@ -3,6 +3,7 @@
 //! (`repack::blockfile::decode_case` says how).
 #![no_main]
 
+use fuzz as _;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

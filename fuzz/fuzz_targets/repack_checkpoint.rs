@@ -2,6 +2,7 @@
 //! `repack inspect` read.
 #![no_main]
 
+use fuzz as _;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,6 +3,7 @@
 //! invalid UTF-8 before parsing).
 #![no_main]
 
+use fuzz as _;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
