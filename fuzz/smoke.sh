@@ -15,6 +15,7 @@ fixtures() {
   case "$1" in
     repack_npy) echo crates/repack/tests/data/formats/inputs ;;
     repack_checkpoint) echo crates/repack/tests/data/formats/library ;;
+    repack_inspect) echo crates/repack/tests/data/formats ;; # all of it: libFuzzer reads directories recursively
     runner_protocol) echo experiments/packed-kv experiments/widths-and-modes ;;
   esac
 }

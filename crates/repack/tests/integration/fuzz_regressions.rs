@@ -7,18 +7,22 @@ use std::path::PathBuf;
 
 use repack::blockfile::decode_case;
 use repack::checkpoint::Checkpoint;
+use repack::inspect::inspect_bytes;
 use repack::npy::parse_npy_matrix;
 
 /// Runs one reader on one input, ignoring what it returns.
 type Replay = fn(&[u8]);
 
 /// Each fuzz target of this crate, and the function it runs on its input.
-const TARGETS: [(&str, Replay); 3] = [
+const TARGETS: [(&str, Replay); 4] = [
     ("repack_npy", |bytes| {
         let _ = parse_npy_matrix(bytes);
     }),
     ("repack_checkpoint", |bytes| {
         let _ = Checkpoint::from_bytes(bytes);
+    }),
+    ("repack_inspect", |bytes| {
+        let _ = inspect_bytes("regression", bytes);
     }),
     ("repack_blockfile", |bytes| {
         let _ = decode_case(bytes);
