@@ -129,8 +129,8 @@ fn encode_gguf<B: GgufBlock>(flat: &[f32], cols: usize) -> Result<(Vec<u8>, Cost
 
 /// The float32 matrix a `.bin` in `format` (q4_0, q8_0 or nf4) holds, `cols` values per row,
 /// and what it costs. Empty input is refused: it holds no rows. The row count comes from the
-/// length, so the matrix is never larger than a fixed multiple of `bytes` (8 values per byte
-/// at most, for NF4).
+/// length, so the matrix is never larger than a fixed multiple of `bytes` (8 bytes of float32
+/// per byte at most, for NF4's two codes per byte).
 pub fn decode(
     bytes: &[u8],
     format: WeightFormat,

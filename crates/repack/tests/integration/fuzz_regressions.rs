@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use repack::blockfile::decode_case;
 use repack::checkpoint::Checkpoint;
+use repack::convert::convert_case;
 use repack::inspect::inspect_bytes;
 use repack::npy::parse_npy_matrix;
 
@@ -14,7 +15,7 @@ use repack::npy::parse_npy_matrix;
 type Replay = fn(&[u8]);
 
 /// Each fuzz target of this crate, and the function it runs on its input.
-const TARGETS: [(&str, Replay); 4] = [
+const TARGETS: [(&str, Replay); 5] = [
     ("repack_npy", |bytes| {
         let _ = parse_npy_matrix(bytes);
     }),
@@ -23,6 +24,9 @@ const TARGETS: [(&str, Replay); 4] = [
     }),
     ("repack_inspect", |bytes| {
         let _ = inspect_bytes("regression", bytes);
+    }),
+    ("repack_convert", |bytes| {
+        let _ = convert_case(bytes);
     }),
     ("repack_blockfile", |bytes| {
         let _ = decode_case(bytes);
@@ -67,19 +71,31 @@ fn every_regression_directory_belongs_to_a_target() {
     }
 }
 
+/// The files in `fuzz/seeds/<target>`, which must be there.
+fn seeds(target: &str) -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/seeds")
+        .join(target);
+    let seeds: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("{}: {err}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert!(!seeds.is_empty(), "{}: no seeds", dir.display());
+    seeds
+}
+
 #[test]
-fn every_block_file_seed_of_the_fuzz_target_decodes() {
-    // fuzz/seeds/repack_blockfile holds valid decode_case inputs, so that the fuzzer starts past
-    // the argument checks; a change to decode_case's layout must not quietly invalidate them.
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/repack_blockfile");
-    let mut seeds = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let seed = entry.unwrap().path();
-        let bytes = std::fs::read(&seed).unwrap();
-        if let Err(err) = decode_case(&bytes) {
+fn every_seed_of_the_structured_fuzz_targets_is_a_valid_call() {
+    // fuzz/seeds holds valid decode_case and convert_case inputs, so that the fuzzer starts past
+    // the argument checks; a change to either layout must not quietly invalidate them.
+    for seed in seeds("repack_blockfile") {
+        if let Err(err) = decode_case(&std::fs::read(&seed).unwrap()) {
             panic!("{}: {err}", seed.display());
         }
-        seeds += 1;
     }
-    assert!(seeds > 0, "{}: no seeds", dir.display());
+    for seed in seeds("repack_convert") {
+        if let Err(err) = convert_case(&std::fs::read(&seed).unwrap()) {
+            panic!("{}: {err}", seed.display());
+        }
+    }
 }
