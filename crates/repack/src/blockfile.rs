@@ -21,6 +21,8 @@ use ndarray_npy::WriteNpyExt;
 
 use crate::checkpoint::write_new_file;
 use crate::error::{Error, Result};
+use crate::input::read_input;
+use crate::npy::read_npy_matrix;
 
 /// What was quantized or dequantized.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,10 +43,7 @@ pub fn quantize_file(
         return Err(Error::OutputExists(output.to_path_buf()));
     }
     check_block_format(format, "produced by quantize")?;
-    let x: Array2<f32> = ndarray_npy::read_npy(input).map_err(|source| Error::Npy {
-        path: input.to_path_buf(),
-        source,
-    })?;
+    let x = read_npy_matrix(input)?;
     let (bytes, cost) = encode(x.view(), format, block_size).map_err(Error::in_file(input))?;
     write_new_file(output, &bytes)?;
     Ok(BlockFileReport {
@@ -66,7 +65,7 @@ pub fn dequantize_file(
         return Err(Error::OutputExists(output.to_path_buf()));
     }
     check_block_format(format, "read by dequantize")?;
-    let bytes = std::fs::read(input).map_err(Error::io(input))?;
+    let bytes = read_input(input)?;
     if bytes.is_empty() {
         return Err(Error::EmptyInput {
             path: input.to_path_buf(),
@@ -99,12 +98,13 @@ fn check_block_format(format: WeightFormat, action: &'static str) -> Result<()> 
     }
 }
 
-/// The `.bin` bytes of `x` in `format`, and what they cost.
+/// The `.bin` bytes of `x` in `format` (q4_0, q8_0 or nf4), and what they cost.
 pub fn encode(
     x: ArrayView2<f32>,
     format: WeightFormat,
     block_size: usize,
 ) -> Result<(Vec<u8>, Cost)> {
+    check_block_format(format, "produced by quantize")?;
     let (rows, cols) = x.dim();
     if rows == 0 || cols == 0 {
         return Err(FormatError::EmptyMatrix { rows, cols }.into());
@@ -127,14 +127,17 @@ fn encode_gguf<B: GgufBlock>(flat: &[f32], cols: usize) -> Result<(Vec<u8>, Cost
     Ok((gguf::to_bytes(&blocks), gguf::storage::<B>(blocks.len())))
 }
 
-/// The float32 matrix a `.bin` holds, `cols` values per row, and what it costs. Empty input
-/// is refused: it holds no rows.
+/// The float32 matrix a `.bin` in `format` (q4_0, q8_0 or nf4) holds, `cols` values per row,
+/// and what it costs. Empty input is refused: it holds no rows. The row count comes from the
+/// length, so the matrix is never larger than a fixed multiple of `bytes` (8 bytes of float32
+/// per byte at most, for NF4's two codes per byte).
 pub fn decode(
     bytes: &[u8],
     format: WeightFormat,
     cols: usize,
     block_size: usize,
 ) -> Result<(Array2<f32>, Cost)> {
+    check_block_format(format, "read by dequantize")?;
     if bytes.is_empty() {
         return Err(FormatError::EmptyMatrix { rows: 0, cols }.into());
     }
@@ -166,14 +169,28 @@ fn decode_nf4(bytes: &[u8], cols: usize, block_size: usize) -> Result<(Array2<f3
     if block_size == 0 {
         return Err(FormatError::ZeroGroupSize.into());
     }
-    let rows =
-        nf4_rows(bytes.len(), cols, block_size).map_err(|nearest| FormatError::ByteLength {
-            what: format!(
-                "NF4 file of whole rows of {cols} (codes, then an f32 absmax per {block_size})"
-            ),
-            found: bytes.len(),
-            expected: nearest,
-        })?;
+    let rows = match nf4_rows(bytes.len(), cols, block_size) {
+        Ok(rows) => rows,
+        Err(Some(nearest)) => {
+            return Err(FormatError::ByteLength {
+                what: format!(
+                    "NF4 file of whole rows of {cols} (codes, then an f32 absmax per {block_size})"
+                ),
+                found: bytes.len(),
+                expected: nearest,
+            }
+            .into());
+        }
+        Err(None) => {
+            return Err(Error::BlockFileOverflow {
+                format: WeightFormat::Nf4,
+                cols,
+                block_size,
+            });
+        }
+    };
+    // nf4_rows found rows * cols values whose file is exactly bytes.len() long, so neither the
+    // product nor the split below can overflow or fall outside the bytes.
     let count = rows * cols;
     let (packed, absmax) = bytes.split_at(count.div_ceil(2));
     let tensor = Nf4Tensor {
@@ -182,30 +199,64 @@ fn decode_nf4(bytes: &[u8], cols: usize, block_size: usize) -> Result<(Array2<f3
         packed: packed.to_vec(),
         absmax: absmax
             .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect(),
     };
     Ok((tensor.dequantize()?, tensor.storage()))
 }
 
-fn nf4_file_len(rows: usize, cols: usize, block_size: usize) -> usize {
-    let count = rows * cols;
-    count.div_ceil(2) + 4 * count.div_ceil(block_size)
+/// The length of an NF4 file of `rows` rows, or `None` if it does not fit in a usize.
+fn nf4_file_len(rows: usize, cols: usize, block_size: usize) -> Option<usize> {
+    let count = rows.checked_mul(cols)?;
+    count
+        .div_ceil(block_size)
+        .checked_mul(4)?
+        .checked_add(count.div_ceil(2))
 }
 
-/// The row count whose NF4 file is exactly `len` bytes, or else the nearest shorter valid length
-/// (the file length grows with the row count).
-fn nf4_rows(len: usize, cols: usize, block_size: usize) -> std::result::Result<usize, usize> {
-    let (mut low, mut high) = (1usize, 2 * len / cols.max(1) + 1);
+/// The row count whose NF4 file is exactly `len` bytes; else the nearest shorter valid length
+/// (the file length grows with the row count), or `None` when not even one row's length fits
+/// in a usize (a `cols` no file can hold).
+fn nf4_rows(
+    len: usize,
+    cols: usize,
+    block_size: usize,
+) -> std::result::Result<usize, Option<usize>> {
+    nf4_file_len(1, cols, block_size).ok_or(None)?;
+    // Every row holds at least half a byte per value, so no file of len bytes has more rows.
+    let (mut low, mut high) = (
+        1usize,
+        (len / cols.max(1)).saturating_mul(2).saturating_add(1),
+    );
     while cols > 0 && low <= high {
         let mid = low + (high - low) / 2;
-        match nf4_file_len(mid, cols, block_size).cmp(&len) {
+        // A length past usize::MAX is longer than any file.
+        match nf4_file_len(mid, cols, block_size)
+            .map_or(std::cmp::Ordering::Greater, |l| l.cmp(&len))
+        {
             std::cmp::Ordering::Equal => return Ok(mid),
             std::cmp::Ordering::Less => low = mid + 1,
             std::cmp::Ordering::Greater => high = mid - 1,
         }
     }
     Err(nf4_file_len(high.max(1), cols, block_size))
+}
+
+/// One [`decode`] call spelled as bytes, so that a single byte string (a fuzz input, or a
+/// regression file kept from one) is a complete call: byte 0 picks the format (its value modulo
+/// the number of formats, in [`WeightFormat::ALL`] order, so non-block formats are tried too),
+/// bytes 1..9 are `cols` and 9..17 `block_size` (little-endian u64, as the CLI's usize flags
+/// can be), and the rest is the file. Input shorter than 17 bytes is zero-padded.
+pub fn decode_case(data: &[u8]) -> Result<(Array2<f32>, Cost)> {
+    let mut head = [0u8; 17];
+    let split = data.len().min(17);
+    head[..split].copy_from_slice(&data[..split]);
+    let format = WeightFormat::ALL[usize::from(head[0]) % WeightFormat::ALL.len()];
+    let number = |at: usize| {
+        let le = u64::from_le_bytes(head[at..at + 8].try_into().expect("8 bytes"));
+        usize::try_from(le).unwrap_or(usize::MAX)
+    };
+    decode(&data[split..], format, number(1), number(9))
 }
 
 #[cfg(test)]
@@ -228,9 +279,9 @@ mod tests {
 
     #[test]
     fn nf4_rows_come_from_the_length_or_the_length_is_refused() {
-        assert_eq!(nf4_rows(nf4_file_len(8, 128, 64), 128, 64), Ok(8));
-        assert_eq!(nf4_rows(nf4_file_len(1, 3, 64), 3, 64), Ok(1));
-        assert_eq!(nf4_rows(576 + 1, 128, 64), Err(576));
+        assert_eq!(nf4_rows(nf4_file_len(8, 128, 64).unwrap(), 128, 64), Ok(8));
+        assert_eq!(nf4_rows(nf4_file_len(1, 3, 64).unwrap(), 3, 64), Ok(1));
+        assert_eq!(nf4_rows(576 + 1, 128, 64), Err(Some(576)));
         assert_eq!(
             decode(&[0; 577], WeightFormat::Nf4, 128, 64)
                 .unwrap_err()
@@ -268,5 +319,63 @@ mod tests {
             "Q8_0 needs --cols (rows are whole blocks of 32, and the file whole rows) to be a \
              multiple of 32, got 48"
         );
+    }
+
+    #[test]
+    fn nf4_cols_whose_row_size_overflows_are_refused_not_multiplied() {
+        // --cols 18446744073709551615 --block-size 1 overflowed `4 * ceil(count / block)`.
+        let err = decode(&[0; 8], WeightFormat::Nf4, usize::MAX, 1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::BlockFileOverflow {
+                    format: WeightFormat::Nf4,
+                    cols: usize::MAX,
+                    block_size: 1
+                }
+            ),
+            "{err:?}"
+        );
+        // Large but representable: refused as a length mismatch, with no overflow on the way.
+        let err = decode(&[0; 8], WeightFormat::Nf4, usize::MAX / 16, 1).unwrap_err();
+        assert!(
+            matches!(err, Error::Format(FormatError::ByteLength { found: 8, .. })),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn non_block_formats_are_refused_by_the_library_too() {
+        // decode used to read anything that was not q4_0 or q8_0 as NF4.
+        for format in [WeightFormat::Gptq, WeightFormat::GptqV2, WeightFormat::Awq] {
+            let err = decode(&[0; 40], format, 16, 64).unwrap_err();
+            assert!(
+                matches!(err, Error::UnsupportedFormat { format: f, .. } if f == format),
+                "{err:?}"
+            );
+            let err = encode(Array2::<f32>::zeros((1, 32)).view(), format, 64).unwrap_err();
+            assert!(
+                matches!(err, Error::UnsupportedFormat { format: f, .. } if f == format),
+                "{err:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn decode_case_spells_the_arguments_in_its_first_17_bytes() {
+        let x = array![[1.0f32, -1.0, 0.0, 0.5], [2.0, 0.0, 0.25, -2.0]];
+        let (file, _) = encode(x.view(), WeightFormat::Nf4, 4).unwrap();
+        let nf4 = WeightFormat::ALL
+            .iter()
+            .position(|&f| f == WeightFormat::Nf4)
+            .unwrap();
+        let mut case = vec![u8::try_from(nf4).unwrap()];
+        case.extend(4u64.to_le_bytes());
+        case.extend(4u64.to_le_bytes());
+        case.extend(&file);
+        let direct = decode(&file, WeightFormat::Nf4, 4, 4).unwrap();
+        assert_eq!(decode_case(&case).unwrap(), direct);
+        // Too short to hold the arguments: zero-padded, so cols = 0 and nothing to decode.
+        assert!(decode_case(&[5, 1]).is_err());
     }
 }

@@ -15,8 +15,119 @@ use half::f16;
 use ndarray::Array2;
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors, View};
+use serde::Deserialize;
+use thiserror::Error;
 
 use crate::error::{Error, Result};
+use crate::input::read_input;
+
+/// Why bytes are not a safetensors file this tool can read.
+#[derive(Debug, Error)]
+pub enum CheckpointError {
+    #[error("{found} bytes; a safetensors file starts with an 8-byte little-endian header length")]
+    TooShort { found: usize },
+
+    #[error("its header declares {declared} bytes, but only {available} bytes follow its length")]
+    HeaderPastEnd { declared: u64, available: usize },
+
+    #[error(
+        "tensor {tensor:?} is {dtype:?} with shape {shape:?}, which is {needed} bytes, but its \
+         data_offsets [{start}, {end}] hold {held}",
+        held = .end.saturating_sub(*.start)
+    )]
+    TensorByteCount {
+        tensor: String,
+        dtype: Dtype,
+        shape: Vec<usize>,
+        needed: usize,
+        start: usize,
+        end: usize,
+    },
+
+    #[error(
+        "tensor {tensor:?} is {dtype:?} with shape {shape:?}, whose size in bytes does not fit \
+         in {} bits",
+        usize::BITS
+    )]
+    TensorSizeOverflow {
+        tensor: String,
+        dtype: Dtype,
+        shape: Vec<usize>,
+    },
+
+    #[error("{0}")]
+    Format(#[from] safetensors::SafeTensorError),
+}
+
+/// What a safetensors header says about each tensor (the crate's own `TensorInfo`).
+#[derive(Deserialize)]
+struct HeaderEntry {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data_offsets: (usize, usize),
+}
+
+/// Checks the header's declared length against the bytes present, and each tensor's shape and
+/// dtype against the bytes its offsets give it. Anything it cannot make sense of (JSON that does
+/// not parse, an entry that is not a tensor) is left for the `safetensors` crate to refuse.
+fn check_header(bytes: &[u8]) -> std::result::Result<(), CheckpointError> {
+    let Some(length) = bytes.first_chunk::<8>() else {
+        return Err(CheckpointError::TooShort { found: bytes.len() });
+    };
+    let declared = u64::from_le_bytes(*length);
+    let available = bytes.len() - 8;
+    let header_end = match usize::try_from(declared) {
+        Ok(declared) if declared <= available => 8 + declared,
+        _ => {
+            return Err(CheckpointError::HeaderPastEnd {
+                declared,
+                available,
+            });
+        }
+    };
+    let Ok(entries) =
+        serde_json::from_slice::<BTreeMap<String, serde_json::Value>>(&bytes[8..header_end])
+    else {
+        return Ok(());
+    };
+    for (tensor, entry) in entries {
+        if tensor == "__metadata__" {
+            continue;
+        }
+        let Ok(HeaderEntry {
+            dtype,
+            shape,
+            data_offsets: (start, end),
+        }) = serde_json::from_value(entry)
+        else {
+            continue;
+        };
+        let bits = shape
+            .iter()
+            .try_fold(1usize, |count, &dim| count.checked_mul(dim))
+            .and_then(|count| count.checked_mul(dtype.bitsize()));
+        let Some(bits) = bits else {
+            return Err(CheckpointError::TensorSizeOverflow {
+                tensor,
+                dtype,
+                shape,
+            });
+        };
+        // Sub-byte dtypes that end mid-byte, and reversed offsets, are the crate's to refuse.
+        let needed = bits / 8;
+        if bits % 8 == 0 && start <= end && end - start != needed {
+            return Err(CheckpointError::TensorByteCount {
+                tensor,
+                dtype,
+                shape,
+                needed,
+                start,
+                end,
+            });
+        }
+    }
+    Ok(())
+}
 
 /// One tensor: dtype, shape and raw little-endian data.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,15 +160,21 @@ impl View for &Tensor {
 }
 
 impl Checkpoint {
+    /// Reads the safetensors file at `path` (a thin wrapper over [`Checkpoint::from_bytes`]).
     pub fn read(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(Error::io(path))?;
+        let bytes = read_input(path)?;
         Self::from_bytes(&bytes).map_err(|source| Error::SafeTensors {
             path: path.to_path_buf(),
             source,
         })
     }
 
-    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<Self, safetensors::SafeTensorError> {
+    /// The checkpoint that `bytes` hold in safetensors format. The `safetensors` crate checks
+    /// the offsets; before it runs, the header's length is checked against the bytes present
+    /// and each tensor's shape against its byte count, so that those refusals name the numbers
+    /// (and the tensor) rather than saying "invalid header length".
+    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<Self, CheckpointError> {
+        check_header(bytes)?;
         let (_, header) = SafeTensors::read_metadata(bytes)?;
         let metadata = header
             .metadata()
@@ -86,7 +203,7 @@ impl Checkpoint {
 
     /// Writes the checkpoint to `path`, which must not exist; nothing is left behind on failure.
     pub fn write_new(&self, path: &Path) -> Result<()> {
-        let bytes = self.to_bytes().map_err(|source| Error::SafeTensors {
+        let bytes = self.to_bytes().map_err(|source| Error::Serialize {
             path: path.to_path_buf(),
             source,
         })?;
@@ -237,6 +354,20 @@ impl Tensor {
                 expected: format!("this layout stores it as {what}"),
             });
         }
+        // A tensor read from a file has the bytes its shape needs (the reader checked); one
+        // built by hand may not, and the matrices built from it must not be short.
+        let bytes = self
+            .shape
+            .iter()
+            .try_fold(dtype.bitsize() / 8, |n, &d| n.checked_mul(d));
+        if bytes != Some(self.data.len()) {
+            return Err(Error::TensorData {
+                tensor: name.to_string(),
+                dtype: format!("{:?}", self.dtype),
+                shape: self.shape.clone(),
+                found: self.data.len(),
+            });
+        }
         Ok([self.shape[0], self.shape.get(1).copied().unwrap_or(1)])
     }
 }
@@ -316,5 +447,80 @@ mod tests {
         );
         assert_eq!(std::fs::read(&path).unwrap(), before);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// A safetensors file with `header` (JSON) and `data`, its length field as given.
+    fn safetensors(declared: u64, header: &str, data: &[u8]) -> Vec<u8> {
+        let mut out = declared.to_le_bytes().to_vec();
+        out.extend(header.as_bytes());
+        out.extend(data);
+        out
+    }
+
+    #[test]
+    fn a_header_length_past_the_end_of_the_file_is_refused_with_both_numbers() {
+        let mut bytes = sample().to_bytes().unwrap();
+        let available = bytes.len() - 8;
+        bytes[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let err = Checkpoint::from_bytes(&bytes).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::HeaderPastEnd { declared, available: a }
+                if declared == 1 << 40 && a == available),
+            "{err:?}"
+        );
+        let err = Checkpoint::from_bytes(&[1, 2, 3]).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::TooShort { found: 3 }),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_shape_whose_byte_count_disagrees_with_its_offsets_names_the_tensor() {
+        let header = r#"{"t":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}}"#;
+        let bytes = safetensors(header.len() as u64, header, &[0; 16]);
+        let err = Checkpoint::from_bytes(&bytes).unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::TensorByteCount { tensor, dtype: Dtype::F32, shape, needed: 24, start: 0, end: 16 }
+                if tensor == "t" && shape == &[2, 3]),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_shape_whose_byte_count_overflows_is_refused() {
+        let header = format!(
+            r#"{{"t":{{"dtype":"I32","shape":[{},4],"data_offsets":[0,0]}}}}"#,
+            usize::MAX / 2
+        );
+        let bytes = safetensors(header.len() as u64, &header, &[]);
+        let err = Checkpoint::from_bytes(&bytes).unwrap_err();
+        assert!(
+            matches!(&err, CheckpointError::TensorSizeOverflow { tensor, .. } if tensor == "t"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn what_the_crate_refuses_is_still_refused() {
+        // Offsets that leave a gap: the safetensors crate's own check.
+        let header = r#"{"t":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}"#;
+        let bytes = safetensors(header.len() as u64, header, &[0; 3]);
+        let err = Checkpoint::from_bytes(&bytes).unwrap_err();
+        assert!(matches!(err, CheckpointError::Format(_)), "{err:?}");
+    }
+
+    #[test]
+    fn a_hand_built_tensor_shorter_than_its_shape_is_an_error_not_a_panic() {
+        let tensor = Tensor {
+            dtype: Dtype::I32,
+            shape: vec![2, 2],
+            data: vec![0; 12],
+        };
+        let err = tensor.i32_matrix("short").unwrap_err();
+        assert!(
+            matches!(&err, Error::TensorData { tensor, found: 12, .. } if tensor == "short"),
+            "{err:?}"
+        );
     }
 }

@@ -83,10 +83,24 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
     if output.exists() {
         return Err(Error::OutputExists(output.to_path_buf()));
     }
+    // Before reading the file, so that a request that cannot succeed costs nothing.
     check_request(&request)?;
     let source = Checkpoint::read(input)?;
+    let (target, conversion) = convert_checkpoint(&source, input, request)?;
+    target.write_new(output)?;
+    Ok(conversion)
+}
+
+/// Converts a checkpoint in memory: what [`convert`] writes, and what it did. `input` names
+/// the source in messages.
+pub fn convert_checkpoint(
+    source: &Checkpoint,
+    input: &Path,
+    request: ConvertRequest,
+) -> Result<(Checkpoint, Conversion)> {
+    check_request(&request)?;
     check_metadata(&source.metadata, input, &request)?;
-    let found = find_layers(&source)?;
+    let found = find_layers(source)?;
     if found.layers.is_empty() {
         return Err(Error::NoLayers(input.to_path_buf()));
     }
@@ -183,15 +197,45 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
             .metadata
             .insert(key.clone(), source.metadata[key].clone());
     }
-    target.write_new(output)?;
-    Ok(Conversion {
+    let conversion = Conversion {
         from: request.from,
         to: request.to,
         group_size: request.group_size,
         layers,
         passed_through: found.passthrough.len(),
         kept_metadata,
-    })
+    };
+    Ok((target, conversion))
+}
+
+/// One [`convert_checkpoint`] call spelled as bytes, so that a single byte string (a fuzz
+/// input, or a regression file kept from one) is a complete call: byte 0 picks `--from` and
+/// byte 1 `--to` (modulo the number of formats, in [`WeightFormat::ALL`] order), bytes 2..4
+/// are `--group-size` (little-endian u16), byte 4 is `--bits` (0 for none), and the rest is the
+/// safetensors file; the converted checkpoint is then laid out as `convert` would write it.
+/// Input shorter than 5 bytes is zero-padded.
+pub fn convert_case(data: &[u8]) -> Result<Conversion> {
+    let mut head = [0u8; 5];
+    let split = data.len().min(5);
+    head[..split].copy_from_slice(&data[..split]);
+    let format = |byte: u8| WeightFormat::ALL[usize::from(byte) % WeightFormat::ALL.len()];
+    let request = ConvertRequest {
+        from: format(head[0]),
+        to: format(head[1]),
+        group_size: usize::from(u16::from_le_bytes([head[2], head[3]])),
+        bits: (head[4] != 0).then_some(u32::from(head[4])),
+    };
+    let input = Path::new("fuzz input");
+    let source = Checkpoint::from_bytes(&data[split..]).map_err(|source| Error::SafeTensors {
+        path: input.to_path_buf(),
+        source,
+    })?;
+    let (target, conversion) = convert_checkpoint(&source, input, request)?;
+    target.to_bytes().map_err(|source| Error::Serialize {
+        path: input.to_path_buf(),
+        source,
+    })?;
+    Ok(conversion)
 }
 
 fn check_request(request: &ConvertRequest) -> Result<()> {

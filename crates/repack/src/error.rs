@@ -7,7 +7,9 @@ use codec::formats::{FormatError, WeightFormat};
 use codec::repack::RepackError;
 use thiserror::Error;
 
+use crate::checkpoint::CheckpointError;
 use crate::layer_io::DeclaredBits;
+use crate::npy::NpyError;
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -20,14 +22,27 @@ pub enum Error {
     #[error("{}: not a readable safetensors file: {source}", path.display())]
     SafeTensors {
         path: PathBuf,
+        source: CheckpointError,
+    },
+
+    #[error("{}: could not lay out a safetensors file: {source}", path.display())]
+    Serialize {
+        path: PathBuf,
         source: safetensors::SafeTensorError,
     },
 
     #[error("{}: not a float32 matrix in .npy format: {source}", path.display())]
-    Npy {
-        path: PathBuf,
-        source: ndarray_npy::ReadNpyError,
-    },
+    Npy { path: PathBuf, source: NpyError },
+
+    #[error(
+        "{}: not a regular file; inputs are read whole, and only a regular file's size is known \
+         before reading it",
+        path.display()
+    )]
+    NotARegularFile { path: PathBuf },
+
+    #[error("{}: {bytes} bytes cannot be held in memory", path.display())]
+    InputTooLarge { path: PathBuf, bytes: u64 },
 
     #[error("{}: the file is empty; {what} (nothing was written)", path.display())]
     EmptyInput { path: PathBuf, what: String },
@@ -48,6 +63,25 @@ pub enum Error {
         found: String,
         shape: Vec<usize>,
         expected: String,
+    },
+
+    #[error("tensor {tensor:?} is {dtype} with shape {shape:?}, but holds {found} bytes of data")]
+    TensorData {
+        tensor: String,
+        dtype: String,
+        shape: Vec<usize>,
+        found: usize,
+    },
+
+    #[error(
+        "{format} rows of {cols} values with --block-size {block_size}: one row's size in bytes \
+         does not fit in {} bits",
+        usize::BITS
+    )]
+    BlockFileOverflow {
+        format: WeightFormat,
+        cols: usize,
+        block_size: usize,
     },
 
     #[error("layer {}: unknown layout: {why}", label(layer))]

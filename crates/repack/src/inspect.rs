@@ -29,11 +29,26 @@ pub struct Inspection {
 /// Inspects a checkpoint: its report, and which layers failed their check.
 pub fn inspect(path: &Path) -> Result<Inspection> {
     let ckpt = Checkpoint::read(path)?;
-    let found = find_layers(&ckpt)?;
+    inspect_checkpoint(&path.display().to_string(), &ckpt)
+}
+
+/// Inspects the checkpoint that `bytes` hold in safetensors format, as [`inspect`] inspects a
+/// file (`label` stands for its name in the report). The fuzz target `repack_inspect` runs it.
+pub fn inspect_bytes(label: &str, bytes: &[u8]) -> Result<Inspection> {
+    let ckpt = Checkpoint::from_bytes(bytes).map_err(|source| Error::SafeTensors {
+        path: label.into(),
+        source,
+    })?;
+    inspect_checkpoint(label, &ckpt)
+}
+
+/// Inspects a checkpoint in memory (`label` names it in the report's first line).
+pub fn inspect_checkpoint(label: &str, ckpt: &Checkpoint) -> Result<Inspection> {
+    let found = find_layers(ckpt)?;
     let declared = layer_io::declared_format(&ckpt.metadata)?;
     let mut out = String::new();
     let mut failures = Vec::new();
-    writeln!(out, "{}: {} tensors", path.display(), ckpt.tensors.len()).unwrap();
+    writeln!(out, "{label}: {} tensors", ckpt.tensors.len()).unwrap();
     if !ckpt.metadata.is_empty() {
         let pairs: Vec<String> = ckpt
             .metadata
@@ -45,7 +60,7 @@ pub fn inspect(path: &Path) -> Result<Inspection> {
     for layer in &found.layers {
         let check = match layer.kind {
             LayerKind::Integer => {
-                integer_layer(&mut out, &ckpt, layer, declared.as_ref().map(|(_, f)| *f))?
+                integer_layer(&mut out, ckpt, layer, declared.as_ref().map(|(_, f)| *f))?
             }
             LayerKind::Bitsandbytes => bnb_layer(&mut out, layer)?,
         };

@@ -4,7 +4,9 @@
 //! matrices and raw block files around it.
 //!
 //! Where things live:
+//! - [`input`]: reading an input file whole, its size known before anything is allocated;
 //! - [`checkpoint`]: safetensors in memory; deterministic, atomic, never-overwriting writes;
+//! - [`npy`]: `.npy` float32 matrices, every declared size checked against the bytes present;
 //! - [`layers`]: finding quantized layers by the tensor names the libraries write;
 //! - [`layer_io`]: tensors to and from the codec's packed layers, and the metadata keys;
 //! - [`convert`], [`inspect`], [`blockfile`]: the `convert`, `inspect` and
@@ -16,9 +18,11 @@ pub mod blockfile;
 pub mod checkpoint;
 pub mod convert;
 pub mod error;
+pub mod input;
 pub mod inspect;
 pub mod layer_io;
 pub mod layers;
+pub mod npy;
 pub mod report;
 
 pub use error::{Error, Result};

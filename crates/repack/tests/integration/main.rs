@@ -8,3 +8,13 @@ mod conformance;
 
 /// The real binary: conversions, inspection, quantization and every refusal, by message.
 mod cli;
+
+/// Inputs that used to abort or panic the binary, each now refused.
+mod untrusted;
+
+/// Every reader on arbitrary bytes and on mutated valid files: Ok or Err, never a panic.
+mod properties;
+
+/// The inputs the fuzz targets crashed on (and hand-made seeds), replayed through the same
+/// library functions.
+mod fuzz_regressions;

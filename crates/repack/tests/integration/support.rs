@@ -91,3 +91,21 @@ pub fn i32_bytes<'a>(values: impl IntoIterator<Item = &'a i32>) -> Vec<u8> {
 pub fn f16_bytes<'a>(values: impl IntoIterator<Item = &'a f16>) -> Vec<u8> {
     values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
 }
+
+/// A version 1.0 `.npy` file with `header` (a dict literal) padded as numpy pads it, then `data`.
+pub fn npy_bytes(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut text = header.as_bytes().to_vec();
+    let total = 10 + text.len() + 1;
+    text.resize(text.len() + (64 - total % 64) % 64, b' ');
+    text.push(b'\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend(u16::try_from(text.len()).unwrap().to_le_bytes());
+    out.extend(text);
+    out.extend(data);
+    out
+}
+
+/// The header numpy writes for a C-order float32 array of `shape` (a tuple literal).
+pub fn f4_header(shape: &str) -> String {
+    format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}")
+}

@@ -1,0 +1,445 @@
+//! `.npy` float32 matrices (the input of `repack quantize`), read from bytes with every size
+//! checked against the bytes present before anything is allocated.
+//!
+//! Why not `ndarray_npy::read_npy` directly: it parses the header, then allocates the declared
+//! shape (`vec![0.0; rows * cols]`) before reading any data, so a header declaring
+//! (2**40, 2**20) over 16 bytes of data aborts the process on the failed allocation. A bounded
+//! reader would not help, since the allocation comes from the header, not from the bytes read.
+//! Its header reader likewise allocates the declared header length (up to 4 GiB in versions 2
+//! and 3) before reading it. So this module reads the preamble itself and checks the header
+//! length against the bytes present, lets ndarray-npy parse the header (a Python dict literal),
+//! checks the dtype, the order and the rank, requires the data to be exactly
+//! `rows * cols * 4` bytes, and only then decodes them. Each refusal says what the file holds
+//! and what is needed.
+
+use std::path::Path;
+
+use ndarray::Array2;
+use ndarray_npy::npy::header::{Header, ParseHeaderError, ReadHeaderError};
+use thiserror::Error;
+
+use crate::error::{Error, Result};
+use crate::input::read_input;
+
+/// The first bytes of every `.npy` file.
+pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
+
+/// The longest header accepted, in bytes. numpy's own reader refuses longer ones unless told to
+/// trust the file (`max_header_size` in `numpy.lib.format`, since numpy 1.24); a float32
+/// matrix's header is under 128 bytes.
+pub const MAX_HEADER_LEN: usize = 10_000;
+
+/// The deepest bracket nesting accepted in a header. A float32 matrix's header nests 2 deep (the
+/// dict, the shape tuple); the parser behind ndarray-npy recurses once per level, so a header of
+/// thousands of `[` is refused here instead of being left to its stack guard.
+pub const MAX_HEADER_NESTING: usize = 8;
+
+/// Why bytes are not a 2-D float32 matrix in `.npy` format.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum NpyError {
+    #[error(
+        "{found} bytes; a .npy file starts with the 6-byte magic string \\x93NUMPY, a 2-byte \
+         version and the header's length"
+    )]
+    TooShort { found: usize },
+
+    #[error("it does not start with the .npy magic string \\x93NUMPY (it starts {found:02x?})")]
+    NotNpy { found: Vec<u8> },
+
+    #[error(".npy format version {major}.{minor}; this reader knows versions 1.0, 2.0 and 3.0")]
+    UnsupportedVersion { major: u8, minor: u8 },
+
+    #[error("its header declares {declared} bytes, but only {available} bytes follow the preamble")]
+    HeaderPastEnd { declared: usize, available: usize },
+
+    #[error(
+        "its header declares {declared} bytes; headers over {limit} are refused, as numpy itself \
+         refuses them (a float32 matrix's header is under 128 bytes)"
+    )]
+    HeaderTooLong { declared: usize, limit: usize },
+
+    #[error(
+        "its header nests brackets {depth} deep; a float32 matrix's header nests 2 deep, and \
+         more than {limit} is refused"
+    )]
+    HeaderTooDeep { depth: usize, limit: usize },
+
+    #[error("its header is not the dictionary numpy writes: {why}")]
+    Header { why: String },
+
+    #[error("{}; quantize needs a 2-D float32 matrix (rows x cols)", describe_shape(.shape))]
+    NotAMatrix { shape: Vec<usize> },
+
+    #[error("its elements are {found} ({}); quantize needs float32 ('<f4')", dtype_name(.found))]
+    WrongDtype { found: String },
+
+    #[error(
+        "a {rows} x {cols} matrix in Fortran (column-major) order; quantize needs C (row-major) \
+         order: save np.ascontiguousarray(x)"
+    )]
+    FortranOrder { rows: usize, cols: usize },
+
+    #[error(
+        "its header declares a {rows} x {cols} float32 matrix, whose size in bytes does not fit \
+         in {} bits",
+        usize::BITS
+    )]
+    SizeOverflow { rows: usize, cols: usize },
+
+    #[error(
+        "its header declares a {rows} x {cols} float32 matrix ({expected} bytes of data), but \
+         {found} bytes follow the header"
+    )]
+    DataLength {
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        found: usize,
+    },
+}
+
+/// Reads the 2-D float32 matrix in the `.npy` file at `path` (a thin wrapper over
+/// [`parse_npy_matrix`]).
+pub fn read_npy_matrix(path: &Path) -> Result<Array2<f32>> {
+    let bytes = read_input(path)?;
+    parse_npy_matrix(&bytes).map_err(|source| Error::Npy {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The 2-D float32 matrix (little- or big-endian, C order) that `bytes` hold in `.npy` format.
+/// Nothing is allocated from a size the bytes do not back.
+pub fn parse_npy_matrix(bytes: &[u8]) -> std::result::Result<Array2<f32>, NpyError> {
+    let (header, data) = split_header(bytes)?;
+    let little_endian = match header.type_descriptor.as_string().map(String::as_str) {
+        Some("<f4") => true,
+        Some(">f4") => false,
+        _ => {
+            return Err(NpyError::WrongDtype {
+                found: shortened(&header.type_descriptor.to_string(), 60),
+            });
+        }
+    };
+    let [rows, cols] =
+        <[usize; 2]>::try_from(header.shape.as_slice()).map_err(|_| NpyError::NotAMatrix {
+            shape: header.shape.clone(),
+        })?;
+    if header.layout.is_fortran() {
+        return Err(NpyError::FortranOrder { rows, cols });
+    }
+    let expected = rows
+        .checked_mul(cols)
+        .and_then(|count| count.checked_mul(4))
+        .ok_or(NpyError::SizeOverflow { rows, cols })?;
+    if data.len() != expected {
+        return Err(NpyError::DataLength {
+            rows,
+            cols,
+            expected,
+            found: data.len(),
+        });
+    }
+    let values = data
+        .chunks_exact(4)
+        .map(|b| {
+            let b = [b[0], b[1], b[2], b[3]];
+            if little_endian {
+                f32::from_le_bytes(b)
+            } else {
+                f32::from_be_bytes(b)
+            }
+        })
+        .collect();
+    // The length was checked against rows * cols just above.
+    Ok(Array2::from_shape_vec((rows, cols), values).expect("rows * cols values"))
+}
+
+/// The parsed header and the bytes after it, with the header's length checked against the bytes
+/// present before ndarray-npy reads (and allocates) it.
+fn split_header(bytes: &[u8]) -> std::result::Result<(Header, &[u8]), NpyError> {
+    let preamble = |len: usize| {
+        bytes
+            .get(..len)
+            .ok_or(NpyError::TooShort { found: bytes.len() })
+    };
+    let start = preamble(8)?;
+    if &start[..6] != MAGIC {
+        return Err(NpyError::NotNpy {
+            found: start[..6].to_vec(),
+        });
+    }
+    let (major, minor) = (start[6], start[7]);
+    // Version 1.0 stores the header length in 2 bytes, 2.0 and 3.0 in 4.
+    let (declared, header_start) = match (major, minor) {
+        (1, 0) => {
+            let len = preamble(10)?;
+            (usize::from(u16::from_le_bytes([len[8], len[9]])), 10)
+        }
+        (2 | 3, 0) => {
+            let len = preamble(12)?;
+            let declared = u32::from_le_bytes([len[8], len[9], len[10], len[11]]);
+            // A u32 that does not fit in usize cannot fit in the bytes present either.
+            (usize::try_from(declared).unwrap_or(usize::MAX), 12)
+        }
+        _ => return Err(NpyError::UnsupportedVersion { major, minor }),
+    };
+    let available = bytes.len() - header_start;
+    if declared > available {
+        return Err(NpyError::HeaderPastEnd {
+            declared,
+            available,
+        });
+    }
+    if declared > MAX_HEADER_LEN {
+        return Err(NpyError::HeaderTooLong {
+            declared,
+            limit: MAX_HEADER_LEN,
+        });
+    }
+    let header_end = header_start + declared;
+    let depth = nesting_depth(&bytes[header_start..header_end]);
+    if depth > MAX_HEADER_NESTING {
+        return Err(NpyError::HeaderTooDeep {
+            depth,
+            limit: MAX_HEADER_NESTING,
+        });
+    }
+    let header = Header::from_reader(&mut &bytes[..header_end]).map_err(header_error)?;
+    Ok((header, &bytes[header_end..]))
+}
+
+/// The deepest nesting of brackets of any kind (quotes are not special: a float32 matrix's
+/// header has no brackets inside its strings, so this can only overcount for other headers).
+fn nesting_depth(header: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    for &byte in header {
+        match byte {
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+fn header_error(err: ReadHeaderError) -> NpyError {
+    let why = match err {
+        // The parser's own message quotes the whole header line with a caret under it.
+        ReadHeaderError::Parse(ParseHeaderError::DictParse(_)) => {
+            "it is not a Python literal".to_string()
+        }
+        other => shortened(&other.to_string(), 120),
+    };
+    NpyError::Header { why }
+}
+
+/// At most `max` characters, with an ellipsis when cut (a header's values can be long).
+fn shortened(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        text.to_string()
+    } else {
+        let cut: String = text.chars().take(max.saturating_sub(3)).collect();
+        format!("{cut}...")
+    }
+}
+
+/// "a 1-D array of 12 values", "a 3-D array of shape (2, 3, 4)", "a 0-D array (one value)".
+fn describe_shape(shape: &[usize]) -> String {
+    match shape {
+        [] => "a 0-D array (one value)".to_string(),
+        [n] => format!("a 1-D array of {n} values"),
+        dims => {
+            let dims: Vec<String> = dims.iter().map(usize::to_string).collect();
+            format!(
+                "a {}-D array of shape ({})",
+                shape.len(),
+                shortened(&dims.join(", "), 80)
+            )
+        }
+    }
+}
+
+/// numpy's name for a dtype descriptor, for the common ones.
+fn dtype_name(descr: &str) -> &'static str {
+    let code = descr
+        .trim_matches('\'')
+        .trim_start_matches(['<', '>', '|', '=']);
+    match code {
+        "f2" => "float16",
+        "f8" => "float64",
+        "f16" => "float128",
+        "i1" => "int8",
+        "i2" => "int16",
+        "i4" => "int32",
+        "i8" => "int64",
+        "u1" => "uint8",
+        "u2" => "uint16",
+        "u4" => "uint32",
+        "u8" => "uint64",
+        "b1" => "bool",
+        "c8" => "complex64",
+        "c16" => "complex128",
+        "f4" => "float32, in a byte order this reader does not know",
+        _ => "not a plain number type",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+    use ndarray_npy::WriteNpyExt;
+
+    /// A version 1.0 file with `header` (a dict literal), padded as numpy pads it.
+    fn npy(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut text = header.as_bytes().to_vec();
+        let total = 10 + text.len() + 1;
+        text.resize(text.len() + (64 - total % 64) % 64, b' ');
+        text.push(b'\n');
+        let mut out = MAGIC.to_vec();
+        out.extend([1, 0]);
+        out.extend(u16::try_from(text.len()).unwrap().to_le_bytes());
+        out.extend(text);
+        out.extend(data);
+        out
+    }
+
+    fn f4_header(shape: &str) -> String {
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}")
+    }
+
+    #[test]
+    fn reads_what_ndarray_npy_writes() {
+        let x = array![[1.0f32, -2.5, 3.0], [0.0, f32::MIN_POSITIVE, 7.0]];
+        let mut bytes = Vec::new();
+        x.write_npy(&mut bytes).unwrap();
+        assert_eq!(parse_npy_matrix(&bytes).unwrap(), x);
+    }
+
+    #[test]
+    fn reads_big_endian_float32() {
+        let data: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_be_bytes())
+            .collect();
+        let bytes = npy(
+            "{'descr': '>f4', 'fortran_order': False, 'shape': (1, 2), }",
+            &data,
+        );
+        assert_eq!(parse_npy_matrix(&bytes).unwrap(), array![[1.5f32, -2.0]]);
+    }
+
+    #[test]
+    fn a_huge_declared_shape_over_16_bytes_is_refused_before_allocating() {
+        let shape = format!("({}, {})", 1u64 << 40, 1u64 << 20);
+        let err = parse_npy_matrix(&npy(&f4_header(&shape), &[0; 16])).unwrap_err();
+        assert_eq!(
+            err,
+            NpyError::DataLength {
+                rows: 1 << 40,
+                cols: 1 << 20,
+                expected: 1 << 62,
+                found: 16
+            }
+        );
+    }
+
+    #[test]
+    fn a_shape_whose_byte_count_overflows_is_refused() {
+        let shape = format!("({}, {})", usize::MAX, 2);
+        let err = parse_npy_matrix(&npy(&f4_header(&shape), &[])).unwrap_err();
+        assert_eq!(
+            err,
+            NpyError::SizeOverflow {
+                rows: usize::MAX,
+                cols: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_vector_is_refused_naming_its_length() {
+        let err = parse_npy_matrix(&npy(&f4_header("(12,)"), &[0; 48])).unwrap_err();
+        assert_eq!(err, NpyError::NotAMatrix { shape: vec![12] });
+        assert!(
+            err.to_string().contains("a 1-D array of 12 values"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn float64_is_refused_naming_the_dtype() {
+        let header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 2), }";
+        let err = parse_npy_matrix(&npy(header, &[0; 32])).unwrap_err();
+        assert!(matches!(&err, NpyError::WrongDtype { found } if found.contains("<f8")));
+        assert!(err.to_string().contains("float64"), "{err}");
+    }
+
+    #[test]
+    fn fortran_order_is_refused() {
+        let header = "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }";
+        let err = parse_npy_matrix(&npy(header, &[0; 24])).unwrap_err();
+        assert_eq!(err, NpyError::FortranOrder { rows: 2, cols: 3 });
+    }
+
+    #[test]
+    fn a_header_length_past_the_end_is_refused_before_reading_it() {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend([2, 0]);
+        bytes.extend(u32::MAX.to_le_bytes());
+        bytes.extend(b"{}");
+        let err = parse_npy_matrix(&bytes).unwrap_err();
+        assert_eq!(
+            err,
+            NpyError::HeaderPastEnd {
+                declared: u32::MAX as usize,
+                available: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_deeply_nested_header_is_refused_before_parsing() {
+        let header = format!(
+            "{{'descr': {}{}, 'fortran_order': False, 'shape': (2, 2), }}",
+            "[".repeat(3000),
+            "]".repeat(3000)
+        );
+        let err = parse_npy_matrix(&npy(&header, &[0; 16])).unwrap_err();
+        assert_eq!(
+            err,
+            NpyError::HeaderTooDeep {
+                depth: 3001,
+                limit: MAX_HEADER_NESTING
+            }
+        );
+    }
+
+    #[test]
+    fn an_unparsable_header_is_not_quoted_whole() {
+        let header = format!("{{'descr': '<f4', {}", "x".repeat(5000));
+        let err = parse_npy_matrix(&npy(&header, &[])).unwrap_err();
+        assert!(matches!(err, NpyError::Header { .. }), "{err:?}");
+        assert!(err.to_string().len() < 200, "{err}");
+    }
+
+    #[test]
+    fn short_or_foreign_bytes_are_refused() {
+        assert_eq!(
+            parse_npy_matrix(b"\x93NUM").unwrap_err(),
+            NpyError::TooShort { found: 4 }
+        );
+        assert!(matches!(
+            parse_npy_matrix(b"PK\x03\x04 not npy").unwrap_err(),
+            NpyError::NotNpy { .. }
+        ));
+        assert_eq!(
+            parse_npy_matrix(b"\x93NUMPY\x04\x00\x00\x00").unwrap_err(),
+            NpyError::UnsupportedVersion { major: 4, minor: 0 }
+        );
+    }
+}
