@@ -151,7 +151,7 @@ pub fn decode(
 fn decode_gguf<B: GgufBlock>(bytes: &[u8], cols: usize) -> Result<(Array2<f32>, Cost)> {
     let blocks = gguf::from_bytes::<B>(bytes)?;
     let count = blocks.len() * 32;
-    if cols == 0 || cols % 32 != 0 || count % cols != 0 {
+    if cols == 0 || !cols.is_multiple_of(32) || count % cols != 0 {
         return Err(FormatError::NotAligned {
             format: B::NAME,
             what: "--cols (rows are whole blocks of 32, and the file whole rows)",

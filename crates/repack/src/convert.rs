@@ -277,15 +277,15 @@ fn check_metadata(
         flag,
         why,
     };
-    if let Some((key, declared)) = layer_io::declared_format(metadata)? {
-        if declared != request.from {
-            return Err(conflict(
-                &key,
-                declared.to_string(),
-                format!("--from {}", request.from),
-                "reading one layout or zero-point convention as another shifts or scrambles every weight",
-            ));
-        }
+    if let Some((key, declared)) = layer_io::declared_format(metadata)?
+        && declared != request.from
+    {
+        return Err(conflict(
+            &key,
+            declared.to_string(),
+            format!("--from {}", request.from),
+            "reading one layout or zero-point convention as another shifts or scrambles every weight",
+        ));
     }
     // AutoGPTQ writes group_size -1 for one group spanning K; the shapes check that one instead.
     let one_group = metadata.get("group_size").map(|g| g.trim()) == Some("-1");
@@ -294,27 +294,26 @@ fn check_metadata(
     } else {
         layer_io::metadata_number(metadata, "group_size")?
     };
-    if let Some(group_size) = recorded {
-        if group_size != request.group_size {
-            return Err(conflict(
-                "group_size",
-                group_size.to_string(),
-                format!("--group-size {}", request.group_size),
-                "changing the group size would need requantization",
-            ));
-        }
+    if let Some(group_size) = recorded
+        && group_size != request.group_size
+    {
+        return Err(conflict(
+            "group_size",
+            group_size.to_string(),
+            format!("--group-size {}", request.group_size),
+            "changing the group size would need requantization",
+        ));
     }
     if let (Some(bits), Some(requested)) =
         (layer_io::metadata_number(metadata, "bits")?, request.bits)
+        && bits != requested as usize
     {
-        if bits != requested as usize {
-            return Err(conflict(
-                "bits",
-                bits.to_string(),
-                format!("--bits {requested}"),
-                "the codes cannot be read at another width",
-            ));
-        }
+        return Err(conflict(
+            "bits",
+            bits.to_string(),
+            format!("--bits {requested}"),
+            "the codes cannot be read at another width",
+        ));
     }
     Ok(())
 }
@@ -337,10 +336,10 @@ fn output_metadata(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    if let Some(first) = layers.first() {
-        if layers.iter().all(|l| l.bits == first.bits) {
-            metadata.insert("bits".into(), first.bits.to_string());
-        }
+    if let Some(first) = layers.first()
+        && layers.iter().all(|l| l.bits == first.bits)
+    {
+        metadata.insert("bits".into(), first.bits.to_string());
     }
     metadata
 }
