@@ -16,7 +16,8 @@ fixtures() {
     repack_npy) echo crates/repack/tests/data/formats/inputs ;;
     repack_checkpoint) echo crates/repack/tests/data/formats/library ;;
     repack_inspect) echo crates/repack/tests/data/formats ;; # all of it: libFuzzer reads directories recursively
-    runner_protocol) echo experiments/packed-kv experiments/widths-and-modes ;;
+    runner_protocol | audit_protocol) echo experiments/packed-kv experiments/widths-and-modes ;;
+    audit_npz) echo crates/audit/tests/data/npz ;;
   esac
 }
 
