@@ -370,10 +370,8 @@ pub fn audit_pins(root_manifest: &Path, tree: &Path) -> Vec<Report> {
     if root.evidence.is_empty() {
         pins.fail(Problem::Pin("it pins no evidence".into()));
     }
-    let base = root_manifest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    // Relative to the root manifest's directory (the current one for a bare `manifest.json`).
+    let base = root_manifest.parent().unwrap_or(Path::new(""));
     let mut reports = Vec::new();
     for (dir, pinned) in &root.evidence {
         let path = match files::confined_path(base, dir) {
