@@ -121,7 +121,7 @@ pub fn audit_dir(dir: &Path, tree: &Path) -> Report {
     let outputs = read_outputs(&dir, &manifest, &mut report);
     sources::check(&tree, &manifest, &mut report);
     check_manifest_fields(&tree, &manifest, &mut report);
-    check_contents(&manifest, &outputs, &mut report);
+    check_contents(&manifest, outputs, &mut report);
     report
 }
 
@@ -246,7 +246,7 @@ fn check_manifest_fields(tree: &Path, manifest: &Manifest, report: &mut Report) 
 /// Everything inside the files: results, arrays, summary, markdown, chart, timings.
 fn check_contents(
     manifest: &Manifest,
-    outputs: &BTreeMap<&'static str, Vec<u8>>,
+    mut outputs: BTreeMap<&'static str, Vec<u8>>,
     report: &mut Report,
 ) {
     let p = &manifest.protocol;
@@ -254,6 +254,8 @@ fn check_contents(
     let comparisons = plan::comparisons(p, &inputs);
     let configs = plan::configs(p);
     let labels: Vec<String> = configs.iter().map(|c| c.label()).collect();
+    // The archive is the largest file (up to 4 GiB): moved into the reader, never copied.
+    let archive_bytes = outputs.remove("arrays.npz");
     let parsed = |name: &'static str| outputs.get(name).map(|bytes| (name, bytes));
 
     let rows =
@@ -265,8 +267,8 @@ fn check_contents(
             }
             None => BTreeMap::new(),
         };
-    let recomputed = match outputs.get("arrays.npz") {
-        Some(bytes) => match npz::Archive::new(bytes.clone()) {
+    let recomputed = match archive_bytes {
+        Some(bytes) => match npz::Archive::new(bytes) {
             Ok(archive) => {
                 report.count(Checked::ArchiveMembers, archive.names().len());
                 comparisons::check(p, &inputs, &comparisons, &rows, &archive, report)

@@ -44,6 +44,68 @@ pub const MAX_MATRIX_ELEMENTS: usize = 1 << 27;
 /// line of timings.json.
 pub const MAX_TIMED_CALLS: usize = 1_000_000;
 
+/// Largest protocol file the runner reads (a protocol is a few hundred bytes).
+pub const MAX_PROTOCOL_FILE_BYTES: u64 = 1 << 20;
+
+/// Why a protocol file could not be read (before it is parsed).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ProtocolFileError {
+    /// Not a regular file: a directory, device or FIFO (which could block or never end).
+    #[error("protocol {} is not a regular file", path.display())]
+    NotAFile {
+        /// The path given.
+        path: std::path::PathBuf,
+    },
+    /// Larger than [`MAX_PROTOCOL_FILE_BYTES`].
+    #[error("protocol {} holds more than {MAX_PROTOCOL_FILE_BYTES} bytes", path.display())]
+    TooLarge {
+        /// The path given.
+        path: std::path::PathBuf,
+    },
+    /// Unreadable, or not UTF-8.
+    #[error("reading protocol {}", path.display())]
+    Io {
+        /// The path given.
+        path: std::path::PathBuf,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Reads a protocol file's text: a regular file (checked before opening, so a FIFO cannot block
+/// the runner, and again once open) of at most [`MAX_PROTOCOL_FILE_BYTES`].
+pub fn read_protocol_file(path: &std::path::Path) -> Result<String, ProtocolFileError> {
+    use std::io::Read;
+    let io = |source| ProtocolFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let not_a_file = || ProtocolFileError::NotAFile {
+        path: path.to_path_buf(),
+    };
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(not_a_file());
+    }
+    let file = std::fs::File::open(path).map_err(io)?;
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(ProtocolFileError::NotAFile {
+            path: path.to_path_buf(),
+        });
+    }
+    let mut text = String::new();
+    file.take(MAX_PROTOCOL_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(io)?;
+    if text.len() as u64 > MAX_PROTOCOL_FILE_BYTES {
+        return Err(ProtocolFileError::TooLarge {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(text)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum ProtocolError {
     #[error("protocol field `{field}`: {message}")]

@@ -306,3 +306,26 @@ fn group_sizes_that_used_to_crash_the_runner_are_refused_by_field() {
         assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
     }
 }
+
+#[test]
+fn a_protocol_that_is_not_a_small_regular_file_is_refused_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let big = tmp.path().join("big.json");
+    std::fs::write(
+        &big,
+        vec![b' '; (runner::protocol::MAX_PROTOCOL_FILE_BYTES + 1) as usize],
+    )
+    .unwrap();
+    for (protocol, needle) in [
+        ("/dev/zero", "is not a regular file"),
+        (tmp.path().to_str().unwrap(), "is not a regular file"),
+        (big.to_str().unwrap(), "holds more than"),
+    ] {
+        let result = runner(&["--out", out.to_str().unwrap(), "--protocol", protocol]);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert_eq!(result.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(needle), "{stderr}");
+        assert!(!out.exists());
+    }
+}

@@ -420,7 +420,8 @@ fn forge_downstream(dir: &Path, id: &str) {
 fn reads_are_confined_to_regular_files_in_the_directory() {
     let (_tmp, dir) = small_copy();
     edit_json(&dir, "manifest.json", |m| {
-        m["outputs"]["../../etc/passwd"] = "0".into()
+        m["outputs"]["../../etc/passwd"] = "0".into();
+        m["outputs"]["/dev/zero"] = "0".into();
     });
     std::fs::remove_file(dir.join("arrays.npz")).unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.join("arrays.npz")).unwrap();
@@ -434,6 +435,11 @@ fn reads_are_confined_to_regular_files_in_the_directory() {
         &report,
         "outside path",
         |p| matches!(p, Problem::UnexpectedListing { name } if name == "../../etc/passwd"),
+    );
+    assert_problem(
+        &report,
+        "absolute path",
+        |p| matches!(p, Problem::UnexpectedListing { name } if name == "/dev/zero"),
     );
     assert_problem(&report, "link", |p| {
         matches!(p, Problem::File(FileError::Symlink { .. }))
@@ -512,4 +518,34 @@ fn huge_declared_sizes_fail_without_allocating() {
     assert_problem(&audit(&dir), "budget protocol", |p| {
         matches!(p, Problem::Protocol(_))
     });
+}
+
+/// The root-manifest flow: a forged directory re-pinned with `runner pin` passes the pin hashes
+/// but fails its own audit.
+#[test]
+fn re_pinning_a_forged_directory_does_not_make_it_pass() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("evidence/small");
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(crate::support::small_run()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    edit_arrays(&dir, |arrays| {
+        array(arrays, "s5_n40_clean_k").f32()[[0, 0]] = 0.0;
+    });
+    rehash(&dir);
+    let root = tmp.path().join("manifest.json");
+    runner::pin::pin(&root, &[Path::new("evidence/small").to_path_buf()]).unwrap();
+    let reports = audit::audit_pins(&root, &workspace());
+    assert!(reports[0].passed(), "{}", reports[0].render());
+    assert!(!reports[1].passed());
+    assert!(
+        reports[1]
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::Input { array, first: [0, 0], .. } if array == "s5_n40_clean_k")),
+        "{}",
+        reports[1].render()
+    );
 }
