@@ -241,6 +241,23 @@ struct Cursor<'a> {
 }
 
 impl Cursor<'_> {
+    /// The fields a local header and a central entry share, from "version needed" to the
+    /// sizes, with the header's offset and an empty name (read later).
+    fn shared_fields(&mut self, offset: usize) -> Header {
+        Header {
+            offset,
+            version: self.u16(),
+            flags: self.u16(),
+            method: self.u16(),
+            time: self.u16(),
+            date: self.u16(),
+            crc: self.u32(),
+            compressed: self.u32(),
+            size: self.u32(),
+            name: Vec::new(),
+        }
+    }
+
     fn u16(&mut self) -> u16 {
         let v = u16::from_le_bytes([self.bytes[self.at], self.bytes[self.at + 1]]);
         self.at += 2;
@@ -339,8 +356,9 @@ fn walk_local_headers(bytes: &[u8], directory: usize) -> Result<Vec<Header>, Zip
             });
         }
         let mut c = Cursor { bytes, at: at + 4 };
-        let (version, flags, method, time, date) = (c.u16(), c.u16(), c.u16(), c.u16(), c.u16());
-        let (crc, compressed, size) = (c.u32(), c.u32(), c.u32());
+        let mut header = c.shared_fields(at);
+        let (version, flags, method) = (header.version, header.flags, header.method);
+        let (compressed, size) = (header.compressed, header.size);
         let (name_len, extra_len) = (c.u16() as usize, c.u16() as usize);
         let name_end = c.at + name_len;
         if name_end > directory {
@@ -380,18 +398,8 @@ fn walk_local_headers(bytes: &[u8], directory: usize) -> Result<Vec<Header>, Zip
                 limit: directory,
             });
         }
-        headers.push(Header {
-            offset: at,
-            version,
-            flags,
-            method,
-            time,
-            date,
-            crc,
-            compressed,
-            size,
-            name,
-        });
+        header.name = name;
+        headers.push(header);
         at = data_end;
     }
     Ok(headers)
@@ -423,8 +431,8 @@ fn walk_central_directory(
             return Err(ZipError::DirectorySignature { index });
         }
         let _made_by = c.u16();
-        let (version, flags, method, time, date) = (c.u16(), c.u16(), c.u16(), c.u16(), c.u16());
-        let (crc, compressed, size) = (c.u32(), c.u32(), c.u32());
+        let mut header = c.shared_fields(0);
+        let (compressed, size) = (header.compressed, header.size);
         let (name_len, extra_len, comment_len) =
             (c.u16() as usize, c.u16() as usize, c.u16() as usize);
         let (disk_start, _internal, _external) = (c.u16(), c.u16(), c.u32());
@@ -449,18 +457,9 @@ fn walk_central_directory(
         if disk_start != 0 {
             return Err(ZipError::Disk);
         }
-        headers.push(Header {
-            offset: offset as usize,
-            version,
-            flags,
-            method,
-            time,
-            date,
-            crc,
-            compressed,
-            size,
-            name,
-        });
+        header.offset = offset as usize;
+        header.name = name;
+        headers.push(header);
         at = name_end;
     }
     if at != directory.end {
