@@ -18,8 +18,10 @@ const SOURCE_ROOTS: &[&str] = &[
     "Cargo.toml",
     "Cargo.lock",
     "experiments",
-    "crates/codec/Cargo.toml",
-    "crates/codec/src",
+    "crates/bitpack/Cargo.toml",
+    "crates/bitpack/src",
+    "crates/kvcodec/Cargo.toml",
+    "crates/kvcodec/src",
     "crates/nprand/Cargo.toml",
     "crates/nprand/src",
     "crates/runner/Cargo.toml",
@@ -29,7 +31,8 @@ const SOURCE_ROOTS: &[&str] = &[
 
 /// Crates whose versions the manifest records.
 const RECORDED_CRATES: &[&str] = &[
-    "codec",
+    "bitpack",
+    "kvcodec",
     "nprand",
     "runner",
     "ndarray",

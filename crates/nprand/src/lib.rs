@@ -21,6 +21,8 @@
 //! with NumPy 2.4.6 on Linux/glibc. See [`ziggurat`] for why a libm other than
 //! glibc's might, rarely, differ in the last bit.
 
+#![warn(missing_docs)]
+
 pub mod entropy;
 pub mod pcg64;
 pub mod seed_sequence;

@@ -12,12 +12,12 @@
 
 use std::path::Path;
 
-use codec::bpw::Cost;
-use codec::formats::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
-use codec::formats::nf4::{self, Nf4Tensor};
-use codec::formats::{FormatError, WeightFormat};
 use ndarray::{Array2, ArrayView2};
 use ndarray_npy::WriteNpyExt;
+use weights::bpw::Cost;
+use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
+use weights::nf4::{self, Nf4Tensor};
+use weights::{FormatError, WeightFormat};
 
 use crate::checkpoint::write_new_file;
 use crate::error::{Error, Result};

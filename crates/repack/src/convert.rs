@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
-use codec::bpw::Cost;
-use codec::formats::{FormatError, WeightFormat};
-use codec::repack;
+use weights::bpw::Cost;
+use weights::transcode;
+use weights::{FormatError, WeightFormat};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -145,7 +145,7 @@ pub fn convert_checkpoint(
             &layer.prefix,
             packed.logical_shape()[0],
         )?;
-        let repacked = repack::repack_recorded(&packed, recorded.as_deref(), request.to)
+        let repacked = transcode::transcode_recorded(&packed, recorded.as_deref(), request.to)
             .map_err(Error::in_layer(&layer.prefix))?;
         let stored_shape = layer_io::stored_shape(&repacked.layer);
         let logical_shape = repacked.layer.logical_shape();
@@ -414,7 +414,7 @@ impl fmt::Display for Conversion {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use codec::repack::RepackError;
+    use weights::transcode::TranscodeError;
 
     #[test]
     fn refuses_nf4_sources_with_the_requantization_explanation() {
@@ -468,7 +468,7 @@ mod tests {
 
     #[test]
     fn layer_error_unwraps_to_the_codec_message() {
-        let err = Error::in_layer("proj")(RepackError::UnsupportedTarget(WeightFormat::Nf4));
+        let err = Error::in_layer("proj")(TranscodeError::UnsupportedTarget(WeightFormat::Nf4));
         assert!(
             err.to_string()
                 .starts_with("layer \"proj\": repack writes gptq")

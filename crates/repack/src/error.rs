@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use codec::formats::{FormatError, WeightFormat};
-use codec::repack::RepackError;
 use thiserror::Error;
+use weights::transcode::TranscodeError;
+use weights::{FormatError, WeightFormat};
 
 use crate::checkpoint::CheckpointError;
 use crate::layer_io::DeclaredBits;
@@ -91,7 +91,7 @@ pub enum Error {
     Layer {
         layer: String,
         #[source]
-        source: Box<RepackError>,
+        source: Box<TranscodeError>,
     },
 
     #[error(
@@ -186,7 +186,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn in_layer(layer: &str) -> impl FnOnce(RepackError) -> Error + '_ {
+    pub(crate) fn in_layer(layer: &str) -> impl FnOnce(TranscodeError) -> Error + '_ {
         move |source| Error::Layer {
             layer: layer.to_string(),
             source: Box::new(source),

@@ -6,10 +6,10 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use codec::bpw::Cost;
-use codec::formats::WeightFormat;
-use codec::formats::nf4::{NF4_LEVELS, Nf4Tensor};
 use serde::Deserialize;
+use weights::WeightFormat;
+use weights::bpw::Cost;
+use weights::nf4::{NF4_LEVELS, Nf4Tensor};
 
 use crate::checkpoint::{Checkpoint, Tensor};
 use crate::error::{Error, Result};

@@ -15,11 +15,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use codec::formats::WeightFormat;
-use codec::formats::awq::AwqLayer;
-use codec::formats::gptq::{GPTQ_BITS, GptqLayer, ZeroConvention};
-use codec::formats::logical::check_permutation;
-use codec::repack::PackedLayer;
+use weights::WeightFormat;
+use weights::awq::AwqLayer;
+use weights::gptq::{GPTQ_BITS, GptqLayer, ZeroConvention};
+use weights::logical::check_permutation;
+use weights::transcode::PackedLayer;
 
 use crate::checkpoint::Tensor;
 use crate::error::{Error, Result};
@@ -271,7 +271,7 @@ fn read_awq(
             ),
         });
     }
-    if let Some(declared) = declared.filter(|d| d.bits() != codec::formats::awq::AWQ_BITS) {
+    if let Some(declared) = declared.filter(|d| d.bits() != weights::awq::AWQ_BITS) {
         return Err(Error::BitsConflict {
             layer: layer.prefix.clone(),
             declared,

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use codec::formats::WeightFormat;
-use codec::formats::nf4::DEFAULT_BLOCK_SIZE;
+use weights::WeightFormat;
+use weights::nf4::DEFAULT_BLOCK_SIZE;
 
 use repack::blockfile::{self, BlockFileReport};
 use repack::convert::{self, ConvertRequest};
@@ -63,6 +63,8 @@ enum Command {
         /// Output (.bin): GGUF block bytes, or NF4 codes followed by f32 absmax; must not exist.
         output: PathBuf,
     },
+    /// Effective bits per weight of a storage layout (codes and metadata), or the worked example.
+    Bpw(repack::bpw_cmd::BpwArgs),
     /// Dequantize a block file back to a float32 matrix (.npy).
     Dequantize {
         /// q4_0, q8_0 or nf4.
@@ -83,7 +85,7 @@ enum Command {
 
 fn parse_format(name: &str) -> std::result::Result<WeightFormat, String> {
     name.parse()
-        .map_err(|err: codec::formats::UnknownFormat| err.to_string())
+        .map_err(|err: weights::UnknownFormat| err.to_string())
 }
 
 fn main() {
@@ -96,6 +98,13 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Bpw(args) => {
+            // A closed pipe (`repack bpw | head`) is not an error worth a panic.
+            let _ = std::io::Write::write_all(
+                &mut std::io::stdout().lock(),
+                repack::bpw_cmd::run(&args)?.as_bytes(),
+            );
+        }
         Command::Convert {
             from,
             to,

@@ -1,7 +1,7 @@
 //! How costs are printed: effective bits per weight = stored bytes * 8 / logical weights, with
 //! code and metadata apart, and the byte counts they come from.
 
-use codec::bpw::Cost;
+use weights::bpw::Cost;
 
 /// `5.125 bits/weight = 4.000 codes + 1.125 metadata (4,096 + 1,152 bytes for 8,192 weights)`;
 /// with no weights there is no ratio to print, and the line says so instead of printing NaN.

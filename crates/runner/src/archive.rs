@@ -16,7 +16,7 @@
 //! at most [`NPY_HEADER_BYTES`], and the array's data. Plus [`ZIP_END_RECORD_BYTES`] for the end
 //! of central directory record.
 
-use crate::protocol::{Protocol, QuantMode, SegmentPlan, Storage};
+use crate::protocol::{Mode, Protocol, SegmentPlan, Storage};
 use crate::study::{K_AXIS, Plan, V_AXIS, plans};
 
 /// Most members a plain ZIP holds: its end record counts entries in 16 bits. More would need
@@ -79,11 +79,11 @@ pub fn member_count(protocol: &Protocol) -> Option<u64> {
 fn segment_members(segment: &SegmentPlan) -> u64 {
     match segment.storage {
         Storage::Quantized {
-            mode: QuantMode::Symmetric,
+            mode: Mode::Symmetric,
             ..
         } => 3,
         Storage::Quantized {
-            mode: QuantMode::Asymmetric,
+            mode: Mode::Asymmetric,
             ..
         } => 4,
         Storage::Float32 => 2,
@@ -140,7 +140,7 @@ pub fn members(protocol: &Protocol) -> Vec<Member> {
                             let groups = view.and_then(|v| v.groups());
                             push(name("scales"), groups.and_then(|g| g.checked_mul(4)));
                             push(name("shape"), Some(8));
-                            if mode == QuantMode::Asymmetric {
+                            if mode == Mode::Asymmetric {
                                 let zeros = groups.and_then(|g| g.checked_mul(bits));
                                 push(name("zeros"), zeros.map(|b| b.div_ceil(8)));
                             }
@@ -201,14 +201,14 @@ impl GroupedView {
 
 /// The grouped view of a `len`-token segment under `axis`; `None` for a zero group size.
 pub fn grouped_view(
-    axis: codec::Axis,
+    axis: kvcodec::GroupAxis,
     len: u64,
     features: u64,
     group_size: u64,
 ) -> Option<GroupedView> {
     let (rows, row_len) = match axis {
-        codec::Axis::Token => (features, len),
-        codec::Axis::Feature => (len, features),
+        kvcodec::GroupAxis::Token => (features, len),
+        kvcodec::GroupAxis::Feature => (len, features),
     };
     if group_size == 0 {
         return None;

@@ -597,7 +597,7 @@ fn add_arrays<W: Write + Seek>(npz: &mut Archive<W>, run: &StudyRun) -> Result<(
                             &name("shape"),
                             &Array1::from(packed.shape_i32().to_vec()),
                         )?;
-                        if packed.layout().mode == codec::Mode::Asymmetric {
+                        if packed.layout().mode == kvcodec::Mode::Asymmetric {
                             let zeros = packed.zero_point_bytes().to_vec();
                             npz.add(id, &name("zeros"), &Array1::from(zeros))?;
                         }

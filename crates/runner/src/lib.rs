@@ -12,11 +12,9 @@
 //! - [`evidence`]: the evidence directory;
 //! - [`manifest`]: provenance and hashes;
 //! - [`pin`]: the root manifest that pins archived evidence;
-//! - [`bpw_cmd`]: the `bpw` command (effective bits per weight, from `codec::bpw`).
 
 pub mod archive;
 pub mod attention;
-pub mod bpw_cmd;
 pub mod evidence;
 pub mod hashing;
 pub mod inputs;

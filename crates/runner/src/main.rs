@@ -49,8 +49,6 @@ enum Command {
         #[arg(long, default_value = "manifest.json")]
         manifest: PathBuf,
     },
-    /// Effective bits per weight of a storage layout (codes and metadata), or the worked example.
-    Bpw(runner::bpw_cmd::BpwArgs),
 }
 
 fn main() {
@@ -71,12 +69,6 @@ fn real_main() -> Result<()> {
             }
             text.push_str(&format!("wrote {}\n", manifest.display()));
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            Ok(())
-        }
-        Some(Command::Bpw(args)) => {
-            let _ = std::io::stdout()
-                .lock()
-                .write_all(runner::bpw_cmd::run(&args)?.as_bytes());
             Ok(())
         }
         None => run(cli.run),

@@ -290,9 +290,7 @@ fn markers(protocol: &Protocol, rows: &[ResultRow]) -> Vec<Marker> {
                 let mine: Vec<&ResultRow> = rows
                     .iter()
                     .filter(|r| {
-                        row_label(r) == label
-                            && r.distribution == distribution.name()
-                            && r.tokens == n
+                        row_label(r) == label && r.distribution == distribution && r.tokens == n
                     })
                     .collect();
                 let Some(first) = mine.first() else {

@@ -248,7 +248,7 @@ impl Policy {
         let window = window.min(tokens);
         let quantized = |bits| Storage::Quantized {
             bits,
-            mode: QuantMode::Symmetric,
+            mode: Mode::Symmetric,
         };
         let low = quantized(low_bits);
         let (early, late) = match self {
@@ -296,8 +296,8 @@ pub enum Storage {
     /// Codes at this width and mode, grouped as the tensor's axis says.
     Quantized {
         bits: u32,
-        #[serde(default, skip_serializing_if = "QuantMode::is_symmetric")]
-        mode: QuantMode,
+        #[serde(default, skip_serializing_if = "is_symmetric")]
+        mode: Mode,
     },
     /// Raw float32 values.
     Float32,
@@ -360,41 +360,24 @@ pub struct Setting {
     /// 2 to 8 symmetric, 1 to 8 asymmetric.
     pub bits: u32,
     /// Symmetric unless stated (and then not written, so symmetric records read as before).
-    #[serde(default, skip_serializing_if = "QuantMode::is_symmetric")]
-    pub mode: QuantMode,
+    #[serde(default, skip_serializing_if = "is_symmetric")]
+    pub mode: Mode,
 }
 
-/// How a group's values become codes: see `codec::symmetric` and `codec::asymmetric`.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum QuantMode {
-    /// One scale per group, codes -qmax..=qmax stored as code + qmax.
-    #[default]
-    Symmetric,
-    /// One scale and one integer zero point per group, codes 0..=2^b - 1.
-    Asymmetric,
+/// How a group's values become codes: the codec's own mode (serialized `"symmetric"` /
+/// `"asymmetric"`, left out of records when symmetric so they read as before).
+pub use kvcodec::Mode;
+
+/// Whether a mode is left out of records (serde's `skip_serializing_if`).
+pub fn is_symmetric(mode: &Mode) -> bool {
+    *mode == Mode::Symmetric
 }
 
-impl QuantMode {
-    pub fn is_symmetric(&self) -> bool {
-        *self == QuantMode::Symmetric
-    }
-
-    pub fn codec(self) -> codec::Mode {
-        match self {
-            QuantMode::Symmetric => codec::Mode::Symmetric,
-            QuantMode::Asymmetric => codec::Mode::Asymmetric,
-        }
-    }
-
-    /// Suffix of ids and labels: none for symmetric, `_asym` for asymmetric.
-    pub fn suffix(self) -> &'static str {
-        match self {
-            QuantMode::Symmetric => "",
-            QuantMode::Asymmetric => "_asym",
-        }
+/// Suffix of ids and labels: none for symmetric, `_asym` for asymmetric.
+pub fn mode_suffix(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Symmetric => "",
+        Mode::Asymmetric => "_asym",
     }
 }
 
@@ -486,7 +469,7 @@ impl Protocol {
         positive("queries", self.queries)?;
         self.validate_sizes()?;
         for (i, s) in self.settings.iter().enumerate() {
-            codec::Layout::with_mode(codec::Axis::Token, s.mode.codec(), s.bits, s.group_size)
+            kvcodec::Layout::with_mode(kvcodec::GroupAxis::Token, s.mode, s.bits, s.group_size)
                 .map_err(|e| invalid(format!("settings[{i}]"), e.to_string()))?;
         }
         self.validate_focus()?;
@@ -666,8 +649,12 @@ impl Protocol {
         };
         non_empty_unique("budget.policies", &budget.policies)?;
         positive("budget.group_size", budget.group_size)?;
-        codec::Layout::new(codec::Axis::Token, budget.low_bits, budget.group_size)
-            .map_err(|e| invalid("budget.low_bits", e.to_string()))?;
+        kvcodec::Layout::new(
+            kvcodec::GroupAxis::Token,
+            budget.low_bits,
+            budget.group_size,
+        )
+        .map_err(|e| invalid("budget.low_bits", e.to_string()))?;
         positive("budget.window", budget.window)?;
         let shortest = self.tokens.iter().copied().min().unwrap_or(0);
         if budget.window > shortest {
@@ -734,7 +721,12 @@ pub fn comparison_id(input: &InputSpec, setting: &Setting) -> String {
 impl Setting {
     /// `g8_b4`, or `g32_b2_asym` for an asymmetric setting.
     pub fn label(&self) -> String {
-        format!("g{}_b{}{}", self.group_size, self.bits, self.mode.suffix())
+        format!(
+            "g{}_b{}{}",
+            self.group_size,
+            self.bits,
+            mode_suffix(self.mode)
+        )
     }
 }
 
@@ -875,7 +867,7 @@ mod tests {
             ])
         })
         .unwrap();
-        assert_eq!(p.settings[0].mode, QuantMode::Symmetric);
+        assert_eq!(p.settings[0].mode, Mode::Symmetric);
         assert_eq!(p.settings[1].label(), "g32_b2_asym");
         // Symmetric 1-bit has no code besides zero; asymmetric 1-bit does.
         let e = err(|v| v["settings"][0]["bits"] = 1.into());
@@ -894,7 +886,7 @@ mod tests {
     fn policies_cut_the_cache_into_token_segments() {
         let q = |bits| Storage::Quantized {
             bits,
-            mode: QuantMode::Symmetric,
+            mode: Mode::Symmetric,
         };
         let plan = |p: Policy| {
             p.segments(128, 32, 4)

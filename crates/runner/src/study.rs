@@ -6,24 +6,31 @@
 //!
 //! Attention is recomputed from the decoded cache and compared with the float64 reference.
 
-use codec::{Axis, Layout, PackedTensor};
-use ndarray::{Array2, ArrayView2, Axis as NdAxis, s};
+use kvcodec::{GroupAxis, Layout, PackedTensor};
+use ndarray::{Array2, ArrayView2, Axis, s};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::{attention, max_abs, relative_l2};
 use crate::inputs::{Draw, draw, shape_keys};
 use crate::protocol::{
-    Budget, InputSpec, Policy, Protocol, QuantMode, SegmentPlan, Setting, Storage, budget_id,
-    comparison_id,
+    Budget, Distribution, InputSpec, Mode, Policy, Protocol, SegmentPlan, Setting, Storage,
+    budget_id, comparison_id,
 };
 
 /// Axis K is grouped on in every comparison.
-pub const K_AXIS: Axis = Axis::Token;
+pub const K_AXIS: GroupAxis = GroupAxis::Token;
 /// Axis V is grouped on in every comparison.
-pub const V_AXIS: Axis = Axis::Feature;
+pub const V_AXIS: GroupAxis = GroupAxis::Feature;
 
-pub const STUDY_PACKED_KV: &str = "packed_kv";
-pub const STUDY_BUDGET: &str = "budget";
+/// Which study a comparison belongs to (`"packed_kv"` or `"budget"` in results.json).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Study {
+    /// A packed-KV setting over the whole cache.
+    PackedKv,
+    /// A budget policy with the codec fixed.
+    Budget,
+}
 
 /// One input as archived: the f32 arrays and the f64 reference output.
 #[derive(Debug, Clone)]
@@ -126,7 +133,7 @@ impl Segment {
     pub fn payload_bytes(&self) -> usize {
         match &self.data {
             SegmentData::Packed(p) => p.payload_bytes(),
-            SegmentData::Float32(values) => 4 * values.len() + codec::SHAPE_BYTES,
+            SegmentData::Float32(values) => 4 * values.len() + kvcodec::SHAPE_BYTES,
         }
     }
 }
@@ -134,17 +141,17 @@ impl Segment {
 /// Stores `x` (N x D) segment by segment, quantized ones grouped along `axis`.
 pub fn encode_segments(
     x: ArrayView2<f32>,
-    axis: Axis,
+    axis: GroupAxis,
     group_size: usize,
     plan: &[SegmentPlan],
-) -> codec::Result<Vec<Segment>> {
+) -> kvcodec::Result<Vec<Segment>> {
     plan.iter()
         .map(|&segment| {
             let rows = x.slice(s![segment.start..segment.end, ..]);
             let data = match segment.storage {
                 Storage::Quantized { bits, mode } => {
-                    let layout = Layout::with_mode(axis, mode.codec(), bits, group_size)?;
-                    SegmentData::Packed(codec::encode(rows, layout)?)
+                    let layout = Layout::with_mode(axis, mode, bits, group_size)?;
+                    SegmentData::Packed(kvcodec::encode(rows, layout)?)
                 }
                 Storage::Float32 => SegmentData::Float32(rows.to_owned()),
             };
@@ -161,12 +168,12 @@ pub fn decode_segments(segments: &[Segment]) -> Array2<f64> {
     let parts: Vec<Array2<f64>> = segments
         .iter()
         .map(|segment| match &segment.data {
-            SegmentData::Packed(p) => codec::decode(p),
+            SegmentData::Packed(p) => kvcodec::decode(p),
             SegmentData::Float32(values) => values.mapv(f64::from),
         })
         .collect();
     let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
-    ndarray::concatenate(NdAxis(0), &views).expect("segments share the feature count")
+    ndarray::concatenate(Axis(0), &views).expect("segments share the feature count")
 }
 
 /// One comparison: the stored K and V and the attention output computed from them.
@@ -184,27 +191,29 @@ pub struct Comparison {
 pub struct ResultRow {
     pub id: String,
     /// `packed_kv` or `budget`.
-    pub study: String,
+    pub study: Study,
     pub input: String,
     pub seed: u64,
     pub tokens: usize,
     pub features: usize,
     pub queries: usize,
-    pub distribution: String,
+    pub distribution: Distribution,
     pub group_size: usize,
     /// The width of the whole cache (packed-KV) or of the low-precision part (budget).
     pub bits: u32,
     /// Symmetric unless stated (and then not written).
-    #[serde(default, skip_serializing_if = "QuantMode::is_symmetric")]
-    pub mode: QuantMode,
+    #[serde(default, skip_serializing_if = "crate::protocol::is_symmetric")]
+    pub mode: Mode,
     /// Budget policy; null for packed-KV rows.
-    pub policy: Option<String>,
+    pub policy: Option<Policy>,
     /// Budget window W in tokens; null for packed-KV rows.
     pub window: Option<usize>,
     /// Token segments, each stored as its own tensor for K and for V.
     pub segments: Vec<SegmentPlan>,
-    pub k_axis: String,
-    pub v_axis: String,
+    /// The axis K is grouped along (`token`).
+    pub k_axis: GroupAxis,
+    /// The axis V is grouped along (`feature`).
+    pub v_axis: GroupAxis,
     pub relative_l2: f64,
     pub max_abs: f64,
     pub k_payload_bytes: usize,
@@ -223,7 +232,7 @@ pub struct StudyRun {
 }
 
 /// Runs every comparison of the protocol. `progress` is called after each comparison.
-pub fn run(protocol: &Protocol, mut progress: impl FnMut(usize)) -> codec::Result<StudyRun> {
+pub fn run(protocol: &Protocol, mut progress: impl FnMut(usize)) -> kvcodec::Result<StudyRun> {
     let plans = plans(protocol);
     let mut inputs = Vec::new();
     let mut comparisons = Vec::new();
@@ -270,7 +279,7 @@ fn build_input(protocol: &Protocol, spec: InputSpec, base: &Draw) -> Input {
     }
 }
 
-fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> codec::Result<Comparison> {
+fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Result<Comparison> {
     let spec = input.spec;
     let segments = plan.segments(spec.tokens);
     let k = encode_segments(input.k.view(), K_AXIS, plan.group_size(), &segments)?;
@@ -283,37 +292,37 @@ fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> codec::Result<Com
     let k_payload_bytes: usize = k.iter().map(Segment::payload_bytes).sum();
     let v_payload_bytes: usize = v.iter().map(Segment::payload_bytes).sum();
     let (study, bits, mode, policy, window) = match *plan {
-        Plan::Packed(s) => (STUDY_PACKED_KV, s.bits, s.mode, None, None),
+        Plan::Packed(s) => (Study::PackedKv, s.bits, s.mode, None, None),
         Plan::Budget {
             policy,
             low_bits,
             window,
             ..
         } => (
-            STUDY_BUDGET,
+            Study::Budget,
             low_bits,
-            QuantMode::Symmetric,
-            Some(policy.to_string()),
+            Mode::Symmetric,
+            Some(policy),
             Some(window),
         ),
     };
     let row = ResultRow {
         id: plan.id(&spec),
-        study: study.into(),
+        study,
         input: input.id.clone(),
         seed: spec.seed,
         tokens: spec.tokens,
         features: protocol.features,
         queries: protocol.queries,
-        distribution: spec.distribution.to_string(),
+        distribution: spec.distribution,
         group_size: plan.group_size(),
         bits,
         mode,
         policy,
         window,
         segments,
-        k_axis: K_AXIS.to_string(),
-        v_axis: V_AXIS.to_string(),
+        k_axis: K_AXIS,
+        v_axis: V_AXIS,
         relative_l2: relative_l2(&out, &input.reference),
         max_abs: max_abs(&out, &input.reference),
         k_payload_bytes,
@@ -343,7 +352,7 @@ mod tests {
     fn segments_round_trip_and_count_their_own_bytes() {
         let x = Array2::from_shape_fn((40, 8), |(t, f)| ((t * 8 + f) as f32 * 0.37).sin());
         let plan = Policy::RecentF32.segments(40, 8, 4);
-        let segments = encode_segments(x.view(), Axis::Token, 32, &plan).unwrap();
+        let segments = encode_segments(x.view(), GroupAxis::Token, 32, &plan).unwrap();
         assert_eq!(segments.len(), 2);
         // 32 tokens x 8 features at 4 bits in one group per column, then 8 raw tokens.
         assert_eq!(segments[0].payload_bytes(), 32 * 8 / 2 + 8 * 4 + 8);

@@ -13,8 +13,8 @@ use tabled::builder::Builder;
 use tabled::settings::object::Columns;
 use tabled::settings::{Alignment, Style};
 
-use crate::protocol::{Distribution, Protocol, QuantMode};
-use crate::study::{Plan, ResultRow, STUDY_BUDGET, STUDY_PACKED_KV, float32_kv_bytes, plans};
+use crate::protocol::{Distribution, Mode, Policy, Protocol};
+use crate::study::{Plan, ResultRow, Study, float32_kv_bytes, plans};
 use crate::timing::{Operation, Timings, median};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,8 +33,8 @@ pub struct Summary {
 pub struct PackedRow {
     pub group_size: usize,
     pub bits: u32,
-    #[serde(default, skip_serializing_if = "QuantMode::is_symmetric")]
-    pub mode: QuantMode,
+    #[serde(default, skip_serializing_if = "crate::protocol::is_symmetric")]
+    pub mode: Mode,
     /// Number of clean inputs averaged.
     pub clean_inputs: usize,
     /// Mean relative L2 over the clean inputs (a fraction); null without clean inputs.
@@ -49,7 +49,7 @@ pub struct PackedRow {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BudgetRow {
-    pub policy: String,
+    pub policy: Policy,
     pub group_size: usize,
     pub low_bits: u32,
     pub window: usize,
@@ -83,10 +83,10 @@ pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timin
         .settings
         .iter()
         .map(|s| {
-            let mine = select(rows, STUDY_PACKED_KV, |r| {
+            let mine = select(rows, Study::PackedKv, |r| {
                 r.group_size == s.group_size && r.bits == s.bits && r.mode == s.mode
             });
-            let clean = mean_where(&mine, |r| r.distribution == Distribution::Clean.name());
+            let clean = mean_where(&mine, |r| r.distribution == Distribution::Clean);
             PackedRow {
                 group_size: s.group_size,
                 bits: s.bits,
@@ -101,11 +101,9 @@ pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timin
         .collect();
     let budget = protocol.budget.iter().flat_map(|b| {
         b.policies.iter().map(|policy| {
-            let mine = select(rows, STUDY_BUDGET, |r| {
-                r.policy.as_deref() == Some(policy.name())
-            });
+            let mine = select(rows, Study::Budget, |r| r.policy == Some(*policy));
             BudgetRow {
-                policy: policy.to_string(),
+                policy: *policy,
                 group_size: b.group_size,
                 low_bits: b.low_bits,
                 window: b.window,
@@ -133,7 +131,7 @@ pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timin
 
 fn select<'a>(
     rows: &'a [ResultRow],
-    study: &str,
+    study: Study,
     keep: impl Fn(&ResultRow) -> bool,
 ) -> Vec<&'a ResultRow> {
     rows.iter()
@@ -160,9 +158,7 @@ fn means_by_distribution(protocol: &Protocol, rows: &[&ResultRow]) -> BTreeMap<S
     protocol
         .distributions
         .iter()
-        .filter_map(|d| {
-            mean_where(rows, |r| r.distribution == d.name()).map(|(m, _)| (d.to_string(), m))
-        })
+        .filter_map(|d| mean_where(rows, |r| r.distribution == *d).map(|(m, _)| (d.to_string(), m)))
         .collect()
 }
 
@@ -180,9 +176,14 @@ fn payload_by_length(protocol: &Protocol, rows: &[&ResultRow]) -> BTreeMap<Strin
 
 /// The configuration label of a results row (the same as [`config_label`] of its plan).
 pub fn row_label(row: &ResultRow) -> String {
-    match &row.policy {
-        Some(policy) => policy.clone(),
-        None => format!("g{}_b{}{}", row.group_size, row.bits, row.mode.suffix()),
+    match row.policy {
+        Some(policy) => policy.to_string(),
+        None => crate::protocol::Setting {
+            group_size: row.group_size,
+            bits: row.bits,
+            mode: row.mode,
+        }
+        .label(),
     }
 }
 
@@ -304,7 +305,11 @@ pub fn packed_table(protocol: &Protocol, summary: &Summary) -> Table {
                 format!(
                     "{}{}",
                     row.bits,
-                    if row.mode.is_symmetric() { "" } else { " asym" }
+                    if row.mode == Mode::Symmetric {
+                        ""
+                    } else {
+                        " asym"
+                    }
                 ),
                 error_cell(row.mean_relative_l2_clean),
             ];
@@ -386,7 +391,7 @@ pub fn budget_table(protocol: &Protocol, summary: &Summary) -> Table {
         summary
             .budget
             .iter()
-            .map(|r| (r.policy.clone(), &r.mean_relative_l2, &r.payload_bytes)),
+            .map(|r| (r.policy.to_string(), &r.mean_relative_l2, &r.payload_bytes)),
     )
 }
 

@@ -18,8 +18,7 @@ use serde_json::{Value, json};
 use runner::archive::{self, MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
 use runner::manifest::{Counts, Manifest};
 use runner::protocol::{
-    FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS, Protocol, QuantMode,
-    Storage,
+    FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS, Mode, Protocol, Storage,
 };
 use runner::{evidence, study, summary};
 
@@ -201,7 +200,7 @@ fn members(p: &Protocol) -> Vec<Member> {
                 );
                 push(format!("{id}_{t}_scales{suffix}"), groups * 4);
                 push(format!("{id}_{t}_shape{suffix}"), 8);
-                if mode == QuantMode::Asymmetric {
+                if mode == Mode::Asymmetric {
                     push(
                         format!("{id}_{t}_zeros{suffix}"),
                         (groups * bits).div_ceil(8),
@@ -233,7 +232,7 @@ fn members(p: &Protocol) -> Vec<Member> {
     }
     for (input, n) in &inputs {
         for s in &p.settings {
-            let asym = if s.mode == QuantMode::Asymmetric {
+            let asym = if s.mode == Mode::Asymmetric {
                 "_asym"
             } else {
                 ""

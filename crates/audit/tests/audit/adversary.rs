@@ -206,7 +206,7 @@ fn source_pinning_cannot_be_dropped_or_redirected() {
     assert_problem(
         &report,
         "not in tree",
-        |p| matches!(p, Problem::Source(SourceProblem::NotInTree { path, .. }) if path == "crates/codec/src/lib.rs"),
+        |p| matches!(p, Problem::Source(SourceProblem::NotInTree { path, .. }) if path == "crates/kvcodec/src/lib.rs"),
     );
 }
 

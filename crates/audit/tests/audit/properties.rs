@@ -74,17 +74,17 @@ proptest! {
             ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * magnitude
         });
         let (codec_axis, axis) = if token_axis {
-            (codec::Axis::Token, GroupAxis::Token)
+            (kvcodec::GroupAxis::Token, GroupAxis::Token)
         } else {
-            (codec::Axis::Feature, GroupAxis::Feature)
+            (kvcodec::GroupAxis::Feature, GroupAxis::Feature)
         };
-        let codec_mode = if asymmetric { codec::Mode::Asymmetric } else { codec::Mode::Symmetric };
-        let layout = codec::Layout::with_mode(codec_axis, codec_mode, bits, group_size).unwrap();
-        let packed = codec::encode(x.view(), layout).unwrap();
+        let codec_mode = if asymmetric { kvcodec::Mode::Asymmetric } else { kvcodec::Mode::Symmetric };
+        let layout = kvcodec::Layout::with_mode(codec_axis, codec_mode, bits, group_size).unwrap();
+        let packed = kvcodec::encode(x.view(), layout).unwrap();
         let grid = Grid { tokens, features, group_size, bits, axis, mode };
         let offsets = offsets(&grid, packed.zero_point_bytes());
         let ours = decode(&grid, packed.code_bytes(), packed.scales().view(), &offsets);
-        prop_assert_eq!(ours, codec::decode(&packed));
+        prop_assert_eq!(ours, kvcodec::decode(&packed));
         // And every code is the audit's rule's code.
         for ((t, f), &v) in x.indexed_iter() {
             let (position, g) = grid.locate(t, f);

@@ -4,14 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use codec::formats::gptq::{self, ZeroConvention};
-use codec::formats::{LogicalWeights, WeightFormat};
-use codec::repack::PackedLayer;
 use half::f16;
 use ndarray::Array2;
 use repack::checkpoint::{Checkpoint, Tensor};
 use repack::layer_io;
 use repack::layers::find_layers;
+use weights::gptq::{self, ZeroConvention};
+use weights::transcode::PackedLayer;
+use weights::{LogicalWeights, WeightFormat};
 
 use crate::support::{data, expected_hash, raw_tensors, weight_hash};
 

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use ::repack::checkpoint::Checkpoint;
 use ::repack::layer_io;
 use ::repack::layers::find_layers;
-use codec::formats::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
-use codec::formats::gptq::{self, ZeroConvention};
-use codec::formats::{LogicalWeights, WeightFormat, awq, nf4};
-use codec::repack::{self, PackedLayer};
 use ndarray::Array2;
+use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
+use weights::gptq::{self, ZeroConvention};
+use weights::transcode::{self, PackedLayer};
+use weights::{LogicalWeights, WeightFormat, awq, nf4};
 
 use crate::support::{
     data, expected_hash, f16_bytes, i32_bytes, logical_input, raw_tensors, weight_hash,
@@ -151,7 +151,7 @@ fn awq_packing_matches_autoawq_and_its_own_gptq_repack() {
         );
 
         // AutoAWQ's unpack-reorder-pack to GPTQ (v1) is exactly our repack, byte for byte.
-        let repacked = repack::repack(&read, WeightFormat::Gptq).unwrap();
+        let repacked = transcode::transcode(&read, WeightFormat::Gptq).unwrap();
         assert_eq!(repacked.input_permutation, None);
         let PackedLayer::Gptq(gptq_layer) = repacked.layer else {
             panic!("{case}: not GPTQ")
@@ -171,7 +171,7 @@ fn awq_packing_matches_autoawq_and_its_own_gptq_repack() {
 fn act_order_gptq_converts_to_awq_and_back_with_bit_identical_weights() {
     let source = read_library_layer("library/gptq_actorder_b4.safetensors", WeightFormat::Gptq);
     let original = source.unpack().unwrap();
-    let to_awq = repack::repack(&source, WeightFormat::Awq).unwrap();
+    let to_awq = transcode::transcode(&source, WeightFormat::Awq).unwrap();
     let perm = to_awq
         .input_permutation
         .clone()
@@ -181,7 +181,7 @@ fn act_order_gptq_converts_to_awq_and_back_with_bit_identical_weights() {
     expected.sort_by_key(|&k| original.g_idx()[k as usize]);
     assert_eq!(perm, expected);
 
-    let back = repack::repack(&to_awq.layer, WeightFormat::Gptq).unwrap();
+    let back = transcode::transcode(&to_awq.layer, WeightFormat::Gptq).unwrap();
     let (before, after) = (
         original.dequantize(),
         back.layer.unpack().unwrap().dequantize(),
@@ -202,7 +202,8 @@ fn act_order_gptq_converts_to_awq_and_back_with_bit_identical_weights() {
 
     // Given the recorded permutation, the conversion back puts the rows back itself: the
     // library's own layer, tensor for tensor, with its scattered g_idx.
-    let restored = repack::repack_recorded(&to_awq.layer, Some(&perm), WeightFormat::Gptq).unwrap();
+    let restored =
+        transcode::transcode_recorded(&to_awq.layer, Some(&perm), WeightFormat::Gptq).unwrap();
     assert!(restored.rows_restored && restored.input_permutation.is_none());
     assert_eq!(restored.layer, source);
 }

@@ -18,3 +18,6 @@ mod properties;
 /// The inputs the fuzz targets crashed on (and hand-made seeds), replayed through the same
 /// library functions.
 mod fuzz_regressions;
+
+/// `repack bpw`: the worked example and one layout part by part.
+mod bpw;

@@ -8,7 +8,6 @@
 //! These complement the coverage-guided fuzz targets in `fuzz/` (README, "Fuzzing"): they run
 //! on every `cargo test`, and they start from valid files, which a fuzzer has to discover.
 
-use codec::formats::WeightFormat;
 use ndarray::Array2;
 use ndarray_npy::WriteNpyExt;
 use proptest::prelude::*;
@@ -17,6 +16,7 @@ use repack::blockfile::{decode, decode_case, encode};
 use repack::checkpoint::{Checkpoint, CheckpointError, Tensor};
 use repack::npy::{NpyError, parse_npy_matrix};
 use safetensors::Dtype;
+use weights::WeightFormat;
 
 use crate::support::{f4_header, npy_bytes};
 

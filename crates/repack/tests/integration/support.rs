@@ -1,11 +1,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use codec::formats::LogicalWeights;
 use half::f16;
 use ndarray::Array2;
 use safetensors::{Dtype, SafeTensors};
 use sha2::{Digest, Sha256};
+use weights::LogicalWeights;
 
 /// A file under `tests/data/formats`.
 pub fn data(path: &str) -> PathBuf {

@@ -1,0 +1,118 @@
+//! Typed errors of the KV codec. Every message names the problem and the value that caused it;
+//! a wrapped stream error is a source, not repeated in the message.
+
+use bitpack::BitsError;
+use thiserror::Error;
+
+use crate::layout::Mode;
+
+/// Why a matrix cannot be encoded, or stored parts cannot form a packed tensor.
+#[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum KvError {
+    /// A matrix with no element.
+    #[error("empty matrix: shape {rows} x {cols} has no elements")]
+    EmptyMatrix {
+        /// Rows (tokens).
+        rows: usize,
+        /// Columns (features).
+        cols: usize,
+    },
+    /// A dimension the two i32 shape values cannot hold, or a non-positive stored one.
+    #[error("shape [{rows}, {cols}] is not two positive dimensions that fit an i32")]
+    Shape {
+        /// Rows as given.
+        rows: i64,
+        /// Columns as given.
+        cols: i64,
+    },
+    /// NaN or an infinity in the input.
+    #[error("non-finite input: element [{row}, {col}] is {value}")]
+    NonFinite {
+        /// Its row.
+        row: usize,
+        /// Its column.
+        col: usize,
+        /// Its value.
+        value: f32,
+    },
+    /// A group size of 0.
+    #[error("group size must be at least 1, got 0")]
+    ZeroGroupSize,
+    /// A width the mode cannot store.
+    #[error("unsupported bit width {bits}: {mode} codes take {} to 8 bits", if *mode == Mode::Symmetric { 2 } else { 1 })]
+    UnsupportedBits {
+        /// The width asked for.
+        bits: u32,
+        /// The mode.
+        mode: Mode,
+    },
+    /// A group whose range overflows the f32 scale.
+    #[error(
+        "group {group} of row {row} spans {low} to {high}, a range too wide for a float32 scale at {bits} bits"
+    )]
+    RangeOverflow {
+        /// Row of the grouped view.
+        row: usize,
+        /// Group within the row.
+        group: usize,
+        /// Smallest value (widened to 0).
+        low: f32,
+        /// Largest value (widened to 0).
+        high: f32,
+        /// The width.
+        bits: u32,
+    },
+    /// A code stream whose byte count is not what the shape and layout need.
+    #[error("{got} code bytes, but the shape and layout need {expected}")]
+    CodeBytes {
+        /// Bytes present.
+        got: usize,
+        /// Bytes needed.
+        expected: usize,
+    },
+    /// Scales of another shape than [rows, groups per row].
+    #[error("scales have shape {got:?}, expected {expected:?} (rows x groups per row)")]
+    ScaleShape {
+        /// Their shape.
+        got: (usize, usize),
+        /// The layout's.
+        expected: (usize, usize),
+    },
+    /// A scale that is not finite and positive.
+    #[error("scale [{row}, {group}] is {value}; scales must be finite and positive")]
+    Scale {
+        /// Row.
+        row: usize,
+        /// Group.
+        group: usize,
+        /// The scale.
+        value: f32,
+    },
+    /// A zero-point stream of another size than the mode needs (none when symmetric).
+    #[error("{got} zero point bytes, but a {mode} layout of these groups needs {expected}")]
+    ZeroPointBytes {
+        /// Bytes present.
+        got: usize,
+        /// Bytes needed.
+        expected: usize,
+        /// The mode.
+        mode: Mode,
+    },
+    /// A stored code above the layout's largest.
+    #[error("code {code} at stream position {position} exceeds the layout's maximum {max}")]
+    CodeRange {
+        /// The code.
+        code: u8,
+        /// Its position.
+        position: usize,
+        /// The largest code the layout writes.
+        max: u8,
+    },
+    /// The streams underneath refused.
+    #[error("the code stream")]
+    Stream(#[from] BitsError),
+}
+
+/// Results of this crate.
+pub type Result<T> = std::result::Result<T, KvError>;

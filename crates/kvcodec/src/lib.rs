@@ -1,0 +1,50 @@
+//! Packed KV-cache tensors: an N x D (tokens x features) float32 matrix quantized in groups along
+//! tokens or features, symmetric or asymmetric, into b-bit codes with float32 scales (and zero
+//! points), and what that costs in bytes.
+//!
+//! Where things live:
+//! - [`layout`]: grouping axis, mode, bit width, group size and the grouped-view geometry they
+//!   imply;
+//! - [`symmetric`] and [`asymmetric`]: the two per-group quantizers (scales, zero points, codes);
+//! - [`quantize`]: encode and decode a matrix under a layout;
+//! - [`packed`]: the packed tensor container and its payload bytes;
+//! - [`error`]: typed errors.
+//!
+//! The code streams underneath are `bitpack`'s (where the 4-bit nibble order is written down).
+//! With the `serde` feature, [`Mode`] and [`GroupAxis`] serialize as `"symmetric"` /
+//! `"asymmetric"` and `"token"` / `"feature"`.
+//!
+//! ```
+//! use kvcodec::{GroupAxis, Layout, Mode, decode, encode};
+//! use ndarray::array;
+//!
+//! let k = array![[1.0f32, -2.0], [0.5, 4.0], [-1.0, 0.0]]; // 3 tokens x 2 features
+//! let layout = Layout::new(GroupAxis::Token, 4, 2).unwrap();
+//! let packed = encode(k.view(), layout).unwrap();
+//! // 2 feature rows x 2 groups of 2 tokens (one padded) = 8 nibbles = 4 bytes,
+//! // 4 f32 scales, 2 i32 shape values.
+//! assert_eq!(packed.payload_bytes(), 4 + 4 * 4 + 8);
+//! let back = decode(&packed);
+//! assert_eq!(back.dim(), (3, 2));
+//!
+//! // The same matrix at 3 bits, asymmetric: one scale and one 3-bit zero point per group.
+//! let layout = Layout::with_mode(GroupAxis::Token, Mode::Asymmetric, 3, 2).unwrap();
+//! let packed = encode(k.view(), layout).unwrap();
+//! // 8 codes x 3 bits = 3 bytes, 4 f32 scales, 4 zero points x 3 bits = 2 bytes, the shape.
+//! assert_eq!(packed.payload_bytes(), 3 + 4 * 4 + 2 + 8);
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod asymmetric;
+pub mod error;
+pub mod layout;
+pub mod packed;
+pub mod quantize;
+pub mod symmetric;
+
+pub use bitpack::{Bits, GroupAxis};
+pub use error::{KvError, Result};
+pub use layout::{Geometry, Layout, Mode};
+pub use packed::{PackedTensor, SHAPE_BYTES};
+pub use quantize::{decode, encode};

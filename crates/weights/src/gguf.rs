@@ -1,0 +1,524 @@
+//! GGUF Q4_0 and Q8_0: blocks of 32 weights that carry their own scale, and ggml's reference
+//! quantizers for them.
+//!
+//! Spec:
+//! - Container: a tensor of `rows` x `cols` (ggml's ne1 x ne0) is `rows * cols / 32` blocks in
+//!   row-major order; blocks run along a row, so `cols` must be a multiple of 32. No separate
+//!   scale tensor and no padding: a row length that is not a multiple of 32 is refused.
+//! - Q4_0 block (18 bytes): f16 `d` (little-endian), then 16 bytes `qs` where byte j holds
+//!   element j in its LOW nibble and element j + 16 in its HIGH nibble. Weight = d * (q - 8).
+//! - Q8_0 block (34 bytes): f16 `d`, then 32 int8 `qs`. Weight = d * q.
+//! - Q4_0 quantizer (`quantize_row_q4_0_ref`): `max` is the element of largest magnitude with
+//!   its sign (the first one on ties); d = max / -8 in f32, so d is often negative; the inverse
+//!   comes from the f32 d (id = 1/d, or 0 when d is 0), not from the f16-rounded one;
+//!   q = min(15, trunc(x * id + 8.5)). d is stored rounded to f16 (nearest even).
+//! - Q8_0 quantizer (`quantize_row_q8_0_ref`): d = amax / 127 in f32, id = 1/d (or 0),
+//!   q = round(x * id) with halves rounded away from zero.
+//! - Dequantization: `(q - 8) as f32 * f32(d)` and `q as f32 * f32(d)`.
+//! - Unrepresentable blocks (where this module departs from ggml, which stores them silently):
+//!   [`quantize`] refuses non-finite input and any block whose f32 `d` rounds to infinity in f16
+//!   (|d| of 65520 and more: values from about 5.2e5 for Q4_0, 8.3e6 for Q8_0) or to 0 although
+//!   the block is not all zeros (|d| at most 2^-25, so every weight would dequantize to 0),
+//!   naming the block and its value range. Scales that f16 holds only as subnormals are kept,
+//!   as ggml keeps them. Every other block is byte-identical to ggml's. [`from_bytes`] refuses
+//!   stored blocks whose `d` is not finite.
+//!
+//! In the logical form (see [`super::logical`]) a GGUF tensor of `rows` x `cols` is K = cols
+//! in-features and N = rows out-features: codes[k, n] = element k of row n, groups of 32 along K,
+//! scale = d, and a fixed zero point (8 for Q4_0; Q8_0's int8 q is stored as the code q + 128
+//! with zero point 128), so both convert to and from the integer formats exactly.
+//!
+//! Ported from ggml (names kept): `quantize_row_q4_0_ref`, `quantize_row_q8_0_ref`,
+//! `dequantize_row_q4_0`, `dequantize_row_q8_0` in
+//! <https://github.com/ggml-org/llama.cpp/blob/36491e4024b3016e6e2d21afc140add042b44bec/ggml/src/ggml-quants.c>.
+//! gguf-py 0.19's `gguf.quants` writes the same bytes (conformance tests).
+
+use half::f16;
+use ndarray::Array2;
+
+use crate::bpw::Cost;
+use crate::error::{FormatError, Result};
+use crate::logical::LogicalWeights;
+
+/// Weights per Q4_0 block.
+pub const QK4_0: usize = 32;
+/// Weights per Q8_0 block.
+pub const QK8_0: usize = 32;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ4_0 {
+    /// Delta (scale).
+    pub d: f16,
+    /// Nibbles: byte j = element j (low) | element j + 16 (high).
+    pub qs: [u8; QK4_0 / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ8_0 {
+    /// Delta (scale).
+    pub d: f16,
+    /// Signed codes.
+    pub qs: [i8; QK8_0],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+
+/// What Q4_0 and Q8_0 share: a block of 32 codes with one f16 scale and a fixed offset.
+pub trait GgufBlock: Sized + Copy + PartialEq + std::fmt::Debug {
+    const NAME: &'static str;
+    /// Bytes per block on disk.
+    const BYTES: usize;
+    /// Width of the logical (unsigned) code.
+    const BITS: u32;
+    /// The fixed logical zero point: weight = d * (code - ZERO).
+    const ZERO: u8;
+
+    /// ggml's f32 scale `d` for one block of 32 finite values, before it is rounded to f16.
+    fn scale_of(x: &[f32; 32]) -> f32;
+    /// ggml's reference quantizer for one block of 32 finite values, bit for bit, including its
+    /// silent infinite or zero `d` for blocks f16 cannot scale; [`quantize`] refuses those.
+    fn quantize(x: &[f32; 32]) -> Self;
+    fn scale(&self) -> f16;
+    /// Logical unsigned codes, element order.
+    fn codes(&self) -> [u8; 32];
+    fn from_parts(d: f16, codes: &[u8; 32]) -> Self;
+    fn write_to(&self, out: &mut Vec<u8>);
+    /// `bytes` is exactly `BYTES` long.
+    fn read_from(bytes: &[u8]) -> Self;
+
+    /// ggml's dequantization of one block.
+    fn dequantize(&self) -> [f32; 32] {
+        let d = self.scale().to_f32();
+        self.codes()
+            .map(|code| f32::from(i16::from(code) - i16::from(Self::ZERO)) * d)
+    }
+}
+
+impl GgufBlock for BlockQ4_0 {
+    const NAME: &'static str = "Q4_0";
+    const BYTES: usize = 18;
+    const BITS: u32 = 4;
+    const ZERO: u8 = 8;
+
+    fn scale_of(x: &[f32; 32]) -> f32 {
+        // The element of largest magnitude, sign kept; `<` keeps the first on ties, as ggml.
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        max / -8.0
+    }
+
+    fn quantize(x: &[f32; 32]) -> Self {
+        let d = Self::scale_of(x);
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        // ggml: MIN(15, (int8_t)(x*id + 8.5f)); the cast truncates toward zero.
+        let codes = x.map(|v| ((v * id + 8.5).trunc() as i8).min(15) as u8);
+        Self::from_parts(f16::from_f32(d), &codes)
+    }
+
+    fn scale(&self) -> f16 {
+        self.d
+    }
+
+    fn codes(&self) -> [u8; 32] {
+        std::array::from_fn(|i| {
+            let byte = self.qs[i % 16];
+            if i < 16 { byte & 0x0F } else { byte >> 4 }
+        })
+    }
+
+    fn from_parts(d: f16, codes: &[u8; 32]) -> Self {
+        BlockQ4_0 {
+            d,
+            qs: std::array::from_fn(|j| (codes[j] & 0x0F) | (codes[j + 16] << 4)),
+        }
+    }
+
+    fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend(self.d.to_le_bytes());
+        out.extend(self.qs);
+    }
+
+    fn read_from(bytes: &[u8]) -> Self {
+        BlockQ4_0 {
+            d: f16::from_le_bytes([bytes[0], bytes[1]]),
+            qs: bytes[2..18].try_into().expect("18-byte block"),
+        }
+    }
+}
+
+impl GgufBlock for BlockQ8_0 {
+    const NAME: &'static str = "Q8_0";
+    const BYTES: usize = 34;
+    const BITS: u32 = 8;
+    const ZERO: u8 = 128;
+
+    fn scale_of(x: &[f32; 32]) -> f32 {
+        x.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0
+    }
+
+    fn quantize(x: &[f32; 32]) -> Self {
+        let d = Self::scale_of(x);
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        // ggml: roundf, halves away from zero; |x * id| <= 127 so the cast cannot saturate.
+        BlockQ8_0 {
+            d: f16::from_f32(d),
+            qs: x.map(|v| (v * id).round() as i8),
+        }
+    }
+
+    fn scale(&self) -> f16 {
+        self.d
+    }
+
+    fn codes(&self) -> [u8; 32] {
+        self.qs.map(|q| (i16::from(q) + 128) as u8)
+    }
+
+    fn from_parts(d: f16, codes: &[u8; 32]) -> Self {
+        BlockQ8_0 {
+            d,
+            qs: codes.map(|code| (i16::from(code) - 128) as i8),
+        }
+    }
+
+    fn write_to(&self, out: &mut Vec<u8>) {
+        out.extend(self.d.to_le_bytes());
+        out.extend(self.qs.map(|q| q as u8));
+    }
+
+    fn read_from(bytes: &[u8]) -> Self {
+        BlockQ8_0 {
+            d: f16::from_le_bytes([bytes[0], bytes[1]]),
+            qs: std::array::from_fn(|i| bytes[2 + i] as i8),
+        }
+    }
+}
+
+/// Quantizes a row-major `rows` x `cols` matrix row by row; `cols` must be a multiple of 32.
+/// Refuses non-finite values, and blocks whose scale f16 cannot hold (see the module spec).
+pub fn quantize<B: GgufBlock>(x: &[f32], cols: usize) -> Result<Vec<B>> {
+    check_row_length::<B>(x.len(), cols)?;
+    if let Some((index, &value)) = x.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        return Err(FormatError::NonFinite {
+            row: index / cols,
+            col: index % cols,
+            value,
+        });
+    }
+    x.chunks_exact(32)
+        .enumerate()
+        .map(|(index, values)| {
+            let values: &[f32; 32] = values.try_into().expect("32 values");
+            let block = B::quantize(values);
+            check_scale(index, cols, values, &block)?;
+            Ok(block)
+        })
+        .collect()
+}
+
+/// Refuses a block whose f16 scale is infinite, or 0 for values that are not all zero.
+fn check_scale<B: GgufBlock>(index: usize, cols: usize, x: &[f32; 32], block: &B) -> Result<()> {
+    let stored = block.scale();
+    let problem = if !stored.is_finite() {
+        "rounds to infinity in f16 (largest finite value 65504), so the block's weights would \
+         dequantize to infinities and NaN"
+    } else if stored.to_f32() == 0.0 && x.iter().any(|&v| v != 0.0) {
+        "rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every weight of the \
+         block would dequantize to 0"
+    } else {
+        return Ok(());
+    };
+    let start = index * 32 % cols;
+    Err(FormatError::ScaleUnrepresentable {
+        format: B::NAME,
+        block: index,
+        row: index * 32 / cols,
+        start,
+        end: start + 32,
+        low: x.iter().copied().fold(f32::INFINITY, f32::min),
+        high: x.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        scale: B::scale_of(x),
+        problem,
+    })
+}
+
+/// Dequantizes blocks back to the row-major values.
+pub fn dequantize<B: GgufBlock>(blocks: &[B]) -> Vec<f32> {
+    blocks.iter().flat_map(|b| b.dequantize()).collect()
+}
+
+/// The bytes a GGUF file stores for these blocks.
+pub fn to_bytes<B: GgufBlock>(blocks: &[B]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(blocks.len() * B::BYTES);
+    for block in blocks {
+        block.write_to(&mut out);
+    }
+    out
+}
+
+/// Blocks from stored bytes; the length must be a whole number of blocks, and every block's
+/// scale finite (an infinite or NaN `d` would dequantize to infinities and NaN).
+pub fn from_bytes<B: GgufBlock>(bytes: &[u8]) -> Result<Vec<B>> {
+    if !bytes.len().is_multiple_of(B::BYTES) {
+        return Err(FormatError::ByteLength {
+            what: format!("{} data is whole {}-byte blocks", B::NAME, B::BYTES),
+            found: bytes.len(),
+            expected: bytes.len().next_multiple_of(B::BYTES),
+        });
+    }
+    let blocks: Vec<B> = bytes.chunks_exact(B::BYTES).map(B::read_from).collect();
+    if let Some((block, stored)) = blocks
+        .iter()
+        .enumerate()
+        .find(|(_, b)| !b.scale().is_finite())
+    {
+        return Err(FormatError::NonFiniteScale {
+            format: B::NAME,
+            what: "scale d",
+            block,
+            value: stored.scale().to_f32(),
+        });
+    }
+    Ok(blocks)
+}
+
+/// The logical matrix of a `rows` x `cols` tensor: K = cols, N = rows, groups of 32 along K.
+pub fn to_logical<B: GgufBlock>(blocks: &[B], rows: usize, cols: usize) -> Result<LogicalWeights> {
+    check_row_length::<B>(rows * cols, cols)?;
+    if blocks.len() * 32 != rows * cols {
+        return Err(FormatError::ByteLength {
+            what: format!("{} blocks for a {rows} x {cols} tensor", B::NAME),
+            found: blocks.len() * B::BYTES,
+            expected: rows * cols / 32 * B::BYTES,
+        });
+    }
+    let per_row = cols / 32;
+    let codes = Array2::from_shape_fn((cols, rows), |(k, n)| {
+        blocks[n * per_row + k / 32].codes()[k % 32]
+    });
+    let scales = Array2::from_shape_fn((per_row, rows), |(g, n)| blocks[n * per_row + g].scale());
+    let zeros = Array2::from_elem((per_row, rows), B::ZERO);
+    LogicalWeights::with_sequential_groups(B::BITS, 32, codes, scales, zeros)
+}
+
+/// Blocks for a logical matrix that fits the format exactly: its width, groups of 32 in
+/// sequence, K a multiple of 32 and every zero point the format's fixed offset.
+pub fn from_logical<B: GgufBlock>(weights: &LogicalWeights) -> Result<Vec<B>> {
+    if weights.bits() != B::BITS {
+        return Err(FormatError::UnsupportedBits {
+            format: B::NAME,
+            bits: weights.bits(),
+            supported: if B::BITS == 4 { "4-bit" } else { "8-bit" },
+        });
+    }
+    if weights.group_size() != 32 {
+        return Err(FormatError::NotAligned {
+            format: B::NAME,
+            what: "the group size (blocks of exactly 32)",
+            found: weights.group_size(),
+            multiple: 32,
+        });
+    }
+    if let Some((row, group)) = weights.first_out_of_sequence() {
+        return Err(FormatError::NeedsSequentialGroups {
+            format: B::NAME,
+            group_size: 32,
+            row,
+            group,
+        });
+    }
+    check_row_length::<B>(weights.k() * weights.n(), weights.k())?;
+    if let Some(((group, col), zero)) = weights.zeros().indexed_iter().find(|(_, z)| **z != B::ZERO)
+    {
+        return Err(FormatError::FixedParameter {
+            format: B::NAME,
+            what: "zero point",
+            group,
+            col,
+            found: zero.to_string(),
+            expected: B::ZERO.to_string(),
+        });
+    }
+    let (k, n) = (weights.k(), weights.n());
+    let mut blocks = Vec::with_capacity(k * n / 32);
+    for row in 0..n {
+        for group in 0..k / 32 {
+            let codes = std::array::from_fn(|i| weights.codes()[[group * 32 + i, row]]);
+            blocks.push(B::from_parts(weights.scales()[[group, row]], &codes));
+        }
+    }
+    Ok(blocks)
+}
+
+/// What `blocks` blocks store: each block's codes, and its f16 scale.
+pub fn storage<B: GgufBlock>(blocks: usize) -> Cost {
+    Cost {
+        elements: blocks * 32,
+        code_bytes: blocks * (B::BYTES - 2),
+        scale_bytes: blocks * 2,
+        zero_point_bytes: 0,
+        g_idx_bytes: 0,
+        extra_bytes: 0,
+    }
+}
+
+fn check_row_length<B: GgufBlock>(len: usize, cols: usize) -> Result<()> {
+    if cols == 0 || !cols.is_multiple_of(32) || !len.is_multiple_of(cols) {
+        return Err(FormatError::NotAligned {
+            format: B::NAME,
+            what: "the row length (blocks of 32 run along a row)",
+            found: cols,
+            multiple: 32,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ramp() -> [f32; 32] {
+        std::array::from_fn(|i| i as f32 - 12.0)
+    }
+
+    #[test]
+    fn q4_0_byte_j_holds_elements_j_and_j_plus_16() {
+        let codes: [u8; 32] = std::array::from_fn(|i| (i % 16) as u8);
+        let block = BlockQ4_0::from_parts(f16::ONE, &codes);
+        assert_eq!(block.qs[0], 0x00);
+        assert_eq!(block.qs[1], 0x11);
+        let codes: [u8; 32] = std::array::from_fn(|i| if i < 16 { 1 } else { 2 });
+        assert_eq!(BlockQ4_0::from_parts(f16::ONE, &codes).qs, [0x21; 16]);
+    }
+
+    #[test]
+    fn q4_0_scale_is_the_signed_extreme_over_minus_8() {
+        // Ramp -12..19: the largest magnitude is +19, so d = -19/8 (negative).
+        let block = BlockQ4_0::quantize(&ramp());
+        assert_eq!(block.d, f16::from_f32(-19.0 / 8.0));
+        // +19 maps to trunc(19 * (-8/19) + 8.5) = 0; -12 to trunc(13.55...) = 13.
+        assert_eq!((block.codes()[31], block.codes()[0]), (0, 13));
+        // All 15.0: d = -1.875 and every nibble 0.
+        let block = BlockQ4_0::quantize(&[15.0; 32]);
+        assert_eq!((block.d.to_f32(), block.qs), (-1.875, [0; 16]));
+    }
+
+    #[test]
+    fn q4_0_caps_the_code_at_15() {
+        // With max = -8, d = 1 and x = 7.6 gives trunc(16.1) = 16, capped to 15.
+        let mut x = [0f32; 32];
+        x[0] = -8.0;
+        x[1] = 7.6;
+        assert_eq!(BlockQ4_0::quantize(&x).codes()[1], 15);
+    }
+
+    #[test]
+    fn q8_0_rounds_halves_away_from_zero() {
+        let mut x = [0f32; 32];
+        x[0] = 127.0; // d = 1
+        x[1] = 2.5;
+        x[2] = -2.5;
+        let block = BlockQ8_0::quantize(&x);
+        assert_eq!(block.d, f16::ONE);
+        assert_eq!(&block.qs[..3], &[127, 3, -3]);
+    }
+
+    #[test]
+    fn zero_blocks_quantize_to_zero_scale() {
+        assert_eq!(BlockQ4_0::quantize(&[0.0; 32]).dequantize(), [0.0; 32]);
+        assert_eq!(BlockQ8_0::quantize(&[0.0; 32]).dequantize(), [0.0; 32]);
+    }
+
+    #[test]
+    fn a_scale_f16_cannot_hold_is_refused_not_stored_as_inf_or_0() {
+        let row = |scale: f32| -> Vec<f32> { (0..64).map(|i| (i as f32 - 31.5) * scale).collect() };
+        // ggml itself stores d = inf here; every weight would come back as inf or NaN.
+        assert!(
+            BlockQ4_0::quantize(&row(4e4)[..32].try_into().unwrap())
+                .d
+                .is_infinite()
+        );
+        assert_eq!(
+            quantize::<BlockQ4_0>(&row(4e4), 64)
+                .unwrap_err()
+                .to_string(),
+            "Q4_0 block 0 (row 0, columns 0..32) spans -1.26e6 to -2e4: its scale d = 1.575e5 \
+             rounds to infinity in f16 (largest finite value 65504), so the block's weights would \
+             dequantize to infinities and NaN; ggml stores it anyway, this tool refuses"
+        );
+        // And d = 0 here, so every weight would come back as 0.
+        assert_eq!(
+            quantize::<BlockQ8_0>(&row(1e-9), 32)
+                .unwrap_err()
+                .to_string(),
+            "Q8_0 block 0 (row 0, columns 0..32) spans -3.15e-8 to -5e-10: its scale d = \
+             2.480315e-10 rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every \
+             weight of the block would dequantize to 0; ggml stores it anyway, this tool refuses"
+        );
+        // The second block of the second row is named by its place.
+        let mut x = vec![1.0f32; 128];
+        x[64 + 40] = 1e7;
+        assert!(
+            quantize::<BlockQ4_0>(&x, 64)
+                .unwrap_err()
+                .to_string()
+                .starts_with("Q4_0 block 3 (row 1, columns 32..64) spans 1e0 to 1e7")
+        );
+        // Small but representable scales (subnormal in f16) are kept, as ggml keeps them.
+        assert!(quantize::<BlockQ8_0>(&row(1e-5), 32).is_ok());
+    }
+
+    #[test]
+    fn non_finite_input_and_stored_scales_are_refused() {
+        let mut x = vec![0.5f32; 64];
+        x[37] = f32::NAN;
+        assert_eq!(
+            quantize::<BlockQ4_0>(&x, 32).unwrap_err().to_string(),
+            "non-finite input: element [1, 5] is NaN; the quantizers need finite values"
+        );
+        let mut bytes = to_bytes(&quantize::<BlockQ8_0>(&[1.0; 64], 32).unwrap());
+        bytes[34..36].copy_from_slice(&f16::INFINITY.to_le_bytes());
+        assert_eq!(
+            from_bytes::<BlockQ8_0>(&bytes).unwrap_err().to_string(),
+            "Q8_0 block 1 has scale d = inf; a stored scale must be finite"
+        );
+    }
+
+    #[test]
+    fn bytes_round_trip_and_reject_partial_blocks() {
+        let blocks = quantize::<BlockQ4_0>(&ramp(), 32).unwrap();
+        let bytes = to_bytes(&blocks);
+        assert_eq!(bytes.len(), 18);
+        assert_eq!(from_bytes::<BlockQ4_0>(&bytes).unwrap(), blocks);
+        assert_eq!(
+            from_bytes::<BlockQ8_0>(&bytes).unwrap_err().to_string(),
+            "Q8_0 data is whole 34-byte blocks: 18 bytes, expected 34"
+        );
+        assert_eq!(
+            quantize::<BlockQ8_0>(&[0.0; 48], 48)
+                .unwrap_err()
+                .to_string(),
+            "Q8_0 needs the row length (blocks of 32 run along a row) to be a multiple of 32, got 48"
+        );
+    }
+
+    #[test]
+    fn logical_form_is_the_transpose_with_a_fixed_zero_point() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let blocks = quantize::<BlockQ4_0>(&x, 32).unwrap(); // 2 rows of 32
+        let logical = to_logical(&blocks, 2, 32).unwrap();
+        assert_eq!((logical.k(), logical.n()), (32, 2));
+        let deq = logical.dequantize();
+        let direct = dequantize(&blocks);
+        assert!((0..64).all(|i| deq[[i % 32, i / 32]].to_bits() == direct[i].to_bits()));
+        assert_eq!(from_logical::<BlockQ4_0>(&logical).unwrap(), blocks);
+    }
+}

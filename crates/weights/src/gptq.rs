@@ -1,0 +1,412 @@
+//! GPTQ, in AutoGPTQ's layout (also GPTQModel's), at 2, 3, 4 or 8 bits.
+//!
+//! Spec (K = in-features, N = out-features, G = groups, b = bits):
+//! - Container: four tensors, `qweight` int32 [K*b/32, N], `qzeros` int32 [G, N*b/32],
+//!   `scales` f16 [G, N], `g_idx` int32 [K].
+//! - qweight axis: packed along K. Column n of qweight is the dense little-endian b-bit stream of
+//!   codes[:, n]: row k at bits [k*b, (k+1)*b) of the column's words. At 4 bits that is row
+//!   8r + j at bits 4j of word r; at 3 bits 32 rows fill exactly 3 words and rows 10 and 21
+//!   straddle a word boundary; at 2 and 8 bits 16 and 4 rows per word.
+//! - qzeros axis: packed along N. Row g of qzeros is the same stream over zeros[g, :].
+//! - Zero-point convention, recorded by the writer and never guessed:
+//!   - `gptq` (AutoGPTQ, "v1"): each field stores (zero - 1) masked to b bits. A true zero point
+//!     of 0 would wrap to 2^b - 1, which AutoGPTQ reads back as 2^b; the libraries disagree on
+//!     it, so this writer refuses zero 0 under v1 and this reader refuses a field of 2^b - 1.
+//!   - `gptq_v2` (GPTQModel): each field stores the zero point itself.
+//! - g_idx: the group of each row; sequential (k / group_size) unless the checkpoint was
+//!   quantized in activation order, in which case it is scattered and must travel with the rows.
+//! - G = ceil(K / group_size) for the stored K.
+//! - Signedness: words are stored as int32, so the top slot's high bit is the sign bit; the
+//!   unpacker reinterprets them as u32 first and never sign-extends.
+//! - Padding: K is padded to a multiple of 32 / gcd(32, b) (so each column is whole words) and N
+//!   to the same multiple (so each qzeros row is whole words), with zero weights; the logical
+//!   size travels beside the tensors (`logical_shape`) and unpacking crops to it.
+//!
+//! Source layouts followed: AutoGPTQ 0.7.1 `QuantLinear.pack` (qlinear_cuda) and GPTQModel 7.7.0;
+//! the conformance tests hold this module to their bytes.
+
+use half::f16;
+use ndarray::{Array2, Axis};
+
+use crate::WeightFormat;
+use crate::bpw::Cost;
+use crate::error::{FormatError, Result};
+use crate::logical::LogicalWeights;
+use crate::shape::{check_aligned, check_logical_shape, check_tensor_shapes};
+use bitpack::{Bits, stream as bits};
+
+/// Bit widths AutoGPTQ and GPTQModel write.
+pub const GPTQ_BITS: [u32; 4] = [2, 3, 4, 8];
+
+/// How a GPTQ checkpoint stores its zero points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ZeroConvention {
+    /// AutoGPTQ's `gptq` format: stored field = (zero - 1) masked to the field.
+    V1,
+    /// GPTQModel's `gptq_v2` format: stored field = zero.
+    V2,
+}
+
+impl ZeroConvention {
+    pub fn format(self) -> WeightFormat {
+        match self {
+            ZeroConvention::V1 => WeightFormat::Gptq,
+            ZeroConvention::V2 => WeightFormat::GptqV2,
+        }
+    }
+
+    /// The field value written for a true zero point.
+    fn store(self, zero: u8, bits: u32, group: usize, col: usize) -> Result<u8> {
+        let mask = max_code(bits);
+        match self {
+            ZeroConvention::V2 => Ok(zero),
+            ZeroConvention::V1 if zero == 0 => Err(FormatError::V1ZeroUnrepresentable {
+                group,
+                col,
+                wrapped: mask,
+                seen: u32::from(mask) + 1,
+            }),
+            ZeroConvention::V1 => Ok(zero - 1),
+        }
+    }
+
+    /// The true zero point a stored field means.
+    fn read(self, field: u8, bits: u32, group: usize, col: usize) -> Result<u8> {
+        match self {
+            ZeroConvention::V2 => Ok(field),
+            ZeroConvention::V1 if field == max_code(bits) => {
+                Err(FormatError::V1ZeroFieldAmbiguous {
+                    group,
+                    col,
+                    field,
+                    seen: u32::from(field) + 1,
+                    bits,
+                })
+            }
+            ZeroConvention::V1 => Ok(field + 1),
+        }
+    }
+}
+
+/// One GPTQ layer's tensors, as a checkpoint stores them, with its logical size.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptqLayer {
+    pub bits: u32,
+    pub group_size: usize,
+    pub convention: ZeroConvention,
+    /// [K*b/32, N]
+    pub qweight: Array2<i32>,
+    /// [G, N*b/32]
+    pub qzeros: Array2<i32>,
+    /// [G, N]
+    pub scales: Array2<f16>,
+    /// [K]
+    pub g_idx: Vec<i32>,
+    /// [K, N] before padding; equal to the stored size when nothing was padded.
+    pub logical_shape: [usize; 2],
+}
+
+/// Rows (of K) and columns (of N) must come in multiples of this many so the streams fill whole
+/// words: 16 at 2 bits, 32 at 3, 8 at 4, 4 at 8.
+pub fn alignment(bits: u32) -> usize {
+    (32 / gcd(32, bits)) as usize
+}
+
+/// Packs a logical matrix into GPTQ tensors, padding K and N with zero weights.
+pub fn pack(weights: &LogicalWeights, convention: ZeroConvention) -> Result<GptqLayer> {
+    let bits = weights.bits();
+    check_bits(bits)?;
+    let logical_shape = [weights.k(), weights.n()];
+    let step = alignment(bits);
+    let padded = weights.padded(step, step);
+    let qweight = pack_columns(padded.codes(), bits)?;
+    let mut stored_zeros = padded.zeros().clone();
+    for ((group, col), zero) in stored_zeros.indexed_iter_mut() {
+        *zero = convention.store(*zero, bits, group, col)?;
+    }
+    let qzeros = transposed(&pack_columns(&transposed(&stored_zeros), bits)?);
+    Ok(GptqLayer {
+        bits,
+        group_size: padded.group_size(),
+        convention,
+        qweight,
+        qzeros,
+        scales: padded.scales().clone(),
+        g_idx: padded.g_idx().iter().map(|&g| g as i32).collect(),
+        logical_shape,
+    })
+}
+
+/// Unpacks GPTQ tensors into the logical matrix, cropped to the logical shape, after checking
+/// every shape against the format.
+pub fn unpack(layer: &GptqLayer) -> Result<LogicalWeights> {
+    let bits = layer.bits;
+    check_bits(bits)?;
+    let (stored_k, stored_n) = layer.check_shapes()?;
+    let codes = unpack_columns(&layer.qweight, bits, stored_k)?;
+    let mut zeros = transposed(&unpack_columns(&transposed(&layer.qzeros), bits, stored_n)?);
+    for ((group, col), zero) in zeros.indexed_iter_mut() {
+        *zero = layer.convention.read(*zero, bits, group, col)?;
+    }
+    let g_idx = layer
+        .g_idx
+        .iter()
+        .enumerate()
+        .map(|(row, &g)| {
+            u32::try_from(g).map_err(|_| FormatError::GroupIndexOutOfRange {
+                row,
+                group: i64::from(g),
+                groups: layer.scales.nrows(),
+            })
+        })
+        .collect::<Result<Vec<u32>>>()?;
+    let stored = LogicalWeights::new(
+        bits,
+        layer.group_size,
+        codes,
+        layer.scales.clone(),
+        zeros,
+        g_idx,
+    )?;
+    let [k, n] = layer.logical_shape;
+    stored.cropped(k, n)
+}
+
+impl GptqLayer {
+    /// Checks every tensor's shape against the format; returns the stored (padded) K and N.
+    pub fn check_shapes(&self) -> Result<(usize, usize)> {
+        if self.group_size == 0 {
+            return Err(FormatError::ZeroGroupSize);
+        }
+        let bits = self.bits as usize;
+        let k = self.g_idx.len();
+        let n = self.scales.ncols();
+        let groups = k.div_ceil(self.group_size);
+        let step = alignment(self.bits);
+        check_aligned("GPTQ", "K (g_idx length)", k, step)?;
+        check_aligned("GPTQ", "N (scales columns)", n, step)?;
+        check_tensor_shapes(
+            "GPTQ",
+            [
+                (
+                    "qweight",
+                    self.qweight.shape(),
+                    [k * bits / 32, n],
+                    format!("K = {k} rows of {bits}-bit codes packed along K, N = {n}"),
+                ),
+                (
+                    "scales",
+                    self.scales.shape(),
+                    [groups, n],
+                    format!(
+                        "ceil(K / group size) = ceil({k} / {}) groups",
+                        self.group_size
+                    ),
+                ),
+                (
+                    "qzeros",
+                    self.qzeros.shape(),
+                    [groups, n * bits / 32],
+                    format!("{groups} groups of N = {n} {bits}-bit zero points packed along N"),
+                ),
+            ],
+        )?;
+        check_logical_shape("GPTQ", self.logical_shape, [k, n])?;
+        Ok((k, n))
+    }
+
+    /// Bytes this layer's tensors take, by part, against its logical weights.
+    pub fn storage(&self) -> Cost {
+        let [k, n] = self.logical_shape;
+        Cost {
+            elements: k * n,
+            code_bytes: 4 * self.qweight.len(),
+            scale_bytes: 2 * self.scales.len(),
+            zero_point_bytes: 4 * self.qzeros.len(),
+            g_idx_bytes: 4 * self.g_idx.len(),
+            extra_bytes: 0,
+        }
+    }
+}
+
+fn check_bits(bits: u32) -> Result<()> {
+    if GPTQ_BITS.contains(&bits) {
+        Ok(())
+    } else {
+        Err(FormatError::UnsupportedBits {
+            format: "GPTQ",
+            bits,
+            supported: "2-, 3-, 4- or 8-bit",
+        })
+    }
+}
+
+fn max_code(bits: u32) -> u8 {
+    ((1u32 << bits) - 1) as u8
+}
+
+fn gcd(a: u32, b: u32) -> u32 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// A row-major copy of the transpose.
+fn transposed<T: Clone>(a: &Array2<T>) -> Array2<T> {
+    a.t().as_standard_layout().into_owned()
+}
+
+/// Packs each column of `values` [rows, cols] into its own word stream: [rows*b/32, cols].
+fn pack_columns(values: &Array2<u8>, bits: u32) -> Result<Array2<i32>> {
+    let width = Bits::new(bits)?;
+    let rows = values.nrows() * bits as usize / 32;
+    let mut packed = Array2::<i32>::zeros((rows, values.ncols()));
+    for (column, mut out) in values.axis_iter(Axis(1)).zip(packed.axis_iter_mut(Axis(1))) {
+        let stream = bits::pack_i32_words(width, &column.to_vec())?;
+        out.assign(&ndarray::ArrayView1::from(&stream));
+    }
+    Ok(packed)
+}
+
+/// Unpacks each column of `packed` [rows*b/32, cols] into `rows` values: [rows, cols].
+fn unpack_columns(packed: &Array2<i32>, bits: u32, rows: usize) -> Result<Array2<u8>> {
+    let width = Bits::new(bits)?;
+    let mut values = Array2::<u8>::zeros((rows, packed.ncols()));
+    for (column, mut out) in packed.axis_iter(Axis(1)).zip(values.axis_iter_mut(Axis(1))) {
+        let stream = bits::unpack_i32_words(width, &column.to_vec(), rows)?;
+        out.assign(&ndarray::ArrayView1::from(&stream));
+    }
+    Ok(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bpw::{Container, FloatDtype, Format, ZeroPoints};
+    use ndarray::array;
+
+    fn ramp(bits: u32, k: usize, n: usize, group_size: usize) -> LogicalWeights {
+        let max = (1usize << bits) - 1;
+        let groups = k.div_ceil(group_size);
+        LogicalWeights::with_sequential_groups(
+            bits,
+            group_size,
+            Array2::from_shape_fn((k, n), |(r, c)| ((r * 7 + c * 3) % (max + 1)) as u8),
+            Array2::from_elem((groups, n), f16::from_f32(0.5)),
+            Array2::from_shape_fn((groups, n), |(g, c)| (1 + (g + c) % max) as u8),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn four_bit_row_8r_plus_j_sits_at_bits_4j() {
+        // Every column holds rows 0..8 = codes 0..7: word 0 of each column is 0x76543210.
+        let codes = Array2::from_shape_fn((8, 8), |(r, _)| r as u8);
+        let w = LogicalWeights::with_sequential_groups(
+            4,
+            8,
+            codes,
+            Array2::from_elem((1, 8), f16::ONE),
+            Array2::from_shape_fn((1, 8), |(_, n)| n as u8),
+        )
+        .unwrap();
+        let layer = pack(&w, ZeroConvention::V2).unwrap();
+        assert_eq!(layer.qweight, array![[0x7654_3210; 8]]);
+        // qzeros runs along N: column n at bits 4n.
+        assert_eq!(layer.qzeros, array![[0x7654_3210]]);
+    }
+
+    #[test]
+    fn v1_stores_zero_minus_one_and_v2_the_zero_itself() {
+        let w = ramp(4, 8, 8, 8);
+        let v1 = pack(&w, ZeroConvention::V1).unwrap();
+        let v2 = pack(&w, ZeroConvention::V2).unwrap();
+        assert_eq!(v1.qweight, v2.qweight);
+        // zeros[0, c] = 1 + c: v2 fields 1..8, v1 fields 0..7.
+        assert_eq!(v2.qzeros, array![[0x8765_4321u32 as i32]]);
+        assert_eq!(v1.qzeros, array![[0x7654_3210]]);
+        assert_eq!(unpack(&v1).unwrap(), w);
+        assert_eq!(unpack(&v2).unwrap(), w);
+    }
+
+    #[test]
+    fn reading_one_convention_as_the_other_shifts_every_zero_by_one() {
+        let w = ramp(4, 8, 8, 8);
+        let mut layer = pack(&w, ZeroConvention::V2).unwrap();
+        layer.convention = ZeroConvention::V1;
+        // Field 8 under v1 is zero 9, not 8: every weight moves by one step.
+        let misread = unpack(&layer).unwrap();
+        assert_eq!(misread.zeros()[[0, 7]], 9);
+        assert_ne!(misread.dequantize(), w.dequantize());
+    }
+
+    #[test]
+    fn v1_refuses_to_write_zero_point_0_and_to_read_a_wrapped_field() {
+        let mut w = ramp(4, 8, 8, 8);
+        let mut zeros = w.zeros().clone();
+        zeros[[0, 3]] = 0;
+        w = LogicalWeights::with_sequential_groups(
+            4,
+            8,
+            w.codes().clone(),
+            w.scales().clone(),
+            zeros,
+        )
+        .unwrap();
+        assert_eq!(
+            pack(&w, ZeroConvention::V1).unwrap_err().to_string(),
+            "GPTQ v1 stores zero - 1, so the zero point 0 at [group 0, column 3] cannot be written \
+             (the field would wrap to 15 and AutoGPTQ's reader would see 16); write gptq_v2, \
+             which stores the zero point itself"
+        );
+        let mut layer = pack(&w, ZeroConvention::V2).unwrap();
+        layer.convention = ZeroConvention::V1;
+        layer.qzeros[[0, 0]] = 0xF000;
+        assert_eq!(
+            unpack(&layer).unwrap_err().to_string(),
+            "GPTQ v1 qzeros field [group 0, column 3] holds 15: read as zero - 1 that is the zero \
+             point 16, which no 4-bit field can hold; the writer probably stored a zero point of 0 \
+             under v1, which is ambiguous, so this layer is refused"
+        );
+    }
+
+    #[test]
+    fn odd_sizes_are_padded_with_zero_weights_and_cropped_back() {
+        let w = ramp(3, 45, 20, 16);
+        let layer = pack(&w, ZeroConvention::V1).unwrap();
+        // K 45 -> 64 (two 32-row column streams of 3 words), N 20 -> 32.
+        assert_eq!(layer.qweight.dim(), (6, 32));
+        assert_eq!(layer.scales.dim(), (4, 32));
+        assert_eq!(layer.qzeros.dim(), (4, 3));
+        assert_eq!(layer.logical_shape, [45, 20]);
+        assert_eq!(unpack(&layer).unwrap(), w);
+    }
+
+    #[test]
+    fn wrong_group_size_shows_up_as_a_scales_shape_error() {
+        let mut layer = pack(&ramp(4, 64, 8, 16), ZeroConvention::V2).unwrap();
+        layer.group_size = 32;
+        assert_eq!(
+            unpack(&layer).unwrap_err().to_string(),
+            "GPTQ scales has shape [4, 8], expected [2, 8] (ceil(K / group size) = ceil(64 / 32) \
+             groups)"
+        );
+    }
+
+    #[test]
+    fn storage_counts_every_tensor_and_agrees_with_the_bpw_model() {
+        let layer = pack(&ramp(4, 128, 64, 32), ZeroConvention::V1).unwrap();
+        let cost = layer.storage();
+        assert_eq!(
+            (cost.code_bytes, cost.metadata_bytes()),
+            (4096, 128 + 512 + 512)
+        );
+        assert_eq!(cost.bits_per_element(), 5.125);
+        // codec::bpw's model of GPTQ: one word stream per column, packed zeros, g_idx.
+        let model = Format {
+            zero_points: ZeroPoints::Packed,
+            g_idx: true,
+            container: Container::LineWords,
+            ..Format::new(Bits::FOUR, 32, FloatDtype::F16)
+        };
+        assert_eq!(crate::bpw::cost(&model, 128, 64).unwrap(), cost);
+    }
+}
