@@ -16,6 +16,7 @@
 //! - no element outside what the chart uses (no script, image, link or foreign content) and no
 //!   other marker-like shape inside the plot.
 
+pub use crate::problem::ChartProblem;
 use std::collections::BTreeMap;
 
 use roxmltree::{Document, Node};
@@ -29,98 +30,6 @@ use crate::report::{Checked, Problem, Report};
 const ALLOWED: [&str; 8] = [
     "svg", "rect", "line", "polyline", "polygon", "circle", "text", "g",
 ];
-
-/// A problem with the chart.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ChartProblem {
-    /// Not an SVG document.
-    #[error("it is not an SVG document: {reason}")]
-    Document {
-        /// Why.
-        reason: String,
-    },
-    /// An element or attribute the chart does not use.
-    #[error("it holds {what}, which the chart does not use")]
-    Element {
-        /// What.
-        what: String,
-    },
-    /// The marker group or its axis mapping is missing or malformed.
-    #[error("its marker group or axis mapping is missing or malformed ({what})")]
-    Mapping {
-        /// What is wrong.
-        what: String,
-    },
-    /// Markers that are not one per configuration, distribution and length, in order.
-    #[error("marker {index}: {found}, expected {expected}")]
-    Marker {
-        /// Position among the markers.
-        index: usize,
-        /// What it says.
-        found: String,
-        /// What the audit recomputes.
-        expected: String,
-    },
-    /// A marker away from where its data map.
-    #[error(
-        "marker {config} {distribution} N={tokens} sits at ({x}, {y}); its data map to ({ex:.1}, {ey:.1})"
-    )]
-    Position {
-        /// Its configuration.
-        config: String,
-        /// Its distribution.
-        distribution: String,
-        /// Its length.
-        tokens: usize,
-        /// Where it is.
-        x: f64,
-        /// Where it is.
-        y: f64,
-        /// Where it belongs.
-        ex: f64,
-        /// Where it belongs.
-        ey: f64,
-    },
-    /// A marker drawn in another shape, paint or colour than its legend says.
-    #[error("marker {config} {distribution} N={tokens} is not drawn as its legend says ({what})")]
-    Style {
-        /// Its configuration.
-        config: String,
-        /// Its distribution.
-        distribution: String,
-        /// Its length.
-        tokens: usize,
-        /// What differs.
-        what: String,
-    },
-    /// A tick label away from where its value maps, or too few of them.
-    #[error("tick label {label:?} on the {axis} axis: {what}")]
-    Tick {
-        /// The axis.
-        axis: &'static str,
-        /// The label.
-        label: String,
-        /// What is wrong.
-        what: String,
-    },
-    /// A configuration without its legend entry.
-    #[error("the legend has no swatch and label for {config}")]
-    Legend {
-        /// The configuration.
-        config: String,
-    },
-    /// A marker-like shape in the plot that is not a marker.
-    #[error("a {element} inside the plot at ({x}, {y}) is not one of the markers")]
-    Stray {
-        /// Element name.
-        element: String,
-        /// Where.
-        x: f64,
-        /// Where.
-        y: f64,
-    },
-}
 
 /// One axis's log mapping: values lo..hi land on pixels a..b.
 #[derive(Debug, Clone, Copy)]

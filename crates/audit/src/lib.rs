@@ -22,6 +22,7 @@
 //! - [`audit_pins`]: everything a root manifest pins (`audit`).
 
 pub mod attention;
+pub mod bounds;
 pub mod chart;
 pub mod comparisons;
 pub mod decoder;
@@ -32,6 +33,7 @@ pub mod manifest;
 pub mod markdown;
 pub mod npz;
 pub mod plan;
+pub mod problem;
 pub mod protocol;
 pub mod report;
 pub mod results;
@@ -39,6 +41,7 @@ pub mod rules;
 pub mod sources;
 pub mod summary;
 pub mod tensors;
+pub mod text;
 pub mod timings;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -11,115 +11,20 @@
 //!   the medians from summary.json);
 //! - no figure in any heading or paragraph (see [`figures`]).
 
+pub use crate::problem::MarkdownProblem;
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
 use crate::manifest::Manifest;
 use crate::plan::setting_label;
 use crate::protocol::{Mode, Protocol};
 use crate::report::{Checked, Problem, Report};
-use crate::summary::{Summary, percent};
+use crate::summary::Summary;
+pub use crate::text::figures;
+use crate::text::{percent, thousands};
 use crate::timings::OPERATIONS;
 
 /// The chart summary.md shows, the last thing in it.
 pub const CHART: &str = "error-vs-bytes.svg";
-
-/// A problem with summary.md.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum MarkdownProblem {
-    /// An element summary.md does not use.
-    #[error("it holds {what}, which a run's summary does not use")]
-    Markup {
-        /// What was found.
-        what: String,
-    },
-    /// A figure outside the tables.
-    #[error("the text {text:?} holds the figure {figure}; every figure belongs in a checked table")]
-    Figure {
-        /// The figure.
-        figure: String,
-        /// The heading or paragraph.
-        text: String,
-    },
-    /// Headings, tables and the chart not in the order the protocol implies.
-    #[error("block {position} is {found}, expected {expected}")]
-    Structure {
-        /// Position among headings, tables and the chart.
-        position: usize,
-        /// What is there.
-        found: String,
-        /// What belongs there.
-        expected: String,
-    },
-    /// A table cell (or header) that is not what the audit renders.
-    #[error("the {table} table, row {row}, column {column}: {found:?}, expected {expected:?}")]
-    Cell {
-        /// Which table.
-        table: &'static str,
-        /// Row, 0 for the header.
-        row: usize,
-        /// Column.
-        column: usize,
-        /// The cell.
-        found: String,
-        /// The audit's rendering.
-        expected: String,
-    },
-    /// A table with other dimensions.
-    #[error("the {table} table is {found:?} (rows x columns), expected {expected:?}")]
-    TableShape {
-        /// Which table.
-        table: &'static str,
-        /// Rows and columns found (header included).
-        found: (usize, usize),
-        /// Rows and columns expected.
-        expected: (usize, usize),
-    },
-}
-
-/// The figures in free text: each maximal run of digits, '.', ',' and '%' that starts with a
-/// digit not preceded by a letter, digit or underscore. So `L2`, `float32` and `x86_64` are
-/// words, while `12`, `8-bit`, `13.4%` and `1,024` are figures.
-pub fn figures(text: &str) -> Vec<String> {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let starts = chars[i].is_ascii_digit()
-            && (i == 0 || !(chars[i - 1].is_alphanumeric() || chars[i - 1] == '_'));
-        if starts {
-            let start = i;
-            while i < chars.len()
-                && (chars[i].is_ascii_digit() || matches!(chars[i], '.' | ',' | '%'))
-            {
-                i += 1;
-            }
-            out.push(
-                chars[start..i]
-                    .iter()
-                    .collect::<String>()
-                    .trim_end_matches(['.', ','])
-                    .to_string(),
-            );
-        } else {
-            i += 1;
-        }
-    }
-    out
-}
-
-/// 8208 -> "8,208".
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
 
 /// A configuration's label with its means by distribution and payloads by length.
 type DistributionRow<'a> = (

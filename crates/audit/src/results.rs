@@ -2,6 +2,7 @@
 //! Descriptive fields must be what the protocol gives the row's id; the numbers are checked
 //! against recomputation in [`crate::comparisons`].
 
+pub use crate::problem::ResultsProblem;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
@@ -105,54 +106,6 @@ impl SegmentRow {
 pub const K_AXIS: &str = "token";
 /// See [`K_AXIS`].
 pub const V_AXIS: &str = "feature";
-
-/// A problem with results.json's rows.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ResultsProblem {
-    /// Another number of rows.
-    #[error("{found} rows, the protocol calls for {expected}")]
-    Count {
-        /// Rows found.
-        found: usize,
-        /// Comparisons the protocol calls for.
-        expected: usize,
-    },
-    /// An id listed twice.
-    #[error("{id} is listed more than once")]
-    Duplicate {
-        /// The id.
-        id: String,
-    },
-    /// A comparison without a row.
-    #[error("missing comparison {id}")]
-    Missing {
-        /// The id.
-        id: String,
-    },
-    /// A row the protocol does not call for.
-    #[error("unexpected comparison {id}")]
-    Unexpected {
-        /// The id.
-        id: String,
-    },
-    /// A row whose descriptive fields are not what its id and the protocol give.
-    #[error("row {id}: its descriptive fields do not match its id and the protocol")]
-    Description {
-        /// The id.
-        id: String,
-    },
-    /// Rows out of the run's order.
-    #[error("row {position} is {found}, the run writes {expected} there")]
-    Order {
-        /// Position in the file.
-        position: usize,
-        /// The id there.
-        found: String,
-        /// The id the run writes there.
-        expected: String,
-    },
-}
 
 /// Checks the rows against the plan and returns them by id (first occurrence kept).
 pub fn check(

@@ -12,6 +12,7 @@
 //!   commit (`git show COMMIT:PATH`). Git is run as a separate program; the audit links none of
 //!   it.
 
+pub use crate::problem::SourceProblem;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
@@ -37,83 +38,6 @@ pub const SOURCE_ROOTS: &[&str] = &[
     "crates/runner/build.rs",
     "crates/runner/src",
 ];
-
-/// A problem with the recorded sources or their provenance.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SourceProblem {
-    /// No source hashes at all.
-    #[error("the manifest pins no sources; a run's sources are always recorded")]
-    NoSources,
-    /// Roots other than the runner's.
-    #[error("source roots {found:?} are not the runner's {SOURCE_ROOTS:?}")]
-    Roots {
-        /// The roots recorded.
-        found: Vec<String>,
-    },
-    /// A source path that is not a plain path under one of the roots.
-    #[error("source {path:?} is not a plain path under the runner's source roots")]
-    OutsideRoots {
-        /// The path recorded.
-        path: String,
-    },
-    /// A root missing from the tree.
-    #[error("source root {root} is missing from the tree {tree}")]
-    RootMissing {
-        /// The root.
-        root: String,
-        /// The tree.
-        tree: String,
-    },
-    /// A source whose hash differs from the tree's file.
-    #[error(
-        "source hash mismatch: {path} differs from the tree (manifest {recorded}, tree {tree})"
-    )]
-    Differs {
-        /// The source.
-        path: String,
-        /// First 12 hex digits recorded.
-        recorded: String,
-        /// First 12 hex digits of the tree's file.
-        tree: String,
-    },
-    /// A listed source the tree does not hold as a regular file.
-    #[error("source hash mismatch: {path} is not in the tree ({why})")]
-    NotInTree {
-        /// The source.
-        path: String,
-        /// Why it could not be read.
-        why: String,
-    },
-    /// A file under the roots that the manifest does not list.
-    #[error("source hash mismatch: {path} is in the tree but not in the manifest")]
-    Unlisted {
-        /// The file.
-        path: String,
-    },
-    /// A commit that is not a full hexadecimal object id.
-    #[error("the recorded git commit {commit:?} is not a full hexadecimal object id")]
-    CommitForm {
-        /// What was recorded.
-        commit: String,
-    },
-    /// A commit the tree's repository does not hold.
-    #[error("the recorded git commit {commit} does not exist in the tree's repository")]
-    CommitMissing {
-        /// The commit.
-        commit: String,
-    },
-    /// A source that differs from the recorded commit although the manifest says it matches.
-    #[error("the manifest says the sources match commit {commit}, but {path} {how} at that commit")]
-    DiffersFromCommit {
-        /// The commit.
-        commit: String,
-        /// The source.
-        path: String,
-        /// "differs" or "does not exist".
-        how: &'static str,
-    },
-}
 
 /// Checks the manifest's sources against the tree and its recorded commit.
 pub fn check(tree: &Path, manifest: &Manifest, report: &mut Report) {

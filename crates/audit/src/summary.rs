@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::comparisons::{Recomputed, close};
-use crate::markdown::figures;
 use crate::plan::{ComparisonPlan, Config, InputPlan, setting_label};
 use crate::protocol::{Distribution, Mode, Policy, Protocol};
 use crate::report::{Checked, Problem, Report};
+use crate::text::{figures, percent};
 
 /// summary.json.
 #[derive(Debug, Clone, Deserialize)]
@@ -87,11 +87,6 @@ pub struct TimingRow {
 /// Mean of `values` in order, or None when empty.
 pub fn mean(values: &[f64]) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
-}
-
-/// A fraction as a percentage with three decimals: 0.09797 -> "9.797".
-pub fn percent(fraction: f64) -> String {
-    format!("{:.3}", fraction * 100.0)
 }
 
 /// The audit's own tables, from its recomputed values.

@@ -3,15 +3,16 @@
 //! order, each a positive whole number of nanoseconds, parameters equal to the protocol's, free
 //! text without figures), and that summary.json's medians are its medians.
 
+pub use crate::problem::TimingProblem;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use crate::markdown::figures;
 use crate::plan::{ComparisonPlan, InputPlan};
 use crate::protocol::Timing;
 use crate::report::{Checked, Note, Problem, Report};
 use crate::summary::Summary;
+use crate::text::figures;
 
 /// The operations timed per comparison, in the order tables list them.
 pub const OPERATIONS: [&str; 5] = ["encode_k", "encode_v", "decode_k", "decode_v", "attention"];
@@ -50,65 +51,6 @@ pub struct Measurement {
     pub repeat: usize,
     /// Nanoseconds.
     pub ns: u64,
-}
-
-/// A problem with timings.json or the medians drawn from it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum TimingProblem {
-    /// Parameters that differ from the protocol's, or another unit.
-    #[error("timings.json: warmup, repeats, shuffle seed or unit differ from the protocol")]
-    Parameters,
-    /// Free text holding a figure.
-    #[error("timings.json: its {field} holds the figure {figure}")]
-    Figure {
-        /// Which field.
-        field: &'static str,
-        /// The figure.
-        figure: String,
-    },
-    /// Measurements that are incomplete, repeated, out of order or malformed.
-    #[error("timings.json: {count} problems; first: {first}")]
-    Measurements {
-        /// How many.
-        count: usize,
-        /// The first, in words.
-        first: String,
-    },
-    /// A median in summary.json that is not the median of timings.json.
-    #[error(
-        "summary.json timing {config} N={tokens} {operation}: median {recorded} of {recorded_count} \
-         recorded, {median} of {count} in timings.json"
-    )]
-    Median {
-        /// Configuration.
-        config: String,
-        /// N.
-        tokens: usize,
-        /// Operation.
-        operation: String,
-        /// Median recorded.
-        recorded: u64,
-        /// Count recorded.
-        recorded_count: usize,
-        /// Median of the raw measurements.
-        median: u64,
-        /// How many there are.
-        count: usize,
-    },
-    /// summary.json's timing rows are not one per configuration, length and operation, in order.
-    #[error(
-        "summary.json timings: {found} rows, expected {expected} (one per configuration, length and operation, in run order)"
-    )]
-    Rows {
-        /// Rows found.
-        found: usize,
-        /// Rows expected.
-        expected: usize,
-    },
-    /// Timing medians without timings.
-    #[error("summary.json has timing medians but the run has no timings.json")]
-    Unexpected,
 }
 
 /// Checks timings.json's form.

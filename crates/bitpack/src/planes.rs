@@ -9,9 +9,9 @@
 //!   2, 4 and 8 are a single plane, identical to the dense stream.
 //! - Plane k of code c is `(c >> shift_k) & (2^width_k - 1)`, where `shift_k` is the sum of the
 //!   widths before it (6 bits: plane 0 = bits 0..4, plane 1 = bits 4..6).
-//! - Container: each plane is a [`crate::bits`] word stream of its own width: element i at bits
+//! - Container: each plane is a [`crate::stream`] word stream of its own width: element i at bits
 //!   [i*w, (i+1)*w), little-endian u32 words, zero-padded to a whole word. Its bytes are the
-//!   same stream (see [`crate::bits::words_to_bytes`]).
+//!   same stream (see [`crate::stream::words_to_bytes`]).
 //! - Length: recorded with the planes, never inferred. Unlike Q6_K, the planes are plain
 //!   sequential streams with no block interleave.
 //! - Join: code = OR over planes of `plane_k << shift_k`: one more load and a shift-and-OR per
@@ -26,7 +26,9 @@ use crate::stream::{self as bits, Bits, WORD_BITS};
 /// Where one plane's bits sit in the code: `width` bits starting at bit `shift`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlaneSlot {
+    /// The lowest code bit this plane holds.
     pub shift: u32,
+    /// How many bits it holds.
     pub width: Bits,
 }
 
@@ -126,6 +128,7 @@ impl BitPlanes {
         Ok(BitPlanes { bits, len, planes })
     }
 
+    /// The width of the codes the planes split.
     pub fn bits(&self) -> Bits {
         self.bits
     }
@@ -135,6 +138,7 @@ impl BitPlanes {
         self.len
     }
 
+    /// Whether there are no codes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

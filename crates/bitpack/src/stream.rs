@@ -35,9 +35,13 @@ pub const WORD_BITS: usize = 32;
 pub struct Bits(u32);
 
 impl Bits {
+    /// 1-bit codes.
     pub const ONE: Bits = Bits(1);
+    /// 2-bit codes.
     pub const TWO: Bits = Bits(2);
+    /// 4-bit codes (two to a byte: the nibble order).
     pub const FOUR: Bits = Bits(4);
+    /// 8-bit codes (one per byte).
     pub const EIGHT: Bits = Bits(8);
 
     /// Every width a stream can hold, narrowest first.
@@ -52,6 +56,7 @@ impl Bits {
         Bits(8),
     ];
 
+    /// A width of `bits` bits, 1 to 8.
     pub fn new(bits: u32) -> Result<Self> {
         match bits {
             1..=8 => Ok(Bits(bits)),
@@ -59,6 +64,7 @@ impl Bits {
         }
     }
 
+    /// The width in bits.
     pub fn get(self) -> u32 {
         self.0
     }

@@ -3,7 +3,7 @@
 //! KV quantization; see the note on zero below).
 //!
 //! Spec (for the grouped view see [`crate::layout`], for the walk and the streams
-//! [`crate::quantize`], for the bit order [`crate::bits`]); L = 2^b - 1, b from 1 to 8, all
+//! [`crate::quantize`], for the bit order [`bitpack::stream`]); L = 2^b - 1, b from 1 to 8, all
 //! arithmetic in f32 unless stated:
 //! - Range: `lo = min(min(group), 0)`, `hi = max(max(group), 0)`. The range always contains 0, so
 //!   0 is exactly a code (the zero point) and zero padding decodes to exact zeros. Without this,
@@ -33,7 +33,9 @@ use bitpack::Bits;
 /// The scale and zero point of one group.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GroupParams {
+    /// (hi - lo) / L, or 1.0 for a zero range.
     pub scale: f32,
+    /// The integer zero point, a b-bit code.
     pub zero: u8,
 }
 

@@ -4,7 +4,7 @@
 use bitpack::BitsError;
 use thiserror::Error;
 
-use crate::layout::Mode;
+use crate::mode::Mode;
 
 /// Why a matrix cannot be encoded, or stored parts cannot form a packed tensor.
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -11,56 +11,21 @@
 //! quantizes padding zeros; decoding crops them away. Scales (and, in asymmetric mode, zero
 //! points) have shape [rows, groups_per_row].
 
-use std::fmt;
-
 pub use bitpack::{Bits, GroupAxis};
 
 use crate::error::{KvError, Result};
-
-/// How a group's values become unsigned codes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
-pub enum Mode {
-    /// One scale per group, codes -qmax..=qmax stored as code + qmax: see [`crate::symmetric`].
-    #[default]
-    Symmetric,
-    /// One scale and one integer zero point per group, codes 0..=2^b - 1: see
-    /// [`crate::asymmetric`].
-    Asymmetric,
-}
-
-impl Mode {
-    /// `symmetric` or `asymmetric`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Symmetric => "symmetric",
-            Mode::Asymmetric => "asymmetric",
-        }
-    }
-
-    /// Checks that `bits` suits the mode: symmetric codes need qmax = 2^(b-1) - 1 >= 1, so
-    /// 2 to 8 bits; asymmetric codes use every width a stream holds, 1 to 8 bits.
-    fn bits(self, bits: u32) -> Result<Bits> {
-        match (self, bits) {
-            (Mode::Symmetric, 2..=8) | (Mode::Asymmetric, 1..=8) => Ok(Bits::new(bits)?),
-            (mode, _) => Err(KvError::UnsupportedBits { bits, mode }),
-        }
-    }
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::mode::Mode;
 
 /// The full description of a packed tensor's format, apart from its logical shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Layout {
+    /// The axis groups run along.
     pub axis: GroupAxis,
+    /// How a group's values become codes.
     pub mode: Mode,
+    /// Code width.
     pub bits: Bits,
+    /// Consecutive elements per group.
     pub group_size: usize,
 }
 
@@ -70,6 +35,7 @@ impl Layout {
         Layout::with_mode(axis, Mode::Symmetric, bits, group_size)
     }
 
+    /// A layout in either mode; refuses a group size of 0 and widths the mode cannot store.
     pub fn with_mode(axis: GroupAxis, mode: Mode, bits: u32, group_size: usize) -> Result<Self> {
         if group_size == 0 {
             return Err(KvError::ZeroGroupSize);
@@ -77,7 +43,7 @@ impl Layout {
         Ok(Layout {
             axis,
             mode,
-            bits: mode.bits(bits)?,
+            bits: mode_bits(mode, bits)?,
             group_size,
         })
     }
@@ -111,9 +77,13 @@ impl Layout {
 /// `padded_row_len` and cut into `groups_per_row` groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
+    /// Rows of the grouped view (features for K, tokens for V).
     pub rows: usize,
+    /// Logical elements per row.
     pub row_len: usize,
+    /// Groups per row, the last one possibly padded.
     pub groups_per_row: usize,
+    /// Elements per row once padded to whole groups.
     pub padded_row_len: usize,
 }
 
@@ -123,8 +93,18 @@ impl Geometry {
         self.rows * self.padded_row_len
     }
 
+    /// Number of groups: one scale (and zero point) each.
     pub fn scale_count(&self) -> usize {
         self.rows * self.groups_per_row
+    }
+}
+
+/// Checks that `bits` suits the mode: symmetric codes need qmax = 2^(b-1) - 1 >= 1, so 2 to 8
+/// bits; asymmetric codes use every width a stream holds, 1 to 8 bits.
+fn mode_bits(mode: Mode, bits: u32) -> Result<Bits> {
+    match (mode, bits) {
+        (Mode::Symmetric, 2..=8) | (Mode::Asymmetric, 1..=8) => Ok(Bits::new(bits)?),
+        (mode, _) => Err(KvError::UnsupportedBits { bits, mode }),
     }
 }
 

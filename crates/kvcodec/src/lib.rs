@@ -3,6 +3,7 @@
 //! points), and what that costs in bytes.
 //!
 //! Where things live:
+//! - [`mode`]: symmetric or asymmetric;
 //! - [`layout`]: grouping axis, mode, bit width, group size and the grouped-view geometry they
 //!   imply;
 //! - [`symmetric`] and [`asymmetric`]: the two per-group quantizers (scales, zero points, codes);
@@ -39,6 +40,7 @@
 pub mod asymmetric;
 pub mod error;
 pub mod layout;
+pub mod mode;
 pub mod packed;
 pub mod quantize;
 pub mod symmetric;

@@ -2,7 +2,7 @@
 //!
 //! A packed tensor is these arrays, and nothing else is needed to decode it given its
 //! [`Layout`]:
-//! - `codes`: the b-bit byte stream ([`crate::bits`]) of `rows * padded_row_len` stored codes,
+//! - `codes`: the b-bit byte stream ([`bitpack::stream`]) of `rows * padded_row_len` stored codes,
 //!   `bits.byte_count(rows * padded_row_len)` bytes (at 4 bits two codes per byte, even element
 //!   in the low nibble; at 8 bits one per byte);
 //! - `scales`: f32, shape [rows, groups_per_row] of the grouped view;
@@ -25,6 +25,8 @@ use crate::layout::{Geometry, Layout, Mode};
 /// Bytes taken by the two i32 shape values stored with every packed tensor.
 pub const SHAPE_BYTES: usize = 2 * std::mem::size_of::<i32>();
 
+/// One N x D matrix as stored: its layout and shape, the code stream, the scales and (when
+/// asymmetric) the zero-point stream.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedTensor {
     layout: Layout,
@@ -146,6 +148,7 @@ impl PackedTensor {
         })
     }
 
+    /// The layout the codes follow.
     pub fn layout(&self) -> Layout {
         self.layout
     }
@@ -160,6 +163,7 @@ impl PackedTensor {
         [self.tokens as i32, self.features as i32]
     }
 
+    /// The grouped view's sizes.
     pub fn geometry(&self) -> Geometry {
         self.layout.geometry(self.tokens, self.features)
     }
@@ -169,6 +173,7 @@ impl PackedTensor {
         &self.codes
     }
 
+    /// The float32 scales, [rows, groups per row].
     pub fn scales(&self) -> &Array2<f32> {
         &self.scales
     }

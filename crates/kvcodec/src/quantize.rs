@@ -1,7 +1,7 @@
 //! Encoding and decoding an N x D float32 matrix: walk the grouped view of [`crate::layout`],
 //! quantize each group under the layout's mode ([`crate::symmetric`] or
 //! [`crate::asymmetric`]), and pack the stored codes (and zero points) as b-bit streams
-//! ([`crate::bits`]).
+//! ([`bitpack::stream`]).
 //!
 //! Spec:
 //! - Stream order: groups in row-major order of the grouped view, padding included; each

@@ -1,7 +1,7 @@
 //! Symmetric per-group quantization: one float32 scale per group, no zero point.
 //!
 //! Spec (for the grouped view see [`crate::layout`], for the walk and the streams
-//! [`crate::quantize`], for the bit order [`crate::bits`]):
+//! [`crate::quantize`], for the bit order [`bitpack::stream`]):
 //! - Widths: 2 to 8 bits; qmax = 2^(b-1) - 1 (1 at 2 bits, 7 at 4 bits, 127 at 8 bits).
 //! - Scale per group: `max|x|` over the group (f32) divided by qmax (f32 division); a group whose
 //!   maximum is 0 gets scale 1.0, so all-zero input decodes to exact zeros. So does a group so

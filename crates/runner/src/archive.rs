@@ -16,8 +16,8 @@
 //! at most [`NPY_HEADER_BYTES`], and the array's data. Plus [`ZIP_END_RECORD_BYTES`] for the end
 //! of central directory record.
 
-use crate::protocol::{Mode, Protocol, SegmentPlan, Storage};
-use crate::study::{K_AXIS, Plan, V_AXIS, plans};
+use crate::plan::{K_AXIS, Plan, SegmentPlan, Storage, V_AXIS, plans};
+use crate::protocol::{Mode, Protocol};
 
 /// Most members a plain ZIP holds: its end record counts entries in 16 bits. More would need
 /// ZIP64, which the audit does not read.

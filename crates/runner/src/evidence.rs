@@ -52,7 +52,8 @@ use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime};
 
 use crate::manifest::{Manifest, sha256_file};
-use crate::study::{Plan, ResultRow, SegmentData, StudyRun};
+use crate::plan::Plan;
+use crate::study::{ResultRow, SegmentData, StudyRun};
 use crate::summary::Summary;
 use crate::timing::{TimingError, Timings};
 use crate::{plot, report};

@@ -5,7 +5,7 @@
 //! normal, each value rounded to f32, from one generator seeded with the protocol's entropy.
 //! The three distributions share one draw; only k differs between them:
 //! - `clean`: the draw as is;
-//! - `early_focus`: k[t] += gain * mean(q over queries) for t < window;
+//! - `early_focus`: `k[t] += gain * mean(q over queries)` for t < window;
 //! - `recent_focus`: the same for the last `window` tokens.
 //!
 //! The mean is a sequential f32 sum over the query rows divided by the query count, and the

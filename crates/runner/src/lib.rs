@@ -1,28 +1,33 @@
-//! The packed-KV study runner: reads a frozen protocol, draws the inputs, quantizes K and V with
-//! the codec under every setting, recomputes attention, and writes a self-describing evidence
+//! The packed-KV study runner: reads a protocol, draws the inputs, quantizes K and V with the
+//! KV codec under every setting, recomputes attention, and writes a self-describing evidence
 //! directory.
 //!
-//! - [`protocol`]: the protocol file and its validation;
+//! Modules, each depending only on those listed before it:
+//! - [`format`]: how numbers are printed; [`hashing`]: SHA-256 of outputs and sources;
+//! - [`protocol`]: the protocol's schema and bounds;
+//! - [`plan`]: what a protocol asks for: inputs, configurations, token segments, ids and labels;
 //! - [`archive`]: what arrays.npz will hold, planned from the protocol (members and size);
-//! - [`inputs`]: generators and distributions;
-//! - [`attention`]: reference attention and error metrics;
-//! - [`study`]: the comparisons;
-//! - [`timing`]: raw timings of encode, decode and attention;
-//! - [`summary`]: the tables; [`report`]: summary.md; [`plot`]: error-vs-bytes.svg;
-//! - [`evidence`]: the evidence directory;
-//! - [`manifest`]: provenance and hashes;
-//! - [`pin`]: the root manifest that pins archived evidence;
+//! - [`validate`]: reading and validating a protocol file;
+//! - [`inputs`]: generators and distributions; [`attention`]: reference attention and metrics;
+//! - [`study`]: the comparisons; [`timing`]: raw timings of encode, decode and attention;
+//! - [`summary`]: the tables; [`manifest`]: provenance and hashes; [`report`]: summary.md;
+//!   [`plot`]: error-vs-bytes.svg;
+//! - [`evidence`]: the evidence directory; [`pin`]: the root manifest that pins archived
+//!   evidence.
 
 pub mod archive;
 pub mod attention;
 pub mod evidence;
+pub mod format;
 pub mod hashing;
 pub mod inputs;
 pub mod manifest;
 pub mod pin;
+pub mod plan;
 pub mod plot;
 pub mod protocol;
 pub mod report;
 pub mod study;
 pub mod summary;
 pub mod timing;
+pub mod validate;

@@ -81,7 +81,7 @@ fn run(args: RunArgs) -> Result<()> {
     let (protocol, source) = match &args.protocol {
         None => (Protocol::frozen(), format!("embedded {FROZEN_PATH}")),
         Some(path) => {
-            let text = runner::protocol::read_protocol_file(path)?;
+            let text = runner::validate::read_protocol_file(path)?;
             let protocol = Protocol::from_json(&text)
                 .with_context(|| format!("protocol {}", path.display()))?;
             (protocol, path.display().to_string())

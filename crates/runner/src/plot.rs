@@ -27,8 +27,9 @@ use std::fmt::Write as _;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::plan::{float32_kv_bytes, plans};
 use crate::protocol::{Distribution, Protocol};
-use crate::study::{ResultRow, float32_kv_bytes, plans};
+use crate::study::ResultRow;
 use crate::summary::{config_label, row_label, thousands};
 
 const WIDTH: u32 = 1040;

@@ -12,15 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::attention::{attention, max_abs, relative_l2};
 use crate::inputs::{Draw, draw, shape_keys};
-use crate::protocol::{
-    Budget, Distribution, InputSpec, Mode, Policy, Protocol, SegmentPlan, Setting, Storage,
-    budget_id, comparison_id,
-};
-
-/// Axis K is grouped on in every comparison.
-pub const K_AXIS: GroupAxis = GroupAxis::Token;
-/// Axis V is grouped on in every comparison.
-pub const V_AXIS: GroupAxis = GroupAxis::Feature;
+use crate::plan::{InputSpec, K_AXIS, Plan, SegmentPlan, Storage, V_AXIS, float32_kv_bytes, plans};
+use crate::protocol::{Distribution, Mode, Policy, Protocol};
 
 /// Which study a comparison belongs to (`"packed_kv"` or `"budget"` in results.json).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -42,76 +35,6 @@ pub struct Input {
     pub k: Array2<f32>,
     pub v: Array2<f32>,
     pub reference: Array2<f64>,
-}
-
-/// How one comparison stores the cache.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Plan {
-    /// The whole cache at one (group size, bits) setting.
-    Packed(Setting),
-    /// A budget policy with the codec fixed.
-    Budget {
-        policy: Policy,
-        group_size: usize,
-        low_bits: u32,
-        window: usize,
-    },
-}
-
-impl Plan {
-    pub fn group_size(&self) -> usize {
-        match *self {
-            Plan::Packed(s) => s.group_size,
-            Plan::Budget { group_size, .. } => group_size,
-        }
-    }
-
-    /// The token segments of an N-token cache.
-    pub fn segments(&self, tokens: usize) -> Vec<SegmentPlan> {
-        match *self {
-            Plan::Packed(s) => vec![SegmentPlan {
-                start: 0,
-                end: tokens,
-                storage: Storage::Quantized {
-                    bits: s.bits,
-                    mode: s.mode,
-                },
-            }],
-            Plan::Budget {
-                policy,
-                low_bits,
-                window,
-                ..
-            } => policy.segments(tokens, window, low_bits),
-        }
-    }
-
-    pub fn id(&self, input: &InputSpec) -> String {
-        match *self {
-            Plan::Packed(s) => comparison_id(input, &s),
-            Plan::Budget { policy, .. } => budget_id(input, policy),
-        }
-    }
-}
-
-/// Every plan of the protocol, packed-KV settings first.
-pub fn plans(protocol: &Protocol) -> Vec<Plan> {
-    let mut plans: Vec<Plan> = protocol.settings.iter().map(|&s| Plan::Packed(s)).collect();
-    if let Some(Budget {
-        group_size,
-        low_bits,
-        window,
-        policies,
-    }) = &protocol.budget
-    {
-        plans.extend(policies.iter().map(|&policy| Plan::Budget {
-            policy,
-            group_size: *group_size,
-            low_bits: *low_bits,
-            window: *window,
-        }));
-    }
-    plans
 }
 
 /// A run of consecutive tokens of K or V, stored one way.
@@ -337,11 +260,6 @@ fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Result<C
         v,
         out,
     })
-}
-
-/// Bytes of K and V stored as float32.
-pub fn float32_kv_bytes(tokens: usize, features: usize) -> usize {
-    2 * tokens * features * std::mem::size_of::<f32>()
 }
 
 #[cfg(test)]

@@ -13,8 +13,9 @@ use tabled::builder::Builder;
 use tabled::settings::object::Columns;
 use tabled::settings::{Alignment, Style};
 
+use crate::plan::{Plan, float32_kv_bytes, plans};
 use crate::protocol::{Distribution, Mode, Policy, Protocol};
-use crate::study::{Plan, ResultRow, Study, float32_kv_bytes, plans};
+use crate::study::{ResultRow, Study};
 use crate::timing::{Operation, Timings, median};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -226,23 +227,7 @@ pub fn percent(fraction: f64) -> String {
     format!("{:.3}", fraction * 100.0)
 }
 
-/// 8208 -> "8,208".
-pub fn thousands(n: usize) -> String {
-    thousands_u64(n as u64)
-}
-
-/// [`thousands`] for u64 counts (byte estimates that may exceed a 32-bit usize).
-pub fn thousands_u64(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub use crate::format::{thousands, thousands_u64};
 
 /// A table as header + rows of cells, rendered as aligned text or as markdown.
 pub struct Table {

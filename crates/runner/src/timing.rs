@@ -22,8 +22,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::attention::attention;
-use crate::protocol::{SegmentPlan, Timing};
-use crate::study::{Comparison, Input, K_AXIS, StudyRun, V_AXIS, decode_segments, encode_segments};
+use crate::plan::{K_AXIS, SegmentPlan, V_AXIS};
+use crate::protocol::Timing;
+use crate::study::{Comparison, Input, StudyRun, decode_segments, encode_segments};
 
 /// What one measurement timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

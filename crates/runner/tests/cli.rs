@@ -314,7 +314,7 @@ fn a_protocol_that_is_not_a_small_regular_file_is_refused_before_anything_runs()
     let big = tmp.path().join("big.json");
     std::fs::write(
         &big,
-        vec![b' '; (runner::protocol::MAX_PROTOCOL_FILE_BYTES + 1) as usize],
+        vec![b' '; (runner::validate::MAX_PROTOCOL_FILE_BYTES + 1) as usize],
     )
     .unwrap();
     for (protocol, needle) in [

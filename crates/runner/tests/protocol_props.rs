@@ -17,8 +17,9 @@ use serde_json::{Value, json};
 
 use runner::archive::{self, MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
 use runner::manifest::{Counts, Manifest};
+use runner::plan::Storage;
 use runner::protocol::{
-    FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS, Mode, Protocol, Storage,
+    FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS, Mode, Protocol,
 };
 use runner::{evidence, study, summary};
 

@@ -1,0 +1,246 @@
+//! The runner's bounds on a protocol, applied independently: [`Protocol::validate`] refuses
+//! what the runner's validator refuses before a run (README, "Protocols and generators"). A
+//! protocol the runner would refuse cannot have produced the evidence, and one outside these
+//! bounds could make the audit itself allocate without limit while re-deriving its inputs.
+
+use std::collections::BTreeSet;
+
+use crate::plan::{archive_estimate, policy_segments};
+use crate::protocol::{Distribution, Mode, Protocol};
+
+/// Largest q, k or v matrix, and largest padded grouped view of a stored tensor, in elements.
+pub const MAX_MATRIX_ELEMENTS: usize = 1 << 27;
+/// Largest number of timed (or warm-up) calls.
+pub const MAX_TIMED_CALLS: usize = 1_000_000;
+/// Largest number of arrays in arrays.npz: a ZIP without its 64-bit extension.
+pub const MAX_ARCHIVE_MEMBERS: usize = 65_535;
+/// Largest estimate of arrays.npz's size: a ZIP without its 64-bit extension.
+pub const MAX_ARCHIVE_BYTES: u64 = u32::MAX as u64;
+/// Longest study name.
+pub const MAX_STUDY_NAME: usize = 64;
+/// Operations timed per comparison.
+pub const TIMED_OPERATIONS: usize = 5;
+
+/// A protocol field the runner would refuse, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the runner would refuse its protocol: field `{field}`: {reason}")]
+pub struct ProtocolError {
+    /// The field, as the runner names it.
+    pub field: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+fn refuse(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
+    ProtocolError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Elements of the padded grouped view of one stored tensor: K (grouped along tokens) is
+/// `features` rows of `ceil(tokens / g) * g` codes, V (along features) `tokens` rows of
+/// `ceil(features / g) * g`. None if that overflows.
+pub fn padded_elements(tokens: usize, features: usize, group_size: usize) -> Option<[usize; 2]> {
+    let padded = |len: usize| len.div_ceil(group_size).checked_mul(group_size);
+    Some([
+        features.checked_mul(padded(tokens)?)?,
+        tokens.checked_mul(padded(features)?)?,
+    ])
+}
+
+impl Protocol {
+    /// Applies the runner's rules; the first field it would refuse is named.
+    pub fn validate(&self) -> Result<(), ProtocolError> {
+        let name_ok = (1..=MAX_STUDY_NAME).contains(&self.study.len())
+            && self
+                .study
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !name_ok {
+            return Err(refuse(
+                "study",
+                "1 to 64 ASCII letters, digits, '-', '_' or '.'",
+            ));
+        }
+        non_empty_unique("seeds", &self.seeds)?;
+        non_empty_unique("tokens", &self.tokens)?;
+        non_empty_unique("distributions", &self.distributions)?;
+        non_empty_unique("settings", &self.settings)?;
+        if self.features == 0 || self.queries == 0 {
+            return Err(refuse("features/queries", "must be at least 1"));
+        }
+        let fits = |rows: usize| {
+            rows.checked_mul(self.features)
+                .is_some_and(|e| e <= MAX_MATRIX_ELEMENTS)
+        };
+        if !fits(self.queries) {
+            return Err(refuse("queries", "q exceeds 2^27 elements"));
+        }
+        for (i, &n) in self.tokens.iter().enumerate() {
+            if n == 0 || n > i32::MAX as usize || !fits(n) {
+                return Err(refuse(
+                    format!("tokens[{i}]"),
+                    "zero, over i32, or N x D over 2^27 elements",
+                ));
+            }
+        }
+        for (i, s) in self.settings.iter().enumerate() {
+            if !s.mode.supports(s.bits) || s.group_size == 0 {
+                return Err(refuse(
+                    format!("settings[{i}]"),
+                    "unsupported bit width or group size 0",
+                ));
+            }
+            self.check_padded(
+                &format!("settings[{i}].group_size"),
+                s.group_size,
+                &self.tokens,
+            )?;
+        }
+        if !self.focus.gain.is_finite() {
+            return Err(refuse("focus.gain", "not finite"));
+        }
+        let shortest = self.tokens.iter().copied().min().unwrap_or(0);
+        if self.distributions.iter().any(|&d| d != Distribution::Clean)
+            && !(1..=shortest).contains(&self.focus.window)
+        {
+            return Err(refuse(
+                "focus.window",
+                "0 or longer than the shortest length",
+            ));
+        }
+        if let Some(b) = &self.budget {
+            non_empty_unique("budget.policies", &b.policies)?;
+            if b.group_size == 0 || !Mode::Symmetric.supports(b.low_bits) {
+                return Err(refuse("budget", "group size 0 or unsupported low width"));
+            }
+            if !(1..=shortest).contains(&b.window) {
+                return Err(refuse(
+                    "budget.window",
+                    "0 or longer than the shortest length",
+                ));
+            }
+        }
+        if self
+            .archive_members()
+            .is_none_or(|m| m > MAX_ARCHIVE_MEMBERS)
+        {
+            return Err(refuse(
+                "(top level)",
+                "arrays.npz would exceed 65,535 members",
+            ));
+        }
+        if let Some(b) = &self.budget {
+            // Every quantized segment at its own length; float32 segments are not grouped.
+            let mut lengths = Vec::new();
+            for &n in &self.tokens {
+                for &policy in &b.policies {
+                    let segments = policy_segments(policy, n, b.window, b.low_bits);
+                    lengths.extend(
+                        segments
+                            .iter()
+                            .filter(|s| s.bits.is_some())
+                            .map(|s| s.len()),
+                    );
+                }
+            }
+            self.check_padded("budget.group_size", b.group_size, &lengths)?;
+        }
+        if archive_estimate(self).is_none_or(|b| b > MAX_ARCHIVE_BYTES) {
+            return Err(refuse("(top level)", "arrays.npz would reach 4 GiB"));
+        }
+        if let Some(t) = &self.timing {
+            let calls = self
+                .comparison_count()
+                .checked_mul(TIMED_OPERATIONS)
+                .and_then(|n| n.checked_mul(t.repeats.max(t.warmup)));
+            if t.repeats == 0 || calls.is_none_or(|n| n > MAX_TIMED_CALLS) {
+                return Err(refuse("timing", "no repeats, or over 1,000,000 calls"));
+            }
+        }
+        for &seed in &self.seeds {
+            for &n in &self.tokens {
+                if self.generator.entropy.entropy(seed, n).is_none() {
+                    return Err(refuse("generator.entropy", "overflows 128 bits"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_padded(
+        &self,
+        field: &str,
+        group_size: usize,
+        lengths: &[usize],
+    ) -> Result<(), ProtocolError> {
+        for &n in lengths {
+            let ok = padded_elements(n, self.features, group_size)
+                .is_some_and(|v| v.iter().all(|&e| e <= MAX_MATRIX_ELEMENTS));
+            if !ok {
+                return Err(refuse(
+                    field,
+                    format!("the padded grouped view at {n} tokens exceeds 2^27 elements"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Inputs: seeds x lengths x distributions.
+    pub fn input_count(&self) -> usize {
+        self.seeds.len() * self.tokens.len() * self.distributions.len()
+    }
+
+    /// Packed-KV settings and budget policies, per input.
+    pub fn configurations(&self) -> usize {
+        self.settings.len() + self.budget.as_ref().map_or(0, |b| b.policies.len())
+    }
+
+    /// Comparisons a run writes.
+    pub fn comparison_count(&self) -> usize {
+        self.input_count() * self.configurations()
+    }
+
+    /// Arrays a run writes into arrays.npz, or None if the count overflows.
+    pub fn archive_members(&self) -> Option<usize> {
+        // Per stored tensor segment: codes, scales and shape, plus zero points when asymmetric;
+        // a float32 segment stores values and shape.
+        let tensor = |mode: Mode| match mode {
+            Mode::Symmetric => 3,
+            Mode::Asymmetric => 4,
+        };
+        let packed: usize = self.settings.iter().map(|s| 1 + 2 * tensor(s.mode)).sum();
+        let mut total = 0usize;
+        for &n in &self.tokens {
+            let budget: usize = self.budget.as_ref().map_or(0, |b| {
+                b.policies
+                    .iter()
+                    .map(|&p| {
+                        let segments = policy_segments(p, n, b.window, b.low_bits);
+                        let arrays: usize = segments
+                            .iter()
+                            .map(|s| if s.bits.is_some() { 3 } else { 2 })
+                            .sum();
+                        1 + 2 * arrays
+                    })
+                    .sum()
+            });
+            let per_input = 4 + packed + budget;
+            let inputs = self.seeds.len() * self.distributions.len();
+            total = total.checked_add(inputs.checked_mul(per_input)?)?;
+        }
+        Some(total)
+    }
+}
+
+fn non_empty_unique<T: Ord>(field: &str, items: &[T]) -> Result<(), ProtocolError> {
+    if items.is_empty() {
+        return Err(refuse(field, "must not be empty"));
+    }
+    if items.iter().collect::<BTreeSet<_>>().len() != items.len() {
+        return Err(refuse(field, "lists an entry twice"));
+    }
+    Ok(())
+}

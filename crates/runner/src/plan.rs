@@ -1,0 +1,231 @@
+//! What a protocol asks a run to do: its inputs (seed x length x distribution, in run order),
+//! its configurations ([`Plan`]: packed-KV settings, then budget policies), the token segments each
+//! configuration stores K and V in, and the ids and labels that name them.
+
+use kvcodec::GroupAxis;
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::{Budget, Distribution, Mode, Policy, Protocol, Setting};
+
+/// Axis K is grouped on in every comparison.
+pub const K_AXIS: GroupAxis = GroupAxis::Token;
+/// Axis V is grouped on in every comparison.
+pub const V_AXIS: GroupAxis = GroupAxis::Feature;
+
+/// How one comparison stores the cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Plan {
+    /// The whole cache at one (group size, bits) setting.
+    Packed(Setting),
+    /// A budget policy with the codec fixed.
+    Budget {
+        policy: Policy,
+        group_size: usize,
+        low_bits: u32,
+        window: usize,
+    },
+}
+
+impl Plan {
+    pub fn group_size(&self) -> usize {
+        match *self {
+            Plan::Packed(s) => s.group_size,
+            Plan::Budget { group_size, .. } => group_size,
+        }
+    }
+
+    /// The token segments of an N-token cache.
+    pub fn segments(&self, tokens: usize) -> Vec<SegmentPlan> {
+        match *self {
+            Plan::Packed(s) => vec![SegmentPlan {
+                start: 0,
+                end: tokens,
+                storage: Storage::Quantized {
+                    bits: s.bits,
+                    mode: s.mode,
+                },
+            }],
+            Plan::Budget {
+                policy,
+                low_bits,
+                window,
+                ..
+            } => policy.segments(tokens, window, low_bits),
+        }
+    }
+
+    pub fn id(&self, input: &InputSpec) -> String {
+        match *self {
+            Plan::Packed(s) => comparison_id(input, &s),
+            Plan::Budget { policy, .. } => budget_id(input, policy),
+        }
+    }
+}
+
+/// Every plan of the protocol, packed-KV settings first.
+pub fn plans(protocol: &Protocol) -> Vec<Plan> {
+    let mut plans: Vec<Plan> = protocol.settings.iter().map(|&s| Plan::Packed(s)).collect();
+    if let Some(Budget {
+        group_size,
+        low_bits,
+        window,
+        policies,
+    }) = &protocol.budget
+    {
+        plans.extend(policies.iter().map(|&policy| Plan::Budget {
+            policy,
+            group_size: *group_size,
+            low_bits: *low_bits,
+            window: *window,
+        }));
+    }
+    plans
+}
+
+impl Policy {
+    /// The token segments of an N-token cache: (start, end, storage), in token order, empty
+    /// segments left out.
+    pub fn segments(self, tokens: usize, window: usize, low_bits: u32) -> Vec<SegmentPlan> {
+        let window = window.min(tokens);
+        let quantized = |bits| Storage::Quantized {
+            bits,
+            mode: Mode::Symmetric,
+        };
+        let low = quantized(low_bits);
+        let (early, late) = match self {
+            Policy::Uniform => (None, None),
+            Policy::Recent8 => (None, Some(quantized(8))),
+            Policy::RecentF32 => (None, Some(Storage::Float32)),
+            Policy::Early8 => (Some(quantized(8)), None),
+            Policy::EarlyF32 => (Some(Storage::Float32), None),
+        };
+        let parts = match (early, late) {
+            (Some(high), _) => vec![(0, window, high), (window, tokens, low)],
+            (None, Some(high)) => vec![(0, tokens - window, low), (tokens - window, tokens, high)],
+            (None, None) => vec![(0, tokens, low)],
+        };
+        parts
+            .into_iter()
+            .filter(|(start, end, _)| end > start)
+            .map(|(start, end, storage)| SegmentPlan {
+                start,
+                end,
+                storage,
+            })
+            .collect()
+    }
+}
+
+/// One run of consecutive tokens stored one way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentPlan {
+    pub start: usize,
+    pub end: usize,
+    #[serde(flatten)]
+    pub storage: Storage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "storage", rename_all = "snake_case")]
+pub enum Storage {
+    /// Codes at this width and mode, grouped as the tensor's axis says.
+    Quantized {
+        bits: u32,
+        #[serde(default, skip_serializing_if = "crate::protocol::is_symmetric")]
+        mode: Mode,
+    },
+    /// Raw float32 values.
+    Float32,
+}
+
+impl Protocol {
+    /// Inputs in run order: seeds, then lengths, then distributions.
+    pub fn inputs(&self) -> Vec<InputSpec> {
+        let mut inputs = Vec::new();
+        for &seed in &self.seeds {
+            for &tokens in &self.tokens {
+                for &distribution in &self.distributions {
+                    inputs.push(InputSpec {
+                        seed,
+                        tokens,
+                        distribution,
+                    });
+                }
+            }
+        }
+        inputs
+    }
+
+    /// Number of comparisons a run of this protocol writes: packed-KV settings and budget
+    /// policies, on every input.
+    pub fn comparison_count(&self) -> usize {
+        let policies = self.budget.as_ref().map_or(0, |b| b.policies.len());
+        self.seeds.len()
+            * self.tokens.len()
+            * self.distributions.len()
+            * (self.settings.len() + policies)
+    }
+}
+
+/// One input: a (seed, length) draw shaped by a distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputSpec {
+    pub seed: u64,
+    pub tokens: usize,
+    pub distribution: Distribution,
+}
+
+impl InputSpec {
+    /// Identifier used in arrays.npz and results.json, e.g. `s7_n128_clean`.
+    pub fn id(&self) -> String {
+        format!("s{}_n{}_{}", self.seed, self.tokens, self.distribution)
+    }
+}
+
+/// Identifier of one packed-KV comparison, e.g. `s7_n128_clean_g8_b4`, or
+/// `s7_n128_clean_g32_b2_asym` for an asymmetric setting.
+pub fn comparison_id(input: &InputSpec, setting: &Setting) -> String {
+    format!("{}_{}", input.id(), setting.label())
+}
+
+/// Identifier of one budget comparison, e.g. `s7_n128_clean_budget_recent8`.
+pub fn budget_id(input: &InputSpec, policy: Policy) -> String {
+    format!("{}_budget_{policy}", input.id())
+}
+
+/// Bytes of K and V stored as float32.
+pub fn float32_kv_bytes(tokens: usize, features: usize) -> usize {
+    2 * tokens * features * std::mem::size_of::<f32>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_cut_the_cache_into_token_segments() {
+        let q = |bits| Storage::Quantized {
+            bits,
+            mode: Mode::Symmetric,
+        };
+        let plan = |p: Policy| {
+            p.segments(128, 32, 4)
+                .iter()
+                .map(|s| (s.start, s.end, s.storage))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(plan(Policy::Uniform), vec![(0, 128, q(4))]);
+        assert_eq!(plan(Policy::Recent8), vec![(0, 96, q(4)), (96, 128, q(8))]);
+        assert_eq!(plan(Policy::Early8), vec![(0, 32, q(8)), (32, 128, q(4))]);
+        assert_eq!(
+            plan(Policy::RecentF32),
+            vec![(0, 96, q(4)), (96, 128, Storage::Float32)]
+        );
+        assert_eq!(
+            plan(Policy::EarlyF32),
+            vec![(0, 32, Storage::Float32), (32, 128, q(4))]
+        );
+        // A window as long as the cache leaves no low-precision segment.
+        assert_eq!(Policy::Recent8.segments(32, 32, 4).len(), 1);
+    }
+}
