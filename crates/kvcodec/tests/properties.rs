@@ -31,11 +31,14 @@ fn layouts() -> impl Strategy<Value = (Layout, usize, usize)> {
         1u32..=8,
         prop::sample::select(vec![GroupAxis::Token, GroupAxis::Feature]),
     )
-        .prop_filter_map("a width the mode stores", |(tokens, features, group, mode, bits, axis)| {
-            Layout::with_mode(axis, mode, bits, group)
-                .ok()
-                .map(|layout| (layout, tokens, features))
-        })
+        .prop_filter_map(
+            "a width the mode stores",
+            |(tokens, features, group, mode, bits, axis)| {
+                Layout::with_mode(axis, mode, bits, group)
+                    .ok()
+                    .map(|layout| (layout, tokens, features))
+            },
+        )
 }
 
 proptest! {
