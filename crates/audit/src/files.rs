@@ -55,13 +55,12 @@ pub enum FileError {
         cap: u64,
     },
     /// An I/O error while reading.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {error}")]
     Io {
         /// The path.
         path: PathBuf,
-        /// What the system said.
-        #[source]
-        source: std::io::Error,
+        /// What the system said (in the message, not a separate cause: reports print one line).
+        error: std::io::Error,
     },
 }
 
@@ -132,9 +131,9 @@ pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, FileError> {
             });
         }
     }
-    let io = |source| FileError::Io {
+    let io = |error| FileError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let file = open_no_follow(path).map_err(io)?;
     // The path could have been swapped between the lstat and the open.
@@ -179,9 +178,9 @@ pub enum EntryKind {
 
 /// The names and kinds of a directory's entries, sorted by name.
 pub fn list_dir(dir: &Path) -> Result<Vec<(String, EntryKind)>, FileError> {
-    let io = |source| FileError::Io {
+    let io = |error| FileError::Io {
         path: dir.to_path_buf(),
-        source,
+        error,
     };
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io)? {

@@ -27,6 +27,15 @@ pub enum Plan {
 }
 
 impl Plan {
+    /// The label a configuration goes by in tables, timings and the chart: `g8_b4`,
+    /// `g32_b2_asym`, or the policy's name.
+    pub fn label(&self) -> String {
+        match self {
+            Plan::Packed(s) => s.label(),
+            Plan::Budget { policy, .. } => policy.to_string(),
+        }
+    }
+
     pub fn group_size(&self) -> usize {
         match *self {
             Plan::Packed(s) => s.group_size,

@@ -27,10 +27,10 @@ use std::fmt::Write as _;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::plan::{float32_kv_bytes, plans};
+use crate::plan::{Plan, float32_kv_bytes, plans};
 use crate::protocol::{Distribution, Protocol};
 use crate::study::ResultRow;
-use crate::summary::{config_label, row_label, thousands};
+use crate::summary::thousands;
 
 const WIDTH: u32 = 1040;
 const HEIGHT: u32 = 600;
@@ -279,7 +279,7 @@ fn one_two_five(lo: f64, hi: f64) -> Vec<f64> {
 }
 
 fn labels(protocol: &Protocol) -> Vec<String> {
-    plans(protocol).iter().map(config_label).collect()
+    plans(protocol).iter().map(Plan::label).collect()
 }
 
 /// Every (configuration, distribution, length) with its mean error over seeds, in protocol order.
@@ -291,7 +291,7 @@ fn markers(protocol: &Protocol, rows: &[ResultRow]) -> Vec<Marker> {
                 let mine: Vec<&ResultRow> = rows
                     .iter()
                     .filter(|r| {
-                        row_label(r) == label && r.distribution == distribution && r.tokens == n
+                        r.label() == label && r.distribution == distribution && r.tokens == n
                     })
                     .collect();
                 let Some(first) = mine.first() else {

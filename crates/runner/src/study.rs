@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::attention::{attention, max_abs, relative_l2};
 use crate::inputs::{Draw, draw, shape_keys};
 use crate::plan::{InputSpec, K_AXIS, Plan, SegmentPlan, Storage, V_AXIS, float32_kv_bytes, plans};
-use crate::protocol::{Distribution, Mode, Policy, Protocol};
+use crate::protocol::{Distribution, Mode, Policy, Protocol, Setting};
 
 /// Which study a comparison belongs to (`"packed_kv"` or `"budget"` in results.json).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -144,6 +144,21 @@ pub struct ResultRow {
     pub payload_bytes: usize,
     /// Float32 K + V bytes for the same shape.
     pub baseline_bytes: usize,
+}
+
+impl ResultRow {
+    /// The label of the row's configuration (the same as its plan's [`Plan::label`]).
+    pub fn label(&self) -> String {
+        match self.policy {
+            Some(policy) => policy.to_string(),
+            None => Setting {
+                group_size: self.group_size,
+                bits: self.bits,
+                mode: self.mode,
+            }
+            .label(),
+        }
+    }
 }
 
 /// Everything a run computes, in protocol order.

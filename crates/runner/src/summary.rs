@@ -13,7 +13,7 @@ use tabled::builder::Builder;
 use tabled::settings::object::Columns;
 use tabled::settings::{Alignment, Style};
 
-use crate::plan::{Plan, float32_kv_bytes, plans};
+use crate::plan::{float32_kv_bytes, plans};
 use crate::protocol::{Distribution, Mode, Policy, Protocol};
 use crate::study::{ResultRow, Study};
 use crate::timing::{Operation, Timings, median};
@@ -68,14 +68,6 @@ pub struct TimingRow {
     pub median_ns: u64,
     /// How many raw measurements the median is over.
     pub measurements: usize,
-}
-
-/// The label a configuration goes by in tables, timings and the plot.
-pub fn config_label(plan: &Plan) -> String {
-    match plan {
-        Plan::Packed(s) => s.label(),
-        Plan::Budget { policy, .. } => policy.to_string(),
-    }
 }
 
 /// Builds the tables from a run's rows and timings.
@@ -175,23 +167,10 @@ fn payload_by_length(protocol: &Protocol, rows: &[&ResultRow]) -> BTreeMap<Strin
         .collect()
 }
 
-/// The configuration label of a results row (the same as [`config_label`] of its plan).
-pub fn row_label(row: &ResultRow) -> String {
-    match row.policy {
-        Some(policy) => policy.to_string(),
-        None => crate::protocol::Setting {
-            group_size: row.group_size,
-            bits: row.bits,
-            mode: row.mode,
-        }
-        .label(),
-    }
-}
-
 fn timing_medians(protocol: &Protocol, rows: &[ResultRow], timings: &Timings) -> Vec<TimingRow> {
     let config_of: BTreeMap<&str, (String, usize)> = rows
         .iter()
-        .map(|r| (r.id.as_str(), (row_label(r), r.tokens)))
+        .map(|r| (r.id.as_str(), (r.label(), r.tokens)))
         .collect();
     let mut groups: BTreeMap<(String, usize, Operation), Vec<u64>> = BTreeMap::new();
     for m in &timings.measurements {
@@ -204,7 +183,7 @@ fn timing_medians(protocol: &Protocol, rows: &[ResultRow], timings: &Timings) ->
     }
     let mut out = Vec::new();
     for plan in plans(protocol) {
-        let config = config_label(&plan);
+        let config = plan.label();
         for &tokens in &protocol.tokens {
             for operation in Operation::ALL {
                 if let Some(values) = groups.get_mut(&(config.clone(), tokens, operation)) {

@@ -572,7 +572,10 @@ mod tests {
     #[test]
     fn unknown_fields_wrong_types_and_unknown_names_are_parse_errors_naming_the_field() {
         // serde_path_to_error names an unknown field by its own path.
-        assert_eq!(parse_field(&err(|v| v["colour"] = 3.into())), Some("colour"));
+        assert_eq!(
+            parse_field(&err(|v| v["colour"] = 3.into())),
+            Some("colour")
+        );
         for (edit, field) in [
             (
                 Box::new(|v: &mut serde_json::Value| v["focus"]["width"] = 3.into())
