@@ -122,11 +122,7 @@ pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timin
     }
 }
 
-fn select<'a>(
-    rows: &'a [ResultRow],
-    study: Study,
-    keep: impl Fn(&ResultRow) -> bool,
-) -> Vec<&'a ResultRow> {
+fn select(rows: &[ResultRow], study: Study, keep: impl Fn(&ResultRow) -> bool) -> Vec<&ResultRow> {
     rows.iter()
         .filter(|r| r.study == study && keep(r))
         .collect()
