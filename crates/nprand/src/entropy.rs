@@ -15,6 +15,7 @@ const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
 
 /// Why a seed was refused.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EntropyError {
     /// Nothing to parse.
     #[error("entropy is empty")]

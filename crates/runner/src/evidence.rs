@@ -77,6 +77,7 @@ const RANDOM_CHARS: usize = 6;
 const STAGING_ATTEMPTS: usize = 16;
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum EvidenceError {
     #[error("output directory {0} already exists; choose a new directory (runs never overwrite)")]
     Exists(PathBuf),

@@ -30,6 +30,7 @@ pub struct PinnedDir {
 }
 
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum PinError {
     #[error("evidence path {0} must be relative to the root manifest's directory")]
     Absolute(PathBuf),

@@ -72,6 +72,7 @@ pub struct Measurement {
 
 /// A measurement that cannot be a real timing.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum TimingError {
     #[error(
         "timing {} of {comparison} (repeat {repeat}) measured 0 ns: the clock is too coarse to \
