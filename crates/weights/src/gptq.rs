@@ -2,7 +2,7 @@
 //!
 //! Spec (K = in-features, N = out-features, G = groups, b = bits):
 //! - Container: four tensors, `qweight` int32 [K*b/32, N], `qzeros` int32 [G, N*b/32],
-//!   `scales` f16 [G, N], `g_idx` int32 [K].
+//!   `scales` f16 [G, N], `g_idx` int32 \[K\].
 //! - qweight axis: packed along K. Column n of qweight is the dense little-endian b-bit stream of
 //!   codes[:, n]: row k at bits [k*b, (k+1)*b) of the column's words. At 4 bits that is row
 //!   8r + j at bits 4j of word r; at 3 bits 32 rows fill exactly 3 words and rows 10 and 21
@@ -28,11 +28,11 @@
 use half::f16;
 use ndarray::{Array2, Axis};
 
-use crate::WeightFormat;
 use crate::bpw::Cost;
 use crate::error::{FormatError, Result};
+use crate::format::WeightFormat;
 use crate::logical::LogicalWeights;
-use crate::shape::{check_aligned, check_logical_shape, check_tensor_shapes};
+use crate::shape::{check_aligned, check_logical_shape, check_not_empty, check_tensor_shapes};
 use bitpack::{Bits, stream as bits};
 
 /// Bit widths AutoGPTQ and GPTQModel write.
@@ -48,6 +48,7 @@ pub enum ZeroConvention {
 }
 
 impl ZeroConvention {
+    /// The format name this convention is written under (`gptq` or `gptq_v2`).
     pub fn format(self) -> WeightFormat {
         match self {
             ZeroConvention::V1 => WeightFormat::Gptq,
@@ -91,16 +92,19 @@ impl ZeroConvention {
 /// One GPTQ layer's tensors, as a checkpoint stores them, with its logical size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GptqLayer {
+    /// Code width b: 2, 3, 4 or 8.
     pub bits: u32,
+    /// Rows per group; G = ceil(K / group_size).
     pub group_size: usize,
+    /// How qzeros stores the zero points.
     pub convention: ZeroConvention,
-    /// [K*b/32, N]
+    /// Codes packed along K, one word stream per column: [K*b/32, N].
     pub qweight: Array2<i32>,
-    /// [G, N*b/32]
+    /// Zero-point fields packed along N, one word stream per group: [G, N*b/32].
     pub qzeros: Array2<i32>,
-    /// [G, N]
+    /// Scales: [G, N].
     pub scales: Array2<f16>,
-    /// [K]
+    /// The group of each stored row: \[K\].
     pub g_idx: Vec<i32>,
     /// [K, N] before padding; equal to the stored size when nothing was padded.
     pub logical_shape: [usize; 2],
@@ -152,12 +156,8 @@ pub fn unpack(layer: &GptqLayer) -> Result<LogicalWeights> {
         .g_idx
         .iter()
         .enumerate()
-        .map(|(row, &g)| {
-            u32::try_from(g).map_err(|_| FormatError::GroupIndexOutOfRange {
-                row,
-                group: i64::from(g),
-                groups: layer.scales.nrows(),
-            })
+        .map(|(row, &group)| {
+            u32::try_from(group).map_err(|_| FormatError::NegativeGroupIndex { row, group })
         })
         .collect::<Result<Vec<u32>>>()?;
     let stored = LogicalWeights::new(
@@ -181,6 +181,7 @@ impl GptqLayer {
         let bits = self.bits as usize;
         let k = self.g_idx.len();
         let n = self.scales.ncols();
+        check_not_empty(k, n)?;
         let groups = k.div_ceil(self.group_size);
         let step = alignment(self.bits);
         check_aligned("GPTQ", "K (g_idx length)", k, step)?;

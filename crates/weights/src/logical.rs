@@ -5,9 +5,9 @@
 //!   out-features (columns), 1 <= b <= 8, every code <= 2^b - 1.
 //! - `scales` [G, N] f16 and `zeros` [G, N] u8: per group and column, the scale and the TRUE zero
 //!   point (0..=2^b - 1; no convention's "minus one" in it).
-//! - `g_idx` [K]: the group of each row, < G. Sequential groups have g_idx[k] = k / group_size;
+//! - `g_idx` \[K\]: the group of each row, < G. Sequential groups have `g_idx[k] = k / group_size`;
 //!   act-order checkpoints scatter them.
-//! - Weight: `w[k, n] = f32(scale[g, n]) * ((code[k, n] - zero[g, n]) as f32)` with g = g_idx[k],
+//! - Weight: `w[k, n] = f32(scale[g, n]) * ((code[k, n] - zero[g, n]) as f32)` with `g = g_idx[k]`,
 //!   exactly as AutoGPTQ, GPTQModel and AutoAWQ's readers compute it (checked against their
 //!   outputs in the conformance tests).
 //!
@@ -21,6 +21,9 @@ use ndarray::{Array2, Axis, s};
 use crate::error::{FormatError, Result};
 use crate::shape::check_logical_shape;
 
+/// One layer's weights with no layout left in them: codes, scales, true zero points and g_idx,
+/// checked to agree with each other (see the module spec). Build it with [`Self::new`] or
+/// [`Self::with_sequential_groups`]; every packer takes it and every unpacker returns it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogicalWeights {
     bits: u32,
@@ -53,7 +56,7 @@ impl LogicalWeights {
         Ok(weights)
     }
 
-    /// A matrix whose rows are in sequential groups: g_idx[k] = k / group_size.
+    /// A matrix whose rows are in sequential groups: `g_idx[k] = k / group_size`.
     pub fn with_sequential_groups(
         bits: u32,
         group_size: usize,
@@ -118,20 +121,18 @@ impl LogicalWeights {
             .enumerate()
             .find(|(_, g)| **g as usize >= groups)
         {
-            return Err(FormatError::GroupIndexOutOfRange {
-                row,
-                group: i64::from(group),
-                groups,
-            });
+            return Err(FormatError::GroupIndexOutOfRange { row, group, groups });
         }
         check_range("code", &self.codes, self.bits)?;
         check_range("zero point", &self.zeros, self.bits)
     }
 
+    /// Code width b, 1 to 8.
     pub fn bits(&self) -> u32 {
         self.bits
     }
 
+    /// Rows per group (of sequential groups; act-order groups hold as many, scattered).
     pub fn group_size(&self) -> usize {
         self.group_size
     }
@@ -146,23 +147,27 @@ impl LogicalWeights {
         self.codes.ncols()
     }
 
+    /// Groups G: rows of scales and zeros.
     pub fn groups(&self) -> usize {
         self.scales.nrows()
     }
 
+    /// Codes [K, N], each at most 2^b - 1.
     pub fn codes(&self) -> &Array2<u8> {
         &self.codes
     }
 
+    /// Scales [G, N].
     pub fn scales(&self) -> &Array2<f16> {
         &self.scales
     }
 
-    /// True zero points (no convention applied).
+    /// True zero points [G, N] (no convention applied).
     pub fn zeros(&self) -> &Array2<u8> {
         &self.zeros
     }
 
+    /// The group of each row \[K\].
     pub fn g_idx(&self) -> &[u32] {
         &self.g_idx
     }
@@ -344,20 +349,18 @@ pub fn check_permutation(perm: &[u32], rows: usize) -> Result<()> {
     }
     let mut seen_at: Vec<Option<usize>> = vec![None; rows];
     for (index, &value) in perm.iter().enumerate() {
-        let problem = match seen_at.get_mut(value as usize) {
-            None => format!("past the last row {}", rows - 1),
-            Some(Some(first)) => format!("which entry {first} already holds"),
-            Some(slot) => {
-                *slot = Some(index);
-                continue;
+        match seen_at.get_mut(value as usize) {
+            None => return Err(FormatError::PermutationPastEnd { rows, index, value }),
+            Some(Some(first)) => {
+                return Err(FormatError::PermutationRepeatsRow {
+                    rows,
+                    index,
+                    value,
+                    first: *first,
+                });
             }
-        };
-        return Err(FormatError::NotAPermutation {
-            rows,
-            index,
-            value,
-            problem,
-        });
+            Some(slot) => *slot = Some(index),
+        }
     }
     Ok(())
 }
