@@ -15,6 +15,7 @@ use crate::report::thousands;
 /// Weights in the model the worked example scales up to.
 pub const MODEL_WEIGHTS: u64 = 70_000_000_000;
 
+/// The flags of `repack bpw`: a matrix shape, and optionally a layout (with `--bits`).
 #[derive(Args, Debug, Clone, Default)]
 pub struct BpwArgs {
     /// Matrix shape ROWSxCOLS.

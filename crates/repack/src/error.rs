@@ -499,54 +499,61 @@ pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::error::Error as _;
 
-    /// No variant repeats its source: printed with its causes, a wrapped message appears once.
+    /// Every variant that wraps a cause leaves it to the chain: its own message does not
+    /// contain the cause's, and printed with its causes, each appears once.
     #[test]
-    fn the_chain_says_each_cause_once() {
+    fn no_variant_repeats_its_source() {
         let permutation = MetadataError::BadPermutation {
             key: "proj.input_permutation".into(),
             source: Box::new(FormatError::PermutationLength { found: 1, rows: 2 }),
         };
-        let layer = Error::in_layer("proj")(TranscodeError::UnsupportedTarget(WeightFormat::Nf4));
-        let io = Error::io("missing.safetensors")(std::io::Error::other("gone"));
-        let npy = Error::Npy {
-            path: "x.npy".into(),
-            source: NpyError::TooShort { found: 3 },
-        };
-        let in_file = Error::in_file(Path::new("x.npy"))(FormatError::ZeroGroupSize.into());
-        let bytes = crate::checkpoint::Checkpoint::from_bytes(b"\x02\0\0\0\0\0\0\0{]").unwrap_err();
-        let checkpoint = Error::SafeTensors {
-            path: "c.safetensors".into(),
-            source: bytes,
-        };
-        for (err, expected) in [
-            (
-                Error::from(permutation),
-                "metadata \"proj.input_permutation\" cannot be used: the row permutation has 1 \
-                 entries for K = 2 rows",
-            ),
-            (
-                layer,
-                "layer \"proj\": repack writes gptq, gptq_v2 or awq layers, not nf4; GGUF blocks \
-                 and NF4 are written by `repack quantize` from float weights",
-            ),
-            (io, "missing.safetensors: gone"),
-            (
-                npy,
-                "x.npy: not a float32 matrix in .npy format: 3 bytes; a .npy file starts with the \
-                 6-byte magic string \\x93NUMPY, a 2-byte version and the header's length",
-            ),
-            (in_file, "x.npy: group size must be at least 1, got 0"),
-        ] {
-            assert_eq!(with_causes(&err), expected);
+        let checkpoint = crate::checkpoint::Checkpoint::from_bytes(b"\x02\0\0\0\0\0\0\0{]")
+            .expect_err("not JSON");
+        let json = serde_json::from_str::<u32>("{").expect_err("not a number");
+        let wrappers = [
+            Error::from(permutation),
+            Error::in_layer("proj")(TranscodeError::UnsupportedTarget(WeightFormat::Nf4)),
+            Error::io("missing.safetensors")(std::io::Error::other("gone")),
+            Error::Npy {
+                path: "x.npy".into(),
+                source: NpyError::TooShort { found: 3 },
+            },
+            Error::in_file(Path::new("x.npy"))(FormatError::ZeroGroupSize.into()),
+            Error::SafeTensors {
+                path: "c.safetensors".into(),
+                source: checkpoint,
+            },
+            Error::QuantStateJson {
+                layer: "proj".into(),
+                tensor: "proj.weight.quant_state.bitsandbytes__nf4".into(),
+                source: json,
+            },
+        ];
+        for err in &wrappers {
+            let own = err.to_string();
+            let cause = err.source().expect("a wrapper has a source").to_string();
+            assert!(
+                !own.contains(&cause),
+                "{err:?} repeats {cause:?} in {own:?}"
+            );
+            assert_eq!(
+                with_causes(err),
+                format!("{own}: {}", with_causes(err.source().unwrap()))
+            );
+            assert_eq!(with_causes(err).matches(&cause).count(), 1, "{err:?}");
         }
-        // The safetensors crate's message names its cause and also returns it as its source;
-        // the chain ends at its message, so the JSON parser's words appear once.
-        let text = with_causes(&checkpoint);
-        assert!(
-            text.starts_with("c.safetensors: not a readable safetensors file: invalid JSON"),
-            "{text}"
-        );
+    }
+
+    /// The safetensors crate's messages name their cause and also return it as their source;
+    /// the chain ends at its message, so the cause is printed once.
+    #[test]
+    fn a_safetensors_error_ends_the_chain() {
+        let err = crate::checkpoint::Checkpoint::from_bytes(b"\x02\0\0\0\0\0\0\0{]")
+            .expect_err("not JSON");
+        let text = with_causes(&err);
+        assert!(text.starts_with("invalid JSON in header: "), "{text}");
         assert_eq!(text.matches("at line 1 column").count(), 1, "{text}");
     }
 }

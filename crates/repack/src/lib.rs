@@ -26,6 +26,8 @@
 //! `layers` uses `checkpoint`, `error` and `names`; `layer_io` adds `layers` and `metadata`;
 //! the commands sit on top.
 
+#![warn(missing_docs)]
+
 pub mod blockfile;
 pub mod bpw_cmd;
 pub mod checkpoint;

@@ -232,10 +232,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            pack(&scattered).unwrap_err().to_string(),
-            "AWQ has no g_idx: its rows must be in sequential groups (row k in group k / 1), but \
-             row 0 is in group 1; sort the rows into contiguous groups first and permute the \
-             layer's input activations the same way"
+            pack(&scattered),
+            Err(FormatError::NeedsSequentialGroups {
+                format: "AWQ",
+                group_size: 1,
+                row: 0,
+                group: 1
+            })
         );
         let eight_bit = LogicalWeights::with_sequential_groups(
             8,
@@ -246,8 +249,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            pack(&eight_bit).unwrap_err().to_string(),
-            "AWQ (GEMM) stores 4-bit codes, not 8-bit codes"
+            pack(&eight_bit),
+            Err(FormatError::UnsupportedBits {
+                format: "AWQ (GEMM)",
+                bits: 8,
+                supported: "4-bit"
+            })
         );
     }
 

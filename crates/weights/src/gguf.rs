@@ -481,30 +481,42 @@ mod tests {
                 .is_infinite()
         );
         assert_eq!(
-            quantize::<BlockQ4_0>(&row(4e4), 64)
-                .unwrap_err()
-                .to_string(),
-            "Q4_0 block 0 (row 0, columns 0..32) spans -1.26e6 to -2e4: its scale d = 1.575e5 \
-             rounds to infinity in f16 (largest finite value 65504), so the block's weights would \
-             dequantize to infinities and NaN; ggml stores it anyway, this tool refuses"
+            quantize::<BlockQ4_0>(&row(4e4), 64),
+            Err(FormatError::ScaleRoundsToInfinity(ScaledBlock {
+                format: "Q4_0",
+                block: 0,
+                row: 0,
+                start: 0,
+                end: 32,
+                low: -31.5 * 4e4,
+                high: -0.5 * 4e4,
+                scale: 31.5 * 4e4 / 8.0,
+            }))
         );
         // And d = 0 here, so every weight would come back as 0.
-        assert_eq!(
-            quantize::<BlockQ8_0>(&row(1e-9), 32)
-                .unwrap_err()
-                .to_string(),
-            "Q8_0 block 0 (row 0, columns 0..32) spans -3.15e-8 to -5e-10: its scale d = \
-             2.480315e-10 rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every \
-             weight of the block would dequantize to 0; ggml stores it anyway, this tool refuses"
+        let err = quantize::<BlockQ8_0>(&row(1e-9), 32).unwrap_err();
+        assert!(
+            matches!(&err, FormatError::ScaleRoundsToZero(b) if b.scale == 31.5 * 1e-9 / 127.0),
+            "{err:?}"
         );
         // The second block of the second row is named by its place.
         let mut x = vec![1.0f32; 128];
         x[64 + 40] = 1e7;
+        let err = quantize::<BlockQ4_0>(&x, 64).unwrap_err();
         assert!(
-            quantize::<BlockQ4_0>(&x, 64)
-                .unwrap_err()
-                .to_string()
-                .starts_with("Q4_0 block 3 (row 1, columns 32..64) spans 1e0 to 1e7")
+            matches!(
+                &err,
+                FormatError::ScaleRoundsToInfinity(ScaledBlock {
+                    block: 3,
+                    row: 1,
+                    start: 32,
+                    end: 64,
+                    low: 1.0,
+                    high: 1e7,
+                    ..
+                })
+            ),
+            "{err:?}"
         );
         // Small but representable scales (subnormal in f16) are kept, as ggml keeps them.
         assert!(quantize::<BlockQ8_0>(&row(1e-5), 32).is_ok());
@@ -514,15 +526,21 @@ mod tests {
     fn non_finite_input_and_stored_scales_are_refused() {
         let mut x = vec![0.5f32; 64];
         x[37] = f32::NAN;
-        assert_eq!(
-            quantize::<BlockQ4_0>(&x, 32).unwrap_err().to_string(),
-            "non-finite input: element [1, 5] is NaN; the quantizers need finite values"
+        let err = quantize::<BlockQ4_0>(&x, 32).unwrap_err();
+        assert!(
+            matches!(err, FormatError::NonFinite { row: 1, col: 5, value } if value.is_nan()),
+            "{err:?}"
         );
         let mut bytes = to_bytes(&quantize::<BlockQ8_0>(&[1.0; 64], 32).unwrap());
         bytes[34..36].copy_from_slice(&f16::INFINITY.to_le_bytes());
         assert_eq!(
-            from_bytes::<BlockQ8_0>(&bytes).unwrap_err().to_string(),
-            "Q8_0 block 1 has scale d = inf; a stored scale must be finite"
+            from_bytes::<BlockQ8_0>(&bytes),
+            Err(FormatError::NonFiniteScale {
+                format: "Q8_0",
+                what: "scale d",
+                block: 1,
+                value: f32::INFINITY
+            })
         );
     }
 
@@ -533,14 +551,33 @@ mod tests {
         assert_eq!(bytes.len(), 18);
         assert_eq!(from_bytes::<BlockQ4_0>(&bytes).unwrap(), blocks);
         assert_eq!(
-            from_bytes::<BlockQ8_0>(&bytes).unwrap_err().to_string(),
-            "Q8_0 data is whole 34-byte blocks: 18 bytes, expected 34"
+            from_bytes::<BlockQ8_0>(&bytes),
+            Err(FormatError::PartialBlock {
+                format: "Q8_0",
+                found: 18,
+                block_bytes: 34
+            })
         );
         assert_eq!(
-            quantize::<BlockQ8_0>(&[0.0; 48], 48)
-                .unwrap_err()
-                .to_string(),
-            "Q8_0 needs the row length (blocks of 32 run along a row) to be a multiple of 32, got 48"
+            quantize::<BlockQ8_0>(&[0.0; 48], 48),
+            Err(FormatError::RowLength {
+                format: "Q8_0",
+                cols: 48
+            })
+        );
+        assert_eq!(
+            quantize::<BlockQ8_0>(&[0.0; 48], 32),
+            Err(FormatError::NotWholeRows { len: 48, cols: 32 })
+        );
+        assert_eq!(
+            to_logical(&blocks, 2, 32),
+            Err(FormatError::BlockCount {
+                format: "Q4_0",
+                rows: 2,
+                cols: 32,
+                found: 1,
+                expected: 2
+            })
         );
     }
 
@@ -554,5 +591,43 @@ mod tests {
         let direct = dequantize(&blocks);
         assert!((0..64).all(|i| deq[[i % 32, i / 32]].to_bits() == direct[i].to_bits()));
         assert_eq!(from_logical::<BlockQ4_0>(&logical).unwrap(), blocks);
+        // Only groups of exactly 32 with the fixed zero point are blocks.
+        let padded = logical.padded(64, 1);
+        let groups_of_64 = LogicalWeights::with_sequential_groups(
+            4,
+            64,
+            padded.codes().clone(),
+            padded.scales().slice(ndarray::s![..1, ..]).to_owned(),
+            padded.zeros().slice(ndarray::s![..1, ..]).to_owned(),
+        )
+        .unwrap();
+        assert_eq!(
+            from_logical::<BlockQ4_0>(&groups_of_64),
+            Err(FormatError::BlockGroupSize {
+                format: "Q4_0",
+                found: 64,
+                block: 32
+            })
+        );
+        let mut zeros = logical.zeros().clone();
+        zeros[[0, 1]] = 7;
+        let shifted = LogicalWeights::with_sequential_groups(
+            4,
+            32,
+            logical.codes().clone(),
+            logical.scales().clone(),
+            zeros,
+        )
+        .unwrap();
+        assert_eq!(
+            from_logical::<BlockQ4_0>(&shifted),
+            Err(FormatError::FixedZeroPoint {
+                format: "Q4_0",
+                group: 0,
+                col: 1,
+                found: 7,
+                expected: 8
+            })
+        );
     }
 }

@@ -353,19 +353,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            pack(&w, ZeroConvention::V1).unwrap_err().to_string(),
-            "GPTQ v1 stores zero - 1, so the zero point 0 at [group 0, column 3] cannot be written \
-             (the field would wrap to 15 and AutoGPTQ's reader would see 16); write gptq_v2, \
-             which stores the zero point itself"
+            pack(&w, ZeroConvention::V1),
+            Err(FormatError::V1ZeroUnrepresentable {
+                group: 0,
+                col: 3,
+                wrapped: 15,
+                seen: 16
+            })
         );
         let mut layer = pack(&w, ZeroConvention::V2).unwrap();
         layer.convention = ZeroConvention::V1;
         layer.qzeros[[0, 0]] = 0xF000;
         assert_eq!(
-            unpack(&layer).unwrap_err().to_string(),
-            "GPTQ v1 qzeros field [group 0, column 3] holds 15: read as zero - 1 that is the zero \
-             point 16, which no 4-bit field can hold; the writer probably stored a zero point of 0 \
-             under v1, which is ambiguous, so this layer is refused"
+            unpack(&layer),
+            Err(FormatError::V1ZeroFieldAmbiguous {
+                group: 0,
+                col: 3,
+                field: 15,
+                seen: 16,
+                bits: 4
+            })
         );
     }
 
@@ -382,13 +389,69 @@ mod tests {
     }
 
     #[test]
-    fn wrong_group_size_shows_up_as_a_scales_shape_error() {
-        let mut layer = pack(&ramp(4, 64, 8, 16), ZeroConvention::V2).unwrap();
-        layer.group_size = 32;
+    fn every_shape_the_format_implies_is_checked() {
+        let layer = pack(&ramp(4, 64, 8, 16), ZeroConvention::V2).unwrap();
+        let refused = |edit: &dyn Fn(&mut GptqLayer)| {
+            let mut edited = layer.clone();
+            edit(&mut edited);
+            unpack(&edited).unwrap_err()
+        };
+        // Which tensor a shape mismatch names, with its shape and the expected one.
+        let mismatch = |err: FormatError| match err {
+            FormatError::ShapeMismatch {
+                format: "GPTQ",
+                tensor,
+                found,
+                expected,
+                ..
+            } => Some((tensor, found, expected)),
+            _ => None,
+        };
+        // A wrong group size shows up as scales of the wrong height.
         assert_eq!(
-            unpack(&layer).unwrap_err().to_string(),
-            "GPTQ scales has shape [4, 8], expected [2, 8] (ceil(K / group size) = ceil(64 / 32) \
-             groups)"
+            mismatch(refused(&|l| l.group_size = 32)),
+            Some(("scales", vec![4, 8], vec![2, 8]))
+        );
+        assert_eq!(
+            mismatch(refused(&|l| l.qweight = Array2::zeros((7, 8)))),
+            Some(("qweight", vec![7, 8], vec![8, 8]))
+        );
+        assert_eq!(
+            mismatch(refused(&|l| l.qzeros = Array2::zeros((4, 2)))),
+            Some(("qzeros", vec![4, 2], vec![4, 1]))
+        );
+        assert_eq!(
+            refused(&|l| l.g_idx.truncate(60)),
+            FormatError::NotAligned {
+                format: "GPTQ",
+                what: "K (g_idx length)",
+                found: 60,
+                multiple: 8
+            }
+        );
+        assert_eq!(
+            refused(&|l| l.g_idx.clear()),
+            FormatError::EmptyMatrix { rows: 0, cols: 8 }
+        );
+        assert_eq!(
+            refused(&|l| l.logical_shape = [65, 8]),
+            FormatError::LogicalShapeTooLarge {
+                format: "GPTQ",
+                logical: [65, 8],
+                stored: [64, 8]
+            }
+        );
+        assert_eq!(
+            refused(&|l| l.g_idx[5] = -1),
+            FormatError::NegativeGroupIndex { row: 5, group: -1 }
+        );
+        assert_eq!(
+            refused(&|l| l.bits = 5),
+            FormatError::UnsupportedBits {
+                format: "GPTQ",
+                bits: 5,
+                supported: "2-, 3-, 4- or 8-bit"
+            }
         );
     }
 

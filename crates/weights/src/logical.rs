@@ -462,9 +462,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            w.into_sequential_groups().unwrap_err().to_string(),
-            "g_idx cannot be made contiguous in groups of 2: group 0 has 3 rows, a layout without \
-             g_idx needs 2"
+            w.into_sequential_groups(),
+            Err(FormatError::GroupsNotContiguous {
+                group_size: 2,
+                group: 0,
+                rows: 3,
+                expected: 2
+            })
         );
     }
 
@@ -479,8 +483,34 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            err.to_string(),
-            "code [0, 0] is 4, above the 2-bit maximum 3"
+            err,
+            FormatError::CodeOutOfRange {
+                what: "code",
+                row: 0,
+                col: 0,
+                value: 4,
+                bits: 2,
+                max: 3
+            }
+        );
+        let err = LogicalWeights::with_sequential_groups(
+            2,
+            2,
+            array![[0, 0], [0, 0]],
+            f16s(&[[1.0, 1.0]]),
+            array![[1, 7]],
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            FormatError::CodeOutOfRange {
+                what: "zero point",
+                row: 0,
+                col: 1,
+                value: 7,
+                bits: 2,
+                max: 3
+            }
         );
         let err = LogicalWeights::new(
             4,
@@ -492,8 +522,12 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            err.to_string(),
-            "g_idx[1] is 1, but there are only 1 groups"
+            err,
+            FormatError::GroupIndexOutOfRange {
+                row: 1,
+                group: 1,
+                groups: 1
+            }
         );
     }
 
@@ -519,24 +553,81 @@ mod tests {
     fn a_malformed_input_permutation_is_refused_by_name() {
         assert_eq!(check_permutation(&[2, 0, 1], 3), Ok(()));
         assert_eq!(
-            check_permutation(&[0], 3).unwrap_err().to_string(),
-            "the row permutation has 1 entries for K = 3 rows"
+            check_permutation(&[0], 3),
+            Err(FormatError::PermutationLength { found: 1, rows: 3 })
         );
         assert_eq!(
-            check_permutation(&[0, 3, 1], 3).unwrap_err().to_string(),
-            "the row permutation is not a permutation of rows 0..3: entry 1 is 3, past the last \
-             row 2"
+            check_permutation(&[0, 3, 1], 3),
+            Err(FormatError::PermutationPastEnd {
+                rows: 3,
+                index: 1,
+                value: 3
+            })
+        );
+        let repeated = FormatError::PermutationRepeatsRow {
+            rows: 3,
+            index: 2,
+            value: 1,
+            first: 1,
+        };
+        assert_eq!(check_permutation(&[0, 1, 1], 3), Err(repeated));
+        assert_eq!(
+            small().with_rows_restored(&[0, 1, 1, 2]),
+            Err(FormatError::PermutationRepeatsRow {
+                rows: 4,
+                index: 2,
+                value: 1,
+                first: 1
+            })
+        );
+    }
+
+    #[test]
+    fn parts_that_disagree_are_refused_by_shape_and_a_logical_size_must_fit() {
+        let mismatch = |tensor, found: Vec<usize>, expected: Vec<usize>, why: &str| {
+            Err(FormatError::ShapeMismatch {
+                format: "logical",
+                tensor,
+                found,
+                expected,
+                why: why.to_string(),
+            })
+        };
+        let w = small();
+        let zeros_3 = Array2::zeros((3, 2));
+        assert_eq!(
+            LogicalWeights::new(
+                4,
+                2,
+                w.codes().clone(),
+                w.scales().clone(),
+                zeros_3,
+                vec![0, 0, 1, 1]
+            ),
+            mismatch("zeros", vec![3, 2], vec![2, 2], "the same shape as scales")
         );
         assert_eq!(
-            check_permutation(&[0, 1, 1], 3).unwrap_err().to_string(),
-            "the row permutation is not a permutation of rows 0..3: entry 2 is 1, which entry 1 \
-             already holds"
+            LogicalWeights::new(
+                4,
+                2,
+                w.codes().clone(),
+                w.scales().clone(),
+                w.zeros().clone(),
+                vec![0, 0, 1]
+            ),
+            mismatch("g_idx", vec![3], vec![4], "one entry per row")
         );
-        let err = small().with_rows_restored(&[0, 1, 1, 2]).unwrap_err();
         assert_eq!(
-            err.to_string(),
-            "the row permutation is not a permutation of rows 0..4: entry 2 is 1, which entry 1 \
-             already holds"
+            w.cropped(5, 2),
+            Err(FormatError::LogicalShapeTooLarge {
+                format: "logical",
+                logical: [5, 2],
+                stored: [4, 2]
+            })
+        );
+        assert_eq!(
+            w.cropped(0, 2),
+            Err(FormatError::EmptyMatrix { rows: 0, cols: 2 })
         );
     }
 }

@@ -315,27 +315,63 @@ mod tests {
         // and the zero code 0 (-1.0 * absmax).
         let x = array![[1e-40f32, 1e-45, 0.0, 0.5]];
         assert_eq!(
-            quantize(x.view(), 3).unwrap_err().to_string(),
-            "NF4 block 0 (elements 0..3 of the flattened matrix) has absmax 1e-40, whose inverse \
-             overflows f32, so every code in it would be a clamp to -1 or +1 (and each zero a NaN \
-             that becomes code 0); bitsandbytes stores it anyway, this tool refuses"
+            quantize(x.view(), 3),
+            Err(FormatError::AbsmaxTooSmall {
+                block: 0,
+                start: 0,
+                end: 3,
+                absmax: 1e-40
+            })
         );
         assert!(quantize(array![[1e-30f32, 0.0]].view(), 64).is_ok());
         assert_eq!(
-            quantize(array![[0.0f32, f32::INFINITY]].view(), 64)
-                .unwrap_err()
-                .to_string(),
-            "non-finite input: element [0, 1] is inf; the quantizers need finite values"
+            quantize(array![[0.0f32, f32::INFINITY]].view(), 64),
+            Err(FormatError::NonFinite {
+                row: 0,
+                col: 1,
+                value: f32::INFINITY
+            })
+        );
+        assert_eq!(
+            quantize(array![[1.0f32]].view(), 0),
+            Err(FormatError::ZeroBlockSize)
         );
     }
 
     #[test]
-    fn a_stored_absmax_that_is_not_finite_is_refused() {
-        let mut t = quantize(array![[1.0f32, -1.0]].view(), 64).unwrap();
-        t.absmax[0] = f32::NAN;
+    fn stored_counts_and_absmax_are_checked_against_the_shape() {
+        let t = quantize(array![[1.0f32, -1.0, 0.5], [0.0, 2.0, -2.0]].view(), 4).unwrap();
+        let refused = |edit: &dyn Fn(&mut Nf4Tensor)| {
+            let mut edited = t.clone();
+            edit(&mut edited);
+            edited.dequantize().unwrap_err()
+        };
+        let err = refused(&|t| t.absmax[1] = f32::NAN);
+        assert!(
+            matches!(err, FormatError::NonFiniteScale { format: "NF4", what: "absmax", block: 1, value }
+                if value.is_nan()),
+            "{err:?}"
+        );
         assert_eq!(
-            t.dequantize().unwrap_err().to_string(),
-            "NF4 block 0 has absmax = NaN; a stored scale must be finite"
+            refused(&|t| t.packed.push(0)),
+            FormatError::Nf4CodeBytes {
+                rows: 2,
+                cols: 3,
+                found: 4,
+                expected: 3
+            }
+        );
+        assert_eq!(
+            refused(&|t| t.absmax.pop().map(drop).unwrap()),
+            FormatError::Nf4AbsmaxCount {
+                blocks: 2,
+                block_size: 4,
+                found: 1
+            }
+        );
+        assert_eq!(
+            refused(&|t| t.shape = [0, 3]),
+            FormatError::EmptyMatrix { rows: 0, cols: 3 }
         );
     }
 }

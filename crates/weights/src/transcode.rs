@@ -307,10 +307,11 @@ mod tests {
     fn a_recorded_permutation_of_the_wrong_length_is_refused() {
         let to_awq = transcode(&act_order(), WeightFormat::Awq).unwrap();
         assert_eq!(
-            transcode_recorded(&to_awq.layer, Some(&[0]), WeightFormat::Gptq)
-                .unwrap_err()
-                .to_string(),
-            "the row permutation has 1 entries for K = 4 rows"
+            transcode_recorded(&to_awq.layer, Some(&[0]), WeightFormat::Gptq),
+            Err(TranscodeError::Format(FormatError::PermutationLength {
+                found: 1,
+                rows: 4
+            }))
         );
     }
 
@@ -326,9 +327,17 @@ mod tests {
         .unwrap();
         let v2 = pack(&weights, WeightFormat::GptqV2).unwrap();
         let err = transcode(&v2, WeightFormat::Gptq).unwrap_err();
-        assert!(err.to_string().starts_with(
-            "GPTQ v1 stores zero - 1, so the zero point 0 at [group 0, column 0] cannot be written"
-        ));
+        assert!(
+            matches!(
+                err,
+                TranscodeError::Format(FormatError::V1ZeroUnrepresentable {
+                    group: 0,
+                    col: 0,
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
         assert!(transcode(&v2, WeightFormat::Awq).is_ok());
     }
 
@@ -338,22 +347,38 @@ mod tests {
         let mut target = source.clone();
         target[[1, 0]] = 1.5;
         assert_eq!(
-            verify_bit_identical(&source, None, &target)
-                .unwrap_err()
-                .to_string(),
-            "refusing to write: weight [1, 0] dequantizes to 1.5e0 after repacking but to 1e0 in \
-             the source, so the conversion is not bit-identical"
+            verify_bit_identical(&source, None, &target),
+            Err(TranscodeError::NotBitIdentical {
+                row: 1,
+                col: 0,
+                source_value: 1.0,
+                target: 1.5
+            })
+        );
+        // -0.0 and 0.0 are equal as floats, but not the same bits.
+        let mut signed = Array2::from_elem((2, 2), 0.0f32);
+        signed[[0, 1]] = -0.0;
+        let err = verify_bit_identical(&Array2::zeros((2, 2)), None, &signed).unwrap_err();
+        assert!(
+            matches!(err, TranscodeError::NotBitIdentical { row: 0, col: 1, .. }),
+            "{err:?}"
+        );
+        assert_eq!(
+            verify_bit_identical(&source, None, &Array2::zeros((2, 3))),
+            Err(TranscodeError::ShapeChanged {
+                source_shape: [2, 2],
+                target_shape: [2, 3]
+            })
         );
     }
 
     #[test]
     fn block_formats_are_not_repack_targets() {
-        assert_eq!(
-            transcode(&act_order(), WeightFormat::Q4_0)
-                .unwrap_err()
-                .to_string(),
-            "repack writes gptq, gptq_v2 or awq layers, not q4_0; GGUF blocks and NF4 are written \
-             by `repack quantize` from float weights"
-        );
+        for target in [WeightFormat::Q4_0, WeightFormat::Q8_0, WeightFormat::Nf4] {
+            assert_eq!(
+                transcode(&act_order(), target),
+                Err(TranscodeError::UnsupportedTarget(target))
+            );
+        }
     }
 }

@@ -309,15 +309,19 @@ fn nf4_to_gptq_is_refused_because_it_needs_requantization() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.safetensors");
     let input = data("proj_nf4.safetensors");
-    for from in ["nf4", "gptq"] {
-        let message = convert_fails(from, "gptq", "64", path(&input), path(&out));
-        assert!(
-            message.contains(
-                "converting NF4 to gptq needs requantization: NF4 codes index 16 fixed, non-uniform \
-                 levels scaled by a per-block absmax, and no integer code with a scale and zero \
-                 point reproduces them exactly"
-            ),
-            "--from {from}: {message}"
+    let why = "converting NF4 to gptq needs requantization: NF4 codes index 16 fixed, non-uniform \
+               levels scaled by a per-block absmax, and no integer code with a scale and zero \
+               point reproduces them exactly; this tool only converts what it can prove \
+               bit-identical, so it refuses";
+    // The README quotes the --from gptq line.
+    for (from, message) in [
+        ("gptq", format!("repack: error: layer \"proj\": {why}\n")),
+        ("nf4", format!("repack: error: {why}\n")),
+    ] {
+        assert_eq!(
+            convert_fails(from, "gptq", "64", path(&input), path(&out)),
+            message,
+            "--from {from}"
         );
         assert!(!out.exists());
     }
