@@ -532,24 +532,6 @@ mod tests {
     }
 
     #[test]
-    fn restoring_rows_undoes_the_sort_into_sequential_groups() {
-        let act_order = LogicalWeights::new(
-            4,
-            2,
-            array![[1, 1], [2, 2], [3, 3], [4, 4]],
-            f16s(&[[1.0, 1.0], [2.0, 2.0]]),
-            array![[0, 0], [0, 0]],
-            vec![1, 0, 1, 0],
-        )
-        .unwrap();
-        let (sorted, perm) = act_order.clone().into_sequential_groups().unwrap();
-        assert_eq!(
-            sorted.with_rows_restored(&perm.unwrap()).unwrap(),
-            act_order
-        );
-    }
-
-    #[test]
     fn a_malformed_input_permutation_is_refused_by_name() {
         assert_eq!(check_permutation(&[2, 0, 1], 3), Ok(()));
         assert_eq!(
