@@ -34,7 +34,8 @@ pub const BNB_SUFFIXES: [&str; 5] = [
 /// A bitsandbytes 4-bit layer's quant state, inside the layer, before its quant type.
 pub const BNB_STATE: &str = "weight.quant_state.bitsandbytes__";
 
-/// Which family of layouts a layer's tensor names belong to.
+/// Which family of layouts a layer's tensor names belong to. Exhaustive: `convert` and `inspect`
+/// dispatch on it, and a new family must be handled in both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
     /// qweight / qzeros / scales [/ g_idx]: GPTQ or AWQ.

@@ -103,7 +103,7 @@ pub fn metadata_number(metadata: &BTreeMap<String, String>, key: &str) -> Result
 
 /// A bit width the reader was told: the `--bits` flag, or the metadata's `bits`. Either must
 /// agree with the tensor shapes (`layer_io::read_integer_layer` refuses it otherwise, naming
-/// both).
+/// both). Exhaustive: messages say where the width came from, and must say it for every source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeclaredBits {
     /// Given as `--bits`.

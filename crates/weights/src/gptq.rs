@@ -38,7 +38,8 @@ use bitpack::{Bits, stream as bits};
 /// Bit widths AutoGPTQ and GPTQModel write.
 pub const GPTQ_BITS: [u32; 4] = [2, 3, 4, 8];
 
-/// How a GPTQ checkpoint stores its zero points.
+/// How a GPTQ checkpoint stores its zero points. Exhaustive: these are the two conventions the
+/// libraries write, and packing and unpacking match on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ZeroConvention {
     /// AutoGPTQ's `gptq` format: stored field = (zero - 1) masked to the field.
@@ -464,7 +465,7 @@ mod tests {
             (4096, 128 + 512 + 512)
         );
         assert_eq!(cost.bits_per_element(), 5.125);
-        // codec::bpw's model of GPTQ: one word stream per column, packed zeros, g_idx.
+        // weights::bpw's model of GPTQ: one word stream per column, packed zeros, g_idx.
         let model = Format {
             zero_points: ZeroPoints::Packed,
             g_idx: true,
