@@ -19,16 +19,17 @@ use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
 use weights::nf4::{self, Nf4Tensor};
 use weights::{FormatError, WeightFormat};
 
-use crate::checkpoint::write_new_file;
 use crate::error::{Error, Result};
-use crate::input::read_input;
-use crate::npy::read_npy_matrix;
+use crate::files::{read_input, read_npy_matrix, write_new_file};
 
 /// What was quantized or dequantized.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlockFileReport {
+    /// The block format.
     pub format: WeightFormat,
+    /// [rows, cols] of the float32 matrix.
     pub shape: [usize; 2],
+    /// What the block file stores.
     pub cost: Cost,
 }
 
@@ -67,17 +68,16 @@ pub fn dequantize_file(
     check_block_format(format, "read by dequantize")?;
     let bytes = read_input(input)?;
     if bytes.is_empty() {
-        return Err(Error::EmptyInput {
+        return Err(Error::EmptyBlockFile {
             path: input.to_path_buf(),
-            what: format!("a {format} block file holds at least one row"),
+            format,
         });
     }
     let (x, cost) = decode(&bytes, format, cols, block_size).map_err(Error::in_file(input))?;
     let mut npy = Vec::new();
-    x.write_npy(&mut npy).map_err(|err| Error::Io {
-        path: output.to_path_buf(),
-        source: std::io::Error::other(err),
-    })?;
+    // Into memory, a float32 matrix's header and data cannot fail to format or to write.
+    x.write_npy(&mut npy)
+        .expect("a float32 matrix lays out as .npy in memory");
     write_new_file(output, &npy)?;
     Ok(BlockFileReport {
         format,
@@ -86,17 +86,29 @@ pub fn dequantize_file(
     })
 }
 
+/// Refuses the integer formats, which no block file holds (before any file is read).
 fn check_block_format(format: WeightFormat, action: &'static str) -> Result<()> {
-    match format {
-        WeightFormat::Q4_0 | WeightFormat::Q8_0 | WeightFormat::Nf4 => Ok(()),
-        other => Err(Error::UnsupportedFormat {
-            format: other,
-            action,
-            hint: "quantize and dequantize handle q4_0, q8_0 and nf4; gptq and awq come from \
-                   calibrating quantizers and are repacked with convert",
-        }),
+    if format.is_integer() {
+        return Err(not_a_block_format(format, action));
+    }
+    Ok(())
+}
+
+fn not_a_block_format(format: WeightFormat, action: &'static str) -> Error {
+    Error::UnsupportedFormat {
+        format,
+        action,
+        hint: "quantize and dequantize handle q4_0, q8_0 and nf4; gptq and awq come from \
+               calibrating quantizers and are repacked with convert",
     }
 }
+
+/// One block format's encoder: the `.bin` bytes of a matrix and their cost, given the block size.
+type Encoder = fn(ArrayView2<f32>, usize) -> Result<(Vec<u8>, Cost)>;
+
+/// One block format's decoder: the matrix a `.bin` holds and its cost, given `cols` and the
+/// block size.
+type Decoder = fn(&[u8], usize, usize) -> Result<(Array2<f32>, Cost)>;
 
 /// The `.bin` bytes of `x` in `format` (q4_0, q8_0 or nf4), and what they cost.
 pub fn encode(
@@ -104,27 +116,33 @@ pub fn encode(
     format: WeightFormat,
     block_size: usize,
 ) -> Result<(Vec<u8>, Cost)> {
-    check_block_format(format, "produced by quantize")?;
+    let encoder: Encoder = match format {
+        WeightFormat::Q4_0 => encode_gguf::<BlockQ4_0>,
+        WeightFormat::Q8_0 => encode_gguf::<BlockQ8_0>,
+        WeightFormat::Nf4 => encode_nf4,
+        WeightFormat::Gptq | WeightFormat::GptqV2 | WeightFormat::Awq => {
+            return Err(not_a_block_format(format, "produced by quantize"));
+        }
+    };
     let (rows, cols) = x.dim();
     if rows == 0 || cols == 0 {
         return Err(FormatError::EmptyMatrix { rows, cols }.into());
     }
-    let flat: Vec<f32> = x.iter().copied().collect();
-    Ok(match format {
-        WeightFormat::Q4_0 => encode_gguf::<BlockQ4_0>(&flat, cols)?,
-        WeightFormat::Q8_0 => encode_gguf::<BlockQ8_0>(&flat, cols)?,
-        _ => {
-            let tensor = nf4::quantize(x, block_size)?;
-            let mut bytes = tensor.packed.clone();
-            bytes.extend(tensor.absmax.iter().flat_map(|a| a.to_le_bytes()));
-            (bytes, tensor.storage())
-        }
-    })
+    encoder(x, block_size)
 }
 
-fn encode_gguf<B: GgufBlock>(flat: &[f32], cols: usize) -> Result<(Vec<u8>, Cost)> {
-    let blocks = gguf::quantize::<B>(flat, cols)?;
+/// GGUF blocks run along each row; they have no block size to choose.
+fn encode_gguf<B: GgufBlock>(x: ArrayView2<f32>, _block_size: usize) -> Result<(Vec<u8>, Cost)> {
+    let flat: Vec<f32> = x.iter().copied().collect();
+    let blocks = gguf::quantize::<B>(&flat, x.ncols())?;
     Ok((gguf::to_bytes(&blocks), gguf::storage::<B>(blocks.len())))
+}
+
+fn encode_nf4(x: ArrayView2<f32>, block_size: usize) -> Result<(Vec<u8>, Cost)> {
+    let tensor = nf4::quantize(x, block_size)?;
+    let mut bytes = tensor.packed.clone();
+    bytes.extend(tensor.absmax.iter().flat_map(|a| a.to_le_bytes()));
+    Ok((bytes, tensor.storage()))
 }
 
 /// The float32 matrix a `.bin` in `format` (q4_0, q8_0 or nf4) holds, `cols` values per row,
@@ -137,49 +155,57 @@ pub fn decode(
     cols: usize,
     block_size: usize,
 ) -> Result<(Array2<f32>, Cost)> {
-    check_block_format(format, "read by dequantize")?;
+    let decoder: Decoder = match format {
+        WeightFormat::Q4_0 => decode_gguf::<BlockQ4_0>,
+        WeightFormat::Q8_0 => decode_gguf::<BlockQ8_0>,
+        WeightFormat::Nf4 => decode_nf4,
+        WeightFormat::Gptq | WeightFormat::GptqV2 | WeightFormat::Awq => {
+            return Err(not_a_block_format(format, "read by dequantize"));
+        }
+    };
     if bytes.is_empty() {
         return Err(FormatError::EmptyMatrix { rows: 0, cols }.into());
     }
-    match format {
-        WeightFormat::Q4_0 => decode_gguf::<BlockQ4_0>(bytes, cols),
-        WeightFormat::Q8_0 => decode_gguf::<BlockQ8_0>(bytes, cols),
-        _ => decode_nf4(bytes, cols, block_size),
-    }
+    decoder(bytes, cols, block_size)
 }
 
-fn decode_gguf<B: GgufBlock>(bytes: &[u8], cols: usize) -> Result<(Array2<f32>, Cost)> {
+/// GGUF blocks run along each row; they have no block size to choose.
+fn decode_gguf<B: GgufBlock>(
+    bytes: &[u8],
+    cols: usize,
+    _block_size: usize,
+) -> Result<(Array2<f32>, Cost)> {
+    let format = B::FORMAT;
     let blocks = gguf::from_bytes::<B>(bytes)?;
-    let count = blocks.len() * 32;
-    if cols == 0 || !cols.is_multiple_of(32) || count % cols != 0 {
-        return Err(FormatError::NotAligned {
-            format: B::NAME,
-            what: "--cols (rows are whole blocks of 32, and the file whole rows)",
-            found: cols,
-            multiple: 32,
-        }
-        .into());
+    if cols == 0 || !cols.is_multiple_of(32) {
+        return Err(Error::BlockFileCols { format, cols });
     }
-    let values = gguf::dequantize(&blocks);
-    let x = Array2::from_shape_vec((count / cols, cols), values).expect("whole rows");
+    let values = blocks.len() * 32;
+    if !values.is_multiple_of(cols) {
+        return Err(Error::BlockFileRows {
+            format,
+            cols,
+            values,
+        });
+    }
+    let x = Array2::from_shape_vec((values / cols, cols), gguf::dequantize(&blocks))
+        .expect("whole rows");
     Ok((x, gguf::storage::<B>(blocks.len())))
 }
 
 fn decode_nf4(bytes: &[u8], cols: usize, block_size: usize) -> Result<(Array2<f32>, Cost)> {
     if block_size == 0 {
-        return Err(FormatError::ZeroGroupSize.into());
+        return Err(FormatError::ZeroBlockSize.into());
     }
     let rows = match nf4_rows(bytes.len(), cols, block_size) {
         Ok(rows) => rows,
         Err(Some(nearest)) => {
-            return Err(FormatError::ByteLength {
-                what: format!(
-                    "NF4 file of whole rows of {cols} (codes, then an f32 absmax per {block_size})"
-                ),
+            return Err(Error::Nf4FileLength {
+                cols,
+                block_size,
                 found: bytes.len(),
-                expected: nearest,
-            }
-            .into());
+                nearest,
+            });
         }
         Err(None) => {
             return Err(Error::BlockFileOverflow {
@@ -199,7 +225,7 @@ fn decode_nf4(bytes: &[u8], cols: usize, block_size: usize) -> Result<(Array2<f3
         packed: packed.to_vec(),
         absmax: absmax
             .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
             .collect(),
     };
     Ok((tensor.dequantize()?, tensor.storage()))
@@ -282,21 +308,35 @@ mod tests {
         assert_eq!(nf4_rows(nf4_file_len(8, 128, 64).unwrap(), 128, 64), Ok(8));
         assert_eq!(nf4_rows(nf4_file_len(1, 3, 64).unwrap(), 3, 64), Ok(1));
         assert_eq!(nf4_rows(576 + 1, 128, 64), Err(Some(576)));
-        assert_eq!(
-            decode(&[0; 577], WeightFormat::Nf4, 128, 64)
-                .unwrap_err()
-                .to_string(),
-            "NF4 file of whole rows of 128 (codes, then an f32 absmax per 64): 577 bytes, expected 576"
+        let err = decode(&[0; 577], WeightFormat::Nf4, 128, 64).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Nf4FileLength {
+                    cols: 128,
+                    block_size: 64,
+                    found: 577,
+                    nearest: 576
+                }
+            ),
+            "{err:?}"
         );
+        assert!(matches!(
+            decode(&[0; 8], WeightFormat::Nf4, 4, 0),
+            Err(Error::Format(FormatError::ZeroBlockSize))
+        ));
     }
 
     #[test]
     fn an_empty_block_file_decodes_to_an_error_not_an_empty_matrix() {
         for format in [WeightFormat::Q4_0, WeightFormat::Q8_0, WeightFormat::Nf4] {
-            assert_eq!(
-                decode(&[], format, 32, 64).unwrap_err().to_string(),
-                "empty matrix: shape 0 x 32 has no elements",
-                "{format}"
+            let err = decode(&[], format, 32, 64).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::Format(FormatError::EmptyMatrix { rows: 0, cols: 32 })
+                ),
+                "{format}: {err:?}"
             );
         }
     }
@@ -304,20 +344,54 @@ mod tests {
     #[test]
     fn gguf_needs_whole_blocks_per_row() {
         let x = Array2::<f32>::zeros((2, 48));
-        assert_eq!(
-            encode(x.view(), WeightFormat::Q4_0, 64)
-                .unwrap_err()
-                .to_string(),
-            "Q4_0 needs the row length (blocks of 32 run along a row) to be a multiple of 32, got 48"
+        let err = encode(x.view(), WeightFormat::Q4_0, 64).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Format(FormatError::RowLength {
+                    format: "Q4_0",
+                    cols: 48
+                })
+            ),
+            "{err:?}"
         );
+        // Two rows of 64 are four blocks: 128 values.
         let (bytes, _) =
             encode(Array2::<f32>::zeros((2, 64)).view(), WeightFormat::Q8_0, 64).unwrap();
+        for cols in [0, 48] {
+            let err = decode(&bytes, WeightFormat::Q8_0, cols, 64).unwrap_err();
+            assert!(
+                matches!(err, Error::BlockFileCols { format: WeightFormat::Q8_0, cols: c } if c == cols),
+                "{err:?}"
+            );
+        }
+        let err = decode(&bytes, WeightFormat::Q8_0, 96, 64).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::BlockFileRows {
+                    format: WeightFormat::Q8_0,
+                    cols: 96,
+                    values: 128
+                }
+            ),
+            "{err:?}"
+        );
         assert_eq!(
-            decode(&bytes, WeightFormat::Q8_0, 48, 64)
-                .unwrap_err()
-                .to_string(),
-            "Q8_0 needs --cols (rows are whole blocks of 32, and the file whole rows) to be a \
-             multiple of 32, got 48"
+            decode(&bytes, WeightFormat::Q8_0, 128, 64).unwrap().0.dim(),
+            (1, 128)
+        );
+        let err = decode(&bytes[..40], WeightFormat::Q8_0, 32, 64).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Format(FormatError::PartialBlock {
+                    format: "Q8_0",
+                    found: 40,
+                    block_bytes: 34
+                })
+            ),
+            "{err:?}"
         );
     }
 
@@ -339,7 +413,7 @@ mod tests {
         // Large but representable: refused as a length mismatch, with no overflow on the way.
         let err = decode(&[0; 8], WeightFormat::Nf4, usize::MAX / 16, 1).unwrap_err();
         assert!(
-            matches!(err, Error::Format(FormatError::ByteLength { found: 8, .. })),
+            matches!(err, Error::Nf4FileLength { found: 8, .. }),
             "{err:?}"
         );
     }

@@ -5,16 +5,17 @@
 //! comes to for a 70-billion-parameter model. With `--bits` (and any other layout flags) it
 //! prints one layout's cost, part by part.
 
-use anyhow::{Context, Result, bail};
 use bitpack::{Bits, GroupAxis};
 use clap::Args;
 use weights::bpw::{self, BpwError, Container, Cost, FloatDtype, Format, Padding, ZeroPoints};
 
+use crate::error::{Error, Result};
 use crate::report::thousands;
 
 /// Weights in the model the worked example scales up to.
 pub const MODEL_WEIGHTS: u64 = 70_000_000_000;
 
+/// The flags of `repack bpw`: a matrix shape, and optionally a layout (with `--bits`).
 #[derive(Args, Debug, Clone, Default)]
 pub struct BpwArgs {
     /// Matrix shape ROWSxCOLS.
@@ -77,14 +78,19 @@ fn format_from(args: &BpwArgs, bits: u32) -> Result<Format> {
 }
 
 fn parse_shape(shape: &str) -> Result<(usize, usize)> {
-    let parse = |part: &str| {
-        part.trim()
+    let parse = |side: &str| {
+        side.trim()
             .parse::<usize>()
-            .with_context(|| format!("shape {shape:?}: {part:?} is not a whole number"))
+            .map_err(|_| Error::ShapeArgumentSide {
+                shape: shape.to_string(),
+                side: side.to_string(),
+            })
     };
     match shape.split_once(['x', 'X']) {
         Some((rows, cols)) => Ok((parse(rows)?, parse(cols)?)),
-        None => bail!("shape {shape:?}: expected ROWSxCOLS, e.g. 4096x4096"),
+        None => Err(Error::ShapeArgument {
+            shape: shape.to_string(),
+        }),
     }
 }
 
@@ -192,9 +198,17 @@ mod tests {
     #[test]
     fn shapes_parse_or_name_the_problem() {
         assert_eq!(parse_shape("4096x11008").unwrap(), (4096, 11008));
-        let err = parse_shape("4096").unwrap_err().to_string();
-        assert!(err.contains("expected ROWSxCOLS"), "{err}");
-        let err = parse_shape("4096xabc").unwrap_err().to_string();
-        assert!(err.contains("\"abc\" is not a whole number"), "{err}");
+        assert_eq!(parse_shape(" 2 X 3 ").unwrap(), (2, 3));
+        let err = parse_shape("4096").unwrap_err();
+        assert!(
+            matches!(&err, Error::ShapeArgument { shape } if shape == "4096"),
+            "{err:?}"
+        );
+        let err = parse_shape("4096xabc").unwrap_err();
+        assert!(
+            matches!(&err, Error::ShapeArgumentSide { shape, side }
+                if shape == "4096xabc" && side == "abc"),
+            "{err:?}"
+        );
     }
 }

@@ -1,62 +1,150 @@
 //! Safetensors checkpoints in memory: named tensors (dtype, shape, raw little-endian bytes) and
 //! the string metadata, read with the `safetensors` crate and written back through it.
 //!
-//! Writing is deterministic and atomic: the crate lays out the data (tensors sorted by dtype
+//! Serializing is deterministic: the crate lays out the data (tensors sorted by dtype
 //! alignment, then name) but keeps metadata in a `HashMap`, whose order changes from run to run,
-//! so the header it produced is re-emitted with its keys sorted; the bytes go to a temporary file
-//! in the destination's directory that is renamed into place only if the destination still does
-//! not exist. A failed run leaves nothing behind.
+//! so the header it produced is re-emitted with its keys sorted.
+//!
+//! This module works on bytes only and depends on no other of this crate's; reading and writing
+//! files (atomically, never overwriting) is [`crate::files`]'s.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
-use std::path::Path;
+use std::fmt;
 
 use half::f16;
 use ndarray::Array2;
 use safetensors::tensor::TensorView;
-use safetensors::{Dtype, SafeTensors, View};
+use safetensors::{Dtype, SafeTensorError, SafeTensors, View};
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::error::{Error, Result};
-use crate::input::read_input;
-
 /// Why bytes are not a safetensors file this tool can read.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum CheckpointError {
+    /// Fewer bytes than the header length takes.
     #[error("{found} bytes; a safetensors file starts with an 8-byte little-endian header length")]
-    TooShort { found: usize },
+    TooShort {
+        /// Bytes present.
+        found: usize,
+    },
 
+    /// A header length past the end of the bytes.
     #[error("its header declares {declared} bytes, but only {available} bytes follow its length")]
-    HeaderPastEnd { declared: u64, available: usize },
+    HeaderPastEnd {
+        /// The header length it declares.
+        declared: u64,
+        /// Bytes after the length field.
+        available: usize,
+    },
 
+    /// A tensor whose data offsets hold another number of bytes than its shape needs.
     #[error(
         "tensor {tensor:?} is {dtype:?} with shape {shape:?}, which is {needed} bytes, but its \
          data_offsets [{start}, {end}] hold {held}",
         held = .end.saturating_sub(*.start)
     )]
     TensorByteCount {
+        /// The tensor.
         tensor: String,
+        /// Its dtype.
         dtype: Dtype,
+        /// Its shape.
         shape: Vec<usize>,
+        /// Bytes the shape and dtype need.
         needed: usize,
+        /// Its first data offset.
         start: usize,
+        /// Its end data offset.
         end: usize,
     },
 
+    /// A tensor whose size in bytes does not fit in a usize.
     #[error(
         "tensor {tensor:?} is {dtype:?} with shape {shape:?}, whose size in bytes does not fit \
          in {} bits",
         usize::BITS
     )]
     TensorSizeOverflow {
+        /// The tensor.
         tensor: String,
+        /// Its dtype.
         dtype: Dtype,
+        /// Its shape.
         shape: Vec<usize>,
     },
 
-    #[error("{0}")]
-    Format(#[from] safetensors::SafeTensorError),
+    /// Whatever else the `safetensors` crate refuses.
+    #[error(transparent)]
+    Format(#[from] SafetensorsError),
+}
+
+/// An error of the `safetensors` crate, as one message. Its messages already include their
+/// cause (`invalid JSON in header: expected value at line 1 column 1`) and report that cause as
+/// their `source()` as well, so a chain printed in full would say it twice; this wrapper ends the
+/// chain at the crate's message. The original error is [`SafetensorsError::get`].
+#[derive(Debug)]
+pub struct SafetensorsError(SafeTensorError);
+
+impl SafetensorsError {
+    /// The crate's own error.
+    pub fn get(&self) -> &SafeTensorError {
+        &self.0
+    }
+}
+
+impl fmt::Display for SafetensorsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SafetensorsError {}
+
+impl From<SafeTensorError> for SafetensorsError {
+    fn from(error: SafeTensorError) -> Self {
+        SafetensorsError(error)
+    }
+}
+
+impl From<SafeTensorError> for CheckpointError {
+    fn from(error: SafeTensorError) -> Self {
+        CheckpointError::Format(SafetensorsError(error))
+    }
+}
+
+/// Why a tensor is not what a layout stores in it.
+#[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum TensorError {
+    /// A dtype or rank other than the layout's.
+    #[error(
+        "tensor {tensor:?} is {dtype:?} with shape {shape:?}; this layout stores it as {expected}"
+    )]
+    WrongType {
+        /// The tensor's full name.
+        tensor: String,
+        /// Its dtype.
+        dtype: Dtype,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// What the layout stores there ("an int32 matrix").
+        expected: &'static str,
+    },
+
+    /// Data of another length than the shape and dtype need (only a tensor built by hand, not
+    /// one read from a file, can be so).
+    #[error("tensor {tensor:?} is {dtype:?} with shape {shape:?}, but holds {found} bytes of data")]
+    DataLength {
+        /// The tensor's full name.
+        tensor: String,
+        /// Its dtype.
+        dtype: Dtype,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Bytes it holds.
+        found: usize,
+    },
 }
 
 /// What a safetensors header says about each tensor (the crate's own `TensorInfo`).
@@ -70,7 +158,7 @@ struct HeaderEntry {
 /// Checks the header's declared length against the bytes present, and each tensor's shape and
 /// dtype against the bytes its offsets give it. Anything it cannot make sense of (JSON that does
 /// not parse, an entry that is not a tensor) is left for the `safetensors` crate to refuse.
-fn check_header(bytes: &[u8]) -> std::result::Result<(), CheckpointError> {
+fn check_header(bytes: &[u8]) -> Result<(), CheckpointError> {
     let Some(length) = bytes.first_chunk::<8>() else {
         return Err(CheckpointError::TooShort { found: bytes.len() });
     };
@@ -132,15 +220,20 @@ fn check_header(bytes: &[u8]) -> std::result::Result<(), CheckpointError> {
 /// One tensor: dtype, shape and raw little-endian data.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
+    /// Element type.
     pub dtype: Dtype,
+    /// Dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// The elements, little-endian, row-major.
     pub data: Vec<u8>,
 }
 
 /// A checkpoint's tensors and metadata, both sorted by name.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Checkpoint {
+    /// Tensors by full name.
     pub tensors: BTreeMap<String, Tensor>,
+    /// The header's `__metadata__`, string to string.
     pub metadata: BTreeMap<String, String>,
 }
 
@@ -160,20 +253,11 @@ impl View for &Tensor {
 }
 
 impl Checkpoint {
-    /// Reads the safetensors file at `path` (a thin wrapper over [`Checkpoint::from_bytes`]).
-    pub fn read(path: &Path) -> Result<Self> {
-        let bytes = read_input(path)?;
-        Self::from_bytes(&bytes).map_err(|source| Error::SafeTensors {
-            path: path.to_path_buf(),
-            source,
-        })
-    }
-
     /// The checkpoint that `bytes` hold in safetensors format. The `safetensors` crate checks
     /// the offsets; before it runs, the header's length is checked against the bytes present
     /// and each tensor's shape against its byte count, so that those refusals name the numbers
     /// (and the tensor) rather than saying "invalid header length".
-    pub fn from_bytes(bytes: &[u8]) -> std::result::Result<Self, CheckpointError> {
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, CheckpointError> {
         check_header(bytes)?;
         let (_, header) = SafeTensors::read_metadata(bytes)?;
         let metadata = header
@@ -190,7 +274,7 @@ impl Checkpoint {
     }
 
     /// The file's bytes: the crate's serialization with the header's keys sorted.
-    pub fn to_bytes(&self) -> std::result::Result<Vec<u8>, safetensors::SafeTensorError> {
+    pub fn to_bytes(&self) -> Result<Vec<u8>, SafetensorsError> {
         let metadata: HashMap<String, String> = self.metadata.clone().into_iter().collect();
         let serialized = safetensors::serialize(
             self.tensors
@@ -199,15 +283,6 @@ impl Checkpoint {
             (!metadata.is_empty()).then_some(metadata),
         )?;
         Ok(with_sorted_header(&serialized))
-    }
-
-    /// Writes the checkpoint to `path`, which must not exist; nothing is left behind on failure.
-    pub fn write_new(&self, path: &Path) -> Result<()> {
-        let bytes = self.to_bytes().map_err(|source| Error::Serialize {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        write_new_file(path, &bytes)
     }
 }
 
@@ -240,38 +315,6 @@ fn sorted_object(value: serde_json::Value) -> serde_json::Value {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary sibling; refuses if `path` exists.
-pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    if path.exists() {
-        return Err(Error::OutputExists(path.to_path_buf()));
-    }
-    let dir = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    let mut builder = tempfile::Builder::new();
-    // tempfile creates private (0600) files; an output is an ordinary file, 0666 minus the umask.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
-    let mut temp = builder
-        .prefix(".repack-")
-        .tempfile_in(dir)
-        .map_err(Error::io(dir))?;
-    temp.write_all(bytes).map_err(Error::io(temp.path()))?;
-    temp.as_file().sync_all().map_err(Error::io(temp.path()))?;
-    temp.persist_noclobber(path).map_err(|err| {
-        if path.exists() {
-            Error::OutputExists(path.to_path_buf())
-        } else {
-            Error::io(path)(err.error)
-        }
-    })?;
-    Ok(())
-}
-
 impl Tensor {
     fn from_view(view: &TensorView<'_>) -> Self {
         Tensor {
@@ -281,6 +324,7 @@ impl Tensor {
         }
     }
 
+    /// An int32 matrix as a tensor.
     pub fn from_i32_matrix(values: &Array2<i32>) -> Self {
         Tensor {
             dtype: Dtype::I32,
@@ -289,6 +333,7 @@ impl Tensor {
         }
     }
 
+    /// An int32 vector as a tensor.
     pub fn from_i32_vector(values: &[i32]) -> Self {
         Tensor {
             dtype: Dtype::I32,
@@ -297,6 +342,7 @@ impl Tensor {
         }
     }
 
+    /// An f16 matrix as a tensor.
     pub fn from_f16_matrix(values: &Array2<f16>) -> Self {
         Tensor {
             dtype: Dtype::F16,
@@ -305,8 +351,8 @@ impl Tensor {
         }
     }
 
-    /// The tensor as an int32 matrix, or an error naming it.
-    pub fn i32_matrix(&self, name: &str) -> Result<Array2<i32>> {
+    /// The tensor as an int32 matrix, or an error naming it `name`.
+    pub fn i32_matrix(&self, name: &str) -> Result<Array2<i32>, TensorError> {
         let [rows, cols] = self.expect(name, Dtype::I32, 2, "an int32 matrix")?;
         let values = self
             .data
@@ -316,17 +362,19 @@ impl Tensor {
         Ok(Array2::from_shape_vec((rows, cols), values).expect("checked size"))
     }
 
-    pub fn f16_matrix(&self, name: &str) -> Result<Array2<f16>> {
+    /// The tensor as an f16 matrix, or an error naming it `name`.
+    pub fn f16_matrix(&self, name: &str) -> Result<Array2<f16>, TensorError> {
         let [rows, cols] = self.expect(name, Dtype::F16, 2, "an f16 matrix")?;
         let values = self
             .data
             .chunks_exact(2)
-            .map(|b| f16::from_le_bytes([b[0], b[1]]))
+            .map(|b| f16::from_le_bytes(b.try_into().expect("2 bytes")))
             .collect();
         Ok(Array2::from_shape_vec((rows, cols), values).expect("checked size"))
     }
 
-    pub fn i32_vector(&self, name: &str) -> Result<Vec<i32>> {
+    /// The tensor as an int32 vector, or an error naming it `name`.
+    pub fn i32_vector(&self, name: &str) -> Result<Vec<i32>, TensorError> {
         self.expect(name, Dtype::I32, 1, "an int32 vector")?;
         Ok(self
             .data
@@ -335,7 +383,8 @@ impl Tensor {
             .collect())
     }
 
-    pub fn f32_vector(&self, name: &str) -> Result<Vec<f32>> {
+    /// The tensor as an f32 vector, or an error naming it `name`.
+    pub fn f32_vector(&self, name: &str) -> Result<Vec<f32>, TensorError> {
         self.expect(name, Dtype::F32, 1, "an f32 vector")?;
         Ok(self
             .data
@@ -345,13 +394,19 @@ impl Tensor {
     }
 
     /// Checks dtype and rank; returns the first two dimensions (the second is 1 for vectors).
-    fn expect(&self, name: &str, dtype: Dtype, rank: usize, what: &str) -> Result<[usize; 2]> {
+    fn expect(
+        &self,
+        name: &str,
+        dtype: Dtype,
+        rank: usize,
+        expected: &'static str,
+    ) -> Result<[usize; 2], TensorError> {
         if self.dtype != dtype || self.shape.len() != rank {
-            return Err(Error::TensorType {
+            return Err(TensorError::WrongType {
                 tensor: name.to_string(),
-                found: format!("{:?}", self.dtype),
+                dtype: self.dtype,
                 shape: self.shape.clone(),
-                expected: format!("this layout stores it as {what}"),
+                expected,
             });
         }
         // A tensor read from a file has the bytes its shape needs (the reader checked); one
@@ -361,9 +416,9 @@ impl Tensor {
             .iter()
             .try_fold(dtype.bitsize() / 8, |n, &d| n.checked_mul(d));
         if bytes != Some(self.data.len()) {
-            return Err(Error::TensorData {
+            return Err(TensorError::DataLength {
                 tensor: name.to_string(),
-                dtype: format!("{:?}", self.dtype),
+                dtype: self.dtype,
                 shape: self.shape.clone(),
                 found: self.data.len(),
             });
@@ -423,30 +478,14 @@ mod tests {
     fn a_tensor_of_the_wrong_type_is_named() {
         let ckpt = sample();
         assert_eq!(
-            ckpt.tensors["layer.scales"]
-                .i32_matrix("layer.scales")
-                .unwrap_err()
-                .to_string(),
-            "tensor \"layer.scales\" is F16 with shape [1, 2]; this layout stores it as an int32 matrix"
+            ckpt.tensors["layer.scales"].i32_matrix("layer.scales"),
+            Err(TensorError::WrongType {
+                tensor: "layer.scales".into(),
+                dtype: Dtype::F16,
+                shape: vec![1, 2],
+                expected: "an int32 matrix",
+            })
         );
-    }
-
-    #[test]
-    fn refuses_to_overwrite_and_leaves_no_temporary_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("out.safetensors");
-        sample().write_new(&path).unwrap();
-        let before = std::fs::read(&path).unwrap();
-        let err = sample().write_new(&path).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "{} already exists; refusing to overwrite it (nothing was written)",
-                path.display()
-            )
-        );
-        assert_eq!(std::fs::read(&path).unwrap(), before);
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     /// A safetensors file with `header` (JSON) and `data`, its length field as given.
@@ -517,10 +556,14 @@ mod tests {
             shape: vec![2, 2],
             data: vec![0; 12],
         };
-        let err = tensor.i32_matrix("short").unwrap_err();
-        assert!(
-            matches!(&err, Error::TensorData { tensor, found: 12, .. } if tensor == "short"),
-            "{err:?}"
+        assert_eq!(
+            tensor.i32_matrix("short"),
+            Err(TensorError::DataLength {
+                tensor: "short".into(),
+                dtype: Dtype::I32,
+                shape: vec![2, 2],
+                found: 12,
+            })
         );
     }
 }

@@ -23,15 +23,21 @@ use weights::{FormatError, WeightFormat};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::layer_io::{self, INPUT_PERMUTATION, LOGICAL_SHAPE};
-use crate::layers::{LayerKind, find_layers, qualified};
+use crate::files::{read_checkpoint, write_checkpoint};
+use crate::layer_io;
+use crate::layers::{LayerKind, find_layers};
+use crate::metadata::{self, INPUT_PERMUTATION, LOGICAL_SHAPE};
+use crate::names::{layer_name, qualified};
 use crate::report::{cost_line, thousands};
 
 /// What `repack convert` was asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConvertRequest {
+    /// The checkpoint's layout and zero-point convention (`--from`).
     pub from: WeightFormat,
+    /// The layout to write (`--to`).
     pub to: WeightFormat,
+    /// The checkpoint's group size, kept (`--group-size`).
     pub group_size: usize,
     /// The checkpoint's bit width; when absent, the metadata's `bits`, else the tensor shapes.
     /// Whichever is used must agree with the shapes.
@@ -41,11 +47,17 @@ pub struct ConvertRequest {
 /// What happened to one layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerConversion {
+    /// The layer's prefix.
     pub name: String,
+    /// Its code width.
     pub bits: u32,
+    /// Its logical [K, N].
     pub logical_shape: [usize; 2],
+    /// The [K, N] the written tensors store (padded).
     pub stored_shape: [usize; 2],
+    /// What the source's tensors cost.
     pub before: Cost,
+    /// What the written tensors cost.
     pub after: Cost,
     /// Whether the written rows are not in their original order (see the layer's
     /// `input_permutation`, relative to the original rows).
@@ -58,10 +70,15 @@ pub struct LayerConversion {
 /// What `repack convert` did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Conversion {
+    /// The source's layout.
     pub from: WeightFormat,
+    /// The layout written.
     pub to: WeightFormat,
+    /// The group size, kept.
     pub group_size: usize,
+    /// Each converted layer, in file order.
     pub layers: Vec<LayerConversion>,
+    /// How many tensors were copied unchanged.
     pub passed_through: usize,
     /// The source's metadata keys written unchanged: all but the ones convert sets itself
     /// ([`OWNED_KEYS`], and each converted layer's `logical_shape` and `input_permutation`).
@@ -85,9 +102,9 @@ pub fn convert(input: &Path, output: &Path, request: ConvertRequest) -> Result<C
     }
     // Before reading the file, so that a request that cannot succeed costs nothing.
     check_request(&request)?;
-    let source = Checkpoint::read(input)?;
+    let source = read_checkpoint(input)?;
     let (target, conversion) = convert_checkpoint(&source, input, request)?;
-    target.write_new(output)?;
+    write_checkpoint(&target, output)?;
     Ok(conversion)
 }
 
@@ -115,10 +132,7 @@ pub fn convert_checkpoint(
                 quant_type: quant_type.to_string(),
             },
             _ => Error::in_layer(&bnb.prefix)(
-                FormatError::NeedsRequantization {
-                    to: request.to.to_string(),
-                }
-                .into(),
+                FormatError::NeedsRequantization { to: request.to }.into(),
             ),
         });
     }
@@ -129,10 +143,10 @@ pub fn convert_checkpoint(
             .tensors
             .insert(name.clone(), source.tensors[name].clone());
     }
-    let declared = layer_io::declared_bits(request.bits, &source.metadata)?;
+    let declared = metadata::declared_bits(request.bits, &source.metadata)?;
     let mut layers = Vec::new();
     for layer in &found.layers {
-        let logical = layer_io::logical_shape(&source.metadata, &layer.prefix)?;
+        let logical = metadata::logical_shape(&source.metadata, &layer.prefix)?;
         let packed = layer_io::read_integer_layer(
             layer,
             request.from,
@@ -140,7 +154,7 @@ pub fn convert_checkpoint(
             request.group_size,
             logical,
         )?;
-        let recorded = layer_io::input_permutation(
+        let recorded = metadata::input_permutation(
             &source.metadata,
             &layer.prefix,
             packed.logical_shape()[0],
@@ -240,16 +254,10 @@ pub fn convert_case(data: &[u8]) -> Result<Conversion> {
 
 fn check_request(request: &ConvertRequest) -> Result<()> {
     if request.from == WeightFormat::Nf4 {
-        return Err(FormatError::NeedsRequantization {
-            to: request.to.to_string(),
-        }
-        .into());
+        return Err(FormatError::NeedsRequantization { to: request.to }.into());
     }
     for (format, action) in [(request.from, "read"), (request.to, "written")] {
-        if !matches!(
-            format,
-            WeightFormat::Gptq | WeightFormat::GptqV2 | WeightFormat::Awq
-        ) {
+        if !format.is_integer() {
             return Err(Error::UnsupportedFormat {
                 format,
                 action,
@@ -270,65 +278,54 @@ fn check_metadata(
     path: &Path,
     request: &ConvertRequest,
 ) -> Result<()> {
-    let conflict = |key: &str, file: String, flag: String, why| Error::MetadataConflict {
-        path: path.to_path_buf(),
-        key: key.to_string(),
-        file,
-        flag,
-        why,
-    };
-    if let Some((key, declared)) = layer_io::declared_format(metadata)?
+    if let Some((key, declared)) = metadata::declared_format(metadata)?
         && declared != request.from
     {
-        return Err(conflict(
-            &key,
-            declared.to_string(),
-            format!("--from {}", request.from),
-            "reading one layout or zero-point convention as another shifts or scrambles every weight",
-        ));
+        return Err(Error::DeclaredFormatConflict {
+            path: path.to_path_buf(),
+            key,
+            declared,
+            from: request.from,
+        });
     }
     // AutoGPTQ writes group_size -1 for one group spanning K; the shapes check that one instead.
-    let one_group = metadata.get("group_size").map(|g| g.trim()) == Some("-1");
-    let recorded = if one_group {
-        None
-    } else {
-        layer_io::metadata_number(metadata, "group_size")?
-    };
-    if let Some(group_size) = recorded
-        && group_size != request.group_size
+    if let Some(recorded) = metadata::recorded_group_size(metadata)?
+        && recorded != request.group_size
     {
-        return Err(conflict(
-            "group_size",
-            group_size.to_string(),
-            format!("--group-size {}", request.group_size),
-            "changing the group size would need requantization",
-        ));
+        return Err(Error::GroupSizeConflict {
+            path: path.to_path_buf(),
+            recorded,
+            flag: request.group_size,
+        });
     }
-    if let (Some(bits), Some(requested)) =
-        (layer_io::metadata_number(metadata, "bits")?, request.bits)
-        && bits != requested as usize
+    if let (Some(recorded), Some(flag)) =
+        (metadata::metadata_number(metadata, "bits")?, request.bits)
+        && recorded != flag as usize
     {
-        return Err(conflict(
-            "bits",
-            bits.to_string(),
-            format!("--bits {requested}"),
-            "the codes cannot be read at another width",
-        ));
+        return Err(Error::BitsFlagConflict {
+            path: path.to_path_buf(),
+            recorded,
+            flag,
+        });
     }
     Ok(())
+}
+
+/// The `quant_method` a layout is written under, for the integer layouts.
+fn quant_method(format: WeightFormat) -> Option<&'static str> {
+    match format {
+        WeightFormat::Gptq | WeightFormat::GptqV2 => Some("gptq"),
+        WeightFormat::Awq => Some("awq"),
+        WeightFormat::Q4_0 | WeightFormat::Q8_0 | WeightFormat::Nf4 => None,
+    }
 }
 
 fn output_metadata(
     request: &ConvertRequest,
     layers: &[LayerConversion],
 ) -> BTreeMap<String, String> {
-    let quant_method = match request.to {
-        WeightFormat::Awq => "awq",
-        _ => "gptq",
-    };
     let mut metadata: BTreeMap<String, String> = [
         ("format", "pt".to_string()),
-        ("quant_method", quant_method.to_string()),
         ("checkpoint_format", request.to.to_string()),
         ("group_size", request.group_size.to_string()),
         ("converted_from", request.from.to_string()),
@@ -336,6 +333,9 @@ fn output_metadata(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    if let Some(method) = quant_method(request.to) {
+        metadata.insert("quant_method".into(), method.into());
+    }
     if let Some(first) = layers.first()
         && layers.iter().all(|l| l.bits == first.bits)
     {
@@ -349,11 +349,7 @@ impl fmt::Display for Conversion {
         let width = self.from.name().len().max(self.to.name().len());
         for layer in &self.layers {
             let [k, n] = layer.logical_shape;
-            let name = if layer.name.is_empty() {
-                "(unprefixed)"
-            } else {
-                &layer.name
-            };
+            let name = layer_name(&layer.name);
             writeln!(
                 f,
                 "layer {name}: K={k} N={n}, {}-bit, group {}",
@@ -414,64 +410,130 @@ impl fmt::Display for Conversion {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use weights::transcode::TranscodeError;
 
-    #[test]
-    fn refuses_nf4_sources_with_the_requantization_explanation() {
-        let request = ConvertRequest {
-            from: WeightFormat::Nf4,
-            to: WeightFormat::Gptq,
-            group_size: 64,
-            bits: None,
-        };
-        let err = check_request(&request).unwrap_err().to_string();
-        assert!(
-            err.starts_with("converting NF4 to gptq needs requantization"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn refuses_block_formats_as_convert_targets() {
-        let request = ConvertRequest {
-            from: WeightFormat::Gptq,
-            to: WeightFormat::Q4_0,
+    fn request(from: WeightFormat, to: WeightFormat) -> ConvertRequest {
+        ConvertRequest {
+            from,
+            to,
             group_size: 32,
             bits: None,
-        };
-        assert_eq!(
-            check_request(&request).unwrap_err().to_string(),
-            "q4_0 cannot be written by this command; convert works on gptq, gptq_v2 and awq \
-             checkpoints; use quantize and dequantize for q4_0, q8_0 and nf4"
-        );
+        }
     }
 
     #[test]
-    fn a_declared_convention_that_contradicts_from_is_refused() {
-        let metadata: BTreeMap<String, String> = [("format".to_string(), "gptq_v2".to_string())]
-            .into_iter()
-            .collect();
-        let request = ConvertRequest {
-            from: WeightFormat::Gptq,
-            to: WeightFormat::Awq,
-            group_size: 32,
-            bits: None,
-        };
-        assert_eq!(
-            check_metadata(&metadata, Path::new("in.safetensors"), &request)
-                .unwrap_err()
-                .to_string(),
-            "in.safetensors: its metadata says format = \"gptq_v2\", but --from gptq was given; \
-             reading one layout or zero-point convention as another shifts or scrambles every weight"
-        );
-    }
-
-    #[test]
-    fn layer_error_unwraps_to_the_codec_message() {
-        let err = Error::in_layer("proj")(TranscodeError::UnsupportedTarget(WeightFormat::Nf4));
+    fn refuses_nf4_sources_as_needing_requantization() {
+        let err = check_request(&request(WeightFormat::Nf4, WeightFormat::Gptq)).unwrap_err();
         assert!(
-            err.to_string()
-                .starts_with("layer \"proj\": repack writes gptq")
+            matches!(
+                err,
+                Error::Format(FormatError::NeedsRequantization {
+                    to: WeightFormat::Gptq
+                })
+            ),
+            "{err:?}"
         );
+    }
+
+    #[test]
+    fn refuses_block_formats_on_either_side() {
+        for (from, to, refused, action) in [
+            (
+                WeightFormat::Gptq,
+                WeightFormat::Q4_0,
+                WeightFormat::Q4_0,
+                "written",
+            ),
+            (
+                WeightFormat::Q8_0,
+                WeightFormat::Awq,
+                WeightFormat::Q8_0,
+                "read",
+            ),
+        ] {
+            let err = check_request(&request(from, to)).unwrap_err();
+            assert!(
+                matches!(err, Error::UnsupportedFormat { format, action: a, .. }
+                    if format == refused && a == action),
+                "{err:?}"
+            );
+        }
+        let zero = ConvertRequest {
+            group_size: 0,
+            ..request(WeightFormat::Gptq, WeightFormat::Awq)
+        };
+        assert!(matches!(
+            check_request(&zero),
+            Err(Error::Format(FormatError::ZeroGroupSize))
+        ));
+    }
+
+    #[test]
+    fn flags_the_metadata_contradicts_are_refused() {
+        let metadata = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let path = Path::new("in.safetensors");
+        let gptq_to_awq = request(WeightFormat::Gptq, WeightFormat::Awq);
+        let err =
+            check_metadata(&metadata(&[("format", "gptq_v2")]), path, &gptq_to_awq).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::DeclaredFormatConflict {
+                    key: "format",
+                    declared: WeightFormat::GptqV2,
+                    from: WeightFormat::Gptq,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err =
+            check_metadata(&metadata(&[("group_size", "64")]), path, &gptq_to_awq).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::GroupSizeConflict {
+                    recorded: 64,
+                    flag: 32,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        // AutoGPTQ's -1 (one group over K) leaves the group size to the shapes.
+        assert!(check_metadata(&metadata(&[("group_size", "-1")]), path, &gptq_to_awq).is_ok());
+        let with_bits = ConvertRequest {
+            bits: Some(8),
+            ..gptq_to_awq
+        };
+        let err = check_metadata(&metadata(&[("bits", "4")]), path, &with_bits).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::BitsFlagConflict {
+                    recorded: 4,
+                    flag: 8,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn quant_method_is_written_for_each_integer_target() {
+        for (to, method) in [
+            (WeightFormat::Gptq, "gptq"),
+            (WeightFormat::GptqV2, "gptq"),
+            (WeightFormat::Awq, "awq"),
+        ] {
+            let written = output_metadata(&request(WeightFormat::Gptq, to), &[]);
+            assert_eq!(written["quant_method"], method, "{to}");
+            assert_eq!(written["checkpoint_format"], to.name());
+        }
     }
 }

@@ -1,176 +1,464 @@
-//! Typed errors for checkpoint IO and the commands. Each names the file or layer it is about;
-//! format-level problems keep the codec's own message.
+//! Typed errors for checkpoint IO and the commands. Each names the file or layer it is about.
+//!
+//! Messages never include their source: a variant that wraps a cause (`#[source]`) says only
+//! what it adds (the file, the layer, the metadata key), and whoever prints the error prints
+//! the chain once, each message followed by `: ` and its cause, as anyhow's `{:#}` does (the
+//! binary) or [`with_causes`] does (`inspect`'s report). Format-level problems keep the
+//! `weights` crate's own messages.
+//!
+//! This module depends only on the leaf modules whose error types it wraps
+//! ([`crate::checkpoint`], [`crate::npy`], [`crate::metadata`]) and on [`crate::names`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
+use weights::bpw::BpwError;
 use weights::transcode::TranscodeError;
 use weights::{FormatError, WeightFormat};
 
-use crate::checkpoint::CheckpointError;
-use crate::layer_io::DeclaredBits;
+use crate::checkpoint::{CheckpointError, SafetensorsError, TensorError};
+use crate::metadata::{DeclaredBits, MetadataError};
+use crate::names::layer_label;
 use crate::npy::NpyError;
 
+/// Everything `repack`'s commands refuse, and why.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
-    #[error("{}: {source}", path.display())]
+    /// A file that cannot be opened, read, written or renamed.
+    #[error("{}", path.display())]
     Io {
+        /// The file.
         path: PathBuf,
+        /// What the system said.
         source: std::io::Error,
     },
 
-    #[error("{}: not a readable safetensors file: {source}", path.display())]
+    /// An input that is not a safetensors file this tool reads.
+    #[error("{}: not a readable safetensors file", path.display())]
     SafeTensors {
+        /// The file.
         path: PathBuf,
+        /// What is wrong with it.
         source: CheckpointError,
     },
 
-    #[error("{}: could not lay out a safetensors file: {source}", path.display())]
+    /// A checkpoint the `safetensors` crate cannot lay out.
+    #[error("{}: could not lay out a safetensors file", path.display())]
     Serialize {
+        /// The file it was meant for.
         path: PathBuf,
-        source: safetensors::SafeTensorError,
+        /// The crate's refusal.
+        source: SafetensorsError,
     },
 
-    #[error("{}: not a float32 matrix in .npy format: {source}", path.display())]
-    Npy { path: PathBuf, source: NpyError },
+    /// An input that is not a float32 matrix in `.npy` format.
+    #[error("{}: not a float32 matrix in .npy format", path.display())]
+    Npy {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: NpyError,
+    },
 
+    /// An input that is not a regular file (a device, a FIFO, a directory).
     #[error(
         "{}: not a regular file; inputs are read whole, and only a regular file's size is known \
          before reading it",
         path.display()
     )]
-    NotARegularFile { path: PathBuf },
-
-    #[error("{}: {bytes} bytes cannot be held in memory", path.display())]
-    InputTooLarge { path: PathBuf, bytes: u64 },
-
-    #[error("{}: the file is empty; {what} (nothing was written)", path.display())]
-    EmptyInput { path: PathBuf, what: String },
-
-    #[error("{}: {source}", path.display())]
-    InFile {
+    NotARegularFile {
+        /// The file.
         path: PathBuf,
+    },
+
+    /// An input too large to hold in memory.
+    #[error("{}: {bytes} bytes cannot be held in memory", path.display())]
+    InputTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+    },
+
+    /// An empty block file given to `dequantize`.
+    #[error(
+        "{}: the file is empty; a {format} block file holds at least one row (nothing was written)",
+        path.display()
+    )]
+    EmptyBlockFile {
+        /// The file.
+        path: PathBuf,
+        /// The format it was read as.
+        format: WeightFormat,
+    },
+
+    /// A problem found in an input's contents, with the file it was found in.
+    #[error("{}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// The problem.
         #[source]
         source: Box<Error>,
     },
 
+    /// An output that already exists.
     #[error("{} already exists; refusing to overwrite it (nothing was written)", .0.display())]
-    OutputExists(PathBuf),
+    OutputExists(
+        /// The output.
+        PathBuf,
+    ),
 
-    #[error("tensor {tensor:?} is {found} with shape {shape:?}; {expected}")]
-    TensorType {
-        tensor: String,
-        found: String,
-        shape: Vec<usize>,
-        expected: String,
-    },
+    /// A tensor that is not what its layout stores there.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
 
-    #[error("tensor {tensor:?} is {dtype} with shape {shape:?}, but holds {found} bytes of data")]
-    TensorData {
-        tensor: String,
-        dtype: String,
-        shape: Vec<usize>,
-        found: usize,
-    },
-
+    /// A `--cols` and `--block-size` whose row size in bytes overflows.
     #[error(
         "{format} rows of {cols} values with --block-size {block_size}: one row's size in bytes \
          does not fit in {} bits",
         usize::BITS
     )]
     BlockFileOverflow {
+        /// The block format.
         format: WeightFormat,
+        /// `--cols`.
         cols: usize,
+        /// `--block-size`.
         block_size: usize,
     },
 
-    #[error("layer {}: unknown layout: {why}", label(layer))]
-    UnknownLayout { layer: String, why: String },
+    /// A GGUF block file read with a `--cols` that is not whole blocks.
+    #[error(
+        "{format} needs --cols to be a positive multiple of 32 (rows are whole blocks of 32), \
+         got {cols}"
+    )]
+    BlockFileCols {
+        /// The block format.
+        format: WeightFormat,
+        /// `--cols`.
+        cols: usize,
+    },
 
-    #[error("layer {}: {source}", label(layer))]
-    Layer {
+    /// A GGUF block file whose values are not whole rows of `--cols`.
+    #[error("{format} file holds {values} values, which are not whole rows of --cols {cols}")]
+    BlockFileRows {
+        /// The block format.
+        format: WeightFormat,
+        /// `--cols`.
+        cols: usize,
+        /// Values the file holds: 32 per block.
+        values: usize,
+    },
+
+    /// An NF4 block file whose length is not that of whole rows.
+    #[error(
+        "NF4 file of whole rows of {cols} (codes, then an f32 absmax per {block_size}): {found} \
+         bytes, expected {nearest}"
+    )]
+    Nf4FileLength {
+        /// `--cols`.
+        cols: usize,
+        /// `--block-size`.
+        block_size: usize,
+        /// The file's length.
+        found: usize,
+        /// The nearest shorter length of whole rows.
+        nearest: usize,
+    },
+
+    /// An integer layer without one of the tensors its layout needs.
+    #[error(
+        "layer {}: unknown layout: tensor {tensor:?} is missing",
+        layer_label(layer)
+    )]
+    MissingTensor {
+        /// The layer's prefix.
         layer: String,
+        /// The missing tensor's full name.
+        tensor: String,
+    },
+
+    /// A tensor under an integer layer's prefix that no integer layout has.
+    #[error(
+        // The names of `layers::INTEGER_TENSORS`.
+        "layer {}: unknown layout: tensor {tensor:?} is not one of qweight, qzeros, scales, g_idx \
+         (or bias); refusing rather than dropping it",
+        layer_label(layer)
+    )]
+    UnknownTensor {
+        /// The layer's prefix.
+        layer: String,
+        /// The tensor's full name.
+        tensor: String,
+    },
+
+    /// A layer read as AWQ that has a g_idx.
+    #[error(
+        "layer {}: unknown layout: it has {tensor:?}, which AWQ layers do not have; is this a \
+         GPTQ checkpoint?",
+        layer_label(layer)
+    )]
+    GIdxInAwqLayer {
+        /// The layer's prefix.
+        layer: String,
+        /// The g_idx tensor's full name.
+        tensor: String,
+    },
+
+    /// A layer with two bitsandbytes quant states.
+    #[error(
+        "layer {}: unknown layout: it has two bitsandbytes quant states, for {first:?} and \
+         {second:?}",
+        layer_label(layer)
+    )]
+    TwoQuantStates {
+        /// The layer's prefix.
+        layer: String,
+        /// The first state's quant type.
+        first: String,
+        /// The second's.
+        second: String,
+    },
+
+    /// A bitsandbytes layer without a quant state.
+    #[error(
+        "layer {}: unknown layout: no bitsandbytes quant state",
+        layer_label(layer)
+    )]
+    MissingQuantState {
+        /// The layer's prefix.
+        layer: String,
+    },
+
+    /// A GPTQ layer whose qweight rows fit no width for its K.
+    #[error(
+        "layer {}: unknown layout: qweight has {qweight_rows} rows for K = {k} (g_idx length), \
+         which is not K * bits / 32 for 2, 3, 4 or 8 bits",
+        layer_label(layer)
+    )]
+    GptqWidthUnknown {
+        /// The layer's prefix.
+        layer: String,
+        /// Rows of qweight.
+        qweight_rows: usize,
+        /// K: entries of g_idx.
+        k: usize,
+    },
+
+    /// An AWQ layer whose scales have no rows, so no group size follows from its shapes.
+    #[error(
+        "layer {}: unknown layout: scales has no rows, so there is no group size to infer",
+        layer_label(layer)
+    )]
+    GroupSizeNotInferable {
+        /// The layer's prefix.
+        layer: String,
+    },
+
+    /// A layer the `weights` crate refused to unpack, pack or transcode.
+    #[error("layer {}", layer_label(layer))]
+    Layer {
+        /// The layer's prefix.
+        layer: String,
+        /// Why.
         #[source]
         source: Box<TranscodeError>,
     },
 
+    /// A bitsandbytes 4-bit layer of a type other than nf4.
     #[error(
         "layer {}: a bitsandbytes {quant_type:?} 4-bit layer; this tool reads only nf4, so it \
          refuses the layer rather than copy or label it as something it has not checked",
-        label(layer)
+        layer_label(layer)
     )]
-    UnsupportedQuantType { layer: String, quant_type: String },
-
-    #[error("layer {}: quant state {tensor:?} is unusable: {why}", label(layer))]
-    QuantState {
+    UnsupportedQuantType {
+        /// The layer's prefix.
         layer: String,
-        tensor: String,
-        why: String,
+        /// The quant type its state names.
+        quant_type: String,
     },
 
-    #[error("layer {}: {what} does not fit in {} bits", label(layer), usize::BITS)]
-    SizeOverflow { layer: String, what: String },
-
-    #[error("{}: no quantized layers found (looked for <layer>.qweight and bitsandbytes NF4 quant states)", .0.display())]
-    NoLayers(PathBuf),
-
+    /// A bitsandbytes quant state that is not the JSON bitsandbytes writes.
     #[error(
-        "{}: its metadata says {key} = {file:?}, but {flag} was given; {why}",
+        "layer {}: quant state {tensor:?} is unusable: not bitsandbytes' quant-state JSON",
+        layer_label(layer)
+    )]
+    QuantStateJson {
+        /// The layer's prefix.
+        layer: String,
+        /// The state tensor's full name.
+        tensor: String,
+        /// What the JSON parser said.
+        source: serde_json::Error,
+    },
+
+    /// A recorded logical K x N whose element count overflows.
+    #[error(
+        "layer {}: K x N = {k} x {n} weights does not fit in {} bits",
+        layer_label(layer),
+        usize::BITS
+    )]
+    LogicalSizeOverflow {
+        /// The layer's prefix.
+        layer: String,
+        /// K.
+        k: usize,
+        /// N.
+        n: usize,
+    },
+
+    /// A bitsandbytes quant state's shape whose element count overflows.
+    #[error(
+        "layer {}: the element count of shape {shape:?} does not fit in {} bits",
+        layer_label(layer),
+        usize::BITS
+    )]
+    ShapeSizeOverflow {
+        /// The layer's prefix.
+        layer: String,
+        /// The shape.
+        shape: Vec<usize>,
+    },
+
+    /// A checkpoint without quantized layers.
+    #[error(
+        "{}: no quantized layers found (looked for <layer>.qweight and bitsandbytes NF4 quant \
+         states)",
+        .0.display()
+    )]
+    NoLayers(
+        /// The file.
+        PathBuf,
+    ),
+
+    /// A `--from` other than the layout the metadata declares.
+    #[error(
+        "{}: its metadata says {key} = \"{declared}\", but --from {from} was given; reading one \
+         layout or zero-point convention as another shifts or scrambles every weight",
         path.display()
     )]
-    MetadataConflict {
+    DeclaredFormatConflict {
+        /// The file.
         path: PathBuf,
-        key: String,
-        file: String,
-        flag: String,
-        why: &'static str,
+        /// The key that declares it (`checkpoint_format` or `format`).
+        key: &'static str,
+        /// The layout it declares.
+        declared: WeightFormat,
+        /// `--from`.
+        from: WeightFormat,
     },
 
+    /// A `--group-size` other than the metadata's.
     #[error(
-        "layer {}: {declared}, but {found}; the codes cannot be read at another width",
-        label(layer)
+        "{}: its metadata says group_size = \"{recorded}\", but --group-size {flag} was given; \
+         changing the group size would need requantization",
+        path.display()
     )]
-    BitsConflict {
+    GroupSizeConflict {
+        /// The file.
+        path: PathBuf,
+        /// The metadata's `group_size`.
+        recorded: usize,
+        /// `--group-size`.
+        flag: usize,
+    },
+
+    /// A `--bits` other than the metadata's.
+    #[error(
+        "{}: its metadata says bits = \"{recorded}\", but --bits {flag} was given; the codes \
+         cannot be read at another width",
+        path.display()
+    )]
+    BitsFlagConflict {
+        /// The file.
+        path: PathBuf,
+        /// The metadata's `bits`.
+        recorded: usize,
+        /// `--bits`.
+        flag: u32,
+    },
+
+    /// A declared width that a GPTQ layer's tensor shapes contradict.
+    #[error(
+        "layer {}: {declared}, but its tensor shapes are {bits}-bit (qweight has {qweight_rows} \
+         rows for K = {k} g_idx entries: K * {bits} / 32); the codes cannot be read at another \
+         width",
+        layer_label(layer)
+    )]
+    BitsShapeConflict {
+        /// The layer's prefix.
         layer: String,
+        /// The width declared, and by what.
         declared: DeclaredBits,
-        found: String,
+        /// The width the shapes give.
+        bits: u32,
+        /// Rows of qweight.
+        qweight_rows: usize,
+        /// K: entries of g_idx.
+        k: usize,
     },
 
-    #[error("metadata {key:?} = {value:?} is not {expected}")]
-    BadMetadata {
-        key: String,
-        value: String,
-        expected: &'static str,
+    /// A declared width other than 4 for an AWQ layer.
+    #[error(
+        "layer {}: {declared}, but AWQ (GEMM) layers hold 4-bit codes only; the codes cannot be \
+         read at another width",
+        layer_label(layer)
+    )]
+    AwqBitsConflict {
+        /// The layer's prefix.
+        layer: String,
+        /// The width declared, and by what.
+        declared: DeclaredBits,
     },
 
-    #[error("metadata {key:?} cannot be used: {source}")]
-    BadPermutation {
-        key: String,
-        #[source]
-        source: Box<FormatError>,
-    },
+    /// Metadata that cannot be used.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
 
+    /// A format a command does not take.
     #[error("{format} cannot be {action} by this command; {hint}")]
     UnsupportedFormat {
+        /// The format.
         format: WeightFormat,
+        /// What was asked ("read", "produced by quantize").
         action: &'static str,
+        /// Which command or format to use instead.
         hint: &'static str,
     },
 
+    /// `repack bpw --shape` that is not ROWSxCOLS.
+    #[error("shape {shape:?}: expected ROWSxCOLS, e.g. 4096x4096")]
+    ShapeArgument {
+        /// The argument.
+        shape: String,
+    },
+
+    /// `repack bpw --shape` with a side that is not a whole number.
+    #[error("shape {shape:?}: {side:?} is not a whole number")]
+    ShapeArgumentSide {
+        /// The argument.
+        shape: String,
+        /// The side that does not parse.
+        side: String,
+    },
+
+    /// A code width `bitpack` does not store (`repack bpw --bits`).
+    #[error(transparent)]
+    Bits(#[from] bitpack::BitsError),
+
+    /// A layout whose cost cannot be counted (`repack bpw`).
+    #[error(transparent)]
+    Bpw(#[from] BpwError),
+
+    /// A layout refused by the `weights` crate.
     #[error(transparent)]
     Format(#[from] FormatError),
 }
 
+/// Results of this crate's functions.
 pub type Result<T> = std::result::Result<T, Error>;
-
-/// A layer as messages name it: its quoted prefix, or `(unprefixed)` for a file's only layer.
-fn label(prefix: &str) -> String {
-    if prefix.is_empty() {
-        "(unprefixed)".to_string()
-    } else {
-        format!("{prefix:?}")
-    }
-}
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
@@ -179,17 +467,93 @@ impl Error {
     }
 
     /// Names the input file a problem was found in.
-    pub(crate) fn in_file(path: &std::path::Path) -> impl FnOnce(Error) -> Error + '_ {
+    pub(crate) fn in_file(path: &Path) -> impl FnOnce(Error) -> Error + '_ {
         move |source| Error::InFile {
             path: path.to_path_buf(),
             source: Box::new(source),
         }
     }
 
+    /// Names the layer a problem was found in.
     pub(crate) fn in_layer(layer: &str) -> impl FnOnce(TranscodeError) -> Error + '_ {
         move |source| Error::Layer {
             layer: layer.to_string(),
             source: Box::new(source),
         }
+    }
+}
+
+/// `err`'s message followed by each of its causes, joined by `: `, as anyhow's `{:#}` prints an
+/// error (for reports that carry an error as text, such as `inspect`'s `check: FAILS` lines).
+pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// Every variant that wraps a cause leaves it to the chain: its own message does not
+    /// contain the cause's, and printed with its causes, each appears once.
+    #[test]
+    fn no_variant_repeats_its_source() {
+        let permutation = MetadataError::BadPermutation {
+            key: "proj.input_permutation".into(),
+            source: Box::new(FormatError::PermutationLength { found: 1, rows: 2 }),
+        };
+        let checkpoint = crate::checkpoint::Checkpoint::from_bytes(b"\x02\0\0\0\0\0\0\0{]")
+            .expect_err("not JSON");
+        let json = serde_json::from_str::<u32>("{").expect_err("not a number");
+        let wrappers = [
+            Error::from(permutation),
+            Error::in_layer("proj")(TranscodeError::UnsupportedTarget(WeightFormat::Nf4)),
+            Error::io("missing.safetensors")(std::io::Error::other("gone")),
+            Error::Npy {
+                path: "x.npy".into(),
+                source: NpyError::TooShort { found: 3 },
+            },
+            Error::in_file(Path::new("x.npy"))(FormatError::ZeroGroupSize.into()),
+            Error::SafeTensors {
+                path: "c.safetensors".into(),
+                source: checkpoint,
+            },
+            Error::QuantStateJson {
+                layer: "proj".into(),
+                tensor: "proj.weight.quant_state.bitsandbytes__nf4".into(),
+                source: json,
+            },
+        ];
+        for err in &wrappers {
+            let own = err.to_string();
+            let cause = err.source().expect("a wrapper has a source").to_string();
+            assert!(
+                !own.contains(&cause),
+                "{err:?} repeats {cause:?} in {own:?}"
+            );
+            assert_eq!(
+                with_causes(err),
+                format!("{own}: {}", with_causes(err.source().unwrap()))
+            );
+            assert_eq!(with_causes(err).matches(&cause).count(), 1, "{err:?}");
+        }
+    }
+
+    /// The safetensors crate's messages name their cause and also return it as their source;
+    /// the chain ends at its message, so the cause is printed once.
+    #[test]
+    fn a_safetensors_error_ends_the_chain() {
+        let err = crate::checkpoint::Checkpoint::from_bytes(b"\x02\0\0\0\0\0\0\0{]")
+            .expect_err("not JSON");
+        let text = with_causes(&err);
+        assert!(text.starts_with("invalid JSON in header: "), "{text}");
+        assert_eq!(text.matches("at line 1 column").count(), 1, "{text}");
     }
 }

@@ -12,15 +12,19 @@ use weights::bpw::Cost;
 use weights::nf4::{NF4_LEVELS, Nf4Tensor};
 
 use crate::checkpoint::{Checkpoint, Tensor};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, with_causes};
+use crate::files::read_checkpoint;
 use crate::layer_io;
 use crate::layers::{Layer, LayerKind, find_layers};
+use crate::metadata;
+use crate::names::layer_name;
 use crate::report::{cost_line, thousands};
 
 /// What `repack inspect FILE` found: the report it prints, and the layers whose check failed
 /// (the command then exits non-zero).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Inspection {
+    /// What `repack inspect` prints.
     pub report: String,
     /// Each failed layer's name and why, in file order.
     pub failures: Vec<(String, String)>,
@@ -28,7 +32,7 @@ pub struct Inspection {
 
 /// Inspects a checkpoint: its report, and which layers failed their check.
 pub fn inspect(path: &Path) -> Result<Inspection> {
-    let ckpt = Checkpoint::read(path)?;
+    let ckpt = read_checkpoint(path)?;
     inspect_checkpoint(&path.display().to_string(), &ckpt)
 }
 
@@ -45,7 +49,7 @@ pub fn inspect_bytes(label: &str, bytes: &[u8]) -> Result<Inspection> {
 /// Inspects a checkpoint in memory (`label` names it in the report's first line).
 pub fn inspect_checkpoint(label: &str, ckpt: &Checkpoint) -> Result<Inspection> {
     let found = find_layers(ckpt)?;
-    let declared = layer_io::declared_format(&ckpt.metadata)?;
+    let declared = metadata::declared_format(&ckpt.metadata)?;
     let mut out = String::new();
     let mut failures = Vec::new();
     writeln!(out, "{label}: {} tensors", ckpt.tensors.len()).unwrap();
@@ -68,7 +72,7 @@ pub fn inspect_checkpoint(label: &str, ckpt: &Checkpoint) -> Result<Inspection> 
             Check::Passed(what) => writeln!(out, "  check: {what}").unwrap(),
             Check::Failed(why) => {
                 writeln!(out, "  check: FAILS: {why}").unwrap();
-                failures.push((display_name(&layer.prefix).to_string(), why));
+                failures.push((layer_name(&layer.prefix).to_string(), why));
             }
         }
     }
@@ -106,14 +110,6 @@ fn shortened(value: &str, max: usize) -> String {
     }
 }
 
-fn display_name(prefix: &str) -> &str {
-    if prefix.is_empty() {
-        "(unprefixed)"
-    } else {
-        prefix
-    }
-}
-
 fn integer_layer(
     out: &mut String,
     ckpt: &Checkpoint,
@@ -134,12 +130,13 @@ fn integer_layer(
         dim(qweight, 0)
     };
     let [k, n] =
-        layer_io::logical_shape(&ckpt.metadata, &layer.prefix)?.unwrap_or([stored_k, stored_n]);
-    let weights = product(&[k, n]).ok_or_else(|| Error::SizeOverflow {
+        metadata::logical_shape(&ckpt.metadata, &layer.prefix)?.unwrap_or([stored_k, stored_n]);
+    let weights = product(&[k, n]).ok_or_else(|| Error::LogicalSizeOverflow {
         layer: layer.prefix.clone(),
-        what: format!("K x N = {k} x {n} weights"),
+        k,
+        n,
     })?;
-    let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
+    let group_size = match metadata::recorded_group_size(&ckpt.metadata)? {
         Some(g) => format!("group {g}"),
         None if is_gptq => format!("group {} (inferred)", gptq_group_size(layer)?),
         None => match stored_k.checked_div(groups) {
@@ -160,13 +157,13 @@ fn integer_layer(
     writeln!(
         out,
         "layer {}: {name}, {width}, {group_size}, K={k} N={n}",
-        display_name(&layer.prefix)
+        layer_name(&layer.prefix)
     )
     .unwrap();
     layer_lines(out, layer, weights, |inside| {
         integer_role(inside, is_gptq, &width, format)
     });
-    let permutation = match layer_io::input_permutation(&ckpt.metadata, &layer.prefix, k) {
+    let permutation = match metadata::input_permutation(&ckpt.metadata, &layer.prefix, k) {
         Ok(Some(permutation)) => {
             writeln!(
                 out,
@@ -177,7 +174,7 @@ fn integer_layer(
             Ok(())
         }
         Ok(None) => Ok(()),
-        Err(err) => Err(err.to_string()),
+        Err(err) => Err(with_causes(&err)),
     };
     Ok(match (format, permutation) {
         (_, Err(why)) => Check::Failed(why),
@@ -199,25 +196,24 @@ fn gptq_group_size(layer: &Layer<'_>) -> Result<usize> {
 
 fn check_integer_layer(ckpt: &Checkpoint, layer: &Layer<'_>, format: WeightFormat) -> Check {
     let result = (|| {
-        let group_size = match layer_io::recorded_group_size(&ckpt.metadata)? {
+        let group_size = match metadata::recorded_group_size(&ckpt.metadata)? {
             Some(g) => g,
             None if format == WeightFormat::Awq => dim(layer.get("qweight")?, 0)
                 .checked_div(dim(layer.get("scales")?, 0))
-                .ok_or_else(|| Error::UnknownLayout {
+                .ok_or_else(|| Error::GroupSizeNotInferable {
                     layer: layer.prefix.clone(),
-                    why: "scales has no rows, so there is no group size to infer".to_string(),
                 })?,
             None => gptq_group_size(layer)?,
         };
-        let logical = layer_io::logical_shape(&ckpt.metadata, &layer.prefix)?;
-        let declared = layer_io::declared_bits(None, &ckpt.metadata)?;
+        let logical = metadata::logical_shape(&ckpt.metadata, &layer.prefix)?;
+        let declared = metadata::declared_bits(None, &ckpt.metadata)?;
         let packed = layer_io::read_integer_layer(layer, format, declared, group_size, logical)?;
         packed.unpack()?;
-        Ok::<_, crate::error::Error>(())
+        Ok::<_, Error>(())
     })();
     match result {
         Ok(()) => Check::Passed(format!("unpacks cleanly as {format}")),
-        Err(err) => Check::Failed(err.to_string()),
+        Err(err) => Check::Failed(with_causes(&err)),
     }
 }
 
@@ -227,11 +223,12 @@ fn integer_role(
     width: &str,
     format: Option<WeightFormat>,
 ) -> (Part, String) {
+    // `format` is an integer layout whose g_idx agrees with the tensors (or None).
     let zeros = match format {
         Some(WeightFormat::Gptq) => "zero points stored minus one (gptq v1)",
         Some(WeightFormat::GptqV2) => "zero points stored as is (gptq_v2)",
-        Some(_) if !is_gptq => "zero points stored as is",
-        _ => "zero points",
+        Some(WeightFormat::Awq) => "zero points stored as is",
+        Some(WeightFormat::Q4_0 | WeightFormat::Q8_0 | WeightFormat::Nf4) | None => "zero points",
     };
     let awq_slots = if is_gptq {
         ""
@@ -263,26 +260,28 @@ struct QuantState {
 }
 
 fn bnb_layer(out: &mut String, layer: &Layer<'_>) -> Result<Check> {
-    let (state_name, named_type) = layer.quant_state().ok_or_else(|| Error::UnknownLayout {
+    let (state_name, named_type) = layer
+        .quant_state()
+        .ok_or_else(|| Error::MissingQuantState {
+            layer: layer.prefix.clone(),
+        })?;
+    let state: QuantState =
+        serde_json::from_slice(&layer.get(state_name)?.data).map_err(|source| {
+            Error::QuantStateJson {
+                layer: layer.prefix.clone(),
+                tensor: layer.tensor_name(state_name),
+                source,
+            }
+        })?;
+    let weights = product(&state.shape).ok_or_else(|| Error::ShapeSizeOverflow {
         layer: layer.prefix.clone(),
-        why: "no bitsandbytes quant state".to_string(),
-    })?;
-    let unusable = |why: String| Error::QuantState {
-        layer: layer.prefix.clone(),
-        tensor: layer.tensor_name(state_name),
-        why,
-    };
-    let state: QuantState = serde_json::from_slice(&layer.get(state_name)?.data)
-        .map_err(|err| unusable(format!("not bitsandbytes' quant-state JSON: {err}")))?;
-    let weights = product(&state.shape).ok_or_else(|| Error::SizeOverflow {
-        layer: layer.prefix.clone(),
-        what: format!("the element count of shape {:?}", state.shape),
+        shape: state.shape.clone(),
     })?;
     let block_size = state.blocksize;
     writeln!(
         out,
         "layer {}: bitsandbytes {}, block {block_size}, shape {:?}",
-        display_name(&layer.prefix),
+        layer_name(&layer.prefix),
         state.quant_type,
         state.shape,
     )
@@ -341,12 +340,12 @@ fn check_nf4(
         .map_err(|_| format!("the quant state's shape {:?} is not 2-D", state.shape))?;
     let absmax = layer
         .get("weight.absmax")
-        .and_then(|t| t.f32_vector(&layer.tensor_name("weight.absmax")))
-        .map_err(|err| err.to_string())?;
+        .and_then(|t| Ok(t.f32_vector(&layer.tensor_name("weight.absmax"))?))
+        .map_err(|err| with_causes(&err))?;
     if let Some(map) = layer.tensors.get("weight.quant_map") {
         let levels = map
             .f32_vector(&layer.tensor_name("weight.quant_map"))
-            .map_err(|err| err.to_string())?;
+            .map_err(|err| with_causes(&err))?;
         if levels
             .iter()
             .map(|l| l.to_bits())
@@ -364,12 +363,12 @@ fn check_nf4(
         block_size: state.blocksize,
         packed: layer
             .get("weight")
-            .map_err(|err| err.to_string())?
+            .map_err(|err| with_causes(&err))?
             .data
             .clone(),
         absmax,
     };
-    tensor.check().map_err(|err| err.to_string())
+    tensor.check().map_err(|err| with_causes(&err))
 }
 
 /// The product of `dims`, or `None` if it overflows.

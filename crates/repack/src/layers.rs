@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::checkpoint::{Checkpoint, Tensor};
 use crate::error::{Error, Result};
+use crate::names::qualified;
 
 /// The tensors an integer layer may hold.
 pub const INTEGER_TENSORS: [&str; 4] = ["qweight", "qzeros", "scales", "g_idx"];
@@ -33,6 +34,8 @@ pub const BNB_SUFFIXES: [&str; 5] = [
 /// A bitsandbytes 4-bit layer's quant state, inside the layer, before its quant type.
 pub const BNB_STATE: &str = "weight.quant_state.bitsandbytes__";
 
+/// Which family of layouts a layer's tensor names belong to. Exhaustive: `convert` and `inspect`
+/// dispatch on it, and a new family must be handled in both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
     /// qweight / qzeros / scales [/ g_idx]: GPTQ or AWQ.
@@ -45,15 +48,20 @@ pub enum LayerKind {
 /// after the prefix (`qweight`, `weight.absmax`, ...).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layer<'a> {
+    /// The prefix of its tensors' names (empty for an unprefixed file's only layer).
     pub prefix: String,
+    /// Its family of layouts.
     pub kind: LayerKind,
+    /// Its tensors, by the name after the prefix.
     pub tensors: BTreeMap<String, &'a Tensor>,
 }
 
 /// The quantized layers, and the names of the tensors that belong to none.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Layers<'a> {
+    /// The quantized layers: integer ones by prefix, then bitsandbytes ones by prefix.
     pub layers: Vec<Layer<'a>>,
+    /// Full names of the tensors no layer claims, sorted.
     pub passthrough: Vec<String>,
 }
 
@@ -63,16 +71,18 @@ impl Layer<'_> {
         qualified(&self.prefix, name)
     }
 
+    /// The tensor `name` (inside the layer), or an error naming the layer and the tensor.
     pub fn get(&self, name: &str) -> Result<&Tensor> {
         self.tensors
             .get(name)
             .copied()
-            .ok_or_else(|| Error::UnknownLayout {
+            .ok_or_else(|| Error::MissingTensor {
                 layer: self.prefix.clone(),
-                why: format!("tensor {:?} is missing", self.tensor_name(name)),
+                tensor: self.tensor_name(name),
             })
     }
 
+    /// Whether the layer has the tensor `name` (inside the layer).
     pub fn has(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
@@ -93,15 +103,6 @@ impl Layer<'_> {
     }
 }
 
-/// `<prefix>.<name>`, or `<name>` without a prefix.
-pub fn qualified(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() {
-        name.to_string()
-    } else {
-        format!("{prefix}.{name}")
-    }
-}
-
 /// Splits a checkpoint into quantized layers and pass-through tensors.
 pub fn find_layers(ckpt: &Checkpoint) -> Result<Layers<'_>> {
     let integer: BTreeSet<String> = ckpt
@@ -114,12 +115,11 @@ pub fn find_layers(ckpt: &Checkpoint) -> Result<Layers<'_>> {
         let Some((prefix, quant_type)) = bnb_state(name) else {
             continue;
         };
-        if let Some(other) = bnb.insert(prefix.clone(), quant_type) {
-            return Err(Error::UnknownLayout {
+        if let Some(first) = bnb.insert(prefix.clone(), quant_type) {
+            return Err(Error::TwoQuantStates {
                 layer: prefix,
-                why: format!(
-                    "it has two bitsandbytes quant states, for {other:?} and {quant_type:?}"
-                ),
+                first: first.to_string(),
+                second: quant_type.to_string(),
             });
         }
     }
@@ -171,12 +171,9 @@ fn integer_layer<'a>(ckpt: &'a Checkpoint, prefix: &str) -> Result<Layer<'a>> {
             // An unprefixed file's other tensors are other modules, not this layer's.
             continue;
         } else if !inside.contains('.') {
-            return Err(Error::UnknownLayout {
+            return Err(Error::UnknownTensor {
                 layer: prefix.to_string(),
-                why: format!(
-                    "tensor {name:?} is not one of {} (or bias); refusing rather than dropping it",
-                    INTEGER_TENSORS.join(", ")
-                ),
+                tensor: name.clone(),
             });
         }
     }
@@ -308,10 +305,33 @@ mod tests {
     #[test]
     fn an_unknown_tensor_in_a_layer_is_refused_by_name() {
         let err = find_layers(&ckpt(&["proj.qweight", "proj.q_perm", "proj.scales"])).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "layer \"proj\": unknown layout: tensor \"proj.q_perm\" is not one of qweight, \
-             qzeros, scales, g_idx (or bias); refusing rather than dropping it"
+        assert!(
+            matches!(&err, Error::UnknownTensor { layer, tensor }
+                if layer == "proj" && tensor == "proj.q_perm"),
+            "{err:?}"
+        );
+        // The message lists the names this module accepts.
+        assert!(
+            err.to_string().contains(&format!(
+                "is not one of {} (or bias)",
+                INTEGER_TENSORS.join(", ")
+            )),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn two_quant_states_in_one_layer_are_refused() {
+        let err = find_layers(&ckpt(&[
+            "proj.weight",
+            "proj.weight.quant_state.bitsandbytes__fp4",
+            "proj.weight.quant_state.bitsandbytes__nf4",
+        ]))
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::TwoQuantStates { layer, first, second }
+                if layer == "proj" && first == "fp4" && second == "nf4"),
+            "{err:?}"
         );
     }
 }

@@ -4,27 +4,41 @@
 //! checkpoints, `.npy` matrices and raw block files around it.
 //!
 //! Where things live:
-//! - [`input`]: reading an input file whole, its size known before anything is allocated;
-//! - [`checkpoint`]: safetensors in memory; deterministic, atomic, never-overwriting writes;
-//! - [`npy`]: `.npy` float32 matrices, every declared size checked against the bytes present;
+//! - [`names`]: how layers and the tensors and metadata keys under them are named;
+//! - [`checkpoint`]: safetensors bytes to and from named tensors and metadata;
+//! - [`npy`]: `.npy` float32 matrices from bytes, every declared size checked against the bytes
+//!   present;
+//! - [`metadata`]: the metadata keys this tool reads and writes, parsed;
+//! - [`error`]: typed errors (the three modules above have their own, which it wraps);
+//! - [`files`]: reading an input file whole (its size known before anything is allocated) and
+//!   writing an output atomically, never over an existing file;
 //! - [`layers`]: finding quantized layers by the tensor names the libraries write;
-//! - [`layer_io`]: tensors to and from `weights`' packed layers, and the metadata keys;
+//! - [`layer_io`]: a layer's tensors to and from `weights`' packed layers;
 //! - [`convert`], [`inspect`], [`blockfile`]: the `convert`, `inspect` and
 //!   `quantize`/`dequantize` commands;
 //! - [`bpw_cmd`]: the `bpw` command (effective bits per weight of a layout, or the worked
 //!   example);
-//! - [`report`]: how effective bits per weight are printed;
-//! - [`error`]: typed errors.
+//! - [`report`]: how effective bits per weight are printed.
+//!
+//! The modules' dependencies form a DAG, each listed after everything it uses: `names`,
+//! `report`, `checkpoint` and `npy` use no other module; `metadata` uses `names`; `error` uses
+//! `checkpoint`, `npy`, `metadata` and `names`; `files` uses `error`, `checkpoint` and `npy`;
+//! `layers` uses `checkpoint`, `error` and `names`; `layer_io` adds `layers` and `metadata`;
+//! the commands sit on top.
+
+#![warn(missing_docs)]
 
 pub mod blockfile;
 pub mod bpw_cmd;
 pub mod checkpoint;
 pub mod convert;
 pub mod error;
-pub mod input;
+pub mod files;
 pub mod inspect;
 pub mod layer_io;
 pub mod layers;
+pub mod metadata;
+pub mod names;
 pub mod npy;
 pub mod report;
 

@@ -90,8 +90,8 @@ fn parse_format(name: &str) -> std::result::Result<WeightFormat, String> {
 
 fn main() {
     if let Err(err) = run(Cli::parse()) {
-        // The library's messages already include their causes; `{err:#}` would repeat them.
-        eprintln!("repack: error: {err}");
+        // Each message leaves its cause to the chain, which `{:#}` prints once: message: cause.
+        eprintln!("repack: error: {err:#}");
         std::process::exit(1);
     }
 }

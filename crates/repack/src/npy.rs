@@ -11,15 +11,13 @@
 //! checks the dtype, the order and the rank, requires the data to be exactly
 //! `rows * cols * 4` bytes, and only then decodes them. Each refusal says what the file holds
 //! and what is needed.
-
-use std::path::Path;
+//!
+//! This module works on bytes only and depends on no other of this crate's; reading the file is
+//! [`crate::files::read_npy_matrix`].
 
 use ndarray::Array2;
 use ndarray_npy::npy::header::{Header, ParseHeaderError, ReadHeaderError};
 use thiserror::Error;
-
-use crate::error::{Error, Result};
-use crate::input::read_input;
 
 /// The first bytes of every `.npy` file.
 pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
@@ -36,81 +34,134 @@ pub const MAX_HEADER_NESTING: usize = 8;
 
 /// Why bytes are not a 2-D float32 matrix in `.npy` format.
 #[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum NpyError {
+    /// Fewer bytes than the preamble takes.
     #[error(
         "{found} bytes; a .npy file starts with the 6-byte magic string \\x93NUMPY, a 2-byte \
          version and the header's length"
     )]
-    TooShort { found: usize },
+    TooShort {
+        /// Bytes present.
+        found: usize,
+    },
 
+    /// Bytes that do not start with the magic string.
     #[error("it does not start with the .npy magic string \\x93NUMPY (it starts {found:02x?})")]
-    NotNpy { found: Vec<u8> },
+    NotNpy {
+        /// Its first 6 bytes.
+        found: Vec<u8>,
+    },
 
+    /// A format version other than 1.0, 2.0 and 3.0.
     #[error(".npy format version {major}.{minor}; this reader knows versions 1.0, 2.0 and 3.0")]
-    UnsupportedVersion { major: u8, minor: u8 },
+    UnsupportedVersion {
+        /// Major version.
+        major: u8,
+        /// Minor version.
+        minor: u8,
+    },
 
+    /// A header length past the end of the bytes.
     #[error("its header declares {declared} bytes, but only {available} bytes follow the preamble")]
-    HeaderPastEnd { declared: usize, available: usize },
+    HeaderPastEnd {
+        /// The header length it declares.
+        declared: usize,
+        /// Bytes after the preamble.
+        available: usize,
+    },
 
+    /// A header longer than [`MAX_HEADER_LEN`].
     #[error(
         "its header declares {declared} bytes; headers over {limit} are refused, as numpy itself \
          refuses them (a float32 matrix's header is under 128 bytes)"
     )]
-    HeaderTooLong { declared: usize, limit: usize },
+    HeaderTooLong {
+        /// The header length it declares.
+        declared: usize,
+        /// [`MAX_HEADER_LEN`].
+        limit: usize,
+    },
 
+    /// A header nesting brackets deeper than [`MAX_HEADER_NESTING`].
     #[error(
         "its header nests brackets {depth} deep; a float32 matrix's header nests 2 deep, and \
          more than {limit} is refused"
     )]
-    HeaderTooDeep { depth: usize, limit: usize },
+    HeaderTooDeep {
+        /// Its deepest nesting.
+        depth: usize,
+        /// [`MAX_HEADER_NESTING`].
+        limit: usize,
+    },
 
+    /// A header ndarray-npy does not parse as numpy's dictionary. Its message is kept as text,
+    /// shortened (the parser's own messages quote the whole header).
     #[error("its header is not the dictionary numpy writes: {why}")]
-    Header { why: String },
+    Header {
+        /// What the parser said, shortened.
+        why: String,
+    },
 
+    /// A shape of another rank than 2.
     #[error("{}; quantize needs a 2-D float32 matrix (rows x cols)", describe_shape(.shape))]
-    NotAMatrix { shape: Vec<usize> },
+    NotAMatrix {
+        /// The shape.
+        shape: Vec<usize>,
+    },
 
+    /// Elements that are not float32.
     #[error("its elements are {found} ({}); quantize needs float32 ('<f4')", dtype_name(.found))]
-    WrongDtype { found: String },
+    WrongDtype {
+        /// The header's `descr`, shortened.
+        found: String,
+    },
 
+    /// Fortran (column-major) order.
     #[error(
         "a {rows} x {cols} matrix in Fortran (column-major) order; quantize needs C (row-major) \
          order: save np.ascontiguousarray(x)"
     )]
-    FortranOrder { rows: usize, cols: usize },
+    FortranOrder {
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+    },
 
+    /// A shape whose size in bytes does not fit in a usize.
     #[error(
         "its header declares a {rows} x {cols} float32 matrix, whose size in bytes does not fit \
          in {} bits",
         usize::BITS
     )]
-    SizeOverflow { rows: usize, cols: usize },
+    SizeOverflow {
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+    },
 
+    /// Data of another length than the shape needs.
     #[error(
         "its header declares a {rows} x {cols} float32 matrix ({expected} bytes of data), but \
          {found} bytes follow the header"
     )]
     DataLength {
+        /// Rows.
         rows: usize,
+        /// Columns.
         cols: usize,
+        /// rows * cols * 4.
         expected: usize,
+        /// Bytes after the header.
         found: usize,
     },
 }
 
-/// Reads the 2-D float32 matrix in the `.npy` file at `path` (a thin wrapper over
-/// [`parse_npy_matrix`]).
-pub fn read_npy_matrix(path: &Path) -> Result<Array2<f32>> {
-    let bytes = read_input(path)?;
-    parse_npy_matrix(&bytes).map_err(|source| Error::Npy {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
 /// The 2-D float32 matrix (little- or big-endian, C order) that `bytes` hold in `.npy` format.
 /// Nothing is allocated from a size the bytes do not back.
-pub fn parse_npy_matrix(bytes: &[u8]) -> std::result::Result<Array2<f32>, NpyError> {
+pub fn parse_npy_matrix(bytes: &[u8]) -> Result<Array2<f32>, NpyError> {
     let (header, data) = split_header(bytes)?;
     let little_endian = match header.type_descriptor.as_string().map(String::as_str) {
         Some("<f4") => true,
@@ -143,7 +194,7 @@ pub fn parse_npy_matrix(bytes: &[u8]) -> std::result::Result<Array2<f32>, NpyErr
     let values = data
         .chunks_exact(4)
         .map(|b| {
-            let b = [b[0], b[1], b[2], b[3]];
+            let b = b.try_into().expect("4 bytes");
             if little_endian {
                 f32::from_le_bytes(b)
             } else {
@@ -157,7 +208,7 @@ pub fn parse_npy_matrix(bytes: &[u8]) -> std::result::Result<Array2<f32>, NpyErr
 
 /// The parsed header and the bytes after it, with the header's length checked against the bytes
 /// present before ndarray-npy reads (and allocates) it.
-fn split_header(bytes: &[u8]) -> std::result::Result<(Header, &[u8]), NpyError> {
+fn split_header(bytes: &[u8]) -> Result<(Header, &[u8]), NpyError> {
     let preamble = |len: usize| {
         bytes
             .get(..len)
@@ -365,10 +416,10 @@ mod tests {
     fn a_vector_is_refused_naming_its_length() {
         let err = parse_npy_matrix(&npy(&f4_header("(12,)"), &[0; 48])).unwrap_err();
         assert_eq!(err, NpyError::NotAMatrix { shape: vec![12] });
-        assert!(
-            err.to_string().contains("a 1-D array of 12 values"),
-            "{err}"
-        );
+        // How NotAMatrix describes each rank.
+        assert_eq!(describe_shape(&[]), "a 0-D array (one value)");
+        assert_eq!(describe_shape(&[12]), "a 1-D array of 12 values");
+        assert_eq!(describe_shape(&[2, 3, 4]), "a 3-D array of shape (2, 3, 4)");
     }
 
     #[test]
@@ -376,7 +427,14 @@ mod tests {
         let header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 2), }";
         let err = parse_npy_matrix(&npy(header, &[0; 32])).unwrap_err();
         assert!(matches!(&err, NpyError::WrongDtype { found } if found.contains("<f8")));
-        assert!(err.to_string().contains("float64"), "{err}");
+        // How WrongDtype names numpy's dtypes.
+        assert_eq!(dtype_name("'<f8'"), "float64");
+        assert_eq!(dtype_name("'|u1'"), "uint8");
+        assert_eq!(
+            dtype_name("'>f4'"),
+            "float32, in a byte order this reader does not know"
+        );
+        assert_eq!(dtype_name("[('a', '<f4')]"), "not a plain number type");
     }
 
     #[test]

@@ -24,13 +24,13 @@ use ndarray::{Array2, Axis};
 use crate::bpw::Cost;
 use crate::error::{FormatError, Result};
 use crate::logical::LogicalWeights;
-use crate::shape::{check_aligned, check_logical_shape, check_tensor_shapes};
+use crate::shape::{check_aligned, check_logical_shape, check_not_empty, check_tensor_shapes};
 use bitpack::{Bits, stream as bits};
 
 /// AWQ stores 4-bit codes only.
 pub const AWQ_BITS: u32 = 4;
 
-/// Slot s of each word holds logical column AWQ_ORDER[s] of its group of eight.
+/// Slot s of each word holds logical column `AWQ_ORDER[s]` of its group of eight.
 pub const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /// Columns per word.
@@ -39,12 +39,13 @@ pub const PACK_FACTOR: usize = 8;
 /// One AWQ GEMM layer's tensors, with its logical size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AwqLayer {
+    /// Rows per group; G = K / group_size, row k in group k / group_size.
     pub group_size: usize,
-    /// [K, N/8]
+    /// Codes packed along N in interleaved slots: [K, N/8].
     pub qweight: Array2<i32>,
-    /// [G, N/8]
+    /// Zero points packed the same way: [G, N/8].
     pub qzeros: Array2<i32>,
-    /// [G, N]
+    /// Scales: [G, N].
     pub scales: Array2<f16>,
     /// [K, N] before padding.
     pub logical_shape: [usize; 2],
@@ -99,6 +100,7 @@ impl AwqLayer {
         }
         let k = self.qweight.nrows();
         let n = self.scales.ncols();
+        check_not_empty(k, n)?;
         check_aligned("AWQ", "K (qweight rows)", k, self.group_size)?;
         check_aligned("AWQ", "N (scales columns)", n, PACK_FACTOR)?;
         let groups = k / self.group_size;
@@ -230,10 +232,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            pack(&scattered).unwrap_err().to_string(),
-            "AWQ has no g_idx: its rows must be in sequential groups (row k in group k / 1), but \
-             row 0 is in group 1; sort the rows into contiguous groups first and permute the \
-             layer's input activations the same way"
+            pack(&scattered),
+            Err(FormatError::NeedsSequentialGroups {
+                format: "AWQ",
+                group_size: 1,
+                row: 0,
+                group: 1
+            })
         );
         let eight_bit = LogicalWeights::with_sequential_groups(
             8,
@@ -244,8 +249,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            pack(&eight_bit).unwrap_err().to_string(),
-            "AWQ (GEMM) stores 4-bit codes, not 8-bit codes"
+            pack(&eight_bit),
+            Err(FormatError::UnsupportedBits {
+                format: "AWQ (GEMM)",
+                bits: 8,
+                supported: "4-bit"
+            })
         );
     }
 

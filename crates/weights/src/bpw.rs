@@ -80,14 +80,23 @@ pub enum BpwError {
 pub type Result<T> = std::result::Result<T, BpwError>;
 
 /// Storage type of a per-group float (scale or zero).
+///
+/// `#[non_exhaustive]`, as are [`ZeroPoints`], [`Padding`] and [`Container`]: they describe
+/// storage layouts, which users build rather than take apart, and new kinds (an 8-bit float
+/// scale, another container) should not break code that builds the existing ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FloatDtype {
+    /// IEEE half precision.
     F16,
+    /// bfloat16.
     Bf16,
+    /// IEEE single precision.
     F32,
 }
 
 impl FloatDtype {
+    /// Bytes per value.
     pub fn bytes(self) -> usize {
         match self {
             FloatDtype::F16 | FloatDtype::Bf16 => 2,
@@ -95,6 +104,7 @@ impl FloatDtype {
         }
     }
 
+    /// The name the CLI takes and prints (`f16`, `bf16`, `f32`).
     pub fn name(self) -> &'static str {
         match self {
             FloatDtype::F16 => "f16",
@@ -106,6 +116,7 @@ impl FloatDtype {
 
 /// How zero points are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ZeroPoints {
     /// Symmetric: no zero points.
     None,
@@ -117,6 +128,7 @@ pub enum ZeroPoints {
 
 /// Which elements get codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Padding {
     /// Only the logical elements.
     None,
@@ -126,6 +138,7 @@ pub enum Padding {
 
 /// How codes (and packed zero points) are laid into storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Container {
     /// One b-bit byte stream, padded at its end to a whole byte.
     ByteStream,
@@ -133,17 +146,27 @@ pub enum Container {
     LineWords,
 }
 
-/// A storage layout, apart from the matrix shape.
+/// A storage layout, apart from the matrix shape. Build one with [`Format::new`] and struct
+/// update syntax.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Format {
+    /// Code width.
     pub bits: Bits,
+    /// Elements per group (per scale).
     pub group_size: usize,
+    /// The axis groups run along.
     pub axis: GroupAxis,
+    /// Scale dtype.
     pub scale: FloatDtype,
+    /// How zero points are stored, if at all.
     pub zero_points: ZeroPoints,
+    /// Whether one int32 group index per element of the grouped dimension is stored.
     pub g_idx: bool,
+    /// Which elements get codes.
     pub padding: Padding,
+    /// How codes (and packed zero points) are laid into storage.
     pub container: Container,
+    /// Block metadata bytes per group besides one scale and one zero point.
     pub extra_bytes_per_group: usize,
 }
 
@@ -170,10 +193,15 @@ impl Format {
 pub struct Cost {
     /// Logical elements: rows * cols.
     pub elements: usize,
+    /// Bytes of codes, padding included.
     pub code_bytes: usize,
+    /// Bytes of scales.
     pub scale_bytes: usize,
+    /// Bytes of zero points.
     pub zero_point_bytes: usize,
+    /// Bytes of g_idx.
     pub g_idx_bytes: usize,
+    /// Other metadata bytes (block sub-scales; tensors a reader does not attribute).
     pub extra_bytes: usize,
 }
 

@@ -33,11 +33,14 @@
 //! <https://github.com/ggml-org/llama.cpp/blob/36491e4024b3016e6e2d21afc140add042b44bec/ggml/src/ggml-quants.c>.
 //! gguf-py 0.19's `gguf.quants` writes the same bytes (conformance tests).
 
+use std::array::TryFromSliceError;
+
 use half::f16;
 use ndarray::Array2;
 
 use crate::bpw::Cost;
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, Result, ScaledBlock};
+use crate::format::WeightFormat;
 use crate::logical::LogicalWeights;
 
 /// Weights per Q4_0 block.
@@ -45,6 +48,7 @@ pub const QK4_0: usize = 32;
 /// Weights per Q8_0 block.
 pub const QK8_0: usize = 32;
 
+/// One Q4_0 block, laid out as ggml's `block_q4_0`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ4_0 {
@@ -53,8 +57,9 @@ pub struct BlockQ4_0 {
     /// Nibbles: byte j = element j (low) | element j + 16 (high).
     pub qs: [u8; QK4_0 / 2],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 18);
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == BlockQ4_0::BYTES);
 
+/// One Q8_0 block, laid out as ggml's `block_q8_0`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ8_0 {
@@ -63,13 +68,20 @@ pub struct BlockQ8_0 {
     /// Signed codes.
     pub qs: [i8; QK8_0],
 }
-const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == BlockQ8_0::BYTES);
 
 /// What Q4_0 and Q8_0 share: a block of 32 codes with one f16 scale and a fixed offset.
 pub trait GgufBlock: Sized + Copy + PartialEq + std::fmt::Debug {
+    /// The format.
+    const FORMAT: WeightFormat;
+    /// The format's name in messages ("Q4_0").
     const NAME: &'static str;
     /// Bytes per block on disk.
     const BYTES: usize;
+    /// One block's bytes on disk: `[u8; Self::BYTES]`. (An associated type, because a trait's
+    /// signatures cannot spell `[u8; Self::BYTES]` on stable Rust; each impl does.) Callers cut
+    /// bytes with `chunks_exact(B::BYTES)` and convert each chunk with `try_into`.
+    type Bytes: Copy + AsRef<[u8]> + for<'a> TryFrom<&'a [u8], Error = TryFromSliceError>;
     /// Width of the logical (unsigned) code.
     const BITS: u32;
     /// The fixed logical zero point: weight = d * (code - ZERO).
@@ -80,13 +92,16 @@ pub trait GgufBlock: Sized + Copy + PartialEq + std::fmt::Debug {
     /// ggml's reference quantizer for one block of 32 finite values, bit for bit, including its
     /// silent infinite or zero `d` for blocks f16 cannot scale; [`quantize`] refuses those.
     fn quantize(x: &[f32; 32]) -> Self;
+    /// The block's scale `d`.
     fn scale(&self) -> f16;
     /// Logical unsigned codes, element order.
     fn codes(&self) -> [u8; 32];
+    /// The block with scale `d` and these logical codes (each at most 2^BITS - 1).
     fn from_parts(d: f16, codes: &[u8; 32]) -> Self;
-    fn write_to(&self, out: &mut Vec<u8>);
-    /// `bytes` is exactly `BYTES` long.
-    fn read_from(bytes: &[u8]) -> Self;
+    /// The block's bytes as GGUF stores them.
+    fn to_bytes(&self) -> Self::Bytes;
+    /// The block that GGUF bytes hold.
+    fn read_from(bytes: &Self::Bytes) -> Self;
 
     /// ggml's dequantization of one block.
     fn dequantize(&self) -> [f32; 32] {
@@ -97,8 +112,10 @@ pub trait GgufBlock: Sized + Copy + PartialEq + std::fmt::Debug {
 }
 
 impl GgufBlock for BlockQ4_0 {
+    const FORMAT: WeightFormat = WeightFormat::Q4_0;
     const NAME: &'static str = "Q4_0";
     const BYTES: usize = 18;
+    type Bytes = [u8; Self::BYTES];
     const BITS: u32 = 4;
     const ZERO: u8 = 8;
 
@@ -140,22 +157,28 @@ impl GgufBlock for BlockQ4_0 {
         }
     }
 
-    fn write_to(&self, out: &mut Vec<u8>) {
-        out.extend(self.d.to_le_bytes());
-        out.extend(self.qs);
+    fn to_bytes(&self) -> [u8; Self::BYTES] {
+        let [d0, d1] = self.d.to_le_bytes();
+        std::array::from_fn(|i| match i {
+            0 => d0,
+            1 => d1,
+            _ => self.qs[i - 2],
+        })
     }
 
-    fn read_from(bytes: &[u8]) -> Self {
+    fn read_from(bytes: &[u8; Self::BYTES]) -> Self {
         BlockQ4_0 {
             d: f16::from_le_bytes([bytes[0], bytes[1]]),
-            qs: bytes[2..18].try_into().expect("18-byte block"),
+            qs: std::array::from_fn(|i| bytes[2 + i]),
         }
     }
 }
 
 impl GgufBlock for BlockQ8_0 {
+    const FORMAT: WeightFormat = WeightFormat::Q8_0;
     const NAME: &'static str = "Q8_0";
     const BYTES: usize = 34;
+    type Bytes = [u8; Self::BYTES];
     const BITS: u32 = 8;
     const ZERO: u8 = 128;
 
@@ -188,12 +211,16 @@ impl GgufBlock for BlockQ8_0 {
         }
     }
 
-    fn write_to(&self, out: &mut Vec<u8>) {
-        out.extend(self.d.to_le_bytes());
-        out.extend(self.qs.map(|q| q as u8));
+    fn to_bytes(&self) -> [u8; Self::BYTES] {
+        let [d0, d1] = self.d.to_le_bytes();
+        std::array::from_fn(|i| match i {
+            0 => d0,
+            1 => d1,
+            _ => self.qs[i - 2] as u8,
+        })
     }
 
-    fn read_from(bytes: &[u8]) -> Self {
+    fn read_from(bytes: &[u8; Self::BYTES]) -> Self {
         BlockQ8_0 {
             d: f16::from_le_bytes([bytes[0], bytes[1]]),
             qs: std::array::from_fn(|i| bytes[2 + i] as i8),
@@ -215,7 +242,7 @@ pub fn quantize<B: GgufBlock>(x: &[f32], cols: usize) -> Result<Vec<B>> {
     x.chunks_exact(32)
         .enumerate()
         .map(|(index, values)| {
-            let values: &[f32; 32] = values.try_into().expect("32 values");
+            let values: &[f32; 32] = values.try_into().expect("chunks of 32");
             let block = B::quantize(values);
             check_scale(index, cols, values, &block)?;
             Ok(block)
@@ -226,17 +253,13 @@ pub fn quantize<B: GgufBlock>(x: &[f32], cols: usize) -> Result<Vec<B>> {
 /// Refuses a block whose f16 scale is infinite, or 0 for values that are not all zero.
 fn check_scale<B: GgufBlock>(index: usize, cols: usize, x: &[f32; 32], block: &B) -> Result<()> {
     let stored = block.scale();
-    let problem = if !stored.is_finite() {
-        "rounds to infinity in f16 (largest finite value 65504), so the block's weights would \
-         dequantize to infinities and NaN"
-    } else if stored.to_f32() == 0.0 && x.iter().any(|&v| v != 0.0) {
-        "rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every weight of the \
-         block would dequantize to 0"
-    } else {
+    let rounds_to_infinity = !stored.is_finite();
+    let rounds_to_zero = stored.to_f32() == 0.0 && x.iter().any(|&v| v != 0.0);
+    if !rounds_to_infinity && !rounds_to_zero {
         return Ok(());
-    };
+    }
     let start = index * 32 % cols;
-    Err(FormatError::ScaleUnrepresentable {
+    let scaled = ScaledBlock {
         format: B::NAME,
         block: index,
         row: index * 32 / cols,
@@ -245,7 +268,11 @@ fn check_scale<B: GgufBlock>(index: usize, cols: usize, x: &[f32; 32], block: &B
         low: x.iter().copied().fold(f32::INFINITY, f32::min),
         high: x.iter().copied().fold(f32::NEG_INFINITY, f32::max),
         scale: B::scale_of(x),
-        problem,
+    };
+    Err(if rounds_to_infinity {
+        FormatError::ScaleRoundsToInfinity(scaled)
+    } else {
+        FormatError::ScaleRoundsToZero(scaled)
     })
 }
 
@@ -258,7 +285,7 @@ pub fn dequantize<B: GgufBlock>(blocks: &[B]) -> Vec<f32> {
 pub fn to_bytes<B: GgufBlock>(blocks: &[B]) -> Vec<u8> {
     let mut out = Vec::with_capacity(blocks.len() * B::BYTES);
     for block in blocks {
-        block.write_to(&mut out);
+        out.extend_from_slice(block.to_bytes().as_ref());
     }
     out
 }
@@ -267,13 +294,16 @@ pub fn to_bytes<B: GgufBlock>(blocks: &[B]) -> Vec<u8> {
 /// scale finite (an infinite or NaN `d` would dequantize to infinities and NaN).
 pub fn from_bytes<B: GgufBlock>(bytes: &[u8]) -> Result<Vec<B>> {
     if !bytes.len().is_multiple_of(B::BYTES) {
-        return Err(FormatError::ByteLength {
-            what: format!("{} data is whole {}-byte blocks", B::NAME, B::BYTES),
+        return Err(FormatError::PartialBlock {
+            format: B::NAME,
             found: bytes.len(),
-            expected: bytes.len().next_multiple_of(B::BYTES),
+            block_bytes: B::BYTES,
         });
     }
-    let blocks: Vec<B> = bytes.chunks_exact(B::BYTES).map(B::read_from).collect();
+    let blocks: Vec<B> = bytes
+        .chunks_exact(B::BYTES)
+        .map(|chunk| B::read_from(&chunk.try_into().expect("chunks of B::BYTES")))
+        .collect();
     if let Some((block, stored)) = blocks
         .iter()
         .enumerate()
@@ -292,11 +322,14 @@ pub fn from_bytes<B: GgufBlock>(bytes: &[u8]) -> Result<Vec<B>> {
 /// The logical matrix of a `rows` x `cols` tensor: K = cols, N = rows, groups of 32 along K.
 pub fn to_logical<B: GgufBlock>(blocks: &[B], rows: usize, cols: usize) -> Result<LogicalWeights> {
     check_row_length::<B>(rows * cols, cols)?;
-    if blocks.len() * 32 != rows * cols {
-        return Err(FormatError::ByteLength {
-            what: format!("{} blocks for a {rows} x {cols} tensor", B::NAME),
-            found: blocks.len() * B::BYTES,
-            expected: rows * cols / 32 * B::BYTES,
+    let expected = rows * cols / 32;
+    if blocks.len() != expected {
+        return Err(FormatError::BlockCount {
+            format: B::NAME,
+            rows,
+            cols,
+            found: blocks.len(),
+            expected,
         });
     }
     let per_row = cols / 32;
@@ -319,11 +352,10 @@ pub fn from_logical<B: GgufBlock>(weights: &LogicalWeights) -> Result<Vec<B>> {
         });
     }
     if weights.group_size() != 32 {
-        return Err(FormatError::NotAligned {
+        return Err(FormatError::BlockGroupSize {
             format: B::NAME,
-            what: "the group size (blocks of exactly 32)",
             found: weights.group_size(),
-            multiple: 32,
+            block: 32,
         });
     }
     if let Some((row, group)) = weights.first_out_of_sequence() {
@@ -335,15 +367,15 @@ pub fn from_logical<B: GgufBlock>(weights: &LogicalWeights) -> Result<Vec<B>> {
         });
     }
     check_row_length::<B>(weights.k() * weights.n(), weights.k())?;
-    if let Some(((group, col), zero)) = weights.zeros().indexed_iter().find(|(_, z)| **z != B::ZERO)
+    if let Some(((group, col), &zero)) =
+        weights.zeros().indexed_iter().find(|(_, z)| **z != B::ZERO)
     {
-        return Err(FormatError::FixedParameter {
+        return Err(FormatError::FixedZeroPoint {
             format: B::NAME,
-            what: "zero point",
             group,
             col,
-            found: zero.to_string(),
-            expected: B::ZERO.to_string(),
+            found: zero,
+            expected: B::ZERO,
         });
     }
     let (k, n) = (weights.k(), weights.n());
@@ -369,14 +401,16 @@ pub fn storage<B: GgufBlock>(blocks: usize) -> Cost {
     }
 }
 
+/// `cols` must be a positive multiple of 32, and `len` values whole rows of it.
 fn check_row_length<B: GgufBlock>(len: usize, cols: usize) -> Result<()> {
-    if cols == 0 || !cols.is_multiple_of(32) || !len.is_multiple_of(cols) {
-        return Err(FormatError::NotAligned {
+    if cols == 0 || !cols.is_multiple_of(32) {
+        return Err(FormatError::RowLength {
             format: B::NAME,
-            what: "the row length (blocks of 32 run along a row)",
-            found: cols,
-            multiple: 32,
+            cols,
         });
+    }
+    if !len.is_multiple_of(cols) {
+        return Err(FormatError::NotWholeRows { len, cols });
     }
     Ok(())
 }
@@ -447,30 +481,42 @@ mod tests {
                 .is_infinite()
         );
         assert_eq!(
-            quantize::<BlockQ4_0>(&row(4e4), 64)
-                .unwrap_err()
-                .to_string(),
-            "Q4_0 block 0 (row 0, columns 0..32) spans -1.26e6 to -2e4: its scale d = 1.575e5 \
-             rounds to infinity in f16 (largest finite value 65504), so the block's weights would \
-             dequantize to infinities and NaN; ggml stores it anyway, this tool refuses"
+            quantize::<BlockQ4_0>(&row(4e4), 64),
+            Err(FormatError::ScaleRoundsToInfinity(ScaledBlock {
+                format: "Q4_0",
+                block: 0,
+                row: 0,
+                start: 0,
+                end: 32,
+                low: -31.5 * 4e4,
+                high: -0.5 * 4e4,
+                scale: 31.5 * 4e4 / 8.0,
+            }))
         );
         // And d = 0 here, so every weight would come back as 0.
-        assert_eq!(
-            quantize::<BlockQ8_0>(&row(1e-9), 32)
-                .unwrap_err()
-                .to_string(),
-            "Q8_0 block 0 (row 0, columns 0..32) spans -3.15e-8 to -5e-10: its scale d = \
-             2.480315e-10 rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every \
-             weight of the block would dequantize to 0; ggml stores it anyway, this tool refuses"
+        let err = quantize::<BlockQ8_0>(&row(1e-9), 32).unwrap_err();
+        assert!(
+            matches!(&err, FormatError::ScaleRoundsToZero(b) if b.scale == 31.5 * 1e-9 / 127.0),
+            "{err:?}"
         );
         // The second block of the second row is named by its place.
         let mut x = vec![1.0f32; 128];
         x[64 + 40] = 1e7;
+        let err = quantize::<BlockQ4_0>(&x, 64).unwrap_err();
         assert!(
-            quantize::<BlockQ4_0>(&x, 64)
-                .unwrap_err()
-                .to_string()
-                .starts_with("Q4_0 block 3 (row 1, columns 32..64) spans 1e0 to 1e7")
+            matches!(
+                &err,
+                FormatError::ScaleRoundsToInfinity(ScaledBlock {
+                    block: 3,
+                    row: 1,
+                    start: 32,
+                    end: 64,
+                    low: 1.0,
+                    high: 1e7,
+                    ..
+                })
+            ),
+            "{err:?}"
         );
         // Small but representable scales (subnormal in f16) are kept, as ggml keeps them.
         assert!(quantize::<BlockQ8_0>(&row(1e-5), 32).is_ok());
@@ -480,15 +526,21 @@ mod tests {
     fn non_finite_input_and_stored_scales_are_refused() {
         let mut x = vec![0.5f32; 64];
         x[37] = f32::NAN;
-        assert_eq!(
-            quantize::<BlockQ4_0>(&x, 32).unwrap_err().to_string(),
-            "non-finite input: element [1, 5] is NaN; the quantizers need finite values"
+        let err = quantize::<BlockQ4_0>(&x, 32).unwrap_err();
+        assert!(
+            matches!(err, FormatError::NonFinite { row: 1, col: 5, value } if value.is_nan()),
+            "{err:?}"
         );
         let mut bytes = to_bytes(&quantize::<BlockQ8_0>(&[1.0; 64], 32).unwrap());
         bytes[34..36].copy_from_slice(&f16::INFINITY.to_le_bytes());
         assert_eq!(
-            from_bytes::<BlockQ8_0>(&bytes).unwrap_err().to_string(),
-            "Q8_0 block 1 has scale d = inf; a stored scale must be finite"
+            from_bytes::<BlockQ8_0>(&bytes),
+            Err(FormatError::NonFiniteScale {
+                format: "Q8_0",
+                what: "scale d",
+                block: 1,
+                value: f32::INFINITY
+            })
         );
     }
 
@@ -499,14 +551,33 @@ mod tests {
         assert_eq!(bytes.len(), 18);
         assert_eq!(from_bytes::<BlockQ4_0>(&bytes).unwrap(), blocks);
         assert_eq!(
-            from_bytes::<BlockQ8_0>(&bytes).unwrap_err().to_string(),
-            "Q8_0 data is whole 34-byte blocks: 18 bytes, expected 34"
+            from_bytes::<BlockQ8_0>(&bytes),
+            Err(FormatError::PartialBlock {
+                format: "Q8_0",
+                found: 18,
+                block_bytes: 34
+            })
         );
         assert_eq!(
-            quantize::<BlockQ8_0>(&[0.0; 48], 48)
-                .unwrap_err()
-                .to_string(),
-            "Q8_0 needs the row length (blocks of 32 run along a row) to be a multiple of 32, got 48"
+            quantize::<BlockQ8_0>(&[0.0; 48], 48),
+            Err(FormatError::RowLength {
+                format: "Q8_0",
+                cols: 48
+            })
+        );
+        assert_eq!(
+            quantize::<BlockQ8_0>(&[0.0; 48], 32),
+            Err(FormatError::NotWholeRows { len: 48, cols: 32 })
+        );
+        assert_eq!(
+            to_logical(&blocks, 2, 32),
+            Err(FormatError::BlockCount {
+                format: "Q4_0",
+                rows: 2,
+                cols: 32,
+                found: 1,
+                expected: 2
+            })
         );
     }
 
@@ -520,5 +591,43 @@ mod tests {
         let direct = dequantize(&blocks);
         assert!((0..64).all(|i| deq[[i % 32, i / 32]].to_bits() == direct[i].to_bits()));
         assert_eq!(from_logical::<BlockQ4_0>(&logical).unwrap(), blocks);
+        // Only groups of exactly 32 with the fixed zero point are blocks.
+        let padded = logical.padded(64, 1);
+        let groups_of_64 = LogicalWeights::with_sequential_groups(
+            4,
+            64,
+            padded.codes().clone(),
+            padded.scales().slice(ndarray::s![..1, ..]).to_owned(),
+            padded.zeros().slice(ndarray::s![..1, ..]).to_owned(),
+        )
+        .unwrap();
+        assert_eq!(
+            from_logical::<BlockQ4_0>(&groups_of_64),
+            Err(FormatError::BlockGroupSize {
+                format: "Q4_0",
+                found: 64,
+                block: 32
+            })
+        );
+        let mut zeros = logical.zeros().clone();
+        zeros[[0, 1]] = 7;
+        let shifted = LogicalWeights::with_sequential_groups(
+            4,
+            32,
+            logical.codes().clone(),
+            logical.scales().clone(),
+            zeros,
+        )
+        .unwrap();
+        assert_eq!(
+            from_logical::<BlockQ4_0>(&shifted),
+            Err(FormatError::FixedZeroPoint {
+                format: "Q4_0",
+                group: 0,
+                col: 1,
+                found: 7,
+                expected: 8
+            })
+        );
     }
 }

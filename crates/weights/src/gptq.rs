@@ -2,7 +2,7 @@
 //!
 //! Spec (K = in-features, N = out-features, G = groups, b = bits):
 //! - Container: four tensors, `qweight` int32 [K*b/32, N], `qzeros` int32 [G, N*b/32],
-//!   `scales` f16 [G, N], `g_idx` int32 [K].
+//!   `scales` f16 [G, N], `g_idx` int32 \[K\].
 //! - qweight axis: packed along K. Column n of qweight is the dense little-endian b-bit stream of
 //!   codes[:, n]: row k at bits [k*b, (k+1)*b) of the column's words. At 4 bits that is row
 //!   8r + j at bits 4j of word r; at 3 bits 32 rows fill exactly 3 words and rows 10 and 21
@@ -28,17 +28,18 @@
 use half::f16;
 use ndarray::{Array2, Axis};
 
-use crate::WeightFormat;
 use crate::bpw::Cost;
 use crate::error::{FormatError, Result};
+use crate::format::WeightFormat;
 use crate::logical::LogicalWeights;
-use crate::shape::{check_aligned, check_logical_shape, check_tensor_shapes};
+use crate::shape::{check_aligned, check_logical_shape, check_not_empty, check_tensor_shapes};
 use bitpack::{Bits, stream as bits};
 
 /// Bit widths AutoGPTQ and GPTQModel write.
 pub const GPTQ_BITS: [u32; 4] = [2, 3, 4, 8];
 
-/// How a GPTQ checkpoint stores its zero points.
+/// How a GPTQ checkpoint stores its zero points. Exhaustive: these are the two conventions the
+/// libraries write, and packing and unpacking match on them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ZeroConvention {
     /// AutoGPTQ's `gptq` format: stored field = (zero - 1) masked to the field.
@@ -48,6 +49,7 @@ pub enum ZeroConvention {
 }
 
 impl ZeroConvention {
+    /// The format name this convention is written under (`gptq` or `gptq_v2`).
     pub fn format(self) -> WeightFormat {
         match self {
             ZeroConvention::V1 => WeightFormat::Gptq,
@@ -91,16 +93,19 @@ impl ZeroConvention {
 /// One GPTQ layer's tensors, as a checkpoint stores them, with its logical size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GptqLayer {
+    /// Code width b: 2, 3, 4 or 8.
     pub bits: u32,
+    /// Rows per group; G = ceil(K / group_size).
     pub group_size: usize,
+    /// How qzeros stores the zero points.
     pub convention: ZeroConvention,
-    /// [K*b/32, N]
+    /// Codes packed along K, one word stream per column: [K*b/32, N].
     pub qweight: Array2<i32>,
-    /// [G, N*b/32]
+    /// Zero-point fields packed along N, one word stream per group: [G, N*b/32].
     pub qzeros: Array2<i32>,
-    /// [G, N]
+    /// Scales: [G, N].
     pub scales: Array2<f16>,
-    /// [K]
+    /// The group of each stored row: \[K\].
     pub g_idx: Vec<i32>,
     /// [K, N] before padding; equal to the stored size when nothing was padded.
     pub logical_shape: [usize; 2],
@@ -152,12 +157,8 @@ pub fn unpack(layer: &GptqLayer) -> Result<LogicalWeights> {
         .g_idx
         .iter()
         .enumerate()
-        .map(|(row, &g)| {
-            u32::try_from(g).map_err(|_| FormatError::GroupIndexOutOfRange {
-                row,
-                group: i64::from(g),
-                groups: layer.scales.nrows(),
-            })
+        .map(|(row, &group)| {
+            u32::try_from(group).map_err(|_| FormatError::NegativeGroupIndex { row, group })
         })
         .collect::<Result<Vec<u32>>>()?;
     let stored = LogicalWeights::new(
@@ -181,6 +182,7 @@ impl GptqLayer {
         let bits = self.bits as usize;
         let k = self.g_idx.len();
         let n = self.scales.ncols();
+        check_not_empty(k, n)?;
         let groups = k.div_ceil(self.group_size);
         let step = alignment(self.bits);
         check_aligned("GPTQ", "K (g_idx length)", k, step)?;
@@ -352,19 +354,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            pack(&w, ZeroConvention::V1).unwrap_err().to_string(),
-            "GPTQ v1 stores zero - 1, so the zero point 0 at [group 0, column 3] cannot be written \
-             (the field would wrap to 15 and AutoGPTQ's reader would see 16); write gptq_v2, \
-             which stores the zero point itself"
+            pack(&w, ZeroConvention::V1),
+            Err(FormatError::V1ZeroUnrepresentable {
+                group: 0,
+                col: 3,
+                wrapped: 15,
+                seen: 16
+            })
         );
         let mut layer = pack(&w, ZeroConvention::V2).unwrap();
         layer.convention = ZeroConvention::V1;
         layer.qzeros[[0, 0]] = 0xF000;
         assert_eq!(
-            unpack(&layer).unwrap_err().to_string(),
-            "GPTQ v1 qzeros field [group 0, column 3] holds 15: read as zero - 1 that is the zero \
-             point 16, which no 4-bit field can hold; the writer probably stored a zero point of 0 \
-             under v1, which is ambiguous, so this layer is refused"
+            unpack(&layer),
+            Err(FormatError::V1ZeroFieldAmbiguous {
+                group: 0,
+                col: 3,
+                field: 15,
+                seen: 16,
+                bits: 4
+            })
         );
     }
 
@@ -381,13 +390,69 @@ mod tests {
     }
 
     #[test]
-    fn wrong_group_size_shows_up_as_a_scales_shape_error() {
-        let mut layer = pack(&ramp(4, 64, 8, 16), ZeroConvention::V2).unwrap();
-        layer.group_size = 32;
+    fn every_shape_the_format_implies_is_checked() {
+        let layer = pack(&ramp(4, 64, 8, 16), ZeroConvention::V2).unwrap();
+        let refused = |edit: &dyn Fn(&mut GptqLayer)| {
+            let mut edited = layer.clone();
+            edit(&mut edited);
+            unpack(&edited).unwrap_err()
+        };
+        // Which tensor a shape mismatch names, with its shape and the expected one.
+        let mismatch = |err: FormatError| match err {
+            FormatError::ShapeMismatch {
+                format: "GPTQ",
+                tensor,
+                found,
+                expected,
+                ..
+            } => Some((tensor, found, expected)),
+            _ => None,
+        };
+        // A wrong group size shows up as scales of the wrong height.
         assert_eq!(
-            unpack(&layer).unwrap_err().to_string(),
-            "GPTQ scales has shape [4, 8], expected [2, 8] (ceil(K / group size) = ceil(64 / 32) \
-             groups)"
+            mismatch(refused(&|l| l.group_size = 32)),
+            Some(("scales", vec![4, 8], vec![2, 8]))
+        );
+        assert_eq!(
+            mismatch(refused(&|l| l.qweight = Array2::zeros((7, 8)))),
+            Some(("qweight", vec![7, 8], vec![8, 8]))
+        );
+        assert_eq!(
+            mismatch(refused(&|l| l.qzeros = Array2::zeros((4, 2)))),
+            Some(("qzeros", vec![4, 2], vec![4, 1]))
+        );
+        assert_eq!(
+            refused(&|l| l.g_idx.truncate(60)),
+            FormatError::NotAligned {
+                format: "GPTQ",
+                what: "K (g_idx length)",
+                found: 60,
+                multiple: 8
+            }
+        );
+        assert_eq!(
+            refused(&|l| l.g_idx.clear()),
+            FormatError::EmptyMatrix { rows: 0, cols: 8 }
+        );
+        assert_eq!(
+            refused(&|l| l.logical_shape = [65, 8]),
+            FormatError::LogicalShapeTooLarge {
+                format: "GPTQ",
+                logical: [65, 8],
+                stored: [64, 8]
+            }
+        );
+        assert_eq!(
+            refused(&|l| l.g_idx[5] = -1),
+            FormatError::NegativeGroupIndex { row: 5, group: -1 }
+        );
+        assert_eq!(
+            refused(&|l| l.bits = 5),
+            FormatError::UnsupportedBits {
+                format: "GPTQ",
+                bits: 5,
+                supported: "2-, 3-, 4- or 8-bit"
+            }
         );
     }
 
@@ -400,7 +465,7 @@ mod tests {
             (4096, 128 + 512 + 512)
         );
         assert_eq!(cost.bits_per_element(), 5.125);
-        // codec::bpw's model of GPTQ: one word stream per column, packed zeros, g_idx.
+        // weights::bpw's model of GPTQ: one word stream per column, packed zeros, g_idx.
         let model = Format {
             zero_points: ZeroPoints::Packed,
             g_idx: true,

@@ -5,9 +5,9 @@
 //!   out-features (columns), 1 <= b <= 8, every code <= 2^b - 1.
 //! - `scales` [G, N] f16 and `zeros` [G, N] u8: per group and column, the scale and the TRUE zero
 //!   point (0..=2^b - 1; no convention's "minus one" in it).
-//! - `g_idx` [K]: the group of each row, < G. Sequential groups have g_idx[k] = k / group_size;
+//! - `g_idx` \[K\]: the group of each row, < G. Sequential groups have `g_idx[k] = k / group_size`;
 //!   act-order checkpoints scatter them.
-//! - Weight: `w[k, n] = f32(scale[g, n]) * ((code[k, n] - zero[g, n]) as f32)` with g = g_idx[k],
+//! - Weight: `w[k, n] = f32(scale[g, n]) * ((code[k, n] - zero[g, n]) as f32)` with `g = g_idx[k]`,
 //!   exactly as AutoGPTQ, GPTQModel and AutoAWQ's readers compute it (checked against their
 //!   outputs in the conformance tests).
 //!
@@ -21,6 +21,9 @@ use ndarray::{Array2, Axis, s};
 use crate::error::{FormatError, Result};
 use crate::shape::check_logical_shape;
 
+/// One layer's weights with no layout left in them: codes, scales, true zero points and g_idx,
+/// checked to agree with each other (see the module spec). Build it with [`Self::new`] or
+/// [`Self::with_sequential_groups`]; every packer takes it and every unpacker returns it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogicalWeights {
     bits: u32,
@@ -53,7 +56,7 @@ impl LogicalWeights {
         Ok(weights)
     }
 
-    /// A matrix whose rows are in sequential groups: g_idx[k] = k / group_size.
+    /// A matrix whose rows are in sequential groups: `g_idx[k] = k / group_size`.
     pub fn with_sequential_groups(
         bits: u32,
         group_size: usize,
@@ -118,20 +121,18 @@ impl LogicalWeights {
             .enumerate()
             .find(|(_, g)| **g as usize >= groups)
         {
-            return Err(FormatError::GroupIndexOutOfRange {
-                row,
-                group: i64::from(group),
-                groups,
-            });
+            return Err(FormatError::GroupIndexOutOfRange { row, group, groups });
         }
         check_range("code", &self.codes, self.bits)?;
         check_range("zero point", &self.zeros, self.bits)
     }
 
+    /// Code width b, 1 to 8.
     pub fn bits(&self) -> u32 {
         self.bits
     }
 
+    /// Rows per group (of sequential groups; act-order groups hold as many, scattered).
     pub fn group_size(&self) -> usize {
         self.group_size
     }
@@ -146,23 +147,27 @@ impl LogicalWeights {
         self.codes.ncols()
     }
 
+    /// Groups G: rows of scales and zeros.
     pub fn groups(&self) -> usize {
         self.scales.nrows()
     }
 
+    /// Codes [K, N], each at most 2^b - 1.
     pub fn codes(&self) -> &Array2<u8> {
         &self.codes
     }
 
+    /// Scales [G, N].
     pub fn scales(&self) -> &Array2<f16> {
         &self.scales
     }
 
-    /// True zero points (no convention applied).
+    /// True zero points [G, N] (no convention applied).
     pub fn zeros(&self) -> &Array2<u8> {
         &self.zeros
     }
 
+    /// The group of each row \[K\].
     pub fn g_idx(&self) -> &[u32] {
         &self.g_idx
     }
@@ -344,20 +349,18 @@ pub fn check_permutation(perm: &[u32], rows: usize) -> Result<()> {
     }
     let mut seen_at: Vec<Option<usize>> = vec![None; rows];
     for (index, &value) in perm.iter().enumerate() {
-        let problem = match seen_at.get_mut(value as usize) {
-            None => format!("past the last row {}", rows - 1),
-            Some(Some(first)) => format!("which entry {first} already holds"),
-            Some(slot) => {
-                *slot = Some(index);
-                continue;
+        match seen_at.get_mut(value as usize) {
+            None => return Err(FormatError::PermutationPastEnd { rows, index, value }),
+            Some(Some(first)) => {
+                return Err(FormatError::PermutationRepeatsRow {
+                    rows,
+                    index,
+                    value,
+                    first: *first,
+                });
             }
-        };
-        return Err(FormatError::NotAPermutation {
-            rows,
-            index,
-            value,
-            problem,
-        });
+            Some(slot) => *slot = Some(index),
+        }
     }
     Ok(())
 }
@@ -459,9 +462,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            w.into_sequential_groups().unwrap_err().to_string(),
-            "g_idx cannot be made contiguous in groups of 2: group 0 has 3 rows, a layout without \
-             g_idx needs 2"
+            w.into_sequential_groups(),
+            Err(FormatError::GroupsNotContiguous {
+                group_size: 2,
+                group: 0,
+                rows: 3,
+                expected: 2
+            })
         );
     }
 
@@ -476,8 +483,34 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            err.to_string(),
-            "code [0, 0] is 4, above the 2-bit maximum 3"
+            err,
+            FormatError::CodeOutOfRange {
+                what: "code",
+                row: 0,
+                col: 0,
+                value: 4,
+                bits: 2,
+                max: 3
+            }
+        );
+        let err = LogicalWeights::with_sequential_groups(
+            2,
+            2,
+            array![[0, 0], [0, 0]],
+            f16s(&[[1.0, 1.0]]),
+            array![[1, 7]],
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            FormatError::CodeOutOfRange {
+                what: "zero point",
+                row: 0,
+                col: 1,
+                value: 7,
+                bits: 2,
+                max: 3
+            }
         );
         let err = LogicalWeights::new(
             4,
@@ -489,26 +522,12 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            err.to_string(),
-            "g_idx[1] is 1, but there are only 1 groups"
-        );
-    }
-
-    #[test]
-    fn restoring_rows_undoes_the_sort_into_sequential_groups() {
-        let act_order = LogicalWeights::new(
-            4,
-            2,
-            array![[1, 1], [2, 2], [3, 3], [4, 4]],
-            f16s(&[[1.0, 1.0], [2.0, 2.0]]),
-            array![[0, 0], [0, 0]],
-            vec![1, 0, 1, 0],
-        )
-        .unwrap();
-        let (sorted, perm) = act_order.clone().into_sequential_groups().unwrap();
-        assert_eq!(
-            sorted.with_rows_restored(&perm.unwrap()).unwrap(),
-            act_order
+            err,
+            FormatError::GroupIndexOutOfRange {
+                row: 1,
+                group: 1,
+                groups: 1
+            }
         );
     }
 
@@ -516,24 +535,81 @@ mod tests {
     fn a_malformed_input_permutation_is_refused_by_name() {
         assert_eq!(check_permutation(&[2, 0, 1], 3), Ok(()));
         assert_eq!(
-            check_permutation(&[0], 3).unwrap_err().to_string(),
-            "the row permutation has 1 entries for K = 3 rows"
+            check_permutation(&[0], 3),
+            Err(FormatError::PermutationLength { found: 1, rows: 3 })
         );
         assert_eq!(
-            check_permutation(&[0, 3, 1], 3).unwrap_err().to_string(),
-            "the row permutation is not a permutation of rows 0..3: entry 1 is 3, past the last \
-             row 2"
+            check_permutation(&[0, 3, 1], 3),
+            Err(FormatError::PermutationPastEnd {
+                rows: 3,
+                index: 1,
+                value: 3
+            })
+        );
+        let repeated = FormatError::PermutationRepeatsRow {
+            rows: 3,
+            index: 2,
+            value: 1,
+            first: 1,
+        };
+        assert_eq!(check_permutation(&[0, 1, 1], 3), Err(repeated));
+        assert_eq!(
+            small().with_rows_restored(&[0, 1, 1, 2]),
+            Err(FormatError::PermutationRepeatsRow {
+                rows: 4,
+                index: 2,
+                value: 1,
+                first: 1
+            })
+        );
+    }
+
+    #[test]
+    fn parts_that_disagree_are_refused_by_shape_and_a_logical_size_must_fit() {
+        let mismatch = |tensor, found: Vec<usize>, expected: Vec<usize>, why: &str| {
+            Err(FormatError::ShapeMismatch {
+                format: "logical",
+                tensor,
+                found,
+                expected,
+                why: why.to_string(),
+            })
+        };
+        let w = small();
+        let zeros_3 = Array2::zeros((3, 2));
+        assert_eq!(
+            LogicalWeights::new(
+                4,
+                2,
+                w.codes().clone(),
+                w.scales().clone(),
+                zeros_3,
+                vec![0, 0, 1, 1]
+            ),
+            mismatch("zeros", vec![3, 2], vec![2, 2], "the same shape as scales")
         );
         assert_eq!(
-            check_permutation(&[0, 1, 1], 3).unwrap_err().to_string(),
-            "the row permutation is not a permutation of rows 0..3: entry 2 is 1, which entry 1 \
-             already holds"
+            LogicalWeights::new(
+                4,
+                2,
+                w.codes().clone(),
+                w.scales().clone(),
+                w.zeros().clone(),
+                vec![0, 0, 1]
+            ),
+            mismatch("g_idx", vec![3], vec![4], "one entry per row")
         );
-        let err = small().with_rows_restored(&[0, 1, 1, 2]).unwrap_err();
         assert_eq!(
-            err.to_string(),
-            "the row permutation is not a permutation of rows 0..4: entry 2 is 1, which entry 1 \
-             already holds"
+            w.cropped(5, 2),
+            Err(FormatError::LogicalShapeTooLarge {
+                format: "logical",
+                logical: [5, 2],
+                stored: [4, 2]
+            })
+        );
+        assert_eq!(
+            w.cropped(0, 2),
+            Err(FormatError::EmptyMatrix { rows: 0, cols: 2 })
         );
     }
 }

@@ -4,7 +4,7 @@
 //! Spec:
 //! - Elements: the tensor flattened in row-major order; blocks of `block_size` consecutive
 //!   elements (64 by default) share one f32 `absmax`; a partial last block has its own.
-//! - Weight = NF4_LEVELS[code] * absmax (f32 multiply).
+//! - Weight = `NF4_LEVELS[code] * absmax` (f32 multiply).
 //! - Packing: two codes per byte, the FIRST element in the HIGH nibble:
 //!   `byte i = code[2i] << 4 | code[2i + 1]` (the opposite of GGUF, GPTQ and AWQ); an odd count
 //!   gets a zero low nibble in the last byte.
@@ -20,7 +20,7 @@
 //!   stored absmax that is not finite is refused on reading ([`Nf4Tensor::check`]).
 //! - NF4 is not an integer code: its levels are not evenly spaced, so no scale and zero point
 //!   reproduce them, and converting NF4 to GPTQ, AWQ or GGUF needs requantization
-//!   ([`to_integer_format`] refuses with that explanation).
+//!   ([`FormatError::NeedsRequantization`] says so).
 //!
 //! Follows bitsandbytes 0.50's `quantize_4bit` / `dequantize_4bit` (CPU reference in
 //! <https://github.com/bitsandbytes-foundation/bitsandbytes/blob/0155ecc672fc1523ae8dfd6440060f1c404fc8c3/bitsandbytes/backends/default/ops.py>);
@@ -59,6 +59,7 @@ pub const DEFAULT_BLOCK_SIZE: usize = 64;
 pub struct Nf4Tensor {
     /// Logical [rows, cols].
     pub shape: [usize; 2],
+    /// Elements per absmax, over the flattened matrix.
     pub block_size: usize,
     /// ceil(rows * cols / 2) bytes, first element in the high nibble.
     pub packed: Vec<u8>,
@@ -84,7 +85,7 @@ pub fn nearest_level(scaled: f32) -> u8 {
 /// Quantizes `x` in row-major order with one absmax per `block_size` elements.
 pub fn quantize(x: ArrayView2<f32>, block_size: usize) -> Result<Nf4Tensor> {
     if block_size == 0 {
-        return Err(FormatError::ZeroGroupSize);
+        return Err(FormatError::ZeroBlockSize);
     }
     let (rows, cols) = x.dim();
     if rows == 0 || cols == 0 {
@@ -168,7 +169,7 @@ impl Nf4Tensor {
     /// Checks the byte and absmax counts against the shape and block size.
     pub fn check(&self) -> Result<()> {
         if self.block_size == 0 {
-            return Err(FormatError::ZeroGroupSize);
+            return Err(FormatError::ZeroBlockSize);
         }
         let count = self.shape[0] * self.shape[1];
         if count == 0 {
@@ -178,18 +179,19 @@ impl Nf4Tensor {
             });
         }
         if self.packed.len() != count.div_ceil(2) {
-            return Err(FormatError::ByteLength {
-                what: format!("NF4 codes for {} x {}", self.shape[0], self.shape[1]),
+            return Err(FormatError::Nf4CodeBytes {
+                rows: self.shape[0],
+                cols: self.shape[1],
                 found: self.packed.len(),
                 expected: count.div_ceil(2),
             });
         }
         let blocks = count.div_ceil(self.block_size);
         if self.absmax.len() != blocks {
-            return Err(FormatError::ByteLength {
-                what: format!("NF4 absmax for {blocks} blocks of {}", self.block_size),
-                found: 4 * self.absmax.len(),
-                expected: 4 * blocks,
+            return Err(FormatError::Nf4AbsmaxCount {
+                blocks,
+                block_size: self.block_size,
+                found: self.absmax.len(),
             });
         }
         if let Some((block, &value)) = self.absmax.iter().enumerate().find(|(_, a)| !a.is_finite())
@@ -212,7 +214,7 @@ impl Nf4Tensor {
         Ok(Array2::from_shape_vec((rows, cols), flat).expect("checked length"))
     }
 
-    /// Weights: level[code] * absmax of the element's block.
+    /// Weights: `NF4_LEVELS[code] * absmax` of the element's block.
     pub fn dequantize(&self) -> Result<Array2<f32>> {
         let codes = self.codes()?;
         let cols = self.shape[1];
@@ -231,13 +233,6 @@ impl Nf4Tensor {
             g_idx_bytes: 0,
             extra_bytes: 0,
         }
-    }
-}
-
-/// NF4 never converts to an integer format without requantizing; this says why.
-pub fn to_integer_format(target: &str) -> FormatError {
-    FormatError::NeedsRequantization {
-        to: target.to_string(),
     }
 }
 
@@ -320,38 +315,63 @@ mod tests {
         // and the zero code 0 (-1.0 * absmax).
         let x = array![[1e-40f32, 1e-45, 0.0, 0.5]];
         assert_eq!(
-            quantize(x.view(), 3).unwrap_err().to_string(),
-            "NF4 block 0 (elements 0..3 of the flattened matrix) has absmax 1e-40, whose inverse \
-             overflows f32, so every code in it would be a clamp to -1 or +1 (and each zero a NaN \
-             that becomes code 0); bitsandbytes stores it anyway, this tool refuses"
+            quantize(x.view(), 3),
+            Err(FormatError::AbsmaxTooSmall {
+                block: 0,
+                start: 0,
+                end: 3,
+                absmax: 1e-40
+            })
         );
         assert!(quantize(array![[1e-30f32, 0.0]].view(), 64).is_ok());
         assert_eq!(
-            quantize(array![[0.0f32, f32::INFINITY]].view(), 64)
-                .unwrap_err()
-                .to_string(),
-            "non-finite input: element [0, 1] is inf; the quantizers need finite values"
+            quantize(array![[0.0f32, f32::INFINITY]].view(), 64),
+            Err(FormatError::NonFinite {
+                row: 0,
+                col: 1,
+                value: f32::INFINITY
+            })
+        );
+        assert_eq!(
+            quantize(array![[1.0f32]].view(), 0),
+            Err(FormatError::ZeroBlockSize)
         );
     }
 
     #[test]
-    fn a_stored_absmax_that_is_not_finite_is_refused() {
-        let mut t = quantize(array![[1.0f32, -1.0]].view(), 64).unwrap();
-        t.absmax[0] = f32::NAN;
-        assert_eq!(
-            t.dequantize().unwrap_err().to_string(),
-            "NF4 block 0 has absmax = NaN; a stored scale must be finite"
+    fn stored_counts_and_absmax_are_checked_against_the_shape() {
+        let t = quantize(array![[1.0f32, -1.0, 0.5], [0.0, 2.0, -2.0]].view(), 4).unwrap();
+        let refused = |edit: &dyn Fn(&mut Nf4Tensor)| {
+            let mut edited = t.clone();
+            edit(&mut edited);
+            edited.dequantize().unwrap_err()
+        };
+        let err = refused(&|t| t.absmax[1] = f32::NAN);
+        assert!(
+            matches!(err, FormatError::NonFiniteScale { format: "NF4", what: "absmax", block: 1, value }
+                if value.is_nan()),
+            "{err:?}"
         );
-    }
-
-    #[test]
-    fn refusing_integer_formats_explains_requantization() {
         assert_eq!(
-            to_integer_format("gptq").to_string(),
-            "converting NF4 to gptq needs requantization: NF4 codes index 16 fixed, non-uniform \
-             levels scaled by a per-block absmax, and no integer code with a scale and zero point \
-             reproduces them exactly; this tool only converts what it can prove bit-identical, so \
-             it refuses"
+            refused(&|t| t.packed.push(0)),
+            FormatError::Nf4CodeBytes {
+                rows: 2,
+                cols: 3,
+                found: 4,
+                expected: 3
+            }
+        );
+        assert_eq!(
+            refused(&|t| t.absmax.pop().map(drop).unwrap()),
+            FormatError::Nf4AbsmaxCount {
+                blocks: 2,
+                block_size: 4,
+                found: 1
+            }
+        );
+        assert_eq!(
+            refused(&|t| t.shape = [0, 3]),
+            FormatError::EmptyMatrix { rows: 0, cols: 3 }
         );
     }
 }

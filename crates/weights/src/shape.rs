@@ -4,14 +4,22 @@
 
 use crate::error::{FormatError, Result};
 
-/// `size` must be a positive multiple of `multiple`.
+/// A stored [K, N] with no element is an empty matrix, before any other check can say more.
+pub(crate) fn check_not_empty(k: usize, n: usize) -> Result<()> {
+    if k == 0 || n == 0 {
+        return Err(FormatError::EmptyMatrix { rows: k, cols: n });
+    }
+    Ok(())
+}
+
+/// `size` must be a multiple of `multiple`.
 pub(crate) fn check_aligned(
     format: &'static str,
     what: &'static str,
     size: usize,
     multiple: usize,
 ) -> Result<()> {
-    if size == 0 || !size.is_multiple_of(multiple) {
+    if !size.is_multiple_of(multiple) {
         return Err(FormatError::NotAligned {
             format,
             what,
@@ -42,19 +50,18 @@ pub(crate) fn check_tensor_shapes<const N: usize>(
 }
 
 /// Checks that a layer's recorded logical [K, N] is positive and fits inside its stored [K, N].
-pub fn check_logical_shape(
+pub(crate) fn check_logical_shape(
     format: &'static str,
     logical: [usize; 2],
     stored: [usize; 2],
 ) -> Result<()> {
     let [k, n] = logical;
-    if k == 0 || n == 0 || k > stored[0] || n > stored[1] {
-        return Err(FormatError::ShapeMismatch {
+    check_not_empty(k, n)?;
+    if k > stored[0] || n > stored[1] {
+        return Err(FormatError::LogicalShapeTooLarge {
             format,
-            tensor: "logical shape",
-            found: logical.to_vec(),
-            expected: stored.to_vec(),
-            why: "the logical size must fit inside the stored tensors".to_string(),
+            logical,
+            stored,
         });
     }
     Ok(())

@@ -24,45 +24,74 @@ use thiserror::Error;
 
 use crate::awq::{self, AwqLayer};
 use crate::bpw::Cost;
+use crate::error::FormatError;
+use crate::format::WeightFormat;
 use crate::gptq::{self, GptqLayer, ZeroConvention};
-use crate::{FormatError, LogicalWeights, WeightFormat};
+use crate::logical::LogicalWeights;
 
+/// Why a layer cannot be transcoded.
 #[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum TranscodeError {
+    /// The source or the target layout refused the layer.
     #[error(transparent)]
     Format(#[from] FormatError),
 
+    /// A target that is not an integer layout.
     #[error(
         "repack writes gptq, gptq_v2 or awq layers, not {0}; GGUF blocks and NF4 are written by \
          `repack quantize` from float weights"
     )]
     UnsupportedTarget(WeightFormat),
 
+    /// The repacked layer unpacks to another number of weights than the source.
+    #[error(
+        "refusing to write: the repacked layer unpacks to {target_shape:?} weights but the source \
+         to {source_shape:?}, so the conversion is not bit-identical"
+    )]
+    ShapeChanged {
+        /// [K, N] of the source's weights.
+        source_shape: [usize; 2],
+        /// [K, N] of the repacked layer's weights.
+        target_shape: [usize; 2],
+    },
+
+    /// A weight that changed in the repacking.
     #[error(
         "refusing to write: weight [{row}, {col}] dequantizes to {target:e} after repacking but to \
          {source_value:e} in the source, so the conversion is not bit-identical"
     )]
     NotBitIdentical {
+        /// Its row in the repacked layer.
         row: usize,
+        /// Its column.
         col: usize,
+        /// The source's weight (at the permuted row).
         source_value: f32,
+        /// The repacked layer's weight.
         target: f32,
     },
 }
 
 /// One quantized layer in an integer layout.
+///
+/// Not `#[non_exhaustive]`: code that writes or reads a layer's tensors must handle every
+/// layout, and a new one should fail to compile there rather than fall into a wildcard arm.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PackedLayer {
+    /// GPTQ, either convention.
     Gptq(GptqLayer),
+    /// AWQ GEMM.
     Awq(AwqLayer),
 }
 
 /// A repacked layer and what its user must know about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transcoded {
+    /// The layer in the target layout.
     pub layer: PackedLayer,
     /// `Some(perm)` when the new layer's rows are not in their original order: row k of the new
-    /// layer is row perm[k] of the original (the source's rows after undoing any recorded
+    /// layer is row `perm[k]` of the original (the source's rows after undoing any recorded
     /// permutation), so the input activations must be permuted as `x_new[k] = x[perm[k]]`.
     pub input_permutation: Option<Vec<u32>>,
     /// Whether a recorded permutation was undone and the new layer needs none: its rows are
@@ -71,6 +100,7 @@ pub struct Transcoded {
 }
 
 impl PackedLayer {
+    /// Its layout, the GPTQ convention included.
     pub fn format(&self) -> WeightFormat {
         match self {
             PackedLayer::Gptq(layer) => layer.convention.format(),
@@ -78,6 +108,7 @@ impl PackedLayer {
         }
     }
 
+    /// Its code width.
     pub fn bits(&self) -> u32 {
         match self {
             PackedLayer::Gptq(layer) => layer.bits,
@@ -85,6 +116,7 @@ impl PackedLayer {
         }
     }
 
+    /// Rows per group.
     pub fn group_size(&self) -> usize {
         match self {
             PackedLayer::Gptq(layer) => layer.group_size,
@@ -100,6 +132,7 @@ impl PackedLayer {
         }
     }
 
+    /// The logical matrix, after checking every shape against the layout.
     pub fn unpack(&self) -> Result<LogicalWeights, FormatError> {
         match self {
             PackedLayer::Gptq(layer) => gptq::unpack(layer),
@@ -107,6 +140,7 @@ impl PackedLayer {
         }
     }
 
+    /// Bytes its tensors take, by part.
     pub fn storage(&self) -> Cost {
         match self {
             PackedLayer::Gptq(layer) => layer.storage(),
@@ -121,7 +155,9 @@ pub fn pack(weights: &LogicalWeights, target: WeightFormat) -> Result<PackedLaye
         WeightFormat::Gptq => PackedLayer::Gptq(gptq::pack(weights, ZeroConvention::V1)?),
         WeightFormat::GptqV2 => PackedLayer::Gptq(gptq::pack(weights, ZeroConvention::V2)?),
         WeightFormat::Awq => PackedLayer::Awq(awq::pack(weights)?),
-        other => return Err(TranscodeError::UnsupportedTarget(other)),
+        WeightFormat::Q4_0 | WeightFormat::Q8_0 | WeightFormat::Nf4 => {
+            return Err(TranscodeError::UnsupportedTarget(target));
+        }
     })
 }
 
@@ -131,26 +167,35 @@ pub fn transcode(source: &PackedLayer, target: WeightFormat) -> Result<Transcode
     transcode_recorded(source, None, target)
 }
 
-/// Like [`repack`], for a source that may carry a recorded input permutation: `recorded[k]` is
-/// the original row of the source's row k (what an earlier conversion to a layout without
+/// Like [`transcode`], for a source that may carry a recorded input permutation: `recorded[k]`
+/// is the original row of the source's row k (what an earlier conversion to a layout without
 /// g_idx wrote). The rows are put back in their original order before anything else, so a
 /// target with g_idx needs no permutation and one without gets a permutation relative to the
 /// original rows. A recorded permutation that is not a permutation of the source's K rows is
-/// refused ([`crate::formats::logical::check_permutation`]).
+/// refused ([`crate::logical::check_permutation`]).
 pub fn transcode_recorded(
     source: &PackedLayer,
     recorded: Option<&[u32]>,
     target: WeightFormat,
 ) -> Result<Transcoded, TranscodeError> {
+    // Whether the target has g_idx, or must have its rows in sequential groups.
+    let needs_sequential_rows = match target {
+        WeightFormat::Gptq | WeightFormat::GptqV2 => false,
+        WeightFormat::Awq => true,
+        WeightFormat::Q4_0 | WeightFormat::Q8_0 | WeightFormat::Nf4 => {
+            return Err(TranscodeError::UnsupportedTarget(target));
+        }
+    };
     let logical = source.unpack()?;
     let source_weights = logical.dequantize();
     let logical = match recorded {
         Some(perm) => logical.with_rows_restored(perm)?,
         None => logical,
     };
-    let (logical, input_permutation) = match target {
-        WeightFormat::Awq => logical.into_sequential_groups()?,
-        _ => (logical, None),
+    let (logical, input_permutation) = if needs_sequential_rows {
+        logical.into_sequential_groups()?
+    } else {
+        (logical, None)
     };
     let layer = pack(&logical, target)?;
     let target_weights = layer.unpack()?.dequantize();
@@ -182,20 +227,22 @@ pub fn verify_bit_identical(
     perm: Option<&[u32]>,
     target: &Array2<f32>,
 ) -> Result<(), TranscodeError> {
-    let mismatch = |row, col, source_value, target| TranscodeError::NotBitIdentical {
-        row,
-        col,
-        source_value,
-        target,
-    };
     if source.dim() != target.dim() {
-        return Err(mismatch(source.nrows(), source.ncols(), f32::NAN, f32::NAN));
+        return Err(TranscodeError::ShapeChanged {
+            source_shape: [source.nrows(), source.ncols()],
+            target_shape: [target.nrows(), target.ncols()],
+        });
     }
     for ((row, col), &value) in target.indexed_iter() {
         let source_row = perm.map_or(row, |p| p[row] as usize);
         let expected = source[[source_row, col]];
         if value.to_bits() != expected.to_bits() {
-            return Err(mismatch(row, col, expected, value));
+            return Err(TranscodeError::NotBitIdentical {
+                row,
+                col,
+                source_value: expected,
+                target: value,
+            });
         }
     }
     Ok(())
@@ -260,10 +307,11 @@ mod tests {
     fn a_recorded_permutation_of_the_wrong_length_is_refused() {
         let to_awq = transcode(&act_order(), WeightFormat::Awq).unwrap();
         assert_eq!(
-            transcode_recorded(&to_awq.layer, Some(&[0]), WeightFormat::Gptq)
-                .unwrap_err()
-                .to_string(),
-            "the row permutation has 1 entries for K = 4 rows"
+            transcode_recorded(&to_awq.layer, Some(&[0]), WeightFormat::Gptq),
+            Err(TranscodeError::Format(FormatError::PermutationLength {
+                found: 1,
+                rows: 4
+            }))
         );
     }
 
@@ -279,9 +327,17 @@ mod tests {
         .unwrap();
         let v2 = pack(&weights, WeightFormat::GptqV2).unwrap();
         let err = transcode(&v2, WeightFormat::Gptq).unwrap_err();
-        assert!(err.to_string().starts_with(
-            "GPTQ v1 stores zero - 1, so the zero point 0 at [group 0, column 0] cannot be written"
-        ));
+        assert!(
+            matches!(
+                err,
+                TranscodeError::Format(FormatError::V1ZeroUnrepresentable {
+                    group: 0,
+                    col: 0,
+                    ..
+                })
+            ),
+            "{err:?}"
+        );
         assert!(transcode(&v2, WeightFormat::Awq).is_ok());
     }
 
@@ -291,22 +347,38 @@ mod tests {
         let mut target = source.clone();
         target[[1, 0]] = 1.5;
         assert_eq!(
-            verify_bit_identical(&source, None, &target)
-                .unwrap_err()
-                .to_string(),
-            "refusing to write: weight [1, 0] dequantizes to 1.5e0 after repacking but to 1e0 in \
-             the source, so the conversion is not bit-identical"
+            verify_bit_identical(&source, None, &target),
+            Err(TranscodeError::NotBitIdentical {
+                row: 1,
+                col: 0,
+                source_value: 1.0,
+                target: 1.5
+            })
+        );
+        // -0.0 and 0.0 are equal as floats, but not the same bits.
+        let mut signed = Array2::from_elem((2, 2), 0.0f32);
+        signed[[0, 1]] = -0.0;
+        let err = verify_bit_identical(&Array2::zeros((2, 2)), None, &signed).unwrap_err();
+        assert!(
+            matches!(err, TranscodeError::NotBitIdentical { row: 0, col: 1, .. }),
+            "{err:?}"
+        );
+        assert_eq!(
+            verify_bit_identical(&source, None, &Array2::zeros((2, 3))),
+            Err(TranscodeError::ShapeChanged {
+                source_shape: [2, 2],
+                target_shape: [2, 3]
+            })
         );
     }
 
     #[test]
     fn block_formats_are_not_repack_targets() {
-        assert_eq!(
-            transcode(&act_order(), WeightFormat::Q4_0)
-                .unwrap_err()
-                .to_string(),
-            "repack writes gptq, gptq_v2 or awq layers, not q4_0; GGUF blocks and NF4 are written \
-             by `repack quantize` from float weights"
-        );
+        for target in [WeightFormat::Q4_0, WeightFormat::Q8_0, WeightFormat::Nf4] {
+            assert_eq!(
+                transcode(&act_order(), target),
+                Err(TranscodeError::UnsupportedTarget(target))
+            );
+        }
     }
 }

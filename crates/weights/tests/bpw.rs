@@ -96,25 +96,34 @@ fn bad_shapes_and_names_are_refused() {
     assert_eq!(bpw::cost(&format, 8, 8), Err(BpwError::ZeroGroupSize));
     let format = Format::new(Bits::FOUR, 32, FloatDtype::F16);
     assert_eq!(
-        bpw::cost(&format, 0, 8).unwrap_err().to_string(),
-        "empty matrix shape 0 x 8: effective bits need at least one element"
+        bpw::cost(&format, 0, 8),
+        Err(BpwError::EmptyShape { rows: 0, cols: 8 })
     );
+    let unknown = |what, got: &str, expected| BpwError::UnknownChoice {
+        what,
+        got: got.to_string(),
+        expected,
+    };
     assert_eq!(
-        "f8".parse::<FloatDtype>().unwrap_err().to_string(),
-        "unknown float dtype \"f8\": expected one of f16, bf16, f32"
+        "f8".parse::<FloatDtype>(),
+        Err(unknown("float dtype", "f8", "f16, bf16, f32"))
     );
     assert_eq!(
         "bf16".parse::<ZeroPoints>(),
         Ok(ZeroPoints::Float(FloatDtype::Bf16))
     );
-    assert!(
-        "int4"
-            .parse::<ZeroPoints>()
-            .unwrap_err()
-            .to_string()
-            .contains("zero-point storage")
+    assert_eq!(
+        "int4".parse::<ZeroPoints>(),
+        Err(unknown(
+            "zero-point storage",
+            "int4",
+            "none, packed, f16, bf16, f32"
+        ))
     );
-    assert!("pad".parse::<Padding>().is_err());
+    assert_eq!(
+        "pad".parse::<Padding>(),
+        Err(unknown("padding", "pad", "none, groups"))
+    );
     assert_eq!("line-words".parse::<Container>(), Ok(Container::LineWords));
 }
 
@@ -136,12 +145,12 @@ fn sizes_that_overflow_are_an_error_naming_the_quantity() {
         ..format
     };
     assert_eq!(
-        bpw::cost(&extra, 128, 1).unwrap_err().to_string(),
-        format!(
-            "the total bytes of a 128 x 1 matrix does not fit in {} bits; refusing to print a \
-             wrapped number",
-            usize::BITS
-        )
+        bpw::cost(&extra, 128, 1),
+        Err(BpwError::SizeOverflow {
+            quantity: "the total bytes",
+            rows: 128,
+            cols: 1,
+        })
     );
     // Every group of a 4096 x 4096 matrix: the extra bytes themselves overflow.
     assert_eq!(

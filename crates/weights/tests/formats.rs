@@ -28,7 +28,9 @@ const PROBES: [Probe; 3] = [Probe::Patterned, Probe::Random, Probe::AllMaximum];
 fn shapes(format: WeightFormat) -> [[usize; 2]; 2] {
     match format {
         WeightFormat::Q4_0 | WeightFormat::Q8_0 => [[128, 64], [96, 60]],
-        _ => [[128, 64], [100, 60]],
+        WeightFormat::Gptq | WeightFormat::GptqV2 | WeightFormat::Awq | WeightFormat::Nf4 => {
+            [[128, 64], [100, 60]]
+        }
     }
 }
 
@@ -77,7 +79,9 @@ fn probe_weights(
         WeightFormat::Q4_0 => Array2::from_elem((groups, n), 8),
         WeightFormat::Q8_0 => Array2::from_elem((groups, n), 128),
         WeightFormat::Gptq => probe_values(probe, bits, (groups, n), 2).mapv(|z| z.max(1)),
-        _ => probe_values(probe, bits, (groups, n), 2),
+        WeightFormat::GptqV2 | WeightFormat::Awq | WeightFormat::Nf4 => {
+            probe_values(probe, bits, (groups, n), 2)
+        }
     };
     let mut rng = XorShift(3);
     let scales = Array2::from_shape_fn((groups, n), |(g, c)| match probe {
@@ -141,7 +145,8 @@ fn check_case(
     shape: [usize; 2],
 ) -> Result<(), String> {
     match format {
-        WeightFormat::Gptq | WeightFormat::GptqV2 => check_gptq(format, probe, bits, shape),
+        WeightFormat::Gptq => check_gptq(ZeroConvention::V1, probe, bits, shape),
+        WeightFormat::GptqV2 => check_gptq(ZeroConvention::V2, probe, bits, shape),
         WeightFormat::Awq => check_awq(probe, shape),
         WeightFormat::Q4_0 => check_gguf::<BlockQ4_0>(format, probe, shape, q4_0_code),
         WeightFormat::Q8_0 => check_gguf::<BlockQ8_0>(format, probe, shape, q8_0_code),
@@ -154,16 +159,12 @@ fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
 }
 
 fn check_gptq(
-    format: WeightFormat,
+    convention: ZeroConvention,
     probe: Probe,
     bits: u32,
     [k, n]: [usize; 2],
 ) -> Result<(), String> {
-    let convention = match format {
-        WeightFormat::Gptq => ZeroConvention::V1,
-        _ => ZeroConvention::V2,
-    };
-    let w = probe_weights(format, probe, bits, [k, n]);
+    let w = probe_weights(convention.format(), probe, bits, [k, n]);
     let layer = gptq::pack(&w, convention).map_err(|e| e.to_string())?;
     let minus = u8::from(convention == ZeroConvention::V1);
     for ((r, c), &code) in w.codes().indexed_iter() {

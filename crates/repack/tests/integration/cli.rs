@@ -7,8 +7,9 @@ use std::process::{Command, Output};
 use half::f16;
 use ndarray::Array2;
 use repack::checkpoint::{Checkpoint, Tensor};
-use repack::layer_io;
+use repack::files::{read_checkpoint, write_checkpoint};
 use repack::layers::find_layers;
+use repack::{layer_io, metadata};
 use weights::gptq::{self, ZeroConvention};
 use weights::transcode::PackedLayer;
 use weights::{LogicalWeights, WeightFormat};
@@ -96,20 +97,20 @@ fn convert_fails(from: &str, to: &str, group_size: &str, input: &str, output: &s
 
 /// The only layer of a checkpoint, read as `format`.
 fn only_layer(file: &Path, format: WeightFormat, group_size: usize) -> PackedLayer {
-    let ckpt = Checkpoint::read(file).unwrap();
+    let ckpt = read_checkpoint(file).unwrap();
     let found = find_layers(&ckpt).unwrap();
     assert_eq!(found.layers.len(), 1);
     let layer = &found.layers[0];
-    let logical = layer_io::logical_shape(&ckpt.metadata, &layer.prefix).unwrap();
+    let logical = metadata::logical_shape(&ckpt.metadata, &layer.prefix).unwrap();
     layer_io::read_integer_layer(layer, format, None, group_size, logical).unwrap()
 }
 
 /// A copy of a fixture in `dir`, edited.
 fn edited_fixture(dir: &Path, fixture: &str, edit: impl FnOnce(&mut Checkpoint)) -> PathBuf {
-    let mut ckpt = Checkpoint::read(&data(fixture)).unwrap();
+    let mut ckpt = read_checkpoint(&data(fixture)).unwrap();
     edit(&mut ckpt);
     let edited = dir.join("edited.safetensors");
-    ckpt.write_new(&edited).unwrap();
+    write_checkpoint(&ckpt, &edited).unwrap();
     edited
 }
 
@@ -118,7 +119,7 @@ fn write_layer(file: &Path, prefix: &str, layer: &PackedLayer, metadata: &[(&str
     ckpt.tensors.extend(layer_io::layer_tensors(prefix, layer));
     ckpt.metadata
         .extend(metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    ckpt.write_new(file).unwrap();
+    write_checkpoint(&ckpt, file).unwrap();
 }
 
 #[test]
@@ -142,7 +143,7 @@ fn awq_to_gptq_writes_autoawqs_own_bytes_and_prints_both_costs() {
     let ours = raw_tensors(&out);
     let autoawq = raw_tensors(&data("library/awq_pattern_as_gptq.safetensors"));
     assert_eq!(ours, autoawq, "every tensor's dtype, shape and bytes");
-    let metadata = Checkpoint::read(&out).unwrap().metadata;
+    let metadata = read_checkpoint(&out).unwrap().metadata;
     assert_eq!(metadata["checkpoint_format"], "gptq");
     assert_eq!(metadata["format"], "pt");
 }
@@ -187,7 +188,7 @@ fn act_order_gptq_to_awq_and_back_gives_the_original_tensors_byte_for_byte() {
     // The rows are back where AutoGPTQ put them, with its scattered g_idx: the same qweight,
     // qzeros, scales and g_idx bytes, and no permutation left for a loader to ignore.
     assert_eq!(raw_tensors(&back), raw_tensors(&input));
-    let metadata = Checkpoint::read(&back).unwrap().metadata;
+    let metadata = read_checkpoint(&back).unwrap().metadata;
     assert!(!metadata.contains_key("input_permutation"), "{metadata:?}");
     let weights = only_layer(&back, WeightFormat::Gptq, 32)
         .unpack()
@@ -201,11 +202,11 @@ fn awq_with_permutation(dir: &Path, value: &str) -> PathBuf {
     let awq = dir.join("awq.safetensors");
     let input = data("library/gptq_actorder_b4.safetensors");
     convert_ok("gptq", "awq", "32", path(&input), path(&awq));
-    let mut ckpt = Checkpoint::read(&awq).unwrap();
+    let mut ckpt = read_checkpoint(&awq).unwrap();
     ckpt.metadata
         .insert("input_permutation".into(), value.to_string());
     let edited = dir.join("edited.safetensors");
-    ckpt.write_new(&edited).unwrap();
+    write_checkpoint(&ckpt, &edited).unwrap();
     edited
 }
 
@@ -274,8 +275,8 @@ fn the_sources_other_metadata_is_carried_over_not_dropped() {
         printed.contains("\nmetadata copied unchanged: lib, versions\n"),
         "{printed}"
     );
-    let source = Checkpoint::read(&input).unwrap().metadata;
-    let written = Checkpoint::read(&awq).unwrap().metadata;
+    let source = read_checkpoint(&input).unwrap().metadata;
+    let written = read_checkpoint(&awq).unwrap().metadata;
     for key in ["lib", "versions"] {
         assert_eq!(written[key], source[key], "{key}");
     }
@@ -298,7 +299,7 @@ fn the_sources_other_metadata_is_carried_over_not_dropped() {
     assert_eq!(written["format"], "pt");
     // Back to GPTQ: the permutation was undone, so its key goes; the others travel on.
     convert_ok("awq", "gptq", "32", path(&awq), path(&back));
-    let back = Checkpoint::read(&back).unwrap().metadata;
+    let back = read_checkpoint(&back).unwrap().metadata;
     assert!(!back.contains_key("input_permutation"));
     assert_eq!(back["versions"], source["versions"]);
 }
@@ -308,15 +309,19 @@ fn nf4_to_gptq_is_refused_because_it_needs_requantization() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.safetensors");
     let input = data("proj_nf4.safetensors");
-    for from in ["nf4", "gptq"] {
-        let message = convert_fails(from, "gptq", "64", path(&input), path(&out));
-        assert!(
-            message.contains(
-                "converting NF4 to gptq needs requantization: NF4 codes index 16 fixed, non-uniform \
-                 levels scaled by a per-block absmax, and no integer code with a scale and zero \
-                 point reproduces them exactly"
-            ),
-            "--from {from}: {message}"
+    let why = "converting NF4 to gptq needs requantization: NF4 codes index 16 fixed, non-uniform \
+               levels scaled by a per-block absmax, and no integer code with a scale and zero \
+               point reproduces them exactly; this tool only converts what it can prove \
+               bit-identical, so it refuses";
+    // The README quotes the --from gptq line.
+    for (from, message) in [
+        ("gptq", format!("repack: error: layer \"proj\": {why}\n")),
+        ("nf4", format!("repack: error: {why}\n")),
+    ] {
+        assert_eq!(
+            convert_fails(from, "gptq", "64", path(&input), path(&out)),
+            message,
+            "--from {from}"
         );
         assert!(!out.exists());
     }
@@ -517,9 +522,9 @@ fn metadata_bits_that_contradict_the_shapes_are_refused_not_ignored() {
         "{message}"
     );
     let unrecorded = dir.path().join("unrecorded.safetensors");
-    let mut ckpt = Checkpoint::read(&fixture).unwrap();
+    let mut ckpt = read_checkpoint(&fixture).unwrap();
     ckpt.metadata.remove("bits");
-    ckpt.write_new(&unrecorded).unwrap();
+    write_checkpoint(&ckpt, &unrecorded).unwrap();
     let mut args = convert_args("gptq", "awq", "32", path(&unrecorded), path(&out)).to_vec();
     args.extend(["--bits", "8"]);
     assert!(
@@ -536,7 +541,7 @@ fn without_bits_the_metadata_width_is_used_and_written() {
     let input = data("library/gptq_pattern_b3.safetensors");
     let printed = convert_ok("gptq", "gptq_v2", "32", path(&input), path(&out));
     assert!(printed.starts_with("layer (unprefixed): K=128 N=64, 3-bit, group 32\n"));
-    assert_eq!(Checkpoint::read(&out).unwrap().metadata["bits"], "3");
+    assert_eq!(read_checkpoint(&out).unwrap().metadata["bits"], "3");
 }
 
 #[test]
@@ -729,13 +734,13 @@ fn every_layer_is_converted_and_other_tensors_pass_through_unchanged() {
     );
     ckpt.metadata
         .insert("checkpoint_format".into(), "gptq".into());
-    ckpt.write_new(&input).unwrap();
+    write_checkpoint(&ckpt, &input).unwrap();
 
     let printed = convert_ok("gptq", "awq", "32", path(&input), path(&out));
     assert!(printed.contains("layer model.layers.0.mlp.down_proj: K=128 N=64, 4-bit, group 32\n"));
     assert!(printed.contains("layer model.layers.0.mlp.up_proj: K=128 N=64, 4-bit, group 32\n"));
     assert!(printed.contains("2 layer(s) converted gptq -> awq, every weight verified bit-identical; 2 other tensor(s) copied unchanged\n"));
-    let written = Checkpoint::read(&out).unwrap();
+    let written = read_checkpoint(&out).unwrap();
     assert_eq!(written.tensors["model.embed_tokens.weight"], embedding);
     assert_eq!(
         written.tensors["model.layers.0.mlp.up_proj.bias"],

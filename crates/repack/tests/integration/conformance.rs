@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use ::repack::checkpoint::Checkpoint;
+use ::repack::files::read_checkpoint;
 use ::repack::layer_io;
 use ::repack::layers::find_layers;
 use ndarray::Array2;
@@ -71,7 +71,7 @@ fn awq_tensors(layer: &awq::AwqLayer) -> Vec<(&'static str, Vec<u8>)> {
 
 /// Reads a library file's only layer with this crate's reader, as `format`.
 fn read_library_layer(file: &str, format: WeightFormat) -> PackedLayer {
-    let ckpt = Checkpoint::read(&data(file)).unwrap();
+    let ckpt = read_checkpoint(&data(file)).unwrap();
     let found = find_layers(&ckpt).unwrap();
     assert_eq!(found.layers.len(), 1, "{file}");
     layer_io::read_integer_layer(&found.layers[0], format, None, GROUP_SIZE, None).unwrap()
