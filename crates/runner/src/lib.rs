@@ -3,7 +3,7 @@
 //! directory.
 //!
 //! Modules, each depending only on those listed before it:
-//! - [`format`]: how numbers are printed; [`hashing`]: SHA-256 of outputs and sources;
+//! - [`format`](mod@format): how numbers are printed; [`hashing`]: SHA-256 of outputs and sources;
 //! - [`protocol`]: the protocol's schema and bounds;
 //! - [`plan`]: what a protocol asks for: inputs, configurations, token segments, ids and labels;
 //! - [`archive`]: what arrays.npz will hold, planned from the protocol (members and size);
