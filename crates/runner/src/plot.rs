@@ -74,13 +74,11 @@ pub fn marker_shape(distribution: Distribution) -> (&'static str, &'static str) 
 
 /// Renders the chart as SVG text.
 pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String, String> {
+    // A log scale cannot show an exact result: markers are drawn for positive errors only.
     let markers: Vec<Marker> = markers(protocol, rows)
         .into_iter()
         .filter(|m| m.relative_l2 > 0.0)
         .collect();
-    if markers.is_empty() {
-        return Err("no comparisons with a positive error to plot".into());
-    }
     let labels = labels(protocol);
     let baselines: Vec<(usize, f64)> = protocol
         .tokens
@@ -91,10 +89,30 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
         .iter()
         .map(|m| (m.payload_bytes as f64, m.relative_l2))
         .collect();
-    let x_min = all.iter().map(|p| p.0).fold(f64::INFINITY, f64::min) * 0.7;
-    let x_max = baselines.iter().map(|b| b.1).fold(0.0, f64::max) * 1.5;
-    let y_min = all.iter().map(|p| p.1).fold(f64::INFINITY, f64::min) * 0.7;
-    let y_max = all.iter().map(|p| p.1).fold(0.0, f64::max) * 1.5;
+    // With no positive error at all (every setting exact), the axes still span the float32
+    // sizes and a decade of error, and the chart says why it holds no marker.
+    let x_min = all
+        .iter()
+        .map(|p| p.0)
+        .chain(baselines.iter().map(|b| b.1))
+        .fold(f64::INFINITY, f64::min)
+        * 0.7;
+    let x_max = all
+        .iter()
+        .map(|p| p.0)
+        .chain(baselines.iter().map(|b| b.1))
+        .fold(0.0, f64::max)
+        * 1.5;
+    let (y_min, y_max) = if all.is_empty() {
+        (1e-3, 1e-1)
+    } else {
+        (
+            all.iter().map(|p| p.1).fold(f64::INFINITY, f64::min) * 0.7,
+            all.iter().map(|p| p.1).fold(0.0, f64::max) * 1.5,
+        )
+    };
+    // Each axis spans at least a decade, so it has at least two 1-2-5 ticks to be read by.
+    let (x_min, y_min) = (x_min.min(x_max / 10.0), y_min.min(y_max / 10.0));
 
     let mut svg = String::new();
     let placed: Vec<(i32, i32)>;
@@ -153,6 +171,15 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
                         .into_font()
                         .color(&grey)
                         .pos(Pos::new(HPos::Right, VPos::Top)),
+                )))
+                .map_err(|e| fail(&e))?;
+        }
+        if all.is_empty() {
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    "every error is 0: nothing to mark on a log scale".to_string(),
+                    (x_min * 1.1, y_max * 0.5),
+                    ("sans-serif", 15).into_font().color(&grey),
                 )))
                 .map_err(|e| fail(&e))?;
         }

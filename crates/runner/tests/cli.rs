@@ -329,3 +329,18 @@ fn a_protocol_that_is_not_a_small_regular_file_is_refused_before_anything_runs()
         assert!(!out.exists());
     }
 }
+
+#[test]
+fn a_run_whose_every_error_is_zero_still_draws_its_chart() {
+    // One token, one feature, groups of one: every value is its group's extreme, so every code
+    // decodes exactly and nothing can be marked on a log scale. (Found by protocol_props.)
+    let tmp = tempfile::tempdir().unwrap();
+    let text = r#"{"study": "exact", "seeds": [0], "tokens": [1], "features": 1, "queries": 1,
+        "distributions": ["clean"], "focus": {"window": 1, "gain": 0.0},
+        "settings": [{"group_size": 1, "bits": 2}],
+        "generator": {"name": "numpy", "entropy": {"seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0}}}"#;
+    let (_, out) = run_protocol(tmp.path(), text, "run");
+    let svg = std::fs::read_to_string(out.join("error-vs-bytes.svg")).unwrap();
+    assert!(svg.contains("every error is 0"));
+    assert!(!svg.contains("class=\"marker\""));
+}
