@@ -121,11 +121,96 @@ pub fn audit_dir(dir: &Path, tree: &Path) -> Report {
         report.fail(Problem::Protocol(e));
         return report;
     }
+    let Some(scope) = check_scope(&manifest, &manifest_bytes, &mut report) else {
+        return report;
+    };
     let outputs = read_outputs(&dir, &manifest, &mut report);
     sources::check(&tree, &manifest, &mut report);
-    check_manifest_fields(&tree, &manifest, &mut report);
-    check_contents(&manifest, outputs, &mut report);
+    check_manifest_fields(&tree, &manifest, scope, &mut report);
+    check_contents(&manifest, scope, outputs, &mut report);
     report
+}
+
+/// What part of its protocol a directory holds: all of it (a run or a merge of N shards), or
+/// one shard's slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope {
+    /// `(index, count)` for a shard's run.
+    pub shard: Option<(usize, usize)>,
+    /// N for a merged run.
+    pub merged: Option<usize>,
+}
+
+/// Checks the manifest's shard or merge record against the protocol; None if the directory
+/// cannot be checked further.
+fn check_scope(manifest: &Manifest, manifest_bytes: &[u8], report: &mut Report) -> Option<Scope> {
+    let inputs = manifest.protocol.input_count();
+    let mut fail = |field, found: String, expected: String| {
+        report.fail(Problem::Manifest {
+            field,
+            found,
+            expected,
+        })
+    };
+    let shard = match &manifest.shard {
+        None => None,
+        Some(record) => {
+            if record.count == 0
+                || !(1..=record.count).contains(&record.index)
+                || record.count > inputs
+            {
+                fail(
+                    "shard",
+                    format!("{} of {}", record.index, record.count),
+                    format!("1 <= index <= count <= {inputs} inputs"),
+                );
+                return None;
+            }
+            // The hash of the protocol object exactly as recorded: compact, keys sorted.
+            let recorded = serde_json::from_slice::<serde_json::Value>(manifest_bytes)
+                .ok()
+                .and_then(|v| v.get("protocol").map(|p| p.to_string()))
+                .map(|text| hashes::sha256_hex(text.as_bytes()));
+            if recorded.as_deref() != Some(record.protocol_sha256.as_str()) {
+                fail(
+                    "shard.protocol_sha256",
+                    record.protocol_sha256.clone(),
+                    recorded.unwrap_or_default(),
+                );
+            }
+            Some((record.index, record.count))
+        }
+    };
+    let merged = match &manifest.merged_from {
+        None => None,
+        Some(shards) => {
+            let indices: Vec<usize> = shards.iter().map(|s| s.index).collect();
+            let hex = shards.iter().all(|s| {
+                s.manifest_sha256.len() == 64
+                    && s.manifest_sha256
+                        .bytes()
+                        .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            });
+            if indices != (1..=shards.len()).collect::<Vec<_>>() || shards.len() > inputs || !hex {
+                fail(
+                    "merged_from",
+                    format!("shards {indices:?}"),
+                    "shards 1 to N, each once, in order, with their manifests' SHA-256".into(),
+                );
+                return None;
+            }
+            Some(shards.len())
+        }
+    };
+    if shard.is_some() && merged.is_some() {
+        fail(
+            "shard",
+            "both a shard and a merge".into(),
+            "one or the other".into(),
+        );
+        return None;
+    }
+    Some(Scope { shard, merged })
 }
 
 /// The files a run of this manifest's protocol writes, besides the manifest.
@@ -200,17 +285,19 @@ fn read_outputs(
 }
 
 /// The manifest's counts, tool, and (for a protocol from the tree) the protocol itself.
-fn check_manifest_fields(tree: &Path, manifest: &Manifest, report: &mut Report) {
+fn check_manifest_fields(tree: &Path, manifest: &Manifest, scope: Scope, report: &mut Report) {
     let p = &manifest.protocol;
-    let timings = p.timing.map_or(0, |t| {
-        p.comparison_count() * timings::OPERATIONS.len() * t.repeats
-    });
+    let inputs = plan::inputs_of(p, scope.shard).len();
+    let comparisons = inputs * p.configurations();
+    let timings = p
+        .timing
+        .map_or(0, |t| comparisons * timings::OPERATIONS.len() * t.repeats);
     for (field, found, expected) in [
-        ("counts.inputs", manifest.counts.inputs, p.input_count()),
+        ("counts.inputs", manifest.counts.inputs, inputs),
         (
             "counts.comparisons",
             manifest.counts.comparisons,
-            p.comparison_count(),
+            comparisons,
         ),
         ("counts.timings", manifest.counts.timings, timings),
     ] {
@@ -249,11 +336,12 @@ fn check_manifest_fields(tree: &Path, manifest: &Manifest, report: &mut Report) 
 /// Everything inside the files: results, arrays, summary, markdown, chart, timings.
 fn check_contents(
     manifest: &Manifest,
+    scope: Scope,
     mut outputs: BTreeMap<&'static str, Vec<u8>>,
     report: &mut Report,
 ) {
     let p = &manifest.protocol;
-    let inputs = plan::inputs(p);
+    let inputs = plan::inputs_of(p, scope.shard);
     let comparisons = plan::comparisons(p, &inputs);
     let configs = plan::configs(p);
     let labels: Vec<String> = configs.iter().map(|c| c.label()).collect();
@@ -286,7 +374,22 @@ fn check_contents(
     let timings = match (p.timing, parsed(TIMINGS)) {
         (Some(timing), Some((name, bytes))) => match parse_json::<timings::Timings>(name, bytes) {
             Ok(t) => {
-                timings::check(&timing, &comparisons, &t, report);
+                // In a merged run each measurement records the shard that made it.
+                let shard_of = scope.merged.map(|count| {
+                    let all = inputs.len();
+                    comparisons
+                        .iter()
+                        .map(|e| {
+                            let shard = (1..=count)
+                                .find(|i| {
+                                    ((i - 1) * all / count..i * all / count).contains(&e.input)
+                                })
+                                .unwrap_or(0);
+                            (e.id.clone(), shard)
+                        })
+                        .collect::<BTreeMap<String, usize>>()
+                });
+                timings::check(&timing, &comparisons, &t, shard_of.as_ref(), report);
                 Some(t)
             }
             Err(problem) => {
@@ -317,7 +420,7 @@ fn check_contents(
     );
     if let Some(md) = outputs.get("summary.md") {
         match std::str::from_utf8(md) {
-            Ok(text) => markdown::check(text, p, &summary, manifest, report),
+            Ok(text) => markdown::check(text, p, scope, &summary, manifest, report),
             Err(_) => report.fail(Problem::Markdown(markdown::MarkdownProblem::Markup {
                 what: "bytes that are not UTF-8".into(),
             })),

@@ -27,6 +27,12 @@ pub struct Manifest {
     pub protocol_source: String,
     /// The protocol as run.
     pub protocol: Protocol,
+    /// For a shard's run: which slice of the protocol, and the protocol's hash.
+    #[serde(default)]
+    pub shard: Option<ShardRecord>,
+    /// For a merged run: the shards it was merged from.
+    #[serde(default)]
+    pub merged_from: Option<Vec<MergedShard>>,
     /// How many inputs, comparisons and timings the run wrote.
     pub counts: Counts,
     /// The commit the runner was built from, if it was built in a git work tree.
@@ -37,6 +43,29 @@ pub struct Manifest {
     pub sources: BTreeMap<String, String>,
     /// SHA-256 of each output file.
     pub outputs: BTreeMap<String, String>,
+}
+
+/// Which slice of the protocol a shard's run is: inputs at positions
+/// `floor((index - 1) * U / count)` up to `floor(index * U / count)` of the U inputs in run order.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardRecord {
+    /// 1 to `count`.
+    pub index: usize,
+    /// How many slices.
+    pub count: usize,
+    /// SHA-256 of the protocol object as compact JSON with sorted keys.
+    pub protocol_sha256: String,
+}
+
+/// One shard of a merged run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergedShard {
+    /// 1 to N.
+    pub index: usize,
+    /// SHA-256 of the shard's manifest.json (recorded; the shard itself is not here to check).
+    pub manifest_sha256: String,
 }
 
 /// The tool that made the run.

@@ -14,6 +14,7 @@
 pub use crate::problem::MarkdownProblem;
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
+use crate::Scope;
 use crate::manifest::Manifest;
 use crate::plan::setting_label;
 use crate::protocol::{Mode, Protocol};
@@ -78,6 +79,7 @@ fn bytes_cell(value: Option<&usize>) -> String {
 /// The tables summary.md must hold, in order, rendered from verified values.
 pub fn expected_tables(
     p: &Protocol,
+    scope: Scope,
     summary: &Summary,
     manifest: &Manifest,
 ) -> Vec<(Option<&'static str>, Table)> {
@@ -97,9 +99,18 @@ pub fn expected_tables(
         ),
         ("focus window (tokens)", p.focus.window.to_string()),
         ("focus gain", p.focus.gain.to_string()),
-        ("inputs", p.input_count().to_string()),
-        ("packed-KV settings", p.settings.len().to_string()),
     ];
+    if let Some((index, count)) = scope.shard {
+        run.push(("shard", format!("{index} of {count}")));
+    }
+    if let Some(count) = scope.merged {
+        run.push(("shards merged", count.to_string()));
+    }
+    let inputs = crate::plan::inputs_of(p, scope.shard).len();
+    run.extend([
+        ("inputs", inputs.to_string()),
+        ("packed-KV settings", p.settings.len().to_string()),
+    ]);
     if let Some(b) = &p.budget {
         run.push(("budget policies", b.policies.len().to_string()));
         run.push(("budget group size", b.group_size.to_string()));
@@ -110,7 +121,7 @@ pub fn expected_tables(
         run.push(("timing warm-up calls", t.warmup.to_string()));
         run.push(("timing repeats", t.repeats.to_string()));
     }
-    run.push(("comparisons", p.comparison_count().to_string()));
+    run.push(("comparisons", (inputs * p.configurations()).to_string()));
     let mut tables = vec![(
         Some("Run"),
         Table {
@@ -343,6 +354,7 @@ fn blocks(text: &str) -> Result<Vec<Block>, MarkdownProblem> {
 pub fn check(
     text: &str,
     p: &Protocol,
+    scope: Scope,
     summary: &Summary,
     manifest: &Manifest,
     report: &mut Report,
@@ -375,7 +387,7 @@ pub fn check(
         }
     }
     let mut expected = vec![Block::Heading(1, format!("Run summary: {}", p.study))];
-    let tables = expected_tables(p, summary, manifest);
+    let tables = expected_tables(p, scope, summary, manifest);
     for (heading, table) in &tables {
         if let Some(heading) = heading {
             expected.push(Block::Heading(2, heading.to_string()));

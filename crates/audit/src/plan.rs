@@ -176,6 +176,20 @@ impl ComparisonPlan {
     }
 }
 
+/// The inputs a run holds: all of the protocol's, or for a shard `(index, count)` its slice,
+/// positions `floor((index - 1) * U / count)` up to `floor(index * U / count)` of the U inputs in
+/// run order.
+pub fn inputs_of(p: &Protocol, shard: Option<(usize, usize)>) -> Vec<InputPlan> {
+    let all = inputs(p);
+    match shard {
+        None => all,
+        Some((index, count)) => {
+            let u = all.len();
+            all[(index - 1) * u / count..index * u / count].to_vec()
+        }
+    }
+}
+
 /// Inputs in run order: seeds, then lengths, then distributions.
 pub fn inputs(p: &Protocol) -> Vec<InputPlan> {
     let mut out = Vec::new();

@@ -51,10 +51,19 @@ pub struct Measurement {
     pub repeat: usize,
     /// Nanoseconds.
     pub ns: u64,
+    /// In a merged run, the shard (1 to N) that made it; absent otherwise.
+    #[serde(default)]
+    pub shard: Option<usize>,
 }
 
 /// Checks timings.json's form.
-pub fn check(timing: &Timing, plan: &[ComparisonPlan], timings: &Timings, report: &mut Report) {
+pub fn check(
+    timing: &Timing,
+    plan: &[ComparisonPlan],
+    timings: &Timings,
+    shard_of: Option<&BTreeMap<String, usize>>,
+    report: &mut Report,
+) {
     let fail = |report: &mut Report, p: TimingProblem| report.fail(Problem::Timings(p));
     if (timings.warmup, timings.repeats, timings.shuffle_seed)
         != (timing.warmup, timing.repeats, timing.shuffle_seed)
@@ -90,6 +99,13 @@ pub fn check(timing: &Timing, plan: &[ComparisonPlan], timings: &Timings, report
             problems.push(format!(
                 "measurement {index} has repeat {} of {}",
                 m.repeat, timing.repeats
+            ));
+        }
+        let expected_shard = shard_of.and_then(|map| map.get(&m.comparison).copied());
+        if m.shard != expected_shard {
+            problems.push(format!(
+                "measurement {index} records shard {:?}, but its comparison is shard {:?}'s",
+                m.shard, expected_shard
             ));
         }
         if m.ns == 0 {

@@ -45,14 +45,15 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use ndarray::{Array1, ArrayBase, Data, Dimension};
-use ndarray_npy::{NpzWriter, WritableElement};
+use ndarray_npy::{WritableElement, WriteNpyExt};
 use serde::Serialize;
 use thiserror::Error;
 use zip::write::SimpleFileOptions;
-use zip::{CompressionMethod, DateTime};
+use zip::{CompressionMethod, DateTime, ZipWriter};
 
 use crate::manifest::{Manifest, sha256_file};
 use crate::plan::Plan;
+use crate::protocol::Protocol;
 use crate::study::{ResultRow, SegmentData, StudyRun};
 use crate::summary::Summary;
 use crate::timing::{TimingError, Timings};
@@ -174,8 +175,67 @@ pub fn write(
     timings: Option<&Timings>,
     manifest: Manifest,
 ) -> Result<Manifest, EvidenceError> {
+    let rows: Vec<ResultRow> = run.comparisons.iter().map(|c| c.row.clone()).collect();
+    let outputs = Outputs {
+        protocol: &run.protocol,
+        rows: &rows,
+        summary,
+        timings,
+    };
+    write_outputs(out, Arrays::Run(run), outputs, manifest)
+}
+
+/// Writes the evidence directory of a merged run: its arrays are copied, member by member, by
+/// `copy`, which hands each one's name (without `.npy`) and `.npy` bytes to the sink it is given,
+/// in the order a single run writes them; the rest is written from `rows` as [`write`] does.
+pub fn write_merged(
+    out: &Path,
+    copy: &mut CopyMembers<'_>,
+    protocol: &Protocol,
+    rows: &[ResultRow],
+    summary: &Summary,
+    timings: Option<&Timings>,
+    manifest: Manifest,
+) -> Result<Manifest, EvidenceError> {
+    let outputs = Outputs {
+        protocol,
+        rows,
+        summary,
+        timings,
+    };
+    write_outputs(out, Arrays::Copied(copy), outputs, manifest)
+}
+
+/// Receives one archive member: its name (without `.npy`) and its `.npy` bytes.
+pub type MemberSink<'a> = dyn FnMut(&str, &[u8]) -> Result<(), EvidenceError> + 'a;
+
+/// Feeds every member of a merged archive, in order, to a sink.
+pub type CopyMembers<'a> = dyn FnMut(&mut MemberSink<'_>) -> Result<(), EvidenceError> + 'a;
+
+/// Where arrays.npz's members come from.
+enum Arrays<'a, 'b> {
+    /// Serialized from a run's arrays.
+    Run(&'a StudyRun),
+    /// Copied, already serialized, from shards.
+    Copied(&'a mut CopyMembers<'b>),
+}
+
+/// Everything but the arrays that a run's directory is written from.
+struct Outputs<'a> {
+    protocol: &'a Protocol,
+    rows: &'a [ResultRow],
+    summary: &'a Summary,
+    timings: Option<&'a Timings>,
+}
+
+fn write_outputs(
+    out: &Path,
+    arrays: Arrays<'_, '_>,
+    outputs: Outputs<'_>,
+    manifest: Manifest,
+) -> Result<Manifest, EvidenceError> {
     check_new(out)?;
-    if let Some(timings) = timings {
+    if let Some(timings) = outputs.timings {
         timings.check_positive()?;
     }
     let name = out
@@ -183,7 +243,7 @@ pub fn write(
         .ok_or_else(|| EvidenceError::NoName(out.into()))?;
     let parent = parent_dir(out);
     let created = create_parent(&parent)?;
-    let written = write_staged(out, &parent, name, run, summary, timings, manifest);
+    let written = write_staged(out, &parent, name, arrays, outputs, manifest);
     if written.is_err() {
         // Deepest first; remove_dir only removes an empty directory, so nothing else is lost.
         for dir in &created {
@@ -224,20 +284,24 @@ fn write_staged(
     out: &Path,
     parent: &Path,
     name: &OsStr,
-    run: &StudyRun,
-    summary: &Summary,
-    timings: Option<&Timings>,
+    arrays: Arrays<'_, '_>,
+    outputs: Outputs<'_>,
     mut manifest: Manifest,
 ) -> Result<Manifest, EvidenceError> {
+    let Outputs {
+        protocol,
+        rows,
+        summary,
+        timings,
+    } = outputs;
     let staging = Staging::create(parent, name)?;
     let dir = staging.dir.clone();
-    write_arrays(&dir.join(ARRAYS), run)?;
-    let rows: Vec<ResultRow> = run.comparisons.iter().map(|c| c.row.clone()).collect();
-    write_json(&dir.join(RESULTS), RESULTS, &rows)?;
+    write_arrays(&dir.join(ARRAYS), arrays)?;
+    write_json(&dir.join(RESULTS), RESULTS, rows)?;
     write_json(&dir.join(SUMMARY), SUMMARY, summary)?;
-    let markdown = report::summary_markdown(&run.protocol, summary, &manifest);
+    let markdown = report::summary_markdown(protocol, summary, &manifest);
     write_file(&dir.join(SUMMARY_MD), markdown.as_bytes())?;
-    let svg = plot::error_vs_bytes(&run.protocol, &rows).map_err(EvidenceError::Plot)?;
+    let svg = plot::error_vs_bytes(protocol, rows).map_err(EvidenceError::Plot)?;
     write_file(&dir.join(PLOT), svg.as_bytes())?;
     let mut files = vec![ARRAYS, RESULTS, SUMMARY, SUMMARY_MD, PLOT];
     if let Some(timings) = timings {
@@ -530,7 +594,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EvidenceError> {
     file.sync_all().map_err(io(context()))
 }
 
-fn write_arrays(path: &Path, run: &StudyRun) -> Result<(), EvidenceError> {
+fn write_arrays(path: &Path, arrays: Arrays<'_, '_>) -> Result<(), EvidenceError> {
     let context = || format!("writing {}", path.display());
     let file = File::create_new(path).map_err(io(context()))?;
     let guard = FirstError::new(file);
@@ -546,8 +610,15 @@ fn write_arrays(path: &Path, run: &StudyRun) -> Result<(), EvidenceError> {
         .compression_method(CompressionMethod::Stored)
         .last_modified_time(DateTime::default())
         .unix_permissions(0o644);
-    let mut npz = Archive(NpzWriter::new_with_options(BufWriter::new(guard), options));
-    if let Err(err) = add_arrays(&mut npz, run) {
+    let mut npz = Archive {
+        zip: ZipWriter::new(BufWriter::new(guard)),
+        options,
+    };
+    let filled = match arrays {
+        Arrays::Run(run) => add_arrays(&mut npz, run),
+        Arrays::Copied(copy) => copy(&mut |name, bytes| npz.add_member(name, bytes)),
+    };
+    if let Err(err) = filled {
         // Nothing more reaches the file, whatever went wrong, so the archive's drop-time
         // finish cannot fail and print.
         state.borrow_mut().closed = true;
@@ -555,7 +626,7 @@ fn write_arrays(path: &Path, run: &StudyRun) -> Result<(), EvidenceError> {
         return Err(first_error(err));
     }
     let writer = npz
-        .0
+        .zip
         .finish()
         .map_err(|e| first_error(EvidenceError::Npz(e.to_string())))?;
     let guard = writer
@@ -617,8 +688,13 @@ fn add_arrays<W: Write + Seek>(npz: &mut Archive<W>, run: &StudyRun) -> Result<(
     Ok(())
 }
 
-/// NpzWriter with the `<id>_<name>` key convention.
-struct Archive<W: Write + Seek>(NpzWriter<W>);
+/// arrays.npz being written: stored members with a fixed timestamp and mode, each `<name>.npy`,
+/// exactly as ndarray-npy's `NpzWriter` writes them (so copied members and serialized ones give
+/// the same bytes), with the `<id>_<part>` key convention.
+struct Archive<W: Write + Seek> {
+    zip: ZipWriter<W>,
+    options: SimpleFileOptions,
+}
 
 impl<W: Write + Seek> Archive<W> {
     fn add<A, S, D>(
@@ -632,9 +708,22 @@ impl<W: Write + Seek> Archive<W> {
         S: Data<Elem = A>,
         D: Dimension,
     {
-        self.0
-            .add_array(format!("{id}_{name}"), array)
-            .map_err(|e| EvidenceError::Npz(e.to_string()))
+        let npz = |e: &dyn std::fmt::Display| EvidenceError::Npz(e.to_string());
+        self.zip
+            .start_file(format!("{id}_{name}.npy"), self.options)
+            .map_err(|e| npz(&e))?;
+        let mut member = BufWriter::new(&mut self.zip);
+        array.write_npy(&mut member).map_err(|e| npz(&e))?;
+        member.flush().map_err(|e| npz(&e))
+    }
+
+    /// A member copied as it is: `name` (without `.npy`) and its `.npy` bytes.
+    fn add_member(&mut self, name: &str, bytes: &[u8]) -> Result<(), EvidenceError> {
+        let npz = |e: &dyn std::fmt::Display| EvidenceError::Npz(e.to_string());
+        self.zip
+            .start_file(format!("{name}.npy"), self.options)
+            .map_err(|e| npz(&e))?;
+        self.zip.write_all(bytes).map_err(|e| npz(&e))
     }
 }
 

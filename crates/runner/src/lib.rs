@@ -12,8 +12,8 @@
 //! - [`study`]: the comparisons; [`timing`]: raw timings of encode, decode and attention;
 //! - [`summary`]: the tables; [`manifest`]: provenance and hashes; [`report`]: summary.md;
 //!   [`plot`]: error-vs-bytes.svg;
-//! - [`evidence`]: the evidence directory; [`pin`]: the root manifest that pins archived
-//!   evidence.
+//! - [`evidence`]: the evidence directory; [`merge`]: one directory from a protocol's shards;
+//!   [`pin`]: the root manifest that pins archived evidence.
 
 pub mod archive;
 pub mod attention;
@@ -22,6 +22,7 @@ pub mod format;
 pub mod hashing;
 pub mod inputs;
 pub mod manifest;
+pub mod merge;
 pub mod pin;
 pub mod plan;
 pub mod plot;

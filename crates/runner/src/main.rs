@@ -1,4 +1,5 @@
-//! `runner`: runs a study protocol into a new evidence directory, or pins archived evidence.
+//! `runner`: runs a study protocol (or one shard of it) into a new evidence directory, merges
+//! shards, or pins archived evidence.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -8,7 +9,8 @@ use clap::{Args, Parser, Subcommand};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use runner::evidence;
-use runner::manifest::{Counts, Manifest};
+use runner::manifest::{Counts, Manifest, ShardRecord, protocol_sha256};
+use runner::plan::Shard;
 use runner::protocol::{FROZEN_PATH, Protocol};
 use runner::timing::{self, Operation};
 use runner::{study, summary};
@@ -36,10 +38,23 @@ struct RunArgs {
     /// Protocol file (JSON); defaults to the frozen packed-KV protocol built into the runner.
     #[arg(long, value_name = "FILE")]
     protocol: Option<PathBuf>,
+    /// Run only the I-th of N slices of the protocol's inputs (1 <= I <= N), for `runner merge`.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<Shard>,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Merge the N shards of one protocol into one evidence directory, byte-identical in its
+    /// arrays and results to a single run.
+    Merge {
+        /// Output directory; must not exist.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// The shards' evidence directories, in any order.
+        #[arg(required = true, value_name = "SHARD_DIR")]
+        shards: Vec<PathBuf>,
+    },
     /// Rewrite the root manifest so it pins the given evidence directories.
     Pin {
         /// Evidence directories, relative to the root manifest's directory.
@@ -68,6 +83,17 @@ fn real_main() -> Result<()> {
                 text.push_str(&format!("pinned {dir}: {} files\n", pinned.files.len()));
             }
             text.push_str(&format!("wrote {}\n", manifest.display()));
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(())
+        }
+        Some(Command::Merge { out, shards }) => {
+            let merged = runner::merge::merge(&out, &shards)?;
+            let text = format!(
+                "{}merged {} shards into {}\n",
+                summary::render(&merged.protocol, &merged.summary),
+                shards.len(),
+                out.display()
+            );
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
             Ok(())
         }
@@ -101,23 +127,33 @@ fn run(args: RunArgs) -> Result<()> {
             path.display()
         );
     }
-    let total = protocol.comparison_count();
+    let inputs = match args.shard {
+        Some(shard) => shard.inputs(&protocol)?,
+        None => protocol.inputs(),
+    };
+    let configurations = protocol.comparison_count() / protocol.inputs().len();
+    let total = inputs.len() * configurations;
+    let slice = args
+        .shard
+        .map_or_else(String::new, |s| format!(", shard {s}"));
     eprintln!(
-        "runner: {} ({source}): {} inputs x {} configurations = {total} comparisons",
+        "runner: {} ({source}{slice}): {} inputs x {configurations} configurations = {total} \
+         comparisons",
         protocol.study,
-        protocol.inputs().len(),
-        total / protocol.inputs().len()
+        inputs.len(),
     );
 
     let bar = progress_bar(total as u64, "comparisons");
-    let run = study::run(&protocol, |done| bar.set_position(done as u64))?;
+    let run = study::run_inputs(&protocol, &inputs, |done| bar.set_position(done as u64))?;
     bar.finish_and_clear();
 
     let timings = protocol
         .timing
         .map(|timing| {
-            let per_input = total / protocol.inputs().len() * Operation::ALL.len() * timing.repeats;
-            let bar = progress_bar((per_input * protocol.inputs().len()) as u64, "timings");
+            let bar = progress_bar(
+                (total * Operation::ALL.len() * timing.repeats) as u64,
+                "timings",
+            );
             let timings = timing::measure(&run, &timing, |done| bar.set_position(done as u64));
             bar.finish_and_clear();
             timings
@@ -126,7 +162,7 @@ fn run(args: RunArgs) -> Result<()> {
 
     let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
     let summary = summary::summarize(&protocol, &rows, timings.as_ref());
-    let manifest = Manifest::new(
+    let mut manifest = Manifest::new(
         source,
         protocol.clone(),
         Counts {
@@ -135,6 +171,11 @@ fn run(args: RunArgs) -> Result<()> {
             timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
         },
     );
+    manifest.shard = args.shard.map(|shard| ShardRecord {
+        index: shard.index,
+        count: shard.count,
+        protocol_sha256: protocol_sha256(&protocol),
+    });
     evidence::write(&out, &run, &summary, timings.as_ref(), manifest)?;
     let text = format!(
         "{}wrote {}\n",

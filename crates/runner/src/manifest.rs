@@ -30,6 +30,12 @@ pub struct Manifest {
     /// Where the protocol came from: the embedded frozen file or a user-given path.
     pub protocol_source: String,
     pub protocol: Protocol,
+    /// For a shard's run: which slice of the protocol it ran, and the protocol's hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardRecord>,
+    /// For a merged run: the shards it was merged from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged_from: Option<Vec<MergedShard>>,
     pub counts: Counts,
     pub git: Option<Git>,
     /// Files and directories whose contents produce a run (relative to the workspace root).
@@ -38,6 +44,35 @@ pub struct Manifest {
     pub sources: BTreeMap<String, String>,
     /// SHA-256 of each output file's raw bytes, keyed by file name.
     pub outputs: BTreeMap<String, String>,
+}
+
+/// Which slice of which protocol a shard's run is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardRecord {
+    /// 1 to `count`.
+    pub index: usize,
+    /// How many shards the protocol was cut into.
+    pub count: usize,
+    /// [`protocol_sha256`] of the whole protocol.
+    pub protocol_sha256: String,
+}
+
+/// One shard a merged run was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergedShard {
+    /// 1 to N.
+    pub index: usize,
+    /// SHA-256 of that shard's manifest.json, as it was merged.
+    pub manifest_sha256: String,
+}
+
+/// SHA-256 of a protocol as compact JSON with its object keys sorted (serde_json's own order),
+/// so that anyone can recompute it from the `protocol` object of a manifest.
+pub fn protocol_sha256(protocol: &Protocol) -> String {
+    let value = serde_json::to_value(protocol).expect("a protocol serializes");
+    sha256_hex(value.to_string().as_bytes())
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,6 +128,8 @@ impl Manifest {
             },
             protocol_source,
             protocol,
+            shard: None,
+            merged_from: None,
             counts,
             git: git_info(),
             source_roots: build_info::SOURCE_ROOTS

@@ -14,10 +14,10 @@ use crate::summary::{
     Summary, Table, budget_table, packed_by_distribution_table, packed_table, timing_table,
 };
 
-/// The run table: what was run, and how many of everything.
-pub fn run_table(protocol: &Protocol) -> Table {
+/// The run table: what was run (the protocol, and for a shard which slice of it), and how many of
+/// everything this directory holds.
+pub fn run_table(protocol: &Protocol, manifest: &Manifest) -> Table {
     let join = |items: Vec<String>| items.join(", ");
-    let inputs = protocol.inputs().len();
     let policies = protocol.budget.as_ref().map_or(0, |b| b.policies.len());
     let mut rows = vec![
         ("generator", protocol.generator.name.name().to_string()),
@@ -43,9 +43,17 @@ pub fn run_table(protocol: &Protocol) -> Table {
         ),
         ("focus window (tokens)", protocol.focus.window.to_string()),
         ("focus gain", protocol.focus.gain.to_string()),
-        ("inputs", inputs.to_string()),
-        ("packed-KV settings", protocol.settings.len().to_string()),
     ];
+    if let Some(shard) = &manifest.shard {
+        rows.push(("shard", format!("{} of {}", shard.index, shard.count)));
+    }
+    if let Some(shards) = &manifest.merged_from {
+        rows.push(("shards merged", shards.len().to_string()));
+    }
+    rows.extend([
+        ("inputs", manifest.counts.inputs.to_string()),
+        ("packed-KV settings", protocol.settings.len().to_string()),
+    ]);
     if let Some(budget) = &protocol.budget {
         rows.push(("budget policies", policies.to_string()));
         rows.push(("budget group size", budget.group_size.to_string()));
@@ -56,7 +64,7 @@ pub fn run_table(protocol: &Protocol) -> Table {
         rows.push(("timing warm-up calls", timing.warmup.to_string()));
         rows.push(("timing repeats", timing.repeats.to_string()));
     }
-    rows.push(("comparisons", protocol.comparison_count().to_string()));
+    rows.push(("comparisons", manifest.counts.comparisons.to_string()));
     Table {
         headers: vec!["quantity".into(), "value".into()],
         rows: rows
@@ -94,7 +102,7 @@ pub fn summary_markdown(protocol: &Protocol, summary: &Summary, manifest: &Manif
          project's conditions.",
     );
     line("## Run");
-    line(&run_table(protocol).to_markdown());
+    line(&run_table(protocol, manifest).to_markdown());
     line("## Packed KV");
     line(
         "Mean relative L2 error of the attention output over the clean inputs, and the K+V \

@@ -170,12 +170,21 @@ pub struct StudyRun {
 }
 
 /// Runs every comparison of the protocol. `progress` is called after each comparison.
-pub fn run(protocol: &Protocol, mut progress: impl FnMut(usize)) -> kvcodec::Result<StudyRun> {
+pub fn run(protocol: &Protocol, progress: impl FnMut(usize)) -> kvcodec::Result<StudyRun> {
+    run_inputs(protocol, &protocol.inputs(), progress)
+}
+
+/// Runs every comparison of the given inputs of `protocol` (a shard's, say), in the order given.
+pub fn run_inputs(
+    protocol: &Protocol,
+    specs: &[InputSpec],
+    mut progress: impl FnMut(usize),
+) -> kvcodec::Result<StudyRun> {
     let plans = plans(protocol);
     let mut inputs = Vec::new();
     let mut comparisons = Vec::new();
     let mut current_draw: Option<((u64, usize), Draw)> = None;
-    for spec in protocol.inputs() {
+    for &spec in specs {
         let key = (spec.seed, spec.tokens);
         if current_draw.as_ref().map(|(k, _)| *k) != Some(key) {
             current_draw = Some((key, draw(protocol, spec.seed, spec.tokens)));

@@ -67,7 +67,11 @@ pub struct Measurement {
     pub operation: Operation,
     /// Which of the `repeats` calls of this (comparison, operation) this was.
     pub repeat: usize,
+    /// Nanoseconds.
     pub ns: u64,
+    /// In a merged run, the shard (1 to N) that made this measurement; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<usize>,
 }
 
 /// A measurement that cannot be a real timing.
@@ -193,6 +197,7 @@ fn measure_with(
                 operation: op,
                 repeat,
                 ns,
+                shard: None,
             });
         }
         progress(measurements.len());
