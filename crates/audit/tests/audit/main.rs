@@ -7,12 +7,14 @@
 //! - `archives`: hostile npz archives (made by `tests/data/npz/make_hostile.py`) refused by rule,
 //!   and every archive the audit accepts read exactly as NumPy reads it;
 //! - `properties`: the npz reader and the decoder under generated inputs;
-//! - `protocols`: the audit accepts exactly the protocols the runner accepts.
+//! - `protocols`: the audit accepts exactly the protocols the runner accepts;
+//! - `shards`: shards and merged runs.
 
 mod adversary;
 mod archived;
 mod archives;
 mod properties;
 mod protocols;
+mod shards;
 mod support;
 mod tampering;

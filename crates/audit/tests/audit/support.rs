@@ -40,9 +40,20 @@ pub const SMALL: &str = r#"{
 
 /// Runs `protocol` with the runner's library into `out` (which must not exist).
 pub fn make_run(protocol: &str, out: &Path) {
-    use runner::manifest::{Counts, Manifest};
+    make_shard(protocol, None, out);
+}
+
+/// Runs `protocol`, or the shard `(index, count)` of it, into `out`, as `runner --shard` does.
+pub fn make_shard(protocol: &str, shard: Option<(usize, usize)>, out: &Path) {
+    use runner::manifest::{Counts, Manifest, ShardRecord, protocol_sha256};
     let protocol = runner::protocol::Protocol::from_json(protocol).expect("a valid protocol");
-    let run = runner::study::run(&protocol, |_| {}).expect("the run succeeds");
+    let inputs = match shard {
+        Some((index, count)) => runner::plan::Shard { index, count }
+            .inputs(&protocol)
+            .unwrap(),
+        None => protocol.inputs(),
+    };
+    let run = runner::study::run_inputs(&protocol, &inputs, |_| {}).expect("the run succeeds");
     let timings = protocol
         .timing
         .map(|t| runner::timing::measure(&run, &t, |_| {}).expect("timed"));
@@ -53,7 +64,12 @@ pub fn make_run(protocol: &str, out: &Path) {
         comparisons: run.comparisons.len(),
         timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
     };
-    let manifest = Manifest::new("a test protocol".into(), protocol, counts);
+    let mut manifest = Manifest::new("a test protocol".into(), protocol.clone(), counts);
+    manifest.shard = shard.map(|(index, count)| ShardRecord {
+        index,
+        count,
+        protocol_sha256: protocol_sha256(&protocol),
+    });
     runner::evidence::write(out, &run, &summary, timings.as_ref(), manifest).expect("written");
 }
 
