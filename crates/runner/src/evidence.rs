@@ -187,7 +187,7 @@ pub fn write(
 
 /// Writes the evidence directory of a merged run: its arrays are copied, member by member, by
 /// `copy`, which hands each one's name (without `.npy`) and `.npy` bytes to the sink it is given,
-/// in the order a single run writes them; the rest is written from `rows` as [`write`] does.
+/// in the order a single run writes them; the rest is written from `rows` as [`write()`] does.
 pub fn write_merged(
     out: &Path,
     copy: &mut CopyMembers<'_>,
