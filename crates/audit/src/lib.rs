@@ -210,6 +210,21 @@ fn check_scope(manifest: &Manifest, manifest_bytes: &[u8], report: &mut Report) 
         );
         return None;
     }
+    // A run records the worker threads it used; a merge computed nothing (its shards' manifests
+    // record theirs).
+    match (merged, manifest.threads) {
+        (None, Some(1..)) | (Some(_), None) => {}
+        (None, found) => fail(
+            "threads",
+            format!("{found:?}"),
+            "the worker thread count, at least 1".into(),
+        ),
+        (Some(_), Some(found)) => fail(
+            "threads",
+            found.to_string(),
+            "absent in a merged run".into(),
+        ),
+    }
     Some(Scope { shard, merged })
 }
 

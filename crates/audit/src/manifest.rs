@@ -35,6 +35,9 @@ pub struct Manifest {
     pub merged_from: Option<Vec<MergedShard>>,
     /// How many inputs, comparisons and timings the run wrote.
     pub counts: Counts,
+    /// Worker threads a run's comparisons ran on; absent in a merged run.
+    #[serde(default)]
+    pub threads: Option<usize>,
     /// The commit the runner was built from, if it was built in a git work tree.
     pub git: Option<Git>,
     /// Files and directories whose contents produce a run.

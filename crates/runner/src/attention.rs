@@ -4,32 +4,97 @@
 //! out = weights v. Every sum runs in a fixed sequential order and `exp` comes from the pure-Rust
 //! `libm` crate, so outputs are the same bits on every machine (a BLAS or the platform libm could
 //! differ in the last place).
+//!
+//! K and V are read in chunks of [`CHUNK_TOKENS`] token rows through [`TokenRows`], so a long
+//! cache (stored packed, or as f32) is never held whole in f64: the scores (queries x tokens)
+//! are the only array that grows with the cache. Chunking changes no result: each score is one
+//! dot product over features, and each output element sums over tokens in token order either way.
 
-use ndarray::{Array2, ArrayView2, Zip};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, Zip, s};
 
-/// Attention output for queries `q` (Q x D) over keys `k` and values `v` (N x D).
-pub fn attention(q: ArrayView2<f64>, k: ArrayView2<f64>, v: ArrayView2<f64>) -> Array2<f64> {
+/// Token rows read at a time.
+pub const CHUNK_TOKENS: usize = 256;
+
+/// A cache (K or V, N tokens x D features) that can be read as f64 rows, a chunk at a time.
+pub trait TokenRows {
+    /// N.
+    fn tokens(&self) -> usize;
+    /// D.
+    fn features(&self) -> usize;
+    /// Writes token rows `start..start + out.nrows()` into `out` (rows x D), exactly.
+    fn read(&self, start: usize, out: ArrayViewMut2<f64>);
+}
+
+impl TokenRows for ArrayView2<'_, f32> {
+    fn tokens(&self) -> usize {
+        self.nrows()
+    }
+
+    fn features(&self) -> usize {
+        self.ncols()
+    }
+
+    fn read(&self, start: usize, mut out: ArrayViewMut2<f64>) {
+        let rows = self.slice(s![start..start + out.nrows(), ..]);
+        Zip::from(&mut out)
+            .and(rows)
+            .for_each(|o, &x| *o = f64::from(x));
+    }
+}
+
+impl TokenRows for ArrayView2<'_, f64> {
+    fn tokens(&self) -> usize {
+        self.nrows()
+    }
+
+    fn features(&self) -> usize {
+        self.ncols()
+    }
+
+    fn read(&self, start: usize, mut out: ArrayViewMut2<f64>) {
+        let rows = out.nrows();
+        out.assign(&self.slice(s![start..start + rows, ..]));
+    }
+}
+
+/// Attention output for queries `q` (Q x D) over keys `k` and values `v` (N x D each).
+pub fn attention(q: ArrayView2<f64>, k: &impl TokenRows, v: &impl TokenRows) -> Array2<f64> {
     let (queries, features) = q.dim();
-    let tokens = k.nrows();
+    let tokens = k.tokens();
+    debug_assert_eq!((k.features(), v.tokens()), (features, tokens));
     let inv_sqrt_d = 1.0 / (features as f64).sqrt();
-    let mut out = Array2::<f64>::zeros((queries, v.ncols()));
-    let mut weights = vec![0f64; tokens];
-    for i in 0..queries {
-        let qi = q.row(i);
-        for (j, w) in weights.iter_mut().enumerate() {
-            let dot: f64 = qi.iter().zip(k.row(j)).map(|(a, b)| a * b).sum();
-            *w = dot * inv_sqrt_d;
+    let mut chunk = Array2::<f64>::zeros((CHUNK_TOKENS.min(tokens), features.max(v.features())));
+
+    let mut weights = Array2::<f64>::zeros((queries, tokens));
+    for start in (0..tokens).step_by(CHUNK_TOKENS) {
+        let len = CHUNK_TOKENS.min(tokens - start);
+        let mut rows = chunk.slice_mut(s![..len, ..features]);
+        k.read(start, rows.view_mut());
+        for (i, qi) in q.outer_iter().enumerate() {
+            for (j, kj) in rows.outer_iter().enumerate() {
+                let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                weights[[i, start + j]] = dot * inv_sqrt_d;
+            }
         }
-        let max = weights.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        for w in weights.iter_mut() {
-            *w = libm::exp(*w - max);
-        }
-        let total: f64 = weights.iter().sum();
-        let mut row = out.row_mut(i);
-        for (j, w) in weights.iter().enumerate() {
-            let p = w / total;
-            for (o, x) in row.iter_mut().zip(v.row(j)) {
-                *o += p * x;
+    }
+    let mut totals = Vec::with_capacity(queries);
+    for mut row in weights.outer_iter_mut() {
+        let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        row.mapv_inplace(|w| libm::exp(w - max));
+        totals.push(row.iter().sum::<f64>());
+    }
+
+    let mut out = Array2::<f64>::zeros((queries, v.features()));
+    for start in (0..tokens).step_by(CHUNK_TOKENS) {
+        let len = CHUNK_TOKENS.min(tokens - start);
+        let mut rows = chunk.slice_mut(s![..len, ..v.features()]);
+        v.read(start, rows.view_mut());
+        for (i, mut out_row) in out.outer_iter_mut().enumerate() {
+            for (j, vj) in rows.outer_iter().enumerate() {
+                let p = weights[[i, start + j]] / totals[i];
+                for (o, x) in out_row.iter_mut().zip(vj) {
+                    *o += p * x;
+                }
             }
         }
     }
@@ -66,7 +131,10 @@ mod tests {
         let q = array![[0.0, 0.0]];
         let k = array![[1.0, 2.0], [3.0, 4.0]];
         let v = array![[1.0, 10.0], [3.0, 20.0]];
-        assert_eq!(attention(q.view(), k.view(), v.view()), array![[2.0, 15.0]]);
+        assert_eq!(
+            attention(q.view(), &k.view(), &v.view()),
+            array![[2.0, 15.0]]
+        );
     }
 
     #[test]
@@ -74,7 +142,7 @@ mod tests {
         let q = array![[100.0, 0.0]];
         let k = array![[10.0, 0.0], [-10.0, 0.0]];
         let v = array![[1.0, 2.0], [5.0, 7.0]];
-        let out = attention(q.view(), k.view(), v.view());
+        let out = attention(q.view(), &k.view(), &v.view());
         assert!((out[[0, 0]] - 1.0).abs() < 1e-12 && (out[[0, 1]] - 2.0).abs() < 1e-12);
     }
 
@@ -83,7 +151,7 @@ mod tests {
         let q = array![[1.0, 1.0]];
         let k = array![[800.0, 800.0], [799.0, 799.0]];
         let v = array![[1.0, 0.0], [0.0, 1.0]];
-        let out = attention(q.view(), k.view(), v.view());
+        let out = attention(q.view(), &k.view(), &v.view());
         assert!(out.iter().all(|x| x.is_finite()));
         assert!((out.sum() - 1.0).abs() < 1e-12);
     }

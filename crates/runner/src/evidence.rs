@@ -44,7 +44,7 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use ndarray::{Array1, ArrayBase, Data, Dimension};
+use ndarray::{ArrayBase, ArrayView1, Data, Dimension};
 use ndarray_npy::{WritableElement, WriteNpyExt};
 use serde::Serialize;
 use thiserror::Error;
@@ -52,9 +52,10 @@ use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime, ZipWriter};
 
 use crate::manifest::{Manifest, sha256_file};
+use crate::pipeline::ArraySink;
 use crate::plan::Plan;
 use crate::protocol::Protocol;
-use crate::study::{ResultRow, SegmentData, StudyRun};
+use crate::study::{Comparison, Input, ResultRow, SegmentData};
 use crate::summary::Summary;
 use crate::timing::{TimingError, Timings};
 use crate::{plot, report};
@@ -164,46 +165,260 @@ pub fn check_new(out: &Path) -> Result<(), EvidenceError> {
     }
 }
 
-/// Writes the evidence directory at `out` (which must not exist) and returns its manifest.
-///
-/// Refuses timings with a 0 ns measurement before touching the disk. On error nothing is left
-/// behind: no staging directory, no lock file, no output directory.
-pub fn write(
-    out: &Path,
-    run: &StudyRun,
-    summary: &Summary,
-    timings: Option<&Timings>,
-    manifest: Manifest,
-) -> Result<Manifest, EvidenceError> {
-    let rows: Vec<ResultRow> = run.comparisons.iter().map(|c| c.row.clone()).collect();
-    let outputs = Outputs {
-        protocol: &run.protocol,
-        rows: &rows,
-        summary,
-        timings,
-    };
-    write_outputs(out, Arrays::Run(run), outputs, manifest)
+/// An evidence directory being written: [`Writer::create`] claims a staging directory and
+/// opens arrays.npz in it, the archive is filled member by member as the run makes its arrays
+/// (so they are never all held at once; see [`crate::pipeline`]), and [`Writer::finish`]
+/// writes the other files and moves the directory into place. Dropped unfinished (an error
+/// anywhere), it leaves nothing behind: no staging directory, no lock file, no parent directory
+/// it created.
+pub struct Writer {
+    out: PathBuf,
+    parent: PathBuf,
+    /// Parent directories this run created, deepest first.
+    created: Vec<PathBuf>,
+    arrays_path: PathBuf,
+    /// `None` once finished.
+    npz: Option<Archive<BufWriter<FirstError<File>>>>,
+    /// The archive file's first I/O error, shared with its [`FirstError`] guard.
+    state: Rc<RefCell<FirstErrorState>>,
+    /// `None` once committed.
+    staging: Option<Staging>,
+}
+
+/// Everything but the arrays that a run's directory is written from.
+pub struct Outputs<'a> {
+    pub protocol: &'a Protocol,
+    pub rows: &'a [ResultRow],
+    pub summary: &'a Summary,
+    pub timings: Option<&'a Timings>,
+}
+
+impl Writer {
+    /// Checks that `out` can be created (see [`check_new`]), creates its missing parents, claims
+    /// a staging directory beside it and opens arrays.npz there.
+    pub fn create(out: &Path) -> Result<Writer, EvidenceError> {
+        check_new(out)?;
+        let name = out
+            .file_name()
+            .ok_or_else(|| EvidenceError::NoName(out.into()))?;
+        let parent = parent_dir(out);
+        let created = create_parent(&parent)?;
+        let remove_created = |err| {
+            // Deepest first; remove_dir only removes an empty directory, so nothing else is lost.
+            for dir in &created {
+                let _ = std::fs::remove_dir(dir);
+            }
+            err
+        };
+        let staging = Staging::create(&parent, name).map_err(remove_created)?;
+        let arrays_path = staging.dir.join(ARRAYS);
+        let file = match File::create_new(&arrays_path) {
+            Ok(file) => file,
+            Err(source) => {
+                drop(staging);
+                return Err(remove_created(EvidenceError::Io {
+                    context: format!("writing {}", arrays_path.display()),
+                    source,
+                }));
+            }
+        };
+        let guard = FirstError::new(file);
+        let state = Rc::clone(&guard.state);
+        // Stored entries with a fixed timestamp and mode: the archive's bytes depend only on the
+        // run.
+        let options = SimpleFileOptions::default()
+            .compression_method(CompressionMethod::Stored)
+            .last_modified_time(DateTime::default())
+            .unix_permissions(0o644);
+        Ok(Writer {
+            out: out.to_path_buf(),
+            parent,
+            created,
+            arrays_path,
+            npz: Some(Archive {
+                zip: ZipWriter::new(BufWriter::with_capacity(1 << 20, guard)),
+                options,
+            }),
+            state,
+            staging: Some(staging),
+        })
+    }
+
+    /// The archive's error, with the first I/O error as its cause when there was one (the
+    /// archive's own error then wraps a copy of it).
+    fn archive_error(&self, err: EvidenceError) -> EvidenceError {
+        match self.state.borrow_mut().error.take() {
+            Some(source) => io(format!("writing {}", self.arrays_path.display()))(source),
+            None => err,
+        }
+    }
+
+    fn archive(&mut self) -> &mut Archive<BufWriter<FirstError<File>>> {
+        self.npz.as_mut().expect("the archive is open until finish")
+    }
+
+    /// Adds array `<id>_<name>` to arrays.npz.
+    pub fn add_array<A, S, D>(
+        &mut self,
+        id: &str,
+        name: &str,
+        array: &ArrayBase<S, D>,
+    ) -> Result<(), EvidenceError>
+    where
+        A: WritableElement,
+        S: Data<Elem = A>,
+        D: Dimension,
+    {
+        let added = self.archive().add(id, name, array);
+        added.map_err(|e| self.archive_error(e))
+    }
+
+    /// Adds a member copied as it is: `name` (without `.npy`) and its `.npy` bytes.
+    pub fn add_member(&mut self, name: &str, bytes: &[u8]) -> Result<(), EvidenceError> {
+        let added = self.archive().add_member(name, bytes);
+        added.map_err(|e| self.archive_error(e))
+    }
+
+    /// Closes arrays.npz, writes the other files and the manifest (with the SHA-256 of every
+    /// file), and moves the directory to its name. Refuses timings with a 0 ns measurement
+    /// before writing anything more.
+    pub fn finish(
+        mut self,
+        outputs: Outputs<'_>,
+        mut manifest: Manifest,
+    ) -> Result<Manifest, EvidenceError> {
+        if let Some(timings) = outputs.timings {
+            timings.check_positive()?;
+        }
+        self.close_archive()?;
+        let dir = self
+            .staging
+            .as_ref()
+            .expect("staged until commit")
+            .dir
+            .clone();
+        let Outputs {
+            protocol,
+            rows,
+            summary,
+            timings,
+        } = outputs;
+        write_json(&dir.join(RESULTS), RESULTS, rows)?;
+        write_json(&dir.join(SUMMARY), SUMMARY, summary)?;
+        let markdown = report::summary_markdown(protocol, summary, &manifest);
+        write_file(&dir.join(SUMMARY_MD), markdown.as_bytes())?;
+        let svg = plot::error_vs_bytes(protocol, rows).map_err(EvidenceError::Plot)?;
+        write_file(&dir.join(PLOT), svg.as_bytes())?;
+        let mut files = vec![ARRAYS, RESULTS, SUMMARY, SUMMARY_MD, PLOT];
+        if let Some(timings) = timings {
+            write_json(&dir.join(TIMINGS), TIMINGS, timings)?;
+            files.push(TIMINGS);
+        }
+        for file in files {
+            let path = dir.join(file);
+            let hash = sha256_file(&path).map_err(io(format!("hashing {}", path.display())))?;
+            manifest.outputs.insert(file.to_string(), hash);
+        }
+        write_json(&dir.join(MANIFEST), MANIFEST, &manifest)?;
+        let staging = self.staging.take().expect("staged until commit");
+        let committed = staging.commit(&self.out, &self.parent);
+        if committed.is_ok() {
+            self.created.clear();
+        }
+        committed.map(|()| manifest)
+    }
+
+    /// Finishes the archive and syncs it to disk.
+    fn close_archive(&mut self) -> Result<(), EvidenceError> {
+        let npz = self.npz.take().expect("the archive is open until finish");
+        let finished = npz.zip.finish();
+        let writer = finished.map_err(|e| self.archive_error(EvidenceError::Npz(e.to_string())))?;
+        let context = format!("writing {}", self.arrays_path.display());
+        let guard = writer
+            .into_inner()
+            .map_err(|e| self.archive_error(io(context.clone())(e.into_error())))?;
+        if let Some(source) = self.state.borrow_mut().error.take() {
+            return Err(io(context)(source));
+        }
+        guard.inner.sync_all().map_err(io(context))
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Nothing more reaches the archive file, so the unfinished archive's drop-time finish
+        // cannot fail and print; the file goes with the staging directory.
+        self.state.borrow_mut().closed = true;
+        self.npz = None;
+        self.staging = None;
+        for dir in &self.created {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+impl ArraySink for Writer {
+    type Error = EvidenceError;
+
+    fn input(&mut self, input: &Input) -> Result<(), EvidenceError> {
+        let id = input.id();
+        self.add_array(&id, "q", &input.q)?;
+        self.add_array(&id, "k", &input.k)?;
+        self.add_array(&id, "v", &input.v)?;
+        self.add_array(&id, "ref", input.reference)
+    }
+
+    fn comparison(&mut self, c: &Comparison) -> Result<(), EvidenceError> {
+        let id = &c.row.id;
+        // Packed-KV comparisons keep the unsuffixed names of a single tensor per K and V.
+        let suffixed = matches!(c.plan, Plan::Budget { .. });
+        for (tensor, segments) in [("k", &c.k), ("v", &c.v)] {
+            for (index, segment) in segments.iter().enumerate() {
+                let suffix = if suffixed {
+                    format!("_s{index}")
+                } else {
+                    String::new()
+                };
+                let name = |part: &str| format!("{tensor}_{part}{suffix}");
+                match &segment.data {
+                    SegmentData::Packed(packed) => {
+                        let codes = ArrayView1::from(packed.code_bytes());
+                        self.add_array(id, &name("codes"), &codes)?;
+                        self.add_array(id, &name("scales"), packed.scales())?;
+                        let shape = packed.shape_i32();
+                        self.add_array(id, &name("shape"), &ArrayView1::from(&shape))?;
+                        if packed.layout().mode == kvcodec::Mode::Asymmetric {
+                            let zeros = ArrayView1::from(packed.zero_point_bytes());
+                            self.add_array(id, &name("zeros"), &zeros)?;
+                        }
+                    }
+                    SegmentData::Float32(values) => {
+                        self.add_array(id, &name("values"), values)?;
+                        let shape = [values.nrows() as i32, values.ncols() as i32];
+                        self.add_array(id, &name("shape"), &ArrayView1::from(&shape))?;
+                    }
+                }
+            }
+        }
+        self.add_array(id, "out", &c.out)
+    }
 }
 
 /// Writes the evidence directory of a merged run: its arrays are copied, member by member, by
 /// `copy`, which hands each one's name (without `.npy`) and `.npy` bytes to the sink it is given,
-/// in the order a single run writes them; the rest is written from `rows` as [`write()`] does.
+/// in the order a single run writes them; the rest is written from `outputs` as a run's is.
 pub fn write_merged(
     out: &Path,
     copy: &mut CopyMembers<'_>,
-    protocol: &Protocol,
-    rows: &[ResultRow],
-    summary: &Summary,
-    timings: Option<&Timings>,
+    outputs: Outputs<'_>,
     manifest: Manifest,
 ) -> Result<Manifest, EvidenceError> {
-    let outputs = Outputs {
-        protocol,
-        rows,
-        summary,
-        timings,
-    };
-    write_outputs(out, Arrays::Copied(copy), outputs, manifest)
+    if let Some(timings) = outputs.timings {
+        timings.check_positive()?;
+    }
+    let mut writer = Writer::create(out)?;
+    copy(&mut |name, bytes| writer.add_member(name, bytes))?;
+    writer.finish(outputs, manifest)
 }
 
 /// Receives one archive member: its name (without `.npy`) and its `.npy` bytes.
@@ -211,47 +426,6 @@ pub type MemberSink<'a> = dyn FnMut(&str, &[u8]) -> Result<(), EvidenceError> + 
 
 /// Feeds every member of a merged archive, in order, to a sink.
 pub type CopyMembers<'a> = dyn FnMut(&mut MemberSink<'_>) -> Result<(), EvidenceError> + 'a;
-
-/// Where arrays.npz's members come from.
-enum Arrays<'a, 'b> {
-    /// Serialized from a run's arrays.
-    Run(&'a StudyRun),
-    /// Copied, already serialized, from shards.
-    Copied(&'a mut CopyMembers<'b>),
-}
-
-/// Everything but the arrays that a run's directory is written from.
-struct Outputs<'a> {
-    protocol: &'a Protocol,
-    rows: &'a [ResultRow],
-    summary: &'a Summary,
-    timings: Option<&'a Timings>,
-}
-
-fn write_outputs(
-    out: &Path,
-    arrays: Arrays<'_, '_>,
-    outputs: Outputs<'_>,
-    manifest: Manifest,
-) -> Result<Manifest, EvidenceError> {
-    check_new(out)?;
-    if let Some(timings) = outputs.timings {
-        timings.check_positive()?;
-    }
-    let name = out
-        .file_name()
-        .ok_or_else(|| EvidenceError::NoName(out.into()))?;
-    let parent = parent_dir(out);
-    let created = create_parent(&parent)?;
-    let written = write_staged(out, &parent, name, arrays, outputs, manifest);
-    if written.is_err() {
-        // Deepest first; remove_dir only removes an empty directory, so nothing else is lost.
-        for dir in &created {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
-    written
-}
 
 /// Creates `parent` and its missing ancestors; returns those this call created, deepest first,
 /// so a failed run can remove them again.
@@ -278,44 +452,6 @@ fn create_parent(parent: &Path) -> Result<Vec<PathBuf>, EvidenceError> {
         });
     }
     Ok(missing)
-}
-
-fn write_staged(
-    out: &Path,
-    parent: &Path,
-    name: &OsStr,
-    arrays: Arrays<'_, '_>,
-    outputs: Outputs<'_>,
-    mut manifest: Manifest,
-) -> Result<Manifest, EvidenceError> {
-    let Outputs {
-        protocol,
-        rows,
-        summary,
-        timings,
-    } = outputs;
-    let staging = Staging::create(parent, name)?;
-    let dir = staging.dir.clone();
-    write_arrays(&dir.join(ARRAYS), arrays)?;
-    write_json(&dir.join(RESULTS), RESULTS, rows)?;
-    write_json(&dir.join(SUMMARY), SUMMARY, summary)?;
-    let markdown = report::summary_markdown(protocol, summary, &manifest);
-    write_file(&dir.join(SUMMARY_MD), markdown.as_bytes())?;
-    let svg = plot::error_vs_bytes(protocol, rows).map_err(EvidenceError::Plot)?;
-    write_file(&dir.join(PLOT), svg.as_bytes())?;
-    let mut files = vec![ARRAYS, RESULTS, SUMMARY, SUMMARY_MD, PLOT];
-    if let Some(timings) = timings {
-        write_json(&dir.join(TIMINGS), TIMINGS, timings)?;
-        files.push(TIMINGS);
-    }
-    for file in files {
-        let path = dir.join(file);
-        let hash = sha256_file(&path).map_err(io(format!("hashing {}", path.display())))?;
-        manifest.outputs.insert(file.to_string(), hash);
-    }
-    write_json(&dir.join(MANIFEST), MANIFEST, &manifest)?;
-    staging.commit(out, parent)?;
-    Ok(manifest)
 }
 
 /// A staging directory being written, and the locked lock file beside it that says so.
@@ -594,100 +730,6 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EvidenceError> {
     file.sync_all().map_err(io(context()))
 }
 
-fn write_arrays(path: &Path, arrays: Arrays<'_, '_>) -> Result<(), EvidenceError> {
-    let context = || format!("writing {}", path.display());
-    let file = File::create_new(path).map_err(io(context()))?;
-    let guard = FirstError::new(file);
-    let state = Rc::clone(&guard.state);
-    // The first I/O error, when there was one, is the cause; the archive's own error wraps a
-    // copy of it.
-    let first_error = |err: EvidenceError| match state.borrow_mut().error.take() {
-        Some(source) => io(context())(source),
-        None => err,
-    };
-    // Stored entries with a fixed timestamp and mode: the archive's bytes depend only on the run.
-    let options = SimpleFileOptions::default()
-        .compression_method(CompressionMethod::Stored)
-        .last_modified_time(DateTime::default())
-        .unix_permissions(0o644);
-    let mut npz = Archive {
-        zip: ZipWriter::new(BufWriter::new(guard)),
-        options,
-    };
-    let filled = match arrays {
-        Arrays::Run(run) => add_arrays(&mut npz, run),
-        Arrays::Copied(copy) => copy(&mut |name, bytes| npz.add_member(name, bytes)),
-    };
-    if let Err(err) = filled {
-        // Nothing more reaches the file, whatever went wrong, so the archive's drop-time
-        // finish cannot fail and print.
-        state.borrow_mut().closed = true;
-        drop(npz);
-        return Err(first_error(err));
-    }
-    let writer = npz
-        .zip
-        .finish()
-        .map_err(|e| first_error(EvidenceError::Npz(e.to_string())))?;
-    let guard = writer
-        .into_inner()
-        .map_err(|e| first_error(io(context())(e.into_error())))?;
-    if let Some(source) = state.borrow_mut().error.take() {
-        return Err(io(context())(source));
-    }
-    guard.inner.sync_all().map_err(io(context()))
-}
-
-fn add_arrays<W: Write + Seek>(npz: &mut Archive<W>, run: &StudyRun) -> Result<(), EvidenceError> {
-    for input in &run.inputs {
-        npz.add(&input.id, "q", &input.q)?;
-        npz.add(&input.id, "k", &input.k)?;
-        npz.add(&input.id, "v", &input.v)?;
-        npz.add(&input.id, "ref", &input.reference)?;
-    }
-    for c in &run.comparisons {
-        let id = &c.row.id;
-        // Packed-KV comparisons keep the unsuffixed names of a single tensor per K and V.
-        let suffixed = matches!(c.plan, Plan::Budget { .. });
-        for (tensor, segments) in [("k", &c.k), ("v", &c.v)] {
-            for (index, segment) in segments.iter().enumerate() {
-                let suffix = if suffixed {
-                    format!("_s{index}")
-                } else {
-                    String::new()
-                };
-                let name = |part: &str| format!("{tensor}_{part}{suffix}");
-                match &segment.data {
-                    SegmentData::Packed(packed) => {
-                        npz.add(
-                            id,
-                            &name("codes"),
-                            &Array1::from(packed.code_bytes().to_vec()),
-                        )?;
-                        npz.add(id, &name("scales"), packed.scales())?;
-                        npz.add(
-                            id,
-                            &name("shape"),
-                            &Array1::from(packed.shape_i32().to_vec()),
-                        )?;
-                        if packed.layout().mode == kvcodec::Mode::Asymmetric {
-                            let zeros = packed.zero_point_bytes().to_vec();
-                            npz.add(id, &name("zeros"), &Array1::from(zeros))?;
-                        }
-                    }
-                    SegmentData::Float32(values) => {
-                        npz.add(id, &name("values"), values)?;
-                        let shape = [values.nrows() as i32, values.ncols() as i32];
-                        npz.add(id, &name("shape"), &Array1::from(shape.to_vec()))?;
-                    }
-                }
-            }
-        }
-        npz.add(id, "out", &c.out)?;
-    }
-    Ok(())
-}
-
 /// arrays.npz being written: stored members with a fixed timestamp and mode, each `<name>.npy`,
 /// exactly as ndarray-npy's `NpzWriter` writes them (so copied members and serialized ones give
 /// the same bytes), with the `<id>_<part>` key convention.
@@ -803,24 +845,37 @@ mod tests {
     use crate::archive;
     use crate::manifest::Counts;
     use crate::protocol::Protocol;
-    use crate::{study, summary, timing};
+    use crate::{pipeline, summary};
 
-    /// Runs `text` and returns what `write` needs.
-    fn run(text: &str) -> (StudyRun, Summary, Option<Timings>, Manifest) {
+    /// Runs `text` into a [`Writer`] for `out`; returns the unfinished writer and what
+    /// `finish` needs.
+    fn run(out: &Path, text: &str) -> (Writer, Protocol, Vec<ResultRow>, Option<Timings>) {
         let protocol = Protocol::from_json(text).unwrap();
-        let run = study::run(&protocol, |_| {}).unwrap();
-        let timings = protocol
-            .timing
-            .map(|t| timing::measure(&run, &t, |_| {}).unwrap());
-        let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
-        let summary = summary::summarize(&protocol, &rows, timings.as_ref());
+        let mut writer = Writer::create(out).unwrap();
+        let record = pipeline::run(&protocol, &protocol.inputs(), 2, &mut writer, |_| {}).unwrap();
+        (writer, protocol, record.rows, record.timings)
+    }
+
+    fn finish(
+        writer: Writer,
+        protocol: &Protocol,
+        rows: &[ResultRow],
+        timings: Option<&Timings>,
+    ) -> Result<Manifest, EvidenceError> {
+        let summary = summary::summarize(protocol, rows, timings);
         let counts = Counts {
-            inputs: run.inputs.len(),
-            comparisons: run.comparisons.len(),
-            timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
+            inputs: protocol.inputs().len(),
+            comparisons: rows.len(),
+            timings: timings.map_or(0, |t| t.measurements.len()),
         };
-        let manifest = Manifest::new("test".into(), protocol, counts);
-        (run, summary, timings, manifest)
+        let manifest = Manifest::new("test".into(), protocol.clone(), counts);
+        let outputs = Outputs {
+            protocol,
+            rows,
+            summary: &summary,
+            timings,
+        };
+        writer.finish(outputs, manifest)
     }
 
     /// Asymmetric and symmetric settings, partial groups (N = 20 with g = 8, D = 6 with g = 4)
@@ -837,12 +892,12 @@ mod tests {
 
     #[test]
     fn the_written_archive_is_the_planned_one_within_the_size_estimate() {
-        let (run, summary, timings, manifest) = run(MIXED);
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("run");
-        write(&out, &run, &summary, timings.as_ref(), manifest).unwrap();
+        let (writer, protocol, rows, timings) = run(&out, MIXED);
+        finish(writer, &protocol, &rows, timings.as_ref()).unwrap();
 
-        let planned = archive::members(&run.protocol);
+        let planned = archive::members(&protocol);
         let file = File::open(out.join(ARRAYS)).unwrap();
         let size = file.metadata().unwrap().len();
         let zip = zip::ZipArchive::new(file).unwrap();
@@ -852,10 +907,7 @@ mod tests {
         written.sort();
         want.sort();
         assert_eq!(written, want);
-        assert_eq!(
-            archive::member_count(&run.protocol),
-            Some(planned.len() as u64)
-        );
+        assert_eq!(archive::member_count(&protocol), Some(planned.len() as u64));
         let estimate = archive::estimated_bytes(&planned).unwrap();
         assert!(
             size <= estimate,
@@ -869,13 +921,13 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_timing_is_refused_before_anything_is_written() {
-        let (run, summary, timings, manifest) = run(MIXED);
-        let mut timings = timings.unwrap();
-        timings.measurements[3].ns = 0;
+    fn a_zero_timing_is_refused_and_nothing_is_left_behind() {
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("nested/run");
-        let err = write(&out, &run, &summary, Some(&timings), manifest).unwrap_err();
+        let (writer, protocol, rows, timings) = run(&out, MIXED);
+        let mut timings = timings.unwrap();
+        timings.measurements[3].ns = 0;
+        let err = finish(writer, &protocol, &rows, Some(&timings)).unwrap_err();
         assert!(
             matches!(&err, EvidenceError::Timing(TimingError::ZeroDuration { comparison, .. })
                 if *comparison == timings.measurements[3].comparison),

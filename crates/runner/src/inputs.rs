@@ -11,7 +11,7 @@
 //! The mean is a sequential f32 sum over the query rows divided by the query count, and the
 //! update is one f32 multiply and one f32 add per element.
 
-use ndarray::{Array1, Array2, Axis};
+use ndarray::{Array1, Array2, Axis, s};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use rand_distr::{Distribution as _, StandardNormal};
@@ -58,22 +58,39 @@ pub fn draw(protocol: &Protocol, seed: u64, tokens: usize) -> Draw {
     Draw { q, k, v }
 }
 
-/// Applies a distribution to a clean draw's keys.
-pub fn shape_keys(draw: &Draw, distribution: Distribution, focus: Focus) -> Array2<f32> {
+/// Calls `f` with the draw whose keys are shaped by `distribution`, then puts the clean keys
+/// back. The focus window's rows are changed in place and restored from a copy of just those
+/// rows, so a long draw is never copied whole (the distributions of one draw run one after
+/// another).
+pub fn with_shaped_keys<R>(
+    draw: &mut Draw,
+    distribution: Distribution,
+    focus: Focus,
+    f: impl FnOnce(&Draw) -> R,
+) -> R {
     let tokens = draw.k.nrows();
     let window = match distribution {
-        Distribution::Clean => return draw.k.clone(),
+        Distribution::Clean => return f(draw),
         Distribution::EarlyFocus => 0..focus.window,
         Distribution::RecentFocus => tokens - focus.window..tokens,
     };
     let direction = mean_query(&draw.q);
-    let mut k = draw.k.clone();
-    for t in window {
-        for (x, &m) in k.row_mut(t).iter_mut().zip(direction.iter()) {
+    let clean = draw.k.slice(s![window.clone(), ..]).to_owned();
+    for t in window.clone() {
+        for (x, &m) in draw.k.row_mut(t).iter_mut().zip(direction.iter()) {
             *x += focus.gain * m;
         }
     }
-    k
+    let result = f(draw);
+    draw.k.slice_mut(s![window, ..]).assign(&clean);
+    result
+}
+
+/// Applies a distribution to a clean draw's keys, as a new array (for tests and small draws;
+/// runs use [`with_shaped_keys`]).
+pub fn shape_keys(draw: &Draw, distribution: Distribution, focus: Focus) -> Array2<f32> {
+    let mut draw = draw.clone();
+    with_shaped_keys(&mut draw, distribution, focus, |shaped| shaped.k.clone())
 }
 
 /// Mean of the query rows, summed sequentially in f32.
@@ -111,6 +128,23 @@ mod tests {
             array![[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [4.0, -2.0], [4.0, -2.0]]
         );
         assert_eq!(shape_keys(&draw, Distribution::Clean, focus), draw.k);
+    }
+
+    #[test]
+    fn shaping_in_place_gives_the_shaped_keys_and_restores_the_clean_ones() {
+        let mut protocol = Protocol::frozen();
+        protocol.generator.name = GeneratorName::Chacha20;
+        let clean = draw(&protocol, 7, 16);
+        let mut working = clean.clone();
+        let focus = Focus {
+            window: 3,
+            gain: 2.0,
+        };
+        for distribution in [Distribution::RecentFocus, Distribution::EarlyFocus] {
+            let shaped = with_shaped_keys(&mut working, distribution, focus, |d| d.k.clone());
+            assert_ne!(shaped, clean.k);
+            assert_eq!(working, clean, "{distribution} left the draw changed");
+        }
     }
 
     #[test]

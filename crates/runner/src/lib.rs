@@ -9,7 +9,8 @@
 //! - [`archive`]: what arrays.npz will hold, planned from the protocol (members and size);
 //! - [`validate`]: reading and validating a protocol file;
 //! - [`inputs`]: generators and distributions; [`attention`]: reference attention and metrics;
-//! - [`study`]: the comparisons; [`timing`]: raw timings of encode, decode and attention;
+//! - [`study`]: one comparison; [`timing`]: raw timings of encode, decode and attention;
+//!   [`pipeline`]: a run's passes over its inputs, comparisons in parallel, arrays streamed out;
 //! - [`summary`]: the tables; [`manifest`]: provenance and hashes; [`report`]: summary.md;
 //!   [`plot`]: error-vs-bytes.svg;
 //! - [`evidence`]: the evidence directory; [`merge`]: one directory from a protocol's shards;
@@ -24,6 +25,7 @@ pub mod inputs;
 pub mod manifest;
 pub mod merge;
 pub mod pin;
+pub mod pipeline;
 pub mod plan;
 pub mod plot;
 pub mod protocol;

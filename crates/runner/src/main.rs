@@ -10,10 +10,11 @@ use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use runner::evidence;
 use runner::manifest::{Counts, Manifest, ShardRecord, protocol_sha256};
+use runner::pipeline::{self, Progress};
 use runner::plan::Shard;
 use runner::protocol::{FROZEN_PATH, Protocol};
-use runner::timing::{self, Operation};
-use runner::{study, summary};
+use runner::summary;
+use runner::timing::Operation;
 
 /// Runs the packed-KV study (or a user-written protocol) into a new evidence directory.
 #[derive(Parser)]
@@ -41,6 +42,10 @@ struct RunArgs {
     /// Run only the I-th of N slices of the protocol's inputs (1 <= I <= N), for `runner merge`.
     #[arg(long, value_name = "I/N")]
     shard: Option<Shard>,
+    /// Worker threads for the comparisons (default: one per core). The output does not depend
+    /// on it; timed calls always run alone.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: Option<u16>,
 }
 
 #[derive(Subcommand)]
@@ -143,40 +148,48 @@ fn run(args: RunArgs) -> Result<()> {
         inputs.len(),
     );
 
-    let bar = progress_bar(total as u64, "comparisons");
-    let run = study::run_inputs(&protocol, &inputs, |done| bar.set_position(done as u64))?;
+    let threads = args.threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        usize::from,
+    );
+    let mut writer = evidence::Writer::create(&out)?;
+    let timed = protocol
+        .timing
+        .map_or(0, |t| total * Operation::ALL.len() * t.repeats);
+    let bar = progress_bar((inputs.len() + total + timed) as u64, "steps");
+    let record = pipeline::run(&protocol, &inputs, threads, &mut writer, |step| {
+        let done = match step {
+            Progress::Inputs(n) => n,
+            Progress::Comparisons(n) => inputs.len() + n,
+            Progress::Timings(n) => inputs.len() + total + n,
+        };
+        bar.set_position(done as u64);
+    })?;
     bar.finish_and_clear();
 
-    let timings = protocol
-        .timing
-        .map(|timing| {
-            let bar = progress_bar(
-                (total * Operation::ALL.len() * timing.repeats) as u64,
-                "timings",
-            );
-            let timings = timing::measure(&run, &timing, |done| bar.set_position(done as u64));
-            bar.finish_and_clear();
-            timings
-        })
-        .transpose()?;
-
-    let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
-    let summary = summary::summarize(&protocol, &rows, timings.as_ref());
+    let summary = summary::summarize(&protocol, &record.rows, record.timings.as_ref());
     let mut manifest = Manifest::new(
         source,
         protocol.clone(),
         Counts {
-            inputs: run.inputs.len(),
-            comparisons: run.comparisons.len(),
-            timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
+            inputs: inputs.len(),
+            comparisons: record.rows.len(),
+            timings: record.timings.as_ref().map_or(0, |t| t.measurements.len()),
         },
     );
+    manifest.threads = Some(threads);
     manifest.shard = args.shard.map(|shard| ShardRecord {
         index: shard.index,
         count: shard.count,
         protocol_sha256: protocol_sha256(&protocol),
     });
-    evidence::write(&out, &run, &summary, timings.as_ref(), manifest)?;
+    let outputs = evidence::Outputs {
+        protocol: &protocol,
+        rows: &record.rows,
+        summary: &summary,
+        timings: record.timings.as_ref(),
+    };
+    writer.finish(outputs, manifest)?;
     let text = format!(
         "{}wrote {}\n",
         summary::render(&protocol, &summary),

@@ -37,6 +37,11 @@ pub struct Manifest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged_from: Option<Vec<MergedShard>>,
     pub counts: Counts,
+    /// Worker threads the run's comparisons were computed on (results do not depend on it;
+    /// timed calls always run alone). Absent for a merged run: each shard's manifest has its
+    /// own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
     pub git: Option<Git>,
     /// Files and directories whose contents produce a run (relative to the workspace root).
     pub source_roots: Vec<String>,
@@ -131,6 +136,7 @@ impl Manifest {
             shard: None,
             merged_from: None,
             counts,
+            threads: None,
             git: git_info(),
             source_roots: build_info::SOURCE_ROOTS
                 .iter()
@@ -152,7 +158,12 @@ pub fn source_hashes() -> BTreeMap<String, String> {
 
 /// Lower-case hex SHA-256 of a file's raw bytes.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    Ok(sha256_hex(&std::fs::read(path)?))
+    use sha2::{Digest, Sha256};
+    // Streamed: arrays.npz can be far larger than anything else a run holds.
+    let mut hasher = Sha256::new();
+    let mut file = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(hex::encode(hasher.finalize()))
 }
 
 fn git_info() -> Option<Git> {

@@ -407,15 +407,13 @@ pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
         }
         Ok(())
     };
-    let manifest = evidence::write_merged(
-        out,
-        &mut copy,
-        &protocol,
-        &rows,
-        &summary,
-        timings.as_ref(),
-        manifest,
-    )?;
+    let outputs = evidence::Outputs {
+        protocol: &protocol,
+        rows: &rows,
+        summary: &summary,
+        timings: timings.as_ref(),
+    };
+    let manifest = evidence::write_merged(out, &mut copy, outputs, manifest)?;
     Ok(Merged {
         protocol,
         summary,

@@ -4,15 +4,16 @@
 //! - budget: each policy cuts the cache into token segments (a high-precision window at the start
 //!   or the end, the rest at the low width), each stored as its own tensor.
 //!
-//! Attention is recomputed from the decoded cache and compared with the float64 reference.
+//! Attention is recomputed from the stored cache (decoded exactly, a chunk of tokens at a time)
+//! and compared with the float64 reference. How a run walks its inputs and writes what it
+//! computes is [`crate::pipeline`]'s business; this module computes one comparison.
 
 use kvcodec::{GroupAxis, Layout, PackedTensor};
-use ndarray::{Array2, ArrayView2, Axis, s};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, Zip, s};
 use serde::{Deserialize, Serialize};
 
-use crate::attention::{attention, max_abs, relative_l2};
-use crate::inputs::{Draw, draw, shape_keys};
-use crate::plan::{InputSpec, K_AXIS, Plan, SegmentPlan, Storage, V_AXIS, float32_kv_bytes, plans};
+use crate::attention::{TokenRows, attention, max_abs, relative_l2};
+use crate::plan::{InputSpec, K_AXIS, Plan, SegmentPlan, Storage, V_AXIS, float32_kv_bytes};
 use crate::protocol::{Distribution, Mode, Policy, Protocol, Setting};
 
 /// Which study a comparison belongs to (`"packed_kv"` or `"budget"` in results.json).
@@ -25,16 +26,27 @@ pub enum Study {
     Budget,
 }
 
-/// One input as archived: the f32 arrays and the f64 reference output.
-#[derive(Debug, Clone)]
-pub struct Input {
+/// One input as archived: the f32 arrays (borrowed from its draw, the keys shaped by its
+/// distribution) and the f64 reference output.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
     pub spec: InputSpec,
-    pub id: String,
-    pub entropy: u128,
-    pub q: Array2<f32>,
-    pub k: Array2<f32>,
-    pub v: Array2<f32>,
-    pub reference: Array2<f64>,
+    pub q: ArrayView2<'a, f32>,
+    pub k: ArrayView2<'a, f32>,
+    pub v: ArrayView2<'a, f32>,
+    pub reference: &'a Array2<f64>,
+}
+
+impl Input<'_> {
+    /// Identifier in arrays.npz and results.json.
+    pub fn id(&self) -> String {
+        self.spec.id()
+    }
+}
+
+/// Attention of `q` over `k` and `v` in f64 (the reference output of an input).
+pub fn reference_output(q: ArrayView2<f32>, k: ArrayView2<f32>, v: ArrayView2<f32>) -> Array2<f64> {
+    attention(q.mapv(f64::from).view(), &k, &v)
 }
 
 /// A run of consecutive tokens of K or V, stored one way.
@@ -86,17 +98,61 @@ pub fn encode_segments(
         .collect()
 }
 
-/// Decodes and concatenates segments back into the N x D cache.
-pub fn decode_segments(segments: &[Segment]) -> Array2<f64> {
-    let parts: Vec<Array2<f64>> = segments
-        .iter()
-        .map(|segment| match &segment.data {
-            SegmentData::Packed(p) => kvcodec::decode(p),
-            SegmentData::Float32(values) => values.mapv(f64::from),
+/// A cache stored as segments, read back exactly in f64 a chunk of tokens at a time.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredCache<'a>(pub &'a [Segment]);
+
+impl TokenRows for StoredCache<'_> {
+    fn tokens(&self) -> usize {
+        self.0.last().map_or(0, |segment| segment.plan.end)
+    }
+
+    fn features(&self) -> usize {
+        self.0.first().map_or(0, |segment| match &segment.data {
+            SegmentData::Packed(p) => p.shape()[1],
+            SegmentData::Float32(values) => values.ncols(),
         })
-        .collect();
-    let views: Vec<_> = parts.iter().map(|p| p.view()).collect();
-    ndarray::concatenate(Axis(0), &views).expect("segments share the feature count")
+    }
+
+    fn read(&self, start: usize, mut out: ArrayViewMut2<f64>) {
+        let end = start + out.nrows();
+        for segment in self.0 {
+            let (first, last) = (segment.plan.start.max(start), segment.plan.end.min(end));
+            if first >= last {
+                continue;
+            }
+            let rows = out.slice_mut(s![first - start..last - start, ..]);
+            let local = first - segment.plan.start..last - segment.plan.start;
+            match &segment.data {
+                SegmentData::Packed(p) => decode_exact_rows(p, local, rows),
+                SegmentData::Float32(values) => values.slice(s![local, ..]).view().read(0, rows),
+            }
+        }
+    }
+}
+
+/// Token rows `rows` of a packed tensor, decoded exactly into `out`.
+fn decode_exact_rows(p: &PackedTensor, rows: std::ops::Range<usize>, mut out: ArrayViewMut2<f64>) {
+    let all = kvcodec::decode(p);
+    out.assign(&all.slice(s![rows, ..]));
+}
+
+/// Decodes a cache stored as segments into `out` (N x D) in f32, as the codec decodes: what a
+/// consumer of the stored cache would do (timed as decode_k and decode_v).
+pub fn decode_segments_into(segments: &[Segment], mut out: ArrayViewMut2<f32>) {
+    for segment in segments {
+        let rows = out.slice_mut(s![segment.plan.start..segment.plan.end, ..]);
+        match &segment.data {
+            SegmentData::Packed(p) => {
+                let all = kvcodec::decode(p);
+                Zip::from(rows).and(&all).for_each(|o, &x| *o = x as f32);
+            }
+            SegmentData::Float32(values) => {
+                let mut rows = rows;
+                rows.assign(values);
+            }
+        }
+    }
 }
 
 /// One comparison: the stored K and V and the attention output computed from them.
@@ -161,80 +217,17 @@ impl ResultRow {
     }
 }
 
-/// Everything a run computes, in protocol order.
-#[derive(Debug, Clone)]
-pub struct StudyRun {
-    pub protocol: Protocol,
-    pub inputs: Vec<Input>,
-    pub comparisons: Vec<Comparison>,
-}
-
-/// Runs every comparison of the protocol. `progress` is called after each comparison.
-pub fn run(protocol: &Protocol, progress: impl FnMut(usize)) -> kvcodec::Result<StudyRun> {
-    run_inputs(protocol, &protocol.inputs(), progress)
-}
-
-/// Runs every comparison of the given inputs of `protocol` (a shard's, say), in the order given.
-pub fn run_inputs(
-    protocol: &Protocol,
-    specs: &[InputSpec],
-    mut progress: impl FnMut(usize),
-) -> kvcodec::Result<StudyRun> {
-    let plans = plans(protocol);
-    let mut inputs = Vec::new();
-    let mut comparisons = Vec::new();
-    let mut current_draw: Option<((u64, usize), Draw)> = None;
-    for &spec in specs {
-        let key = (spec.seed, spec.tokens);
-        if current_draw.as_ref().map(|(k, _)| *k) != Some(key) {
-            current_draw = Some((key, draw(protocol, spec.seed, spec.tokens)));
-        }
-        let (_, base) = current_draw.as_ref().expect("just drawn");
-        let input = build_input(protocol, spec, base);
-        for plan in &plans {
-            comparisons.push(compare(protocol, &input, plan)?);
-            progress(comparisons.len());
-        }
-        inputs.push(input);
-    }
-    Ok(StudyRun {
-        protocol: protocol.clone(),
-        inputs,
-        comparisons,
-    })
-}
-
-fn build_input(protocol: &Protocol, spec: InputSpec, base: &Draw) -> Input {
-    let k = shape_keys(base, spec.distribution, protocol.focus);
-    let reference = attention(
-        base.q.mapv(f64::from).view(),
-        k.mapv(f64::from).view(),
-        base.v.mapv(f64::from).view(),
-    );
-    Input {
-        id: spec.id(),
-        entropy: protocol
-            .generator
-            .entropy
-            .entropy(spec.seed, spec.tokens)
-            .expect("entropy range is checked when the protocol is loaded"),
-        spec,
-        q: base.q.clone(),
-        k,
-        v: base.v.clone(),
-        reference,
-    }
-}
-
-fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Result<Comparison> {
+/// Stores the input's K and V as `plan` says, recomputes attention from what was stored, and
+/// measures it against the reference.
+pub fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Result<Comparison> {
     let spec = input.spec;
     let segments = plan.segments(spec.tokens);
-    let k = encode_segments(input.k.view(), K_AXIS, plan.group_size(), &segments)?;
-    let v = encode_segments(input.v.view(), V_AXIS, plan.group_size(), &segments)?;
+    let k = encode_segments(input.k, K_AXIS, plan.group_size(), &segments)?;
+    let v = encode_segments(input.v, V_AXIS, plan.group_size(), &segments)?;
     let out = attention(
         input.q.mapv(f64::from).view(),
-        decode_segments(&k).view(),
-        decode_segments(&v).view(),
+        &StoredCache(&k),
+        &StoredCache(&v),
     );
     let k_payload_bytes: usize = k.iter().map(Segment::payload_bytes).sum();
     let v_payload_bytes: usize = v.iter().map(Segment::payload_bytes).sum();
@@ -256,7 +249,7 @@ fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Result<C
     let row = ResultRow {
         id: plan.id(&spec),
         study,
-        input: input.id.clone(),
+        input: input.id(),
         seed: spec.seed,
         tokens: spec.tokens,
         features: protocol.features,
@@ -270,8 +263,8 @@ fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Result<C
         segments,
         k_axis: K_AXIS,
         v_axis: V_AXIS,
-        relative_l2: relative_l2(&out, &input.reference),
-        max_abs: max_abs(&out, &input.reference),
+        relative_l2: relative_l2(&out, input.reference),
+        max_abs: max_abs(&out, input.reference),
         k_payload_bytes,
         v_payload_bytes,
         payload_bytes: k_payload_bytes + v_payload_bytes,
@@ -299,12 +292,17 @@ mod tests {
         // 32 tokens x 8 features at 4 bits in one group per column, then 8 raw tokens.
         assert_eq!(segments[0].payload_bytes(), 32 * 8 / 2 + 8 * 4 + 8);
         assert_eq!(segments[1].payload_bytes(), 8 * 8 * 4 + 8);
-        let back = decode_segments(&segments);
-        assert_eq!(back.dim(), (40, 8));
-        // The float32 window comes back exactly.
+        let cache = StoredCache(&segments);
+        assert_eq!((cache.tokens(), cache.features()), (40, 8));
+        // Read across the segment boundary: the float32 window comes back exactly.
+        let mut back = Array2::<f64>::zeros((10, 8));
+        cache.read(30, back.view_mut());
         assert_eq!(
-            back.slice(s![32.., ..]),
+            back.slice(s![2.., ..]),
             x.slice(s![32.., ..]).mapv(f64::from)
         );
+        let mut f32_back = Array2::<f32>::zeros((40, 8));
+        decode_segments_into(&segments, f32_back.view_mut());
+        assert_eq!(f32_back.slice(s![32.., ..]), x.slice(s![32.., ..]));
     }
 }

@@ -1,10 +1,18 @@
 //! Timings of encode, decode and attention for every comparison, kept raw.
 //!
-//! For each input, every (comparison, operation) pair is first called `warmup` times untimed,
-//! then `repeats` timed calls of every pair are made in an order shuffled by a ChaCha20
-//! generator seeded from the protocol, so slow drifts (clock boost, cache state) do not line up
-//! with one configuration. Each call is timed alone with the monotonic clock (`Instant`).
-//! Inputs are timed one after another, so only one input's decoded arrays are held at a time.
+//! Comparisons are timed one after another, in run order, once the run has computed (and
+//! written) them, each with nothing else running, whatever the thread count of the run. For one
+//! comparison, K and V are first stored again (untimed), every operation is called `warmup`
+//! times untimed, then its `repeats` timed calls of every operation are made in an order
+//! shuffled by one ChaCha20 generator seeded from the protocol and carried from comparison to
+//! comparison, so slow drifts (clock boost, cache state) do not line up with one operation. Each
+//! call is timed alone with the monotonic clock (`Instant`). Only one comparison's stored cache
+//! and one decode buffer are held at a time.
+//!
+//! The operations: `encode_k` / `encode_v` store the f32 cache as the comparison's plan says;
+//! `decode_k` / `decode_v` decode the stored cache to f32 into a buffer made beforehand (as a
+//! consumer would); `attention` is the study's attention over the stored cache, which decodes
+//! it exactly in f64 a chunk of tokens at a time.
 //!
 //! Timings are descriptive: they depend on the machine and the moment, and no test asserts them.
 //! Every measurement must be positive: no call of these operations takes 0 ns, so a 0 ns reading
@@ -22,9 +30,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::attention::attention;
-use crate::plan::{K_AXIS, SegmentPlan, V_AXIS};
+use crate::plan::{K_AXIS, Plan, SegmentPlan, V_AXIS};
 use crate::protocol::Timing;
-use crate::study::{Comparison, Input, StudyRun, decode_segments, encode_segments};
+use crate::study::{Input, Segment, StoredCache, decode_segments_into, encode_segments};
 
 /// What one measurement timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -127,150 +135,167 @@ impl Timings {
     }
 }
 
-/// Times every comparison of `run` with the monotonic clock. `progress` is called after each
-/// input with the number of measurements made so far. Stops at the first 0 ns measurement.
-pub fn measure(
-    run: &StudyRun,
-    timing: &Timing,
-    progress: impl FnMut(usize),
-) -> Result<Timings, TimingError> {
-    measure_with(run, timing, progress, |call| {
-        let started = Instant::now();
-        call();
-        started.elapsed()
-    })
+/// Times comparisons one at a time, in the order they are handed to it, and keeps every
+/// measurement.
+pub struct Timer {
+    timing: Timing,
+    rng: ChaCha20Rng,
+    measurements: Vec<Measurement>,
 }
 
-/// [`measure`] with the clock as a parameter (`clock` runs the call it is given and returns how
-/// long it took), so a test can stand in a clock too coarse to see a call.
-fn measure_with(
-    run: &StudyRun,
-    timing: &Timing,
-    mut progress: impl FnMut(usize),
-    mut clock: impl FnMut(&mut dyn FnMut()) -> Duration,
-) -> Result<Timings, TimingError> {
-    let mut rng = ChaCha20Rng::seed_from_u64(timing.shuffle_seed);
-    let mut measurements = Vec::new();
-    for input in &run.inputs {
-        let comparisons: Vec<&Comparison> = run
-            .comparisons
-            .iter()
-            .filter(|c| c.row.input == input.id)
-            .collect();
-        let workloads: Vec<Workload> = comparisons
-            .iter()
-            .map(|c| Workload::new(input, c))
-            .collect();
-        for workload in &workloads {
-            for op in Operation::ALL {
-                for _ in 0..timing.warmup {
-                    workload.call(op);
-                }
+impl Timer {
+    pub fn new(timing: Timing) -> Timer {
+        Timer {
+            timing,
+            rng: ChaCha20Rng::seed_from_u64(timing.shuffle_seed),
+            measurements: Vec::new(),
+        }
+    }
+
+    /// Measurements made so far.
+    pub fn len(&self) -> usize {
+        self.measurements.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.measurements.is_empty()
+    }
+
+    /// Times comparison `id` (`plan` on `input`) with the monotonic clock. Stops at the first
+    /// 0 ns measurement.
+    pub fn measure(&mut self, input: &Input, plan: &Plan, id: &str) -> Result<(), TimingError> {
+        self.measure_with(input, plan, id, |call| {
+            let started = Instant::now();
+            call();
+            started.elapsed()
+        })
+    }
+
+    /// [`Timer::measure`] with the clock as a parameter (`clock` runs the call it is given and
+    /// returns how long it took), so a test can stand in a clock too coarse to see a call.
+    fn measure_with(
+        &mut self,
+        input: &Input,
+        plan: &Plan,
+        id: &str,
+        mut clock: impl FnMut(&mut dyn FnMut()) -> Duration,
+    ) -> Result<(), TimingError> {
+        let mut workload = Workload::new(input, plan).expect("the run stored this plan already");
+        for op in Operation::ALL {
+            for _ in 0..self.timing.warmup {
+                workload.call(op);
             }
         }
-        let mut calls: Vec<(usize, Operation, usize)> = Vec::new();
-        for w in 0..workloads.len() {
-            for op in Operation::ALL {
-                calls.extend((0..timing.repeats).map(|repeat| (w, op, repeat)));
-            }
+        let mut calls: Vec<(Operation, usize)> = Vec::new();
+        for op in Operation::ALL {
+            calls.extend((0..self.timing.repeats).map(|repeat| (op, repeat)));
         }
-        calls.shuffle(&mut rng);
-        for (w, op, repeat) in calls {
-            let elapsed = clock(&mut || workloads[w].call(op));
-            let comparison = || comparisons[w].row.id.clone();
+        calls.shuffle(&mut self.rng);
+        for (op, repeat) in calls {
+            let elapsed = clock(&mut || workload.call(op));
             // Refused, not clamped: a call would have to run for 584 years to get here.
             let ns = u64::try_from(elapsed.as_nanos()).map_err(|_| TimingError::TooLong {
-                comparison: comparison(),
+                comparison: id.to_string(),
                 operation: op,
                 repeat,
             })?;
             if ns == 0 {
                 return Err(TimingError::ZeroDuration {
-                    comparison: comparison(),
+                    comparison: id.to_string(),
                     operation: op,
                     repeat,
                 });
             }
-            measurements.push(Measurement {
-                order: measurements.len(),
-                comparison: comparisons[w].row.id.clone(),
+            self.measurements.push(Measurement {
+                order: self.measurements.len(),
+                comparison: id.to_string(),
                 operation: op,
                 repeat,
                 ns,
                 shard: None,
             });
         }
-        progress(measurements.len());
+        Ok(())
     }
-    Ok(Timings {
-        about: "Raw wall-clock times of each operation, every call kept. Descriptive only: they \
-                depend on the machine and the moment."
-            .into(),
-        unit: "ns".into(),
-        clock: "std::time::Instant (monotonic), one call per measurement".into(),
-        warmup: timing.warmup,
-        repeats: timing.repeats,
-        shuffle_seed: timing.shuffle_seed,
-        measurements,
-    })
+
+    /// timings.json's contents.
+    pub fn finish(self) -> Timings {
+        Timings {
+            about: "Raw wall-clock times of each operation, every call kept. Descriptive only: \
+                    they depend on the machine and the moment."
+                .into(),
+            unit: "ns".into(),
+            clock: "std::time::Instant (monotonic), one call per measurement, nothing else \
+                    running"
+                .into(),
+            warmup: self.timing.warmup,
+            repeats: self.timing.repeats,
+            shuffle_seed: self.timing.shuffle_seed,
+            measurements: self.measurements,
+        }
+    }
 }
 
 /// Everything one comparison's operations need, prepared before timing starts.
-struct Workload<'a> {
-    input: &'a Input,
-    comparison: &'a Comparison,
+struct Workload<'a, 'b> {
+    input: &'a Input<'b>,
+    group_size: usize,
     segments: Vec<SegmentPlan>,
     q: Array2<f64>,
-    k: Array2<f64>,
-    v: Array2<f64>,
+    k: Vec<Segment>,
+    v: Vec<Segment>,
+    /// Where decode_k and decode_v write (N x D): made once, so no call pays for fresh pages.
+    decoded: Array2<f32>,
 }
 
-impl<'a> Workload<'a> {
-    fn new(input: &'a Input, comparison: &'a Comparison) -> Self {
-        Workload {
+impl<'a, 'b> Workload<'a, 'b> {
+    fn new(input: &'a Input<'b>, plan: &Plan) -> kvcodec::Result<Self> {
+        let segments = plan.segments(input.spec.tokens);
+        let group_size = plan.group_size();
+        Ok(Workload {
             input,
-            comparison,
-            segments: comparison.plan.segments(input.spec.tokens),
+            group_size,
             q: input.q.mapv(f64::from),
-            k: decode_segments(&comparison.k),
-            v: decode_segments(&comparison.v),
-        }
+            k: encode_segments(input.k, K_AXIS, group_size, &segments)?,
+            v: encode_segments(input.v, V_AXIS, group_size, &segments)?,
+            decoded: Array2::zeros(input.k.dim()),
+            segments,
+        })
     }
 
-    fn call(&self, op: Operation) {
-        let c = self.comparison;
-        let plan = &self.segments;
-        let group_size = c.plan.group_size();
+    fn call(&mut self, op: Operation) {
         match op {
             Operation::EncodeK => {
                 black_box(encode_segments(
-                    black_box(self.input.k.view()),
+                    black_box(self.input.k),
                     K_AXIS,
-                    group_size,
-                    plan,
+                    self.group_size,
+                    &self.segments,
                 ))
                 .expect("encoded once already");
             }
             Operation::EncodeV => {
                 black_box(encode_segments(
-                    black_box(self.input.v.view()),
+                    black_box(self.input.v),
                     V_AXIS,
-                    group_size,
-                    plan,
+                    self.group_size,
+                    &self.segments,
                 ))
                 .expect("encoded once already");
             }
             Operation::DecodeK => {
-                black_box(decode_segments(black_box(&c.k)));
+                decode_segments_into(black_box(&self.k), self.decoded.view_mut());
+                black_box(&self.decoded);
             }
             Operation::DecodeV => {
-                black_box(decode_segments(black_box(&c.v)));
+                decode_segments_into(black_box(&self.v), self.decoded.view_mut());
+                black_box(&self.decoded);
             }
             Operation::Attention => {
                 black_box(attention(
                     black_box(self.q.view()),
-                    black_box(self.k.view()),
-                    black_box(self.v.view()),
+                    &StoredCache(black_box(&self.k)),
+                    &StoredCache(black_box(&self.v)),
                 ));
             }
         }
@@ -287,60 +312,70 @@ pub fn median(values: &mut [u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Protocol;
-    use crate::study;
+    use crate::protocol::Setting;
 
-    fn tiny_run() -> (StudyRun, Timing) {
-        let protocol = Protocol::from_json(
-            r#"{ "study": "t", "seeds": [1], "tokens": [8], "features": 4, "queries": 1,
-                 "distributions": ["clean"], "focus": { "window": 1, "gain": 1.0 },
-                 "settings": [ { "group_size": 4, "bits": 4 }, { "group_size": 8, "bits": 8 } ],
-                 "generator": { "name": "chacha20", "entropy":
-                     { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } },
-                 "timing": { "warmup": 0, "repeats": 2, "shuffle_seed": 3 } }"#,
-        )
-        .unwrap();
-        let timing = protocol.timing.unwrap();
-        (study::run(&protocol, |_| {}).unwrap(), timing)
+    /// A 8-token input and two settings, timed with 2 repeats.
+    fn tiny() -> (Array2<f32>, Array2<f64>, Vec<Plan>, Timing) {
+        let kv = Array2::from_shape_fn((8, 4), |(t, f)| ((t * 4 + f) as f32 * 0.3).cos());
+        let reference = Array2::zeros((1, 4));
+        let plans = [(4, 4), (8, 8)]
+            .map(|(group_size, bits)| {
+                Plan::Packed(Setting {
+                    group_size,
+                    bits,
+                    mode: crate::protocol::Mode::Symmetric,
+                })
+            })
+            .to_vec();
+        let timing = Timing {
+            warmup: 0,
+            repeats: 2,
+            shuffle_seed: 3,
+        };
+        (kv, reference, plans, timing)
+    }
+
+    fn input<'a>(kv: &'a Array2<f32>, reference: &'a Array2<f64>) -> Input<'a> {
+        Input {
+            spec: crate::plan::InputSpec {
+                seed: 1,
+                tokens: 8,
+                distribution: crate::protocol::Distribution::Clean,
+            },
+            q: kv.slice(ndarray::s![..1, ..]),
+            k: kv.view(),
+            v: kv.view(),
+            reference,
+        }
     }
 
     #[test]
     fn a_clock_too_coarse_to_see_a_call_is_refused_not_recorded() {
-        let (run, timing) = tiny_run();
+        let (kv, reference, plans, timing) = tiny();
+        let input = input(&kv, &reference);
+        let mut timer = Timer::new(timing);
         // The clock sees the first three calls and then reads 0 ns.
         let mut calls = 0;
-        let result = measure_with(
-            &run,
-            &timing,
-            |_| {},
-            |call| {
-                call();
-                calls += 1;
-                Duration::from_nanos(if calls <= 3 { 100 } else { 0 })
-            },
+        let result = timer.measure_with(&input, &plans[0], "a", |call| {
+            call();
+            calls += 1;
+            Duration::from_nanos(if calls <= 3 { 100 } else { 0 })
+        });
+        assert!(
+            matches!(&result, Err(TimingError::ZeroDuration { comparison, .. }) if comparison == "a"),
+            "{result:?}"
         );
-        let ids: Vec<&str> = run.comparisons.iter().map(|c| c.row.id.as_str()).collect();
-        match result {
-            Err(TimingError::ZeroDuration { comparison, .. }) => {
-                assert!(ids.contains(&comparison.as_str()), "{comparison}");
-            }
-            other => panic!("expected a ZeroDuration error, got {other:?}"),
-        }
         assert_eq!(calls, 4, "measuring stops at the first 0 ns reading");
     }
 
     #[test]
     fn a_time_beyond_u64_nanoseconds_is_refused_not_clamped() {
-        let (run, timing) = tiny_run();
-        let result = measure_with(
-            &run,
-            &timing,
-            |_| {},
-            |call| {
-                call();
-                Duration::MAX
-            },
-        );
+        let (kv, reference, plans, timing) = tiny();
+        let input = input(&kv, &reference);
+        let result = Timer::new(timing).measure_with(&input, &plans[0], "a", |call| {
+            call();
+            Duration::MAX
+        });
         assert!(
             matches!(result, Err(TimingError::TooLong { .. })),
             "{result:?}"
@@ -348,19 +383,38 @@ mod tests {
     }
 
     #[test]
-    fn real_measurements_are_positive_and_complete() {
-        let (run, timing) = tiny_run();
-        let timings = measure(&run, &timing, |_| {}).unwrap();
-        // 2 comparisons x 5 operations x 2 repeats.
+    fn real_measurements_are_positive_complete_and_in_order() {
+        let (kv, reference, plans, timing) = tiny();
+        let input = input(&kv, &reference);
+        let mut timer = Timer::new(timing);
+        timer.measure(&input, &plans[0], "a").unwrap();
+        timer.measure(&input, &plans[1], "b").unwrap();
+        let timings = timer.finish();
+        // 2 comparisons x 5 operations x 2 repeats, one comparison after the other.
         assert_eq!(timings.measurements.len(), 20);
-        assert!(timings.measurements.iter().all(|m| m.ns > 0));
+        let ids: Vec<&str> = timings
+            .measurements
+            .iter()
+            .map(|m| m.comparison.as_str())
+            .collect();
+        assert_eq!(ids, [["a"; 10], ["b"; 10]].concat());
+        assert!(
+            timings
+                .measurements
+                .iter()
+                .enumerate()
+                .all(|(i, m)| m.order == i && m.ns > 0)
+        );
         assert_eq!(timings.check_positive(), Ok(()));
     }
 
     #[test]
     fn check_positive_names_the_first_zero_measurement() {
-        let (run, timing) = tiny_run();
-        let mut timings = measure(&run, &timing, |_| {}).unwrap();
+        let (kv, reference, plans, timing) = tiny();
+        let input = input(&kv, &reference);
+        let mut timer = Timer::new(timing);
+        timer.measure(&input, &plans[0], "a").unwrap();
+        let mut timings = timer.finish();
         timings.measurements[7].ns = 0;
         let m = &timings.measurements[7];
         assert_eq!(

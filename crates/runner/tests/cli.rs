@@ -51,7 +51,9 @@ fn json(path: &Path) -> serde_json::Value {
 fn frozen_protocol_reproduces_the_published_table_and_the_archive() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("run");
-    let result = runner(&["--out", out.to_str().unwrap()]);
+    // 3 worker threads: batches that do not divide the 8 configurations; the widths-and-modes
+    // test below runs on 1. Both must rewrite their archive byte for byte.
+    let result = runner(&["--out", out.to_str().unwrap(), "--threads", "3"]);
     assert!(
         result.status.success(),
         "{}",
@@ -117,6 +119,7 @@ fn frozen_protocol_reproduces_the_published_table_and_the_archive() {
     }
     assert_eq!(fresh["counts"]["comparisons"], 144);
     assert_eq!(fresh["counts"]["timings"], 144 * 5 * 5);
+    assert_eq!(fresh["threads"], 3);
     let fresh_summary = json(&out.join("summary.json"));
     let archived_summary = json(&workspace().join("evidence/packed-kv/summary.json"));
     for table in ["float32_kv_bytes", "packed_kv", "budget"] {
@@ -142,6 +145,8 @@ fn the_widths_and_modes_sweep_reproduces_its_archive() {
         out.to_str().unwrap(),
         "--protocol",
         protocol.to_str().unwrap(),
+        "--threads",
+        "1",
     ]);
     assert!(
         result.status.success(),

@@ -21,7 +21,7 @@ use runner::plan::Storage;
 use runner::protocol::{
     FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS, Mode, Protocol,
 };
-use runner::{evidence, study, summary};
+use runner::{evidence, pipeline, summary};
 
 const EXTREME: [u64; 7] = [0, 1, 1 << 31, 1 << 32, 1 << 40, 1 << 62, u64::MAX];
 const DISTRIBUTIONS: [&str; 3] = ["clean", "early_focus", "recent_focus"];
@@ -409,19 +409,20 @@ proptest! {
             return Ok(());
         };
         check_bounds(&p)?;
-        let run = study::run(&p, |_| {});
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("run");
+        let mut writer = evidence::Writer::create(&out).unwrap();
+        let run = pipeline::run(&p, &p.inputs(), 2, &mut writer, |_| {});
         prop_assert!(run.is_ok(), "{:?}", run.err());
-        let run = run.unwrap();
-        prop_assert_eq!(run.comparisons.len(), p.comparison_count());
-        let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
+        let rows = run.unwrap().rows;
+        prop_assert_eq!(rows.len(), p.comparison_count());
         let summary = summary::summarize(&p, &rows, None);
         prop_assert!(!summary::render(&p, &summary).is_empty());
 
-        let tmp = tempfile::tempdir().unwrap();
-        let out = tmp.path().join("run");
-        let counts = Counts { inputs: run.inputs.len(), comparisons: rows.len(), timings: 0 };
+        let counts = Counts { inputs: p.inputs().len(), comparisons: rows.len(), timings: 0 };
         let manifest = Manifest::new("props".into(), p.clone(), counts);
-        let written = evidence::write(&out, &run, &summary, None, manifest);
+        let outputs = evidence::Outputs { protocol: &p, rows: &rows, summary: &summary, timings: None };
+        let written = writer.finish(outputs, manifest);
         prop_assert!(written.is_ok(), "{:?}", written.err());
         let planned = archive::members(&p);
         let file = std::fs::File::open(out.join(evidence::ARRAYS)).unwrap();
