@@ -53,24 +53,31 @@ pub fn make_shard(protocol: &str, shard: Option<(usize, usize)>, out: &Path) {
             .unwrap(),
         None => protocol.inputs(),
     };
-    let run = runner::study::run_inputs(&protocol, &inputs, |_| {}).expect("the run succeeds");
-    let timings = protocol
-        .timing
-        .map(|t| runner::timing::measure(&run, &t, |_| {}).expect("timed"));
-    let rows: Vec<_> = run.comparisons.iter().map(|c| c.row.clone()).collect();
+    let mut writer = runner::evidence::Writer::create(out).expect("a new directory");
+    let threads = 2;
+    let record = runner::pipeline::run(&protocol, &inputs, threads, &mut writer, |_| {})
+        .expect("the run succeeds");
+    let (rows, timings) = (record.rows, record.timings);
     let summary = runner::summary::summarize(&protocol, &rows, timings.as_ref());
     let counts = Counts {
-        inputs: run.inputs.len(),
-        comparisons: run.comparisons.len(),
+        inputs: inputs.len(),
+        comparisons: rows.len(),
         timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
     };
     let mut manifest = Manifest::new("a test protocol".into(), protocol.clone(), counts);
+    manifest.threads = Some(threads);
     manifest.shard = shard.map(|(index, count)| ShardRecord {
         index,
         count,
         protocol_sha256: protocol_sha256(&protocol),
     });
-    runner::evidence::write(out, &run, &summary, timings.as_ref(), manifest).expect("written");
+    let outputs = runner::evidence::Outputs {
+        protocol: &protocol,
+        rows: &rows,
+        summary: &summary,
+        timings: timings.as_ref(),
+    };
+    writer.finish(outputs, manifest).expect("written");
 }
 
 /// The small run, made once per test binary.
