@@ -1,1 +1,19 @@
-//! Benchmarks only: see `benches/`. `cargo bench -p bench`.
+//! The `bench` binary's library: throughput of every fast path the workspace has, each as a
+//! ratio to memcpy measured in the same process.
+//!
+//! - [`measure`]: warm-up, repeats, medians, and the memcpy reference (`copy_from_slice` of
+//!   256 MiB: smaller copies stay in the cache or take glibc's other path and flatter every
+//!   ratio);
+//! - [`data`]: deterministic inputs (no file, no generator crate: the numbers only need to be
+//!   varied, not drawn from a protocol);
+//! - [`cases`]: the operations, by family (KV codec, GGUF blocks, GPTQ and AWQ packing, b-bit
+//!   streams), and which bytes each one counts;
+//! - [`report`]: the table and the JSON lines.
+//!
+//! Timings are descriptive: no test asserts one, and absolute figures vary from machine to
+//! machine; ratios to memcpy travel better.
+
+pub mod cases;
+pub mod data;
+pub mod measure;
+pub mod report;

@@ -1,0 +1,120 @@
+//! `bench`: measures memcpy, then every codec and format operation, in one process; prints a
+//! table (or JSON lines) of GB/s and ratios to that memcpy.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+
+use bench::cases::{self, Measured, Scale};
+use bench::measure::{self, Settings};
+use bench::report::{self, Row};
+
+/// Throughput of the KV codec, the weight formats and the b-bit streams, as ratios to memcpy
+/// (copy_from_slice of 256 MiB) measured in the same run. Build with --release.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Run each operation on N slices of its data at once (N cores); memcpy likewise.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: u16,
+    /// A few MiB per case and a few widths: checks in seconds that every case runs.
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON object per case instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Only these families (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Family>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Family {
+    Kv,
+    Gguf,
+    Weights,
+    Streams,
+}
+
+fn main() {
+    if let Err(err) = real_main() {
+        eprintln!("bench: error: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
+    let cli = Cli::parse();
+    let threads = usize::from(cli.threads);
+    let (scale, settings) = if cli.quick {
+        (
+            Scale::quick(),
+            Settings {
+                warmup: 1,
+                repeats: 3,
+                threads,
+            },
+        )
+    } else {
+        (
+            Scale::full(),
+            Settings {
+                warmup: 1,
+                repeats: 5,
+                threads,
+            },
+        )
+    };
+    if cfg!(debug_assertions) {
+        eprintln!("bench: warning: a debug build; build with --release for real figures");
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("starting the worker threads")?;
+    let memcpy_gbps = measure::memcpy_gbps(settings, &pool);
+    eprintln!(
+        "bench: memcpy (copy_from_slice of {} MiB, {threads} thread(s)): {memcpy_gbps:.2} GB/s",
+        measure::MEMCPY_BYTES >> 20
+    );
+
+    let families = if cli.only.is_empty() {
+        vec![Family::Kv, Family::Gguf, Family::Weights, Family::Streams]
+    } else {
+        cli.only.clone()
+    };
+    let mut rows = Vec::new();
+    let mut stdout = std::io::stdout().lock();
+    let mut failed = None;
+    let mut record = |case: Measured| {
+        let row = Row::new(case, memcpy_gbps, threads);
+        if cli.json {
+            let line = serde_json::to_string(&row).expect("a row serializes");
+            if let Err(err) = writeln!(stdout, "{line}") {
+                failed.get_or_insert(err);
+            }
+        } else {
+            eprintln!(
+                "bench: {} {} {:.2} GB/s ({:.2}x memcpy)",
+                row.case.format, row.case.op, row.gbps, row.ratio
+            );
+        }
+        rows.push(row);
+    };
+    for family in families {
+        match family {
+            Family::Kv => cases::kv(&scale, settings, &pool, &mut record),
+            Family::Gguf => cases::gguf(&scale, settings, &pool, &mut record),
+            Family::Weights => cases::packed_weights(&scale, settings, &pool, &mut record),
+            Family::Streams => cases::streams(&scale, settings, &pool, &mut record),
+        }
+    }
+    if let Some(err) = failed {
+        return Err(err).context("writing to stdout");
+    }
+    if !cli.json {
+        writeln!(stdout, "{}", report::table(&rows)).context("writing to stdout")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,145 @@
+//! How a case is timed: `warmup` untimed calls, then `repeats` timed calls, each alone with the
+//! monotonic clock; the median (the lower middle for an even count, so always a measured call).
+//! With more than one thread, one call runs the operation on `threads` slices of the data at
+//! once on a rayon pool, so the figure is the throughput of all cores together.
+
+use std::hint::black_box;
+use std::ops::Range;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+/// Bytes copied by the memcpy reference: 256 MiB.
+pub const MEMCPY_BYTES: usize = 256 << 20;
+
+/// How every case is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Untimed calls first.
+    pub warmup: usize,
+    /// Timed calls.
+    pub repeats: usize,
+    /// Slices run at once (1: one core).
+    pub threads: usize,
+}
+
+/// The median time of `repeats` calls of `call`, in seconds, after `warmup` untimed ones.
+pub fn median_seconds(settings: Settings, mut call: impl FnMut()) -> f64 {
+    for _ in 0..settings.warmup {
+        call();
+    }
+    let mut times: Vec<f64> = (0..settings.repeats.max(1))
+        .map(|_| {
+            let started = Instant::now();
+            call();
+            started.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[(times.len() - 1) / 2]
+}
+
+/// `len` items cut into `pieces` contiguous ranges whose starts are multiples of `align`
+/// (the last range takes the rest).
+pub fn slices(len: usize, pieces: usize, align: usize) -> Vec<Range<usize>> {
+    let units = len / align;
+    let pieces = pieces.clamp(1, units.max(1));
+    (0..pieces)
+        .map(|i| {
+            let start = i * units / pieces * align;
+            let end = if i + 1 == pieces {
+                len
+            } else {
+                (i + 1) * units / pieces * align
+            };
+            start..end
+        })
+        .collect()
+}
+
+/// Runs `work` on each slice, on the pool when there is more than one.
+pub fn on_slices<T: Send>(
+    pool: &rayon::ThreadPool,
+    slices: &[Range<usize>],
+    work: impl Fn(Range<usize>) -> T + Sync,
+) -> Vec<T> {
+    if slices.len() == 1 {
+        return vec![work(slices[0].clone())];
+    }
+    pool.install(|| slices.par_iter().map(|r| work(r.clone())).collect())
+}
+
+/// The memcpy reference in GB/s (10^9 bytes per second): `copy_from_slice` of [`MEMCPY_BYTES`],
+/// on every thread's slice at once when `threads` > 1.
+pub fn memcpy_gbps(settings: Settings, pool: &rayon::ThreadPool) -> f64 {
+    let len = MEMCPY_BYTES / 4;
+    let source: Vec<f32> = (0..len).map(|i| i as f32).collect();
+    let mut target = vec![0f32; len];
+    let parts = slices(len, settings.threads, 1024);
+    let seconds = median_seconds(settings, || {
+        if parts.len() == 1 {
+            target.copy_from_slice(black_box(&source));
+        } else {
+            let chunks: Vec<(&mut [f32], &[f32])> = split_mut(&mut target, &parts)
+                .into_iter()
+                .zip(parts.iter().map(|r| &source[r.clone()]))
+                .collect();
+            pool.install(|| {
+                chunks
+                    .into_par_iter()
+                    .for_each(|(to, from)| to.copy_from_slice(black_box(from)))
+            });
+        }
+        black_box(&mut target);
+    });
+    MEMCPY_BYTES as f64 / seconds / 1e9
+}
+
+/// Disjoint mutable slices of `data` for contiguous, ordered `ranges` that cover it.
+pub fn split_mut<'a, T>(mut data: &'a mut [T], ranges: &[Range<usize>]) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut at = 0;
+    for range in ranges {
+        let (head, tail) = std::mem::take(&mut data).split_at_mut(range.end - at);
+        out.push(&mut head[range.start - at..]);
+        data = tail;
+        at = range.end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_are_aligned_contiguous_and_cover_everything() {
+        assert_eq!(slices(100, 1, 8), vec![0..100]);
+        assert_eq!(slices(100, 3, 8), vec![0..32, 32..64, 64..100]);
+        // More pieces than aligned units: one per unit.
+        assert_eq!(slices(20, 8, 8), vec![0..8, 8..20]);
+        assert_eq!(slices(5, 4, 8), vec![0..5]);
+    }
+
+    #[test]
+    fn split_mut_gives_the_ranges() {
+        let mut data: Vec<u32> = (0..10).collect();
+        let parts = split_mut(&mut data, &[0..3, 3..7, 7..10]);
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        assert_eq!(lens, [3, 4, 3]);
+        assert_eq!(parts[1], &[3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn the_median_is_a_measured_call() {
+        let settings = Settings {
+            warmup: 1,
+            repeats: 4,
+            threads: 1,
+        };
+        let mut calls = 0;
+        let seconds = median_seconds(settings, || calls += 1);
+        assert_eq!(calls, 5);
+        assert!(seconds >= 0.0);
+    }
+}
