@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Times the `bench` binary's operations as one would write them in NumPy, on the same sizes,
+with memcpy (np.copyto of 256 MiB) measured in the same process, so the two can be set side by
+side as ratios (README, "Speed").
+
+    python3 scripts/bench-numpy.py [--quick] [--json]
+
+The NumPy versions are idiomatic, vectorised code (the way the seed studies were written), not
+this project's codec: symmetric and asymmetric 4- and 8-bit KV groups along features and tokens
+(the token axis pays for the transpose, as a NumPy user would), GPTQ 4-bit qweight packing, and,
+when gguf-py is installed (`pip install gguf`), its NumPy Q4_0 / Q8_0 quantizers. Only NumPy is
+required. Medians of 5 timed calls after one warm-up (3 with --quick), like `bench`.
+"""
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+MEMCPY_BYTES = 256 << 20
+FEATURES = 128
+
+
+def median_seconds(call, repeats):
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[(len(times) - 1) // 2]
+
+
+def row(op, fmt, nbytes, seconds, memcpy_gbps, mode=None, axis=None, bits=None, group_size=None):
+    gbps = nbytes / seconds / 1e9
+    return {
+        "op": op, "format": fmt, "mode": mode, "axis": axis, "bits": bits,
+        "group_size": group_size, "bytes": nbytes, "median_s": seconds, "gbps": gbps,
+        "memcpy_gbps": memcpy_gbps, "ratio": gbps / memcpy_gbps, "threads": 1,
+        "implementation": "numpy " + np.__version__,
+    }
+
+
+def pack(codes, bits):
+    """b-bit codes (uint8, last axis even) into bytes, even element in the low nibble."""
+    if bits == 8:
+        return codes
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack(packed, bits):
+    if bits == 8:
+        return packed
+    out = np.empty(packed.shape[:-1] + (packed.shape[-1] * 2,), dtype=np.uint8)
+    out[..., 0::2] = packed & 0x0F
+    out[..., 1::2] = packed >> 4
+    return out
+
+
+def grouped(x, axis, group):
+    """The grouped view: rows of groups of `group` consecutive values."""
+    rows = np.ascontiguousarray(x.T) if axis == "token" else x
+    return rows.reshape(rows.shape[0], -1, group)
+
+
+def encode(x, axis, mode, bits, group):
+    g = grouped(x, axis, group)
+    if mode == "symmetric":
+        qmax = np.float32(2 ** (bits - 1) - 1)
+        scale = np.abs(g).max(axis=-1) / qmax
+        scale[scale == 0] = 1
+        codes = np.clip(np.rint(g / scale[..., None]), -qmax, qmax) + qmax
+        return pack(codes.astype(np.uint8), bits), scale, None
+    levels = np.float32(2 ** bits - 1)
+    lo = np.minimum(g.min(axis=-1), 0)
+    hi = np.maximum(g.max(axis=-1), 0)
+    scale = (hi - lo) / levels
+    scale[scale == 0] = 1
+    zero = np.clip(np.rint(-lo / scale), 0, levels)
+    codes = np.clip(np.rint(g / scale[..., None]) + zero[..., None], 0, levels)
+    return pack(codes.astype(np.uint8), bits), scale, zero.astype(np.uint8)
+
+
+def decode(packed, scale, zero, axis, mode, bits, shape):
+    codes = unpack(packed, bits).astype(np.float32)
+    offset = np.float32(2 ** (bits - 1) - 1) if mode == "symmetric" else zero[..., None]
+    values = (codes - offset) * scale[..., None]
+    values = values.reshape(values.shape[0], -1)
+    return np.ascontiguousarray(values.T) if axis == "token" else values
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    repeats = 3 if args.quick else 5
+    tokens = 1 << 13 if args.quick else 1 << 18
+
+    src = np.arange(MEMCPY_BYTES // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    memcpy_gbps = MEMCPY_BYTES / median_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
+    del src, dst
+    print(f"bench-numpy: memcpy (np.copyto of 256 MiB): {memcpy_gbps:.2f} GB/s", file=sys.stderr)
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((tokens, FEATURES), dtype=np.float32)
+    rows = []
+    for mode in ["symmetric", "asymmetric"]:
+        for axis in ["feature", "token"]:
+            for bits in [4, 8]:
+                group = 32
+                enc = lambda: encode(x, axis, mode, bits, group)  # noqa: E731
+                seconds = median_seconds(enc, repeats)
+                rows.append(row("encode", "kv", x.nbytes, seconds, memcpy_gbps, mode, axis,
+                                bits, group))
+                packed, scale, zero = enc()
+                dec = lambda: decode(packed, scale, zero, axis, mode, bits, x.shape)  # noqa: E731
+                seconds = median_seconds(dec, repeats)
+                rows.append(row("decode", "kv", x.nbytes, seconds, memcpy_gbps, mode, axis,
+                                bits, group))
+
+    k, n = (1 << 10, 1 << 11) if args.quick else (1 << 13, 1 << 14)
+    codes = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
+
+    def gptq_pack():
+        qweight = np.zeros((k // 8, n), dtype=np.uint32)
+        for i in range(8):
+            qweight |= codes[i::8, :].astype(np.uint32) << (4 * i)
+        return qweight.view(np.int32)
+
+    def gptq_unpack(qweight):
+        words = qweight.view(np.uint32)
+        out = np.empty((k, n), dtype=np.uint8)
+        for i in range(8):
+            out[i::8, :] = (words >> (4 * i)) & 0xF
+        return out
+
+    rows.append(row("pack", "gptq", codes.nbytes, median_seconds(gptq_pack, repeats),
+                    memcpy_gbps, bits=4, group_size=128))
+    qweight = gptq_pack()
+    rows.append(row("unpack", "gptq", codes.nbytes,
+                    median_seconds(lambda: gptq_unpack(qweight), repeats), memcpy_gbps, bits=4,
+                    group_size=128))
+    del codes, qweight
+
+    try:
+        from gguf import GGMLQuantizationType, quants
+    except ImportError:
+        print("bench-numpy: gguf-py not installed; GGUF cases skipped", file=sys.stderr)
+    else:
+        values = (1 << 20) if args.quick else (1 << 25)
+        w = rng.standard_normal((values // 4096, 4096), dtype=np.float32)
+        for name in ["Q4_0", "Q8_0"]:
+            qtype = getattr(GGMLQuantizationType, name)
+            seconds = median_seconds(lambda: quants.quantize(w, qtype), repeats)
+            rows.append(row("quantize", name, w.nbytes, seconds, memcpy_gbps))
+            blocks = quants.quantize(w, qtype)
+            seconds = median_seconds(lambda: quants.dequantize(blocks, qtype), repeats)
+            rows.append(row("dequantize", name, w.nbytes, seconds, memcpy_gbps))
+
+    for r in rows:
+        if args.json:
+            print(json.dumps(r))
+        else:
+            print(f"{r['format']:6} {r['op']:10} {r['mode'] or '-':10} {r['axis'] or '-':8} "
+                  f"{r['bits'] or '-':>4} {r['gbps']:7.2f} GB/s {r['ratio']:6.3f}x memcpy")
+
+
+if __name__ == "__main__":
+    main()
