@@ -65,16 +65,18 @@ pub fn attention(q: ArrayView2<f64>, k: &impl TokenRows, v: &impl TokenRows) -> 
     let inv_sqrt_d = 1.0 / (features as f64).sqrt();
     let mut chunk = Array2::<f64>::zeros((CHUNK_TOKENS.min(tokens), features.max(v.features())));
 
+    let q = q.as_standard_layout();
+    let q = q.as_slice().expect("standard layout");
     let mut weights = Array2::<f64>::zeros((queries, tokens));
     for start in (0..tokens).step_by(CHUNK_TOKENS) {
         let len = CHUNK_TOKENS.min(tokens - start);
         let mut rows = chunk.slice_mut(s![..len, ..features]);
         k.read(start, rows.view_mut());
-        for (i, qi) in q.outer_iter().enumerate() {
-            for (j, kj) in rows.outer_iter().enumerate() {
-                let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                weights[[i, start + j]] = dot * inv_sqrt_d;
-            }
+        let rows = rows.as_standard_layout();
+        let rows = rows.as_slice().expect("standard layout");
+        for (j, kj) in rows.chunks_exact(features).enumerate() {
+            let column = start + j;
+            dots(q, kj, |i, dot| weights[[i, column]] = dot * inv_sqrt_d);
         }
     }
     let mut totals = Vec::with_capacity(queries);
@@ -84,13 +86,16 @@ pub fn attention(q: ArrayView2<f64>, k: &impl TokenRows, v: &impl TokenRows) -> 
         totals.push(row.iter().sum::<f64>());
     }
 
-    let mut out = Array2::<f64>::zeros((queries, v.features()));
+    let v_features = v.features();
+    let mut out = vec![0f64; queries * v_features];
     for start in (0..tokens).step_by(CHUNK_TOKENS) {
         let len = CHUNK_TOKENS.min(tokens - start);
-        let mut rows = chunk.slice_mut(s![..len, ..v.features()]);
+        let mut rows = chunk.slice_mut(s![..len, ..v_features]);
         v.read(start, rows.view_mut());
-        for (i, mut out_row) in out.outer_iter_mut().enumerate() {
-            for (j, vj) in rows.outer_iter().enumerate() {
+        let rows = rows.as_standard_layout();
+        let rows = rows.as_slice().expect("standard layout");
+        for (i, out_row) in out.chunks_exact_mut(v_features).enumerate() {
+            for (j, vj) in rows.chunks_exact(v_features).enumerate() {
                 let p = weights[[i, start + j]] / totals[i];
                 for (o, x) in out_row.iter_mut().zip(vj) {
                     *o += p * x;
@@ -98,7 +103,41 @@ pub fn attention(q: ArrayView2<f64>, k: &impl TokenRows, v: &impl TokenRows) -> 
             }
         }
     }
-    out
+    Array2::from_shape_vec((queries, v_features), out).expect("queries x features")
+}
+
+/// Calls `emit(i, q_i . k)` for every query row `i` of `q` (row-major, `k.len()` columns).
+///
+/// Each dot product is the sequential sum of `q_i[f] * k[f]` in feature order, starting from
+/// the standard library's neutral element of an f64 sum, so it is bit for bit
+/// `q_i.iter().zip(k).map(|(a, b)| a * b).sum()`. Four queries run side by side only so that
+/// their four independent chains of additions overlap in the CPU.
+fn dots(q: &[f64], k: &[f64], mut emit: impl FnMut(usize, f64)) {
+    let features = k.len();
+    let zero: f64 = std::iter::empty::<f64>().sum();
+    let mut blocks = q.chunks_exact(4 * features);
+    let mut i = 0;
+    for block in blocks.by_ref() {
+        let (q0, rest) = block.split_at(features);
+        let (q1, rest) = rest.split_at(features);
+        let (q2, q3) = rest.split_at(features);
+        let mut sums = [zero; 4];
+        for f in 0..features {
+            let x = k[f];
+            sums[0] += q0[f] * x;
+            sums[1] += q1[f] * x;
+            sums[2] += q2[f] * x;
+            sums[3] += q3[f] * x;
+        }
+        for (offset, sum) in sums.into_iter().enumerate() {
+            emit(i + offset, sum);
+        }
+        i += 4;
+    }
+    for qi in blocks.remainder().chunks_exact(features) {
+        emit(i, qi.iter().zip(k).map(|(a, b)| a * b).sum());
+        i += 1;
+    }
 }
 
 /// ||out - reference||_F / ||reference||_F over the whole output.
@@ -154,6 +193,40 @@ mod tests {
         let out = attention(q.view(), &k.view(), &v.view());
         assert!(out.iter().all(|x| x.is_finite()));
         assert!((out.sum() - 1.0).abs() < 1e-12);
+    }
+
+    /// The unchunked attention this module computed before chunking, one query at a time.
+    fn unchunked(q: ArrayView2<f64>, k: ArrayView2<f64>, v: ArrayView2<f64>) -> Array2<f64> {
+        let inv_sqrt_d = 1.0 / (q.ncols() as f64).sqrt();
+        let mut out = Array2::<f64>::zeros((q.nrows(), v.ncols()));
+        for (i, qi) in q.outer_iter().enumerate() {
+            let mut w: Vec<f64> = k
+                .outer_iter()
+                .map(|kj| qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() * inv_sqrt_d)
+                .collect();
+            let max = w.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            w.iter_mut().for_each(|x| *x = libm::exp(*x - max));
+            let total: f64 = w.iter().sum();
+            for (j, wj) in w.iter().enumerate() {
+                let p = wj / total;
+                for (o, x) in out.row_mut(i).iter_mut().zip(v.row(j)) {
+                    *o += p * x;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn chunks_and_query_blocks_change_no_bit() {
+        // 7 queries (a block of 4 and 3 alone), 1000 tokens (3 full chunks and a partial one).
+        let wave = |r: usize, c: usize, a: f64| ((r * 31 + c * 7) as f64 * a).sin() * 3.0;
+        let q = Array2::from_shape_fn((7, 12), |(r, c)| wave(r, c, 0.13));
+        let k = Array2::from_shape_fn((1000, 12), |(r, c)| wave(r, c, 0.071) as f32);
+        let v = Array2::from_shape_fn((1000, 12), |(r, c)| wave(r, c, 0.029) as f32);
+        let chunked = attention(q.view(), &k.view(), &v.view());
+        let whole = unchunked(q.view(), k.mapv(f64::from).view(), v.mapv(f64::from).view());
+        assert_eq!(chunked.mapv(f64::to_bits), whole.mapv(f64::to_bits));
     }
 
     #[test]
