@@ -47,6 +47,8 @@
 #![warn(missing_docs)]
 
 pub mod asymmetric;
+#[cfg(test)]
+mod differential;
 pub mod error;
 mod fast;
 pub mod kernel;
