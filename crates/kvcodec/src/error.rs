@@ -4,6 +4,7 @@
 use bitpack::BitsError;
 use thiserror::Error;
 
+use crate::kernel::Kernel;
 use crate::mode::Mode;
 
 /// Why a matrix cannot be encoded, or stored parts cannot form a packed tensor.
@@ -108,6 +109,30 @@ pub enum KvError {
         position: usize,
         /// The largest code the layout writes.
         max: u8,
+    },
+    /// An output array of another shape than the decoded rows need.
+    #[error("output has shape {got:?}, but the decoded rows need {expected:?}")]
+    OutputShape {
+        /// The output's shape.
+        got: (usize, usize),
+        /// The shape needed: (tokens, features).
+        expected: (usize, usize),
+    },
+    /// A token range that is reversed or runs past the tensor's tokens.
+    #[error("token range {start}..{end} is not within the tensor's {tokens} tokens")]
+    TokenRange {
+        /// First token asked for.
+        start: usize,
+        /// One past the last token asked for.
+        end: usize,
+        /// Tokens the tensor holds.
+        tokens: usize,
+    },
+    /// A kernel this CPU cannot run.
+    #[error("the {kernel} kernel needs CPU features this machine does not have")]
+    KernelUnavailable {
+        /// The kernel asked for.
+        kernel: Kernel,
     },
     /// The streams underneath refused.
     #[error("the code stream")]

@@ -7,7 +7,11 @@
 //! - [`layout`]: grouping axis, mode, bit width, group size and the grouped-view geometry they
 //!   imply;
 //! - [`symmetric`] and [`asymmetric`]: the two per-group quantizers (scales, zero points, codes);
-//! - [`quantize`]: encode and decode a matrix under a layout;
+//! - [`quantize`]: encode and decode a matrix under a layout (the fast paths, with runtime
+//!   choice of a [`Kernel`]);
+//! - [`reference`](mod@reference): the same codec one value at a time, the oracle the fast paths are tested
+//!   against;
+//! - [`kernel`]: which implementation of the inner loops runs (portable or AVX2);
 //! - [`packed`]: the packed tensor container and its payload bytes;
 //! - [`error`]: typed errors.
 //!
@@ -16,7 +20,7 @@
 //! `"asymmetric"` and `"token"` / `"feature"`.
 //!
 //! ```
-//! use kvcodec::{GroupAxis, Layout, Mode, decode, encode};
+//! use kvcodec::{GroupAxis, Layout, Mode, decode, decode_exact, encode};
 //! use ndarray::array;
 //!
 //! let k = array![[1.0f32, -2.0], [0.5, 4.0], [-1.0, 0.0]]; // 3 tokens x 2 features
@@ -25,8 +29,13 @@
 //! // 2 feature rows x 2 groups of 2 tokens (one padded) = 8 nibbles = 4 bytes,
 //! // 4 f32 scales, 2 i32 shape values.
 //! assert_eq!(packed.payload_bytes(), 4 + 4 * 4 + 8);
-//! let back = decode(&packed);
+//! let back = decode(&packed); // f32
 //! assert_eq!(back.dim(), (3, 2));
+//! // Feature 1 (-2, 4, 0) has scale 4 / 7; its codes decode to within half a scale.
+//! assert!((back[[1, 1]] - 4.0).abs() <= 2.0 / 7.0);
+//! // The exact decode, in f64, agrees with the f32 one to f32 rounding.
+//! let exact = decode_exact(&packed);
+//! assert_eq!(exact[[1, 1]] as f32, back[[1, 1]]);
 //!
 //! // The same matrix at 3 bits, asymmetric: one scale and one 3-bit zero point per group.
 //! let layout = Layout::with_mode(GroupAxis::Token, Mode::Asymmetric, 3, 2).unwrap();
@@ -38,15 +47,24 @@
 #![warn(missing_docs)]
 
 pub mod asymmetric;
+#[cfg(test)]
+mod differential;
 pub mod error;
+mod fast;
+pub mod kernel;
 pub mod layout;
 pub mod mode;
 pub mod packed;
 pub mod quantize;
+pub mod reference;
 pub mod symmetric;
 
 pub use bitpack::{Bits, GroupAxis};
 pub use error::{KvError, Result};
+pub use kernel::Kernel;
 pub use layout::{Geometry, Layout, Mode};
 pub use packed::{PackedTensor, SHAPE_BYTES};
-pub use quantize::{decode, encode};
+pub use quantize::{
+    decode, decode_exact, decode_exact_tokens_into, decode_into, decode_into_with, encode,
+    encode_with,
+};

@@ -11,144 +11,302 @@
 //! - Zero points (asymmetric only): one b-bit byte stream of `rows * groups_per_row` codes in the
 //!   same row-major group order; symmetric tensors store none (their offset is the constant
 //!   qmax).
-//! - Decode: `(stored - offset) as f64 * scale as f64`, where offset is qmax (symmetric) or the
-//!   group's zero point (asymmetric), cropped back to exactly N x D.
+//! - Errors: an empty matrix or one too large for the i32 shape; then the first non-finite
+//!   element in row-major order of the N x D input; then the first group, in row-major order
+//!   of the grouped view, whose asymmetric scale overflows.
+//! - Decode ([`decode`], [`decode_into`]): `(stored - offset) as f32 * scale`, where offset is
+//!   qmax (symmetric) or the group's zero point (asymmetric), cropped back to exactly N x D.
+//!   The integer difference is exact in f32, so this one product is the exact product
+//!   correctly rounded to f32.
+//! - Exact decode ([`decode_exact`], [`decode_exact_tokens_into`]): `(stored - offset) as f64 *
+//!   scale as f64`, the exact product (an 8-bit integer times a 24-bit significand fits f64's
+//!   53 bits).
+//!
+//! How: [`encode`] and [`decode_into`] run the fast paths of the `fast` module with the
+//! [`Kernel`] that [`Kernel::detect`] picks; [`encode_with`] and [`decode_into_with`] take one
+//! explicitly. [`crate::reference`] holds the one-value-at-a-time oracle they are tested against.
 
-use ndarray::{Array2, ArrayView2};
+use std::ops::Range;
+
+use ndarray::{Array2, ArrayView2, ArrayViewMut2};
 
 use bitpack::stream as bits;
 
-use crate::asymmetric::{self, GroupParams};
+use crate::asymmetric;
 use crate::error::{KvError, Result};
+use crate::fast::bits::with_width;
+use crate::fast::decode::{Offsets, Stored};
+use crate::fast::decode::{along_rows as decode_rows, down_columns as decode_columns};
+use crate::fast::encode::{along_rows as encode_rows, down_columns as encode_columns};
+use crate::fast::portable::Portable;
+use crate::fast::{Dense, Orientation, Parts, Stop, general};
+use crate::kernel::Kernel;
 use crate::layout::{GroupAxis, Layout, Mode};
 use crate::packed::PackedTensor;
-use crate::symmetric;
+
+/// Outputs from this size on are written with non-temporal stores: they cannot stay in cache
+/// anyway, and skipping the read for ownership nearly halves the memory traffic.
+const STREAMING_BYTES: usize = 16 << 20;
 
 /// Quantizes `x` (N tokens x D features) under `layout`.
 pub fn encode(x: ArrayView2<f32>, layout: Layout) -> Result<PackedTensor> {
-    let (tokens, features) = x.dim();
-    check_input(x)?;
-    let geometry = layout.geometry(tokens, features);
-    let mut stored = Vec::with_capacity(geometry.code_count());
-    let mut scales = Array2::<f32>::zeros((geometry.rows, geometry.groups_per_row));
-    let mut zero_points = Vec::new();
-    let mut row = vec![0f32; geometry.padded_row_len];
-    for r in 0..geometry.rows {
-        row.fill(0.0);
-        for (j, slot) in row.iter_mut().take(geometry.row_len).enumerate() {
-            *slot = match layout.axis {
-                GroupAxis::Token => x[[j, r]],
-                GroupAxis::Feature => x[[r, j]],
-            };
-        }
-        for (group_index, group) in row.chunks_exact(layout.group_size).enumerate() {
-            let quantizer = GroupQuantizer::fit(layout, group)
-                .map_err(|overflow| overflow.at(r, group_index, layout))?;
-            scales[[r, group_index]] = quantizer.scale();
-            if let GroupQuantizer::Asymmetric(params) = quantizer {
-                zero_points.push(params.zero);
-            }
-            stored.extend(group.iter().map(|&v| quantizer.quantize(v, layout)));
-        }
+    encode_with(Kernel::detect(), x, layout)
+}
+
+/// [`encode`] with the given kernel; every kernel writes the same bytes.
+pub fn encode_with(kernel: Kernel, x: ArrayView2<f32>, layout: Layout) -> Result<PackedTensor> {
+    check_shape(x.dim())?;
+    if !kernel.is_available() {
+        return Err(KvError::KernelUnavailable { kernel });
     }
-    let codes = bits::pack_bytes(layout.bits, &stored)?;
+    let standard;
+    let (m, orientation) = match dense(x, layout.axis) {
+        Some(dense) => dense,
+        None => {
+            standard = x.as_standard_layout();
+            dense(standard.view(), layout.axis).expect("a standard layout array is dense")
+        }
+    };
+    let parts = encode_parts(kernel, m, orientation, layout).map_err(|stop| match stop {
+        Stop::NonFinite => first_non_finite(x),
+        Stop::RangeOverflow => first_range_overflow(x, layout),
+    })?;
+    let geometry = layout.geometry(x.nrows(), x.ncols());
+    let scales = Array2::from_shape_vec((geometry.rows, geometry.groups_per_row), parts.scales)
+        .expect("one scale per group");
     let zero_points = match layout.mode {
         Mode::Symmetric => Vec::new(),
-        Mode::Asymmetric => bits::pack_bytes(layout.bits, &zero_points)?,
+        Mode::Asymmetric => bits::pack_bytes(layout.bits, &parts.zero_points)?,
     };
     Ok(PackedTensor::new_unchecked(
         layout,
-        [tokens, features],
-        codes,
+        [x.nrows(), x.ncols()],
+        parts.codes,
         scales,
         zero_points,
     ))
 }
 
-/// Reconstructs the N x D matrix in f64.
-pub fn decode(packed: &PackedTensor) -> Array2<f64> {
+/// Reconstructs the N x D matrix in f32.
+pub fn decode(packed: &PackedTensor) -> Array2<f32> {
     let [tokens, features] = packed.shape();
-    let layout = packed.layout();
-    let geometry = packed.geometry();
-    let stored = packed.stored_codes();
-    let scales = packed.scales();
-    let offsets = packed.offsets();
-    let mut out = Array2::<f64>::zeros((tokens, features));
-    for r in 0..geometry.rows {
-        let row_codes = &stored[r * geometry.padded_row_len..][..geometry.row_len];
-        for (j, &code) in row_codes.iter().enumerate() {
-            let group = [r, j / layout.group_size];
-            let value = (f64::from(code) - f64::from(offsets[group])) * f64::from(scales[group]);
-            match layout.axis {
-                GroupAxis::Token => out[[j, r]] = value,
-                GroupAxis::Feature => out[[r, j]] = value,
-            }
-        }
-    }
+    let mut out = Array2::<f32>::zeros((tokens, features));
+    decode_into(packed, out.view_mut()).expect("the output has the tensor's shape");
     out
 }
 
-/// How one group's values become stored codes.
-#[derive(Debug, Clone, Copy)]
-enum GroupQuantizer {
-    Symmetric { scale: f32 },
-    Asymmetric(GroupParams),
+/// Decodes into `out`, which must be N x D (any memory layout; row-major or column-major
+/// outputs take the fast paths).
+pub fn decode_into(packed: &PackedTensor, out: ArrayViewMut2<f32>) -> Result<()> {
+    decode_into_with(Kernel::detect(), packed, out)
 }
 
-/// A group whose range overflows the f32 scale, before it is placed in the grouped view.
-struct RangeOverflow {
-    low: f32,
-    high: f32,
+/// [`decode_into`] with the given kernel; every kernel writes the same values.
+pub fn decode_into_with(
+    kernel: Kernel,
+    packed: &PackedTensor,
+    out: ArrayViewMut2<f32>,
+) -> Result<()> {
+    let streaming = out.len() * std::mem::size_of::<f32>() >= STREAMING_BYTES;
+    decode_into_stores(kernel, packed, out, streaming)
 }
 
-impl RangeOverflow {
-    fn at(self, row: usize, group: usize, layout: Layout) -> KvError {
-        KvError::RangeOverflow {
-            row,
-            group,
-            low: self.low,
-            high: self.high,
-            bits: layout.bits.get(),
-        }
+/// Reconstructs the N x D matrix in f64, exactly: `(stored - offset) as f64 * scale as f64`.
+pub fn decode_exact(packed: &PackedTensor) -> Array2<f64> {
+    let [tokens, features] = packed.shape();
+    let mut out = Array2::<f64>::zeros((tokens, features));
+    general::decode_tokens(packed, 0..tokens, out.view_mut());
+    out
+}
+
+/// Writes rows `tokens.start..tokens.end` of [`decode_exact`]'s matrix into `out`, which must
+/// be `tokens.len()` x D, so a long tensor can be decoded a block of tokens at a time.
+pub fn decode_exact_tokens_into(
+    packed: &PackedTensor,
+    tokens: Range<usize>,
+    out: ArrayViewMut2<f64>,
+) -> Result<()> {
+    let [n, features] = packed.shape();
+    if tokens.start > tokens.end || tokens.end > n {
+        return Err(KvError::TokenRange {
+            start: tokens.start,
+            end: tokens.end,
+            tokens: n,
+        });
     }
+    let expected = (tokens.len(), features);
+    if out.dim() != expected {
+        return Err(KvError::OutputShape {
+            got: out.dim(),
+            expected,
+        });
+    }
+    general::decode_tokens(packed, tokens, out);
+    Ok(())
 }
 
-impl GroupQuantizer {
-    fn fit(layout: Layout, group: &[f32]) -> std::result::Result<Self, RangeOverflow> {
-        match layout.mode {
-            Mode::Symmetric => Ok(GroupQuantizer::Symmetric {
-                scale: symmetric::group_scale(group, layout.bits.qmax()),
-            }),
-            Mode::Asymmetric => {
-                let (low, high) = asymmetric::group_range(group);
-                asymmetric::group_params(low, high, layout.bits)
-                    .map(GroupQuantizer::Asymmetric)
-                    .ok_or(RangeOverflow { low, high })
+/// [`decode_into_with`], with the choice of streaming stores made by the caller (the tests
+/// force it on small outputs).
+pub(crate) fn decode_into_stores(
+    kernel: Kernel,
+    packed: &PackedTensor,
+    mut out: ArrayViewMut2<f32>,
+    streaming: bool,
+) -> Result<()> {
+    let [tokens, features] = packed.shape();
+    if out.dim() != (tokens, features) {
+        return Err(KvError::OutputShape {
+            got: out.dim(),
+            expected: (tokens, features),
+        });
+    }
+    if !kernel.is_available() {
+        return Err(KvError::KernelUnavailable { kernel });
+    }
+    let layout = packed.layout();
+    if !layout.group_size.is_multiple_of(8) {
+        general::decode_tokens(packed, 0..tokens, out);
+        return Ok(());
+    }
+    let scales = packed.scales().as_standard_layout();
+    let offsets = Offsets::of(packed);
+    let stored = Stored {
+        codes: packed.code_bytes(),
+        scales: scales.as_slice().expect("standard layout"),
+        offsets: &offsets,
+        group_size: layout.group_size,
+    };
+    // Row-major: rows are tokens. Column-major: its transpose is row-major, rows are features.
+    let (rows_are_tokens, mut view) = if out.is_standard_layout() {
+        (true, out.view_mut())
+    } else {
+        (false, out.view_mut().reversed_axes())
+    };
+    let Some(data) = view.as_slice_mut() else {
+        general::decode_tokens(packed, 0..tokens, out);
+        return Ok(());
+    };
+    let cols = if rows_are_tokens { features } else { tokens };
+    let orientation = match (layout.axis == GroupAxis::Feature, rows_are_tokens) {
+        (true, true) | (false, false) => Orientation::Rows,
+        _ => Orientation::Columns,
+    };
+    decode_dense(kernel, stored, data, cols, orientation, streaming, layout);
+    Ok(())
+}
+
+fn decode_dense(
+    kernel: Kernel,
+    stored: Stored,
+    data: &mut [f32],
+    cols: usize,
+    orientation: Orientation,
+    streaming: bool,
+    layout: Layout,
+) {
+    let bits = layout.bits.get();
+    match (kernel, orientation) {
+        #[cfg(target_arch = "x86_64")]
+        (Kernel::Avx2, orientation) => {
+            use crate::fast::avx2::{Avx2, decode_along_rows, decode_down_columns};
+            let k = Avx2::detect().expect("availability is checked");
+            // SAFETY: `k` proves the CPU has AVX2.
+            unsafe {
+                match orientation {
+                    Orientation::Rows => {
+                        with_width!(bits, decode_along_rows, k, stored, data, cols, streaming)
+                    }
+                    Orientation::Columns => {
+                        with_width!(bits, decode_down_columns, k, stored, data, cols, streaming)
+                    }
+                }
             }
         }
+        (_, Orientation::Rows) => with_width!(
+            bits,
+            decode_rows::<Portable>,
+            Portable,
+            stored,
+            data,
+            cols,
+            streaming
+        ),
+        (_, Orientation::Columns) => with_width!(
+            bits,
+            decode_columns::<Portable>,
+            Portable,
+            stored,
+            data,
+            cols,
+            streaming
+        ),
     }
+}
 
-    fn scale(self) -> f32 {
-        match self {
-            GroupQuantizer::Symmetric { scale } => scale,
-            GroupQuantizer::Asymmetric(params) => params.scale,
+fn encode_parts(
+    kernel: Kernel,
+    m: Dense,
+    orientation: Orientation,
+    layout: Layout,
+) -> std::result::Result<Parts, Stop> {
+    if !layout.group_size.is_multiple_of(8) {
+        return general::encode(m, orientation, layout);
+    }
+    let bits = layout.bits.get();
+    match (kernel, orientation) {
+        #[cfg(target_arch = "x86_64")]
+        (Kernel::Avx2, orientation) => {
+            use crate::fast::avx2::{Avx2, encode_along_rows, encode_down_columns};
+            let k = Avx2::detect().expect("availability is checked");
+            // SAFETY: `k` proves the CPU has AVX2.
+            unsafe {
+                match orientation {
+                    Orientation::Rows => with_width!(bits, encode_along_rows, k, m, layout),
+                    Orientation::Columns => with_width!(bits, encode_down_columns, k, m, layout),
+                }
+            }
         }
-    }
-
-    fn quantize(self, x: f32, layout: Layout) -> u8 {
-        match self {
-            GroupQuantizer::Symmetric { scale } => {
-                symmetric::quantize_value(x, scale, layout.bits.qmax())
-            }
-            GroupQuantizer::Asymmetric(params) => {
-                asymmetric::quantize_value(x, params, layout.bits)
-            }
+        (_, Orientation::Rows) => with_width!(bits, encode_rows::<Portable>, Portable, m, layout),
+        (_, Orientation::Columns) => {
+            with_width!(bits, encode_columns::<Portable>, Portable, m, layout)
         }
     }
 }
 
-fn check_input(x: ArrayView2<f32>) -> Result<()> {
-    let (rows, cols) = x.dim();
+/// `x` as a dense row-major matrix, if it is one either way round, with how it holds the
+/// grouped view.
+fn dense(x: ArrayView2<f32>, axis: GroupAxis) -> Option<(Dense, Orientation)> {
+    let (tokens, features) = x.dim();
+    if let Some(data) = x.to_slice() {
+        let orientation = match axis {
+            GroupAxis::Feature => Orientation::Rows,
+            GroupAxis::Token => Orientation::Columns,
+        };
+        return Some((
+            Dense {
+                data,
+                rows: tokens,
+                cols: features,
+            },
+            orientation,
+        ));
+    }
+    let data = x.reversed_axes().to_slice()?;
+    let orientation = match axis {
+        GroupAxis::Token => Orientation::Rows,
+        GroupAxis::Feature => Orientation::Columns,
+    };
+    Some((
+        Dense {
+            data,
+            rows: features,
+            cols: tokens,
+        },
+        orientation,
+    ))
+}
+
+fn check_shape((rows, cols): (usize, usize)) -> Result<()> {
     if rows == 0 || cols == 0 {
         return Err(KvError::EmptyMatrix { rows, cols });
     }
@@ -158,8 +316,42 @@ fn check_input(x: ArrayView2<f32>) -> Result<()> {
             cols: cols as i64,
         });
     }
-    if let Some(((row, col), &value)) = x.indexed_iter().find(|(_, v)| !v.is_finite()) {
-        return Err(KvError::NonFinite { row, col, value });
-    }
     Ok(())
+}
+
+/// The first non-finite element in row-major order (a fast path saw one somewhere).
+fn first_non_finite(x: ArrayView2<f32>) -> KvError {
+    let ((row, col), &value) = x
+        .indexed_iter()
+        .find(|(_, v)| !v.is_finite())
+        .expect("a fast path saw a non-finite value");
+    KvError::NonFinite { row, col, value }
+}
+
+/// The first group, in row-major order of the grouped view, whose scale overflows (a fast
+/// path met one somewhere): every group's range in one pass over `x`, then the groups in order.
+fn first_range_overflow(x: ArrayView2<f32>, layout: Layout) -> KvError {
+    let geometry = layout.geometry(x.nrows(), x.ncols());
+    let groups = geometry.groups_per_row;
+    let mut low = vec![0f32; geometry.scale_count()];
+    let mut high = vec![0f32; geometry.scale_count()];
+    for ((t, f), &v) in x.indexed_iter() {
+        let (row, j) = match layout.axis {
+            GroupAxis::Token => (f, t),
+            GroupAxis::Feature => (t, f),
+        };
+        let index = row * groups + j / layout.group_size;
+        low[index] = low[index].min(v);
+        high[index] = high[index].max(v);
+    }
+    let index = (0..geometry.scale_count())
+        .find(|&i| asymmetric::group_params(low[i], high[i], layout.bits).is_none())
+        .expect("a fast path met an overflowing group");
+    KvError::RangeOverflow {
+        row: index / groups,
+        group: index % groups,
+        low: low[index],
+        high: high[index],
+        bits: layout.bits.get(),
+    }
 }

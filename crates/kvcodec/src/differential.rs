@@ -1,0 +1,355 @@
+//! Every fast path against the oracle in [`crate::reference`], bit for bit: each kernel this
+//! CPU runs, streaming stores on and off, row-major, column-major and strided inputs and
+//! outputs, both axes and modes, every width, group sizes 1, 3, 8, 32, 128 and longer than the
+//! rows, odd shapes, and random, patterned, all-maximum, tie-heavy, subnormal and zero data;
+//! then the same on generated cases.
+
+use ndarray::{Array2, ArrayView2, ShapeBuilder, s};
+use proptest::prelude::*;
+
+use crate::quantize::decode_into_stores;
+use crate::{
+    GroupAxis, Kernel, KvError, Layout, Mode, decode_exact, decode_exact_tokens_into, encode_with,
+    reference,
+};
+
+/// Every supported (mode, bits) pair.
+fn modes_and_widths() -> Vec<(Mode, u32)> {
+    let symmetric = (2..=8).map(|b| (Mode::Symmetric, b));
+    let asymmetric = (1..=8).map(|b| (Mode::Asymmetric, b));
+    symmetric.chain(asymmetric).collect()
+}
+
+fn bits_of(a: &Array2<f32>) -> Array2<u32> {
+    a.mapv(f32::to_bits)
+}
+
+/// Encodes with every kernel and input layout, checks the bytes against the oracle, then
+/// decodes with every kernel, output layout and store kind against the oracle's decode.
+fn check(x: ArrayView2<f32>, layout: Layout, label: &str) {
+    let expected = reference::encode(x, layout);
+    let transposed_copy = x.t().to_owned(); // x^T row-major: x.t() of it is column-major x
+    let strided_source = {
+        let (n, d) = x.dim();
+        let mut wide = Array2::<f32>::from_elem((n, 2 * d), f32::NAN);
+        wide.slice_mut(s![.., ..;2]).assign(&x);
+        wide
+    };
+    let inputs = [
+        ("row-major", x.to_owned()),
+        ("column-major", transposed_copy.t().to_owned()),
+    ];
+    for kernel in Kernel::available() {
+        let mut views: Vec<(&str, ArrayView2<f32>)> =
+            inputs.iter().map(|(name, a)| (*name, a.view())).collect();
+        views.push(("column-major view", transposed_copy.t()));
+        views.push(("strided", strided_source.slice(s![.., ..;2])));
+        for (input, view) in views {
+            let got = encode_with(kernel, view, layout);
+            if expected.is_ok() {
+                assert_eq!(got, expected, "{label}: {kernel} encode of a {input} input");
+            }
+            // Debug forms, so that errors naming a NaN compare equal.
+            assert_eq!(
+                format!("{got:?}"),
+                format!("{expected:?}"),
+                "{label}: {kernel} encode of a {input} input"
+            );
+        }
+        let Ok(packed) = &expected else { continue };
+        let want = bits_of(&reference::decode(packed));
+        let (n, d) = x.dim();
+        for streaming in [false, true] {
+            let mut row_major = Array2::<f32>::from_elem((n, d), f32::NAN);
+            decode_into_stores(kernel, packed, row_major.view_mut(), streaming).unwrap();
+            assert_eq!(
+                bits_of(&row_major),
+                want,
+                "{label}: {kernel} {streaming} row-major"
+            );
+            let mut column_major = Array2::<f32>::from_elem((n, d).f(), f32::NAN);
+            decode_into_stores(kernel, packed, column_major.view_mut(), streaming).unwrap();
+            assert_eq!(
+                bits_of(&column_major),
+                want,
+                "{label}: {kernel} column-major"
+            );
+            let mut wide = Array2::<f32>::from_elem((n, 2 * d), f32::NAN);
+            decode_into_stores(kernel, packed, wide.slice_mut(s![.., ..;2]), streaming).unwrap();
+            let strided = wide.slice(s![.., ..;2]).to_owned();
+            assert_eq!(bits_of(&strided), want, "{label}: {kernel} strided output");
+        }
+    }
+    if let Ok(packed) = &expected {
+        let want = reference::decode_exact(packed);
+        let got = decode_exact(packed);
+        assert_eq!(
+            got.mapv(f64::to_bits),
+            want.mapv(f64::to_bits),
+            "{label}: exact"
+        );
+        let n = x.nrows();
+        for (start, end) in [(0, n), (n / 3, n - n / 4), (n - 1, n), (n / 2, n / 2)] {
+            let mut out = Array2::<f64>::from_elem((end - start, x.ncols()), f64::NAN);
+            decode_exact_tokens_into(packed, start..end, out.view_mut()).unwrap();
+            let rows = want.slice(s![start..end, ..]).mapv(f64::to_bits);
+            assert_eq!(
+                out.mapv(f64::to_bits),
+                rows,
+                "{label}: tokens {start}..{end}"
+            );
+        }
+    }
+}
+
+/// xorshift64 values in [-1, 1).
+fn noise(tokens: usize, features: usize, seed: u64) -> Array2<f32> {
+    let mut state = seed | 1;
+    Array2::from_shape_fn((tokens, features), |_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    })
+}
+
+/// Data that puts many values exactly on half steps of their group's scale: every group's
+/// largest magnitude is qmax * 2^-2 (symmetric) or its range spans L steps of 2^-2 with 0 on
+/// a step (asymmetric), and the other values are (k + 1/2) steps.
+fn ties(tokens: usize, features: usize, layout: Layout) -> Array2<f32> {
+    let step = 0.25f32;
+    let (q, levels) = (
+        f32::from(layout.bits.qmax()),
+        f32::from(layout.bits.max_code()),
+    );
+    Array2::from_shape_fn((tokens, features), |(t, f)| {
+        let j = match layout.axis {
+            GroupAxis::Token => t,
+            GroupAxis::Feature => f,
+        };
+        let position = j % layout.group_size;
+        match layout.mode {
+            Mode::Symmetric => match position {
+                0 => q * step,
+                _ => ((position as f32 * 7.0) % (2.0 * q) - q + 0.5) * step,
+            },
+            Mode::Asymmetric => {
+                let zero = (levels / 3.0).floor();
+                match position {
+                    0 => -zero * step,
+                    1 => (levels - zero) * step,
+                    _ => ((position as f32 * 5.0) % levels - zero + 0.5) * step,
+                }
+            }
+        }
+    })
+}
+
+/// Data patterns by name.
+fn patterns(tokens: usize, features: usize, layout: Layout) -> Vec<(&'static str, Array2<f32>)> {
+    let tiny = f32::from_bits(3);
+    vec![
+        ("noise", noise(tokens, features, 7)),
+        (
+            "ramp",
+            Array2::from_shape_fn((tokens, features), |(t, f)| {
+                (t as f32 - 7.0) * 0.37 + f as f32 * 1.5
+            }),
+        ),
+        ("all maximum", Array2::from_elem((tokens, features), 3.5)),
+        (
+            "all negative maximum",
+            Array2::from_elem((tokens, features), -3.5),
+        ),
+        ("ties", ties(tokens, features, layout)),
+        ("zeros", Array2::zeros((tokens, features))),
+        (
+            "subnormal and zero groups",
+            Array2::from_shape_fn((tokens, features), |(t, f)| match (t / 5 + f / 3) % 3 {
+                0 => 0.0,
+                1 => tiny * if (t + f) % 2 == 0 { 1.0 } else { -1.0 },
+                _ => -0.0,
+            }),
+        ),
+        (
+            "all positive, far from 0",
+            noise(tokens, features, 11).mapv(|v| 100.0 + v),
+        ),
+        ("huge", noise(tokens, features, 13).mapv(|v| v * 1.5e38)),
+    ]
+}
+
+#[test]
+fn fixed_shapes_patterns_and_layouts_match_the_oracle() {
+    let shapes = [
+        (35, 13),
+        (1, 1),
+        (8, 8),
+        (130, 37),
+        (37, 130),
+        (64, 24),
+        (3, 200),
+    ];
+    for (tokens, features) in shapes {
+        for (mode, bits) in modes_and_widths() {
+            for axis in [GroupAxis::Token, GroupAxis::Feature] {
+                for group_size in [1, 3, 8, 32, 128, 256] {
+                    let layout = Layout::with_mode(axis, mode, bits, group_size).unwrap();
+                    // Every pattern on the first shapes, noise and ties on the rest.
+                    let every = (tokens, features) == (35, 13) || (tokens, features) == (130, 37);
+                    for (name, x) in patterns(tokens, features, layout) {
+                        if !every && !matches!(name, "noise" | "ties") {
+                            continue;
+                        }
+                        let label = format!(
+                            "{tokens}x{features} {mode} b{bits} {axis} g{group_size} {name}"
+                        );
+                        check(x.view(), layout, &label);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn errors_are_the_oracles() {
+    let layouts = [
+        Layout::new(GroupAxis::Token, 4, 8).unwrap(),
+        Layout::new(GroupAxis::Feature, 4, 32).unwrap(),
+        Layout::with_mode(GroupAxis::Token, Mode::Asymmetric, 3, 8).unwrap(),
+        Layout::with_mode(GroupAxis::Feature, Mode::Asymmetric, 8, 3).unwrap(),
+        Layout::with_mode(GroupAxis::Token, Mode::Asymmetric, 8, 16).unwrap(),
+    ];
+    for layout in layouts {
+        // Non-finite values: the first in row-major order is named, wherever the fast path
+        // meets one first.
+        for (cells, value) in [
+            (vec![(20, 3)], f32::NAN),
+            (vec![(30, 1), (2, 12)], f32::INFINITY),
+            (vec![(0, 12), (34, 0)], f32::NEG_INFINITY),
+        ] {
+            let mut x = noise(35, 13, 3);
+            for &cell in &cells {
+                x[cell] = value;
+            }
+            check(
+                x.view(),
+                layout,
+                &format!("{layout:?} non-finite at {cells:?}"),
+            );
+        }
+        // Overflowing groups: the first in grouped-view order is named.
+        let mut x = noise(35, 13, 5);
+        for cell in [(33, 2), (34, 2), (1, 11), (2, 11), (16, 7), (17, 8)] {
+            x[cell] = if cell.0 % 2 == 0 { 3e38 } else { -3e38 };
+        }
+        check(x.view(), layout, &format!("{layout:?} overflow"));
+    }
+    let empty = Array2::<f32>::zeros((0, 4));
+    for kernel in Kernel::available() {
+        assert_eq!(
+            encode_with(kernel, empty.view(), layouts[0]),
+            Err(KvError::EmptyMatrix { rows: 0, cols: 4 })
+        );
+    }
+}
+
+#[test]
+fn decoding_refuses_wrong_shapes_and_ranges() {
+    let x = noise(35, 13, 1);
+    let packed = crate::encode(x.view(), Layout::new(GroupAxis::Token, 4, 8).unwrap()).unwrap();
+    let mut wrong = Array2::<f32>::zeros((13, 35));
+    assert_eq!(
+        crate::decode_into(&packed, wrong.view_mut()),
+        Err(KvError::OutputShape {
+            got: (13, 35),
+            expected: (35, 13)
+        })
+    );
+    let mut out = Array2::<f64>::zeros((5, 13));
+    assert_eq!(
+        decode_exact_tokens_into(&packed, 32..37, out.view_mut()),
+        Err(KvError::TokenRange {
+            start: 32,
+            end: 37,
+            tokens: 35
+        })
+    );
+    #[allow(clippy::reversed_empty_ranges)]
+    let reversed = 6..1;
+    assert!(matches!(
+        decode_exact_tokens_into(&packed, reversed, out.view_mut()),
+        Err(KvError::TokenRange { .. })
+    ));
+    assert_eq!(
+        decode_exact_tokens_into(&packed, 0..4, out.view_mut()),
+        Err(KvError::OutputShape {
+            got: (5, 13),
+            expected: (4, 13)
+        })
+    );
+    assert_eq!(
+        decode_exact_tokens_into(&packed, 30..35, out.view_mut()),
+        Ok(())
+    );
+}
+
+#[test]
+fn every_kernel_this_machine_lacks_is_refused() {
+    let x = noise(4, 4, 1);
+    let layout = Layout::new(GroupAxis::Token, 4, 8).unwrap();
+    for kernel in Kernel::ALL {
+        if !kernel.is_available() {
+            assert_eq!(
+                encode_with(kernel, x.view(), layout),
+                Err(KvError::KernelUnavailable { kernel })
+            );
+        }
+    }
+    assert!(Kernel::available().contains(&Kernel::Portable));
+    assert!(Kernel::detect().is_available());
+}
+
+fn layouts() -> impl Strategy<Value = (Layout, usize, usize)> {
+    (
+        1usize..70,
+        1usize..40,
+        prop_oneof![
+            Just(1usize),
+            2usize..12,
+            prop::sample::select(vec![8usize, 16, 24, 32, 40, 64, 128]),
+            60usize..140
+        ],
+        prop::sample::select(vec![Mode::Symmetric, Mode::Asymmetric]),
+        1u32..=8,
+        prop::sample::select(vec![GroupAxis::Token, GroupAxis::Feature]),
+    )
+        .prop_filter_map(
+            "a width the mode stores",
+            |(tokens, features, group, mode, bits, axis)| {
+                Layout::with_mode(axis, mode, bits, group)
+                    .ok()
+                    .map(|layout| (layout, tokens, features))
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn generated_cases_match_the_oracle(
+        (layout, tokens, features) in layouts(),
+        magnitude in prop::sample::select(vec![1e-40f32, 1e-3, 1.0, 7.0, 1e30]),
+        ties_instead in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let x = if ties_instead {
+            ties(tokens, features, layout)
+        } else {
+            noise(tokens, features, seed).mapv(|v| v * magnitude)
+        };
+        check(x.view(), layout, &format!("{tokens}x{features} {layout:?}"));
+    }
+}

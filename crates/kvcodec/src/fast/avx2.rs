@@ -1,0 +1,803 @@
+//! The AVX2 kernels (x86_64). Every function here has `#[target_feature(enable = "avx2")]`
+//! and is reached only through an [`Avx2`] value, which exists only once the CPU was seen to
+//! have AVX2: that is the invariant behind every `unsafe` call of them below.
+//!
+//! Exactness: `x / scale` is `_mm256_div_ps` (IEEE division, the same f32 as the scalar `/`),
+//! clamped to the integer bounds and converted with `_mm256_cvtps_epi32`, which rounds to
+//! nearest, ties to even, under the default MXCSR that Rust code runs with. Codes then travel
+//! as integers, and decoding converts the exact integer `code - offset` to f32 before one
+//! multiply.
+//!
+//! Code layout tricks: eight codes per 64-bit lane are merged into 8b bits with multiply-adds
+//! and shifts ([`squeeze4`]); eight codes are pulled out of b bytes with one byte shuffle and a
+//! per-lane variable shift ([`Unpack`]). Tiles grouped down columns transpose their codes with
+//! byte shuffles (encoding) or their decoded floats with the usual 8 x 8 shuffle network
+//! (decoding).
+
+use core::arch::x86_64::*;
+
+use crate::layout::Layout;
+
+use super::bits::{read_u64, squeeze, write_packed};
+use super::decode::{self, Stored};
+use super::encode;
+use super::params::{ColumnQuant, GroupQuant};
+use super::{Dense, Kernels, Parts, Stop, portable};
+
+/// Proof that the CPU has AVX2.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2 {
+    _detected: (),
+}
+
+impl Avx2 {
+    /// The proof, if this CPU has AVX2.
+    pub(crate) fn detect() -> Option<Avx2> {
+        std::arch::is_x86_feature_detected!("avx2").then_some(Avx2 { _detected: () })
+    }
+}
+
+// The drivers, instantiated with AVX2 enabled so that the kernels inline into them.
+
+#[target_feature(enable = "avx2")]
+pub(crate) fn encode_along_rows<const B: u32>(
+    k: Avx2,
+    m: Dense,
+    layout: Layout,
+) -> Result<Parts, Stop> {
+    encode::along_rows::<Avx2, B>(k, m, layout)
+}
+
+#[target_feature(enable = "avx2")]
+pub(crate) fn encode_down_columns<const B: u32>(
+    k: Avx2,
+    m: Dense,
+    layout: Layout,
+) -> Result<Parts, Stop> {
+    encode::down_columns::<Avx2, B>(k, m, layout)
+}
+
+#[target_feature(enable = "avx2")]
+pub(crate) fn decode_along_rows<const B: u32>(
+    k: Avx2,
+    s: Stored,
+    out: &mut [f32],
+    row_len: usize,
+    streaming: bool,
+) {
+    decode::along_rows::<Avx2, B>(k, s, out, row_len, streaming)
+}
+
+#[target_feature(enable = "avx2")]
+pub(crate) fn decode_down_columns<const B: u32>(
+    k: Avx2,
+    s: Stored,
+    out: &mut [f32],
+    cols: usize,
+    streaming: bool,
+) {
+    decode::down_columns::<Avx2, B>(k, s, out, cols, streaming)
+}
+
+// SAFETY (every method): `self` proves the CPU has AVX2.
+impl Kernels for Avx2 {
+    #[inline(always)]
+    fn group_amax(self, group: &[f32]) -> (f32, bool) {
+        unsafe { group_amax(group) }
+    }
+
+    #[inline(always)]
+    fn group_range(self, group: &[f32]) -> (f32, f32, bool) {
+        unsafe { group_range(group) }
+    }
+
+    #[inline(always)]
+    fn quantize_pack<const B: u32>(self, group: &[f32], q: &GroupQuant, out: &mut [u8]) {
+        unsafe { quantize_pack::<B>(group, q, out) }
+    }
+
+    #[inline(always)]
+    fn columns_amax(self, tile: &[f32], amax: &mut [f32]) -> bool {
+        unsafe { columns_amax(tile, amax) }
+    }
+
+    #[inline(always)]
+    fn columns_range(self, tile: &[f32], lo: &mut [f32], hi: &mut [f32]) -> bool {
+        unsafe { columns_range(tile, lo, hi) }
+    }
+
+    #[inline(always)]
+    fn symmetric_columns(self, amax: &[f32], qmax: u8, scale: &mut [f32]) {
+        unsafe { symmetric_columns(amax, qmax, scale) }
+    }
+
+    #[inline(always)]
+    fn asymmetric_columns(self, lo: &[f32], hi: &[f32], levels: u8, q: &mut ColumnQuant) -> bool {
+        unsafe { asymmetric_columns(lo, hi, levels, q) }
+    }
+
+    #[inline(always)]
+    fn quantize_pack_columns<const B: u32>(
+        self,
+        tile: &[f32],
+        q: &ColumnQuant,
+        group_size: usize,
+        codes: &mut [u8],
+        row_bytes: usize,
+        at: usize,
+    ) {
+        unsafe { quantize_pack_columns::<B>(tile, q, group_size, codes, row_bytes, at) }
+    }
+
+    #[inline(always)]
+    fn dequantize_group<const B: u32>(
+        self,
+        codes: &[u8],
+        offset: i32,
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        unsafe { dequantize_group::<B>(codes, offset, scale, out) }
+    }
+
+    #[inline(always)]
+    fn dequantize_columns<const B: u32>(
+        self,
+        codes: &[u8],
+        row_bytes: usize,
+        at: usize,
+        offsets: &[i32],
+        scales: &[f32],
+        out: &mut [f32],
+    ) {
+        unsafe { dequantize_columns::<B>(codes, row_bytes, at, offsets, scales, out) }
+    }
+
+    #[inline(always)]
+    fn stream_copy(self, src: &[f32], dst: &mut [f32]) {
+        unsafe { stream_copy(src, dst) }
+    }
+
+    #[inline(always)]
+    fn finish_streaming(self) {
+        // SAFETY: SSE is part of x86_64.
+        unsafe { _mm_sfence() }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loads, stores and reductions.
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load(v: &[f32; 8]) -> __m256 {
+    // SAFETY: reads exactly the 8 floats of `v`.
+    unsafe { _mm256_loadu_ps(v.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load_i32(v: &[i32; 8]) -> __m256i {
+    // SAFETY: reads exactly the 8 integers of `v`.
+    unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store(dst: &mut [f32; 8], v: __m256) {
+    // SAFETY: writes exactly the 8 floats of `dst`.
+    unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), v) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_i32(dst: &mut [i32; 8], v: __m256i) {
+    // SAFETY: writes exactly the 8 integers of `dst`.
+    unsafe { _mm256_storeu_si256(dst.as_mut_ptr().cast(), v) }
+}
+
+/// The 8 floats of `s` from `at`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load_at(s: &[f32], at: usize) -> __m256 {
+    load(s[at..at + 8].try_into().expect("8 floats"))
+}
+
+/// Whether every bit of `v` is 0.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn all_zero(v: __m256) -> bool {
+    let bits = _mm256_castps_si256(v);
+    _mm256_testz_si256(bits, bits) == 1
+}
+
+/// Bits of `x - x`: all 0 for a finite x, a NaN for an infinity or a NaN.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn non_finite_bits(x: __m256) -> __m256 {
+    _mm256_sub_ps(x, x)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn magnitude_mask() -> __m256 {
+    _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hmax(v: __m256) -> f32 {
+    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hmin(v: __m256) -> f32 {
+    let m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+    _mm_cvtss_f32(_mm_min_ss(m, _mm_shuffle_ps::<0b01>(m, m)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fitting groups.
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn group_amax(group: &[f32]) -> (f32, bool) {
+    let magnitude = magnitude_mask();
+    let (blocks, tail) = group.as_chunks::<8>();
+    let (quads, rest) = blocks.as_chunks::<4>();
+    // Four accumulators hide the latency of max.
+    let mut amax = [_mm256_setzero_ps(); 4];
+    let mut bad = _mm256_setzero_ps();
+    for quad in quads {
+        for i in 0..4 {
+            let x = load(&quad[i]);
+            amax[i] = _mm256_max_ps(amax[i], _mm256_and_ps(x, magnitude));
+            bad = _mm256_or_ps(bad, non_finite_bits(x));
+        }
+    }
+    for block in rest {
+        let x = load(block);
+        amax[0] = _mm256_max_ps(amax[0], _mm256_and_ps(x, magnitude));
+        bad = _mm256_or_ps(bad, non_finite_bits(x));
+    }
+    let all = _mm256_max_ps(
+        _mm256_max_ps(amax[0], amax[1]),
+        _mm256_max_ps(amax[2], amax[3]),
+    );
+    let (tail_amax, tail_finite) = portable::Portable.group_amax(tail);
+    (hmax(all).max(tail_amax), all_zero(bad) && tail_finite)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn group_range(group: &[f32]) -> (f32, f32, bool) {
+    let (blocks, tail) = group.as_chunks::<8>();
+    let (pairs, rest) = blocks.as_chunks::<2>();
+    let mut lo = [_mm256_setzero_ps(); 2];
+    let mut hi = [_mm256_setzero_ps(); 2];
+    let mut bad = _mm256_setzero_ps();
+    for pair in pairs {
+        for i in 0..2 {
+            let x = load(&pair[i]);
+            lo[i] = _mm256_min_ps(lo[i], x);
+            hi[i] = _mm256_max_ps(hi[i], x);
+            bad = _mm256_or_ps(bad, non_finite_bits(x));
+        }
+    }
+    for block in rest {
+        let x = load(block);
+        lo[0] = _mm256_min_ps(lo[0], x);
+        hi[0] = _mm256_max_ps(hi[0], x);
+        bad = _mm256_or_ps(bad, non_finite_bits(x));
+    }
+    let (tail_lo, tail_hi, tail_finite) = portable::Portable.group_range(tail);
+    (
+        hmin(_mm256_min_ps(lo[0], lo[1])).min(tail_lo),
+        hmax(_mm256_max_ps(hi[0], hi[1])).max(tail_hi),
+        all_zero(bad) && tail_finite,
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn columns_amax(tile: &[f32], amax: &mut [f32]) -> bool {
+    let cols = amax.len();
+    let magnitude = magnitude_mask();
+    let mut bad = _mm256_setzero_ps();
+    let (acc, _) = amax.as_chunks_mut::<8>();
+    for row in tile.chunks_exact(cols) {
+        let (xs, _) = row.as_chunks::<8>();
+        for (a, x) in acc.iter_mut().zip(xs) {
+            let x = load(x);
+            store(a, _mm256_max_ps(load(a), _mm256_and_ps(x, magnitude)));
+            bad = _mm256_or_ps(bad, non_finite_bits(x));
+        }
+    }
+    let tail_finite = portable::columns_amax(tile, amax, cols / 8 * 8..cols);
+    all_zero(bad) && tail_finite
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn columns_range(tile: &[f32], lo: &mut [f32], hi: &mut [f32]) -> bool {
+    let cols = lo.len();
+    let mut bad = _mm256_setzero_ps();
+    let (lo_acc, _) = lo.as_chunks_mut::<8>();
+    let (hi_acc, _) = hi.as_chunks_mut::<8>();
+    for row in tile.chunks_exact(cols) {
+        let (xs, _) = row.as_chunks::<8>();
+        for ((l, h), x) in lo_acc.iter_mut().zip(hi_acc.iter_mut()).zip(xs) {
+            let x = load(x);
+            store(l, _mm256_min_ps(load(l), x));
+            store(h, _mm256_max_ps(load(h), x));
+            bad = _mm256_or_ps(bad, non_finite_bits(x));
+        }
+    }
+    let tail_finite = portable::columns_range(tile, lo, hi, cols / 8 * 8..cols);
+    all_zero(bad) && tail_finite
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn symmetric_columns(amax: &[f32], qmax: u8, scale: &mut [f32]) {
+    let q = _mm256_set1_ps(f32::from(qmax));
+    let one = _mm256_set1_ps(1.0);
+    let (amax_blocks, amax_tail) = amax.as_chunks::<8>();
+    let (scale_blocks, scale_tail) = scale.as_chunks_mut::<8>();
+    for (a, s) in amax_blocks.iter().zip(scale_blocks) {
+        let v = _mm256_div_ps(load(a), q);
+        let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(v, _mm256_setzero_ps());
+        store(s, _mm256_blendv_ps(v, one, zero));
+    }
+    for (s, &a) in scale_tail.iter_mut().zip(amax_tail) {
+        *s = super::params::symmetric(a, qmax).scale;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn asymmetric_columns(lo: &[f32], hi: &[f32], levels: u8, q: &mut ColumnQuant) -> bool {
+    let cols = lo.len();
+    let l = _mm256_set1_ps(f32::from(levels));
+    let one = _mm256_set1_ps(1.0);
+    let zero = _mm256_setzero_ps();
+    let sign = _mm256_set1_ps(-0.0);
+    let largest = _mm256_set1_ps(f32::MAX);
+    let mut finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    let blocks = cols / 8;
+    let (lo_blocks, _) = lo.as_chunks::<8>();
+    let (hi_blocks, _) = hi.as_chunks::<8>();
+    for c in 0..blocks {
+        let (lo, hi) = (load(&lo_blocks[c]), load(&hi_blocks[c]));
+        let scale = _mm256_div_ps(_mm256_sub_ps(hi, lo), l);
+        let magnitude = _mm256_and_ps(scale, magnitude_mask());
+        finite = _mm256_and_ps(finite, _mm256_cmp_ps::<_CMP_LE_OQ>(magnitude, largest));
+        let is_zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(scale, zero);
+        let scale = _mm256_blendv_ps(scale, one, is_zero);
+        let point = _mm256_div_ps(_mm256_xor_ps(lo, sign), scale);
+        let point = _mm256_min_ps(_mm256_max_ps(point, zero), l);
+        let point = _mm256_andnot_si256(_mm256_castps_si256(is_zero), _mm256_cvtps_epi32(point));
+        let point_f = _mm256_cvtepi32_ps(point);
+        let at = 8 * c;
+        store((&mut q.scale[at..at + 8]).try_into().expect("8"), scale);
+        store_i32((&mut q.offset[at..at + 8]).try_into().expect("8"), point);
+        store(
+            (&mut q.low[at..at + 8]).try_into().expect("8"),
+            _mm256_xor_ps(point_f, sign),
+        );
+        store(
+            (&mut q.high[at..at + 8]).try_into().expect("8"),
+            _mm256_sub_ps(l, point_f),
+        );
+    }
+    let tail_finite = portable::asymmetric_columns(lo, hi, levels, q, blocks * 8..cols);
+    _mm256_movemask_ps(finite) == 0xFF && tail_finite
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantizing and packing.
+
+/// A group's (or 8 columns') parameters, one per lane.
+struct Quant {
+    scale: __m256,
+    low: __m256,
+    high: __m256,
+    offset: __m256i,
+}
+
+/// Stored codes of 8 values, as i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn codes(x: __m256, q: &Quant) -> __m256i {
+    let v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(x, q.scale), q.low), q.high);
+    _mm256_add_epi32(_mm256_cvtps_epi32(v), q.offset)
+}
+
+/// 32 codes (0..=255 in i32 lanes) as bytes, in order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pack32(c: [__m256i; 4]) -> __m256i {
+    let words = [
+        _mm256_packs_epi32(c[0], c[1]),
+        _mm256_packs_epi32(c[2], c[3]),
+    ];
+    // The packs work per 128-bit half: dwords come out as c0[0..4], c1[0..4], c2[0..4],
+    // c3[0..4], c0[4..8], ...
+    let bytes = _mm256_packus_epi16(words[0], words[1]);
+    _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// 8 codes (0..=255 in i32 lanes) as the bytes of a u64.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn pack8(c: __m256i) -> u64 {
+    let words = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256::<1>(c));
+    _mm_cvtsi128_si64(_mm_packus_epi16(words, words)) as u64
+}
+
+/// Each 64-bit lane's eight byte codes (< 2^B) moved to its low 8B bits.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn squeeze4<const B: u32>(v: __m256i) -> __m256i {
+    if B == 8 {
+        return v;
+    }
+    // Byte pairs into 16-bit lanes of 2B bits: c0 + c1 * 2^B.
+    let pairs = if B <= 6 {
+        _mm256_maddubs_epi16(v, _mm256_set1_epi16(pair_multiplier(B)))
+    } else {
+        // At 7 bits the multiplier 2^7 does not fit maddubs's signed bytes.
+        let low = _mm256_and_si256(v, _mm256_set1_epi16(0x00FF));
+        let high = _mm256_and_si256(v, _mm256_set1_epi16(0xFF00u16 as i16));
+        _mm256_or_si256(low, _mm256_srli_epi16::<1>(high))
+    };
+    // 16-bit pairs into 32-bit lanes of 4B bits: p0 + p1 * 2^2B.
+    let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(quad_multiplier(B)));
+    // 32-bit pairs into the 64-bit lane: q0 | q1 << 4B.
+    let low = _mm256_blend_epi32::<0b1010_1010>(quads, _mm256_setzero_si256());
+    let high = _mm256_srli_epi64::<32>(quads);
+    _mm256_or_si256(low, _mm256_sll_epi64(high, _mm_cvtsi32_si128(4 * B as i32)))
+}
+
+const fn pair_multiplier(b: u32) -> i16 {
+    (1i32 | (1i32 << (b + 8))) as i16
+}
+
+const fn quad_multiplier(b: u32) -> i32 {
+    (1i64 | (1i64 << (2 * b + 16))) as i32
+}
+
+/// Per 128-bit half: the low B bytes of both 64-bit lanes, side by side.
+const fn compact_table(b: usize) -> [i8; 32] {
+    let mut table = [-128i8; 32];
+    let mut half = 0;
+    while half < 2 {
+        let mut i = 0;
+        while i < 2 * b {
+            table[16 * half + i] = if i < b { i } else { 8 + i - b } as i8;
+            i += 1;
+        }
+        half += 1;
+    }
+    table
+}
+
+struct Tables<const B: u32>;
+
+impl<const B: u32> Tables<B> {
+    const COMPACT: [i8; 32] = compact_table(B as usize);
+    const UNPACK_SHUFFLE: [i8; 32] = unpack_shuffle(B as usize);
+    const UNPACK_SHIFT: [i32; 8] = unpack_shift(B as usize);
+}
+
+/// Writes the four squeezed 64-bit lanes of `packed` (B bytes each) as 4B contiguous bytes at
+/// the start of `out`, and garbage over the next 16 - 2B bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store4<const B: u32>(packed: __m256i, out: &mut [u8]) {
+    let table = Tables::<B>::COMPACT;
+    // SAFETY: reads the 32 bytes of `table`.
+    let compact = unsafe { _mm256_loadu_si256(table.as_ptr().cast()) };
+    let halves = _mm256_shuffle_epi8(packed, compact);
+    let b2 = 2 * B as usize;
+    let out = &mut out[..b2 + 16];
+    // SAFETY: both 16-byte stores lie inside `out` (0..16 and 2B..2B + 16); the second
+    // overwrites the first's garbage.
+    unsafe {
+        _mm_storeu_si128(out.as_mut_ptr().cast(), _mm256_castsi256_si128(halves));
+        _mm_storeu_si128(
+            out[b2..].as_mut_ptr().cast(),
+            _mm256_extracti128_si256::<1>(halves),
+        );
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn quantize_pack<const B: u32>(group: &[f32], q: &GroupQuant, out: &mut [u8]) {
+    let b = B as usize;
+    let quant = Quant {
+        scale: _mm256_set1_ps(q.scale),
+        low: _mm256_set1_ps(q.low),
+        high: _mm256_set1_ps(q.high),
+        offset: _mm256_set1_epi32(q.offset),
+    };
+    let (blocks, _) = group.as_chunks::<8>();
+    let (quads, rest) = blocks.as_chunks::<4>();
+    let mut at = 0;
+    for quad in quads {
+        let c = [
+            codes(load(&quad[0]), &quant),
+            codes(load(&quad[1]), &quant),
+            codes(load(&quad[2]), &quant),
+            codes(load(&quad[3]), &quant),
+        ];
+        store4::<B>(squeeze4::<B>(pack32(c)), &mut out[at..]);
+        at += 4 * b;
+    }
+    for block in rest {
+        let packed = squeeze::<B>(pack8(codes(load(block), &quant)));
+        // Whole 8 bytes: the next block (or group) overwrites the 8 - B bytes of garbage.
+        out[at..at + 8].copy_from_slice(&packed.to_le_bytes());
+        at += b;
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn quantize_pack_columns<const B: u32>(
+    tile: &[f32],
+    q: &ColumnQuant,
+    group_size: usize,
+    codes_out: &mut [u8],
+    row_bytes: usize,
+    at: usize,
+) {
+    let b = B as usize;
+    let cols = q.cols();
+    let rows = tile.len() / cols;
+    let blocks = cols / 8;
+    let (scales, _) = q.scale.as_chunks::<8>();
+    let (lows, _) = q.low.as_chunks::<8>();
+    let (highs, _) = q.high.as_chunks::<8>();
+    let (offsets, _) = q.offset.as_chunks::<8>();
+    // Per 128-bit half, 4 rows x 4 columns of bytes to 4 columns x 4 rows.
+    let transpose = _mm256_setr_epi8(
+        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10,
+        14, 3, 7, 11, 15,
+    );
+    for k in 0..group_size / 8 {
+        let first = 8 * k;
+        for block in 0..blocks {
+            let quant = Quant {
+                scale: load(&scales[block]),
+                low: load(&lows[block]),
+                high: load(&highs[block]),
+                offset: load_i32(&offsets[block]),
+            };
+            // Row i's codes for the block's 8 columns; rows past the tile are zero padding.
+            let mut c = [_mm256_setzero_si256(); 8];
+            for (i, slot) in c.iter_mut().enumerate() {
+                let r = first + i;
+                let x = if r < rows {
+                    load_at(tile, r * cols + 8 * block)
+                } else {
+                    _mm256_setzero_ps()
+                };
+                *slot = codes(x, &quant);
+            }
+            // Bytes per half: rows 0-3 x columns 0-3 (low half) and columns 4-7 (high half).
+            let top = _mm256_packus_epi16(
+                _mm256_packs_epi32(c[0], c[1]),
+                _mm256_packs_epi32(c[2], c[3]),
+            );
+            let bottom = _mm256_packus_epi16(
+                _mm256_packs_epi32(c[4], c[5]),
+                _mm256_packs_epi32(c[6], c[7]),
+            );
+            let top = _mm256_shuffle_epi8(top, transpose);
+            let bottom = _mm256_shuffle_epi8(bottom, transpose);
+            // 64-bit lanes: columns 0, 1, 4, 5 and 2, 3, 6, 7, each with its 8 rows.
+            let mut lanes = [0u64; 8];
+            let even = squeeze4::<B>(_mm256_unpacklo_epi32(top, bottom));
+            let odd = squeeze4::<B>(_mm256_unpackhi_epi32(top, bottom));
+            // SAFETY: each store writes 4 of the 8 u64s of `lanes`.
+            unsafe {
+                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), even);
+                _mm256_storeu_si256(lanes[4..].as_mut_ptr().cast(), odd);
+            }
+            for (lane, column) in lanes.into_iter().zip([0, 1, 4, 5, 2, 3, 6, 7]) {
+                let start = (8 * block + column) * row_bytes + at + k * b;
+                write_packed::<B>(&mut codes_out[start..], lane);
+            }
+        }
+    }
+    portable::quantize_pack_columns::<B>(
+        tile,
+        q,
+        group_size,
+        codes_out,
+        row_bytes,
+        at,
+        blocks * 8..cols,
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unpacking and decoding.
+
+/// Dword j takes the byte (or two) holding code j of eight packed B-bit codes.
+const fn unpack_shuffle(b: usize) -> [i8; 32] {
+    let mut table = [-128i8; 32];
+    let mut j = 0;
+    while j < 8 {
+        let bit = j * b;
+        let at = 16 * (j / 4) + 4 * (j % 4);
+        table[at] = (bit / 8) as i8;
+        if bit % 8 + b > 8 {
+            table[at + 1] = (bit / 8 + 1) as i8;
+        }
+        j += 1;
+    }
+    table
+}
+
+/// Dword j's shift to bring code j to bit 0.
+const fn unpack_shift(b: usize) -> [i32; 8] {
+    let mut table = [0i32; 8];
+    let mut j = 0;
+    while j < 8 {
+        table[j] = ((j * b) % 8) as i32;
+        j += 1;
+    }
+    table
+}
+
+/// Eight B-bit codes from the low B bytes of a u64, as i32 lanes.
+struct Unpack {
+    shuffle: __m256i,
+    shift: __m256i,
+    mask: __m256i,
+}
+
+impl Unpack {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new<const B: u32>() -> Unpack {
+        let shuffle = Tables::<B>::UNPACK_SHUFFLE;
+        let shift = Tables::<B>::UNPACK_SHIFT;
+        // SAFETY: reads the 32 bytes of each table.
+        unsafe {
+            Unpack {
+                shuffle: _mm256_loadu_si256(shuffle.as_ptr().cast()),
+                shift: _mm256_loadu_si256(shift.as_ptr().cast()),
+                mask: _mm256_set1_epi32((1 << B) - 1),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn codes(&self, packed: u64) -> __m256i {
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi64x(packed as i64), self.shuffle);
+        _mm256_and_si256(_mm256_srlv_epi32(bytes, self.shift), self.mask)
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dequantize_group<const B: u32>(codes: &[u8], offset: i32, scale: f32, out: &mut [f32]) {
+    let b = B as usize;
+    let unpack = Unpack::new::<B>();
+    let offset = _mm256_set1_epi32(offset);
+    let scale = _mm256_set1_ps(scale);
+    let (blocks, tail) = out.as_chunks_mut::<8>();
+    let whole = blocks.len();
+    for (k, dst) in blocks.iter_mut().enumerate() {
+        store(
+            dst,
+            dequantize8(&unpack, read_u64(codes, k * b), offset, scale),
+        );
+    }
+    if !tail.is_empty() {
+        let mut last = [0f32; 8];
+        let packed = read_u64(codes, whole * b);
+        store(&mut last, dequantize8(&unpack, packed, offset, scale));
+        tail.copy_from_slice(&last[..tail.len()]);
+    }
+}
+
+/// The decoded values of eight packed codes: (code - offset) as f32 * scale.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dequantize8(unpack: &Unpack, packed: u64, offset: __m256i, scale: __m256) -> __m256 {
+    let difference = _mm256_sub_epi32(unpack.codes(packed), offset);
+    _mm256_mul_ps(_mm256_cvtepi32_ps(difference), scale)
+}
+
+/// Transposes 8 x 8 floats held as 8 rows.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose8(v: &mut [__m256; 8]) {
+    let t = [
+        _mm256_unpacklo_ps(v[0], v[1]),
+        _mm256_unpackhi_ps(v[0], v[1]),
+        _mm256_unpacklo_ps(v[2], v[3]),
+        _mm256_unpackhi_ps(v[2], v[3]),
+        _mm256_unpacklo_ps(v[4], v[5]),
+        _mm256_unpackhi_ps(v[4], v[5]),
+        _mm256_unpacklo_ps(v[6], v[7]),
+        _mm256_unpackhi_ps(v[6], v[7]),
+    ];
+    let s = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+    ];
+    for i in 0..4 {
+        v[i] = _mm256_permute2f128_ps::<0x20>(s[i], s[i + 4]);
+        v[i + 4] = _mm256_permute2f128_ps::<0x31>(s[i], s[i + 4]);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dequantize_columns<const B: u32>(
+    codes: &[u8],
+    row_bytes: usize,
+    at: usize,
+    offsets: &[i32],
+    scales: &[f32],
+    out: &mut [f32],
+) {
+    let cols = scales.len();
+    let blocks = cols / 8;
+    let unpack = Unpack::new::<B>();
+    for block in 0..blocks {
+        // Column j's 8 rows, then transposed to row i's 8 columns.
+        let mut v = [_mm256_setzero_ps(); 8];
+        for (j, slot) in v.iter_mut().enumerate() {
+            let c = 8 * block + j;
+            *slot = dequantize8(
+                &unpack,
+                read_u64(codes, c * row_bytes + at),
+                _mm256_set1_epi32(offsets[c]),
+                _mm256_set1_ps(scales[c]),
+            );
+        }
+        transpose8(&mut v);
+        for (row, value) in out.chunks_exact_mut(cols).zip(v) {
+            store(
+                (&mut row[8 * block..8 * block + 8]).try_into().expect("8"),
+                value,
+            );
+        }
+    }
+    portable::dequantize_columns::<B>(codes, row_bytes, at, offsets, scales, out, blocks * 8..cols);
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn stream_copy(src: &[f32], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len(), "stream_copy needs equal lengths");
+    let head = dst.as_ptr().align_offset(32).min(dst.len());
+    dst[..head].copy_from_slice(&src[..head]);
+    let (src_blocks, src_tail) = src[head..].as_chunks::<8>();
+    let (dst_blocks, dst_tail) = dst[head..].as_chunks_mut::<8>();
+    for (s, d) in src_blocks.iter().zip(dst_blocks) {
+        debug_assert_eq!(d.as_ptr() as usize % 32, 0);
+        // SAFETY: `d` is 8 floats at a 32-byte boundary: the head was copied up to that
+        // boundary and every block is 32 bytes.
+        unsafe { _mm256_stream_ps(d.as_mut_ptr(), load(s)) }
+    }
+    dst_tail.copy_from_slice(src_tail);
+}

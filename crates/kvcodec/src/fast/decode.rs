@@ -1,0 +1,136 @@
+//! Decoding drivers for group sizes that are a multiple of 8, into a dense row-major f32
+//! matrix: group by group along rows, or 8 rows of a tile at a time down columns. With
+//! `streaming`, each block of output is decoded into a small buffer that stays in L1 and then
+//! copied out with non-temporal stores (whole cache lines, no read for ownership), for outputs
+//! too large to stay in cache anyway.
+
+use crate::packed::PackedTensor;
+
+use super::Kernels;
+
+/// Floats decoded before a streaming copy: 16 KiB, well inside L1.
+const STAGING_FLOATS: usize = 4096;
+
+/// What decoding subtracts from each group's codes.
+#[derive(Debug, Clone)]
+pub(crate) enum Offsets {
+    /// qmax, for every group of a symmetric tensor.
+    Constant(i32),
+    /// The zero points of an asymmetric tensor, one per group in row-major group order.
+    PerGroup(Vec<u8>),
+}
+
+impl Offsets {
+    pub(crate) fn of(packed: &PackedTensor) -> Offsets {
+        let layout = packed.layout();
+        match layout.mode {
+            crate::Mode::Symmetric => Offsets::Constant(i32::from(layout.bits.qmax())),
+            crate::Mode::Asymmetric => Offsets::PerGroup(
+                bitpack::stream::unpack_bytes(
+                    layout.bits,
+                    packed.zero_point_bytes(),
+                    packed.geometry().scale_count(),
+                )
+                .expect("the zero point stream's size is checked on construction"),
+            ),
+        }
+    }
+
+    /// The offset of group `index` in row-major group order.
+    #[inline(always)]
+    pub(crate) fn get(&self, index: usize) -> i32 {
+        match self {
+            Offsets::Constant(offset) => *offset,
+            Offsets::PerGroup(zeros) => i32::from(zeros[index]),
+        }
+    }
+}
+
+/// A packed tensor's streams, borrowed for decoding.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stored<'a> {
+    pub codes: &'a [u8],
+    /// Scales, [rows * groups] in row-major group order.
+    pub scales: &'a [f32],
+    pub offsets: &'a Offsets,
+    pub group_size: usize,
+}
+
+/// Decodes into `out`, `rows x row_len`, whose rows are the grouped rows.
+#[inline(always)]
+pub(crate) fn along_rows<K: Kernels, const B: u32>(
+    k: K,
+    s: Stored,
+    out: &mut [f32],
+    row_len: usize,
+    streaming: bool,
+) {
+    let g = s.group_size;
+    let groups = row_len.div_ceil(g);
+    let group_bytes = g * B as usize / 8;
+    let row_bytes = groups * group_bytes;
+    let decode_rows = |first_row: usize, dst: &mut [f32]| {
+        for (i, row) in dst.chunks_exact_mut(row_len).enumerate() {
+            let r = first_row + i;
+            for (group_index, part) in row.chunks_mut(g).enumerate() {
+                let index = r * groups + group_index;
+                k.dequantize_group::<B>(
+                    &s.codes[r * row_bytes + group_index * group_bytes..],
+                    s.offsets.get(index),
+                    s.scales[index],
+                    part,
+                );
+            }
+        }
+    };
+    if !streaming {
+        decode_rows(0, out);
+        return;
+    }
+    let rows_per_block = (STAGING_FLOATS / row_len).max(1);
+    let mut staging = vec![0f32; rows_per_block * row_len];
+    for (block_index, block) in out.chunks_mut(rows_per_block * row_len).enumerate() {
+        let staged = &mut staging[..block.len()];
+        decode_rows(block_index * rows_per_block, staged);
+        k.stream_copy(staged, block);
+    }
+    k.finish_streaming();
+}
+
+/// Decodes into `out`, `rows x cols`, whose columns are the grouped rows, 8 rows at a time.
+#[inline(always)]
+pub(crate) fn down_columns<K: Kernels, const B: u32>(
+    k: K,
+    s: Stored,
+    out: &mut [f32],
+    cols: usize,
+    streaming: bool,
+) {
+    let g = s.group_size;
+    let rows = out.len() / cols;
+    let groups = rows.div_ceil(g);
+    let group_bytes = g * B as usize / 8;
+    let row_bytes = groups * group_bytes;
+    let mut offsets = vec![0i32; cols];
+    let mut scales = vec![0f32; cols];
+    let mut staging = vec![0f32; if streaming { 8 * cols } else { 0 }];
+    for (t, tile) in out.chunks_mut(g * cols).enumerate() {
+        for c in 0..cols {
+            offsets[c] = s.offsets.get(c * groups + t);
+            scales[c] = s.scales[c * groups + t];
+        }
+        for (block_index, block) in tile.chunks_mut(8 * cols).enumerate() {
+            let at = t * group_bytes + block_index * B as usize;
+            if streaming {
+                let staged = &mut staging[..block.len()];
+                k.dequantize_columns::<B>(s.codes, row_bytes, at, &offsets, &scales, staged);
+                k.stream_copy(staged, block);
+            } else {
+                k.dequantize_columns::<B>(s.codes, row_bytes, at, &offsets, &scales, block);
+            }
+        }
+    }
+    if streaming {
+        k.finish_streaming();
+    }
+}

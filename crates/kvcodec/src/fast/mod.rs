@@ -1,0 +1,134 @@
+//! The fast codec: drivers that walk a dense matrix in memory order ([`encode`], [`decode`]),
+//! over inner kernels per instruction set ([`portable`], and [`avx2`] on x86_64), plus a general
+//! path for group sizes that are not a multiple of 8 and for exact (f64) or ranged decoding
+//! ([`general`]).
+//!
+//! Two ways a dense row-major matrix M holds the grouped view of [`crate::layout`]:
+//! - [`Orientation::Rows`]: grouped row r is M's row r (the feature axis of a standard N x D
+//!   array, or the token axis of its transpose). Groups are contiguous runs of a row.
+//! - [`Orientation::Columns`]: grouped row r is M's column r (the token axis of a standard
+//!   array). The drivers take tiles of `group_size` consecutive rows of M, fit every column of
+//!   the tile at once (vertical max/min), and transpose the tile's codes to the column-major
+//!   stream with an in-register byte transpose.
+//!
+//! With a group size that is a multiple of 8, every group starts on a byte boundary of the code
+//! stream (`group_size * b` bits), so groups are packed and unpacked independently, straight
+//! into or out of the stream.
+
+pub(crate) mod bits;
+pub(crate) mod decode;
+pub(crate) mod encode;
+pub(crate) mod general;
+pub(crate) mod params;
+pub(crate) mod portable;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+
+use params::{ColumnQuant, GroupQuant};
+
+/// Bytes past a group's end that [`Kernels::quantize_pack`] may overwrite with garbage before
+/// the next group overwrites them with codes.
+pub(crate) const SCRIBBLE: usize = 16;
+
+/// A dense row-major matrix.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dense<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// How a dense matrix holds the grouped view (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Orientation {
+    /// Grouped rows are the matrix's rows.
+    Rows,
+    /// Grouped rows are the matrix's columns.
+    Columns,
+}
+
+/// Why a fast encoder stopped; the caller finds the element or group to name, in the order
+/// the reference would have met it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Some input value is NaN or infinite.
+    NonFinite,
+    /// Some group's scale overflows f32.
+    RangeOverflow,
+}
+
+/// The stored parts of an encoded matrix: code stream, scales [rows * groups_per_row] in
+/// row-major group order, and unpacked zero points in the same order (asymmetric only).
+#[derive(Debug)]
+pub(crate) struct Parts {
+    pub codes: Vec<u8>,
+    pub scales: Vec<f32>,
+    pub zero_points: Vec<u8>,
+}
+
+/// The inner loops, one implementation per instruction set. `B` is the code width.
+pub(crate) trait Kernels: Copy {
+    /// max |x| over the group (0 if empty), and whether every value is finite.
+    fn group_amax(self, group: &[f32]) -> (f32, bool);
+
+    /// (min(min x, 0), max(max x, 0)) over the group, and whether every value is finite.
+    fn group_range(self, group: &[f32]) -> (f32, f32, bool);
+
+    /// Quantizes a group whose length is a multiple of 8 and packs its codes into the first
+    /// `len * B / 8` bytes of `out`; may overwrite the next [`SCRIBBLE`] bytes with garbage, so
+    /// `out` must be that much longer.
+    fn quantize_pack<const B: u32>(self, group: &[f32], q: &GroupQuant, out: &mut [u8]);
+
+    /// Column-wise max |x| of a tile of `amax.len()` columns into `amax` (which starts at 0),
+    /// and whether every value is finite.
+    fn columns_amax(self, tile: &[f32], amax: &mut [f32]) -> bool;
+
+    /// Column-wise (min, 0) and (max, 0) of a tile into `lo` and `hi` (which start at 0), and
+    /// whether every value is finite.
+    fn columns_range(self, tile: &[f32], lo: &mut [f32], hi: &mut [f32]) -> bool;
+
+    /// Symmetric scales of the columns whose max |x| is `amax`.
+    fn symmetric_columns(self, amax: &[f32], qmax: u8, scale: &mut [f32]);
+
+    /// Asymmetric parameters of the columns of range [`lo`, `hi`]; false if a scale overflows.
+    fn asymmetric_columns(self, lo: &[f32], hi: &[f32], levels: u8, q: &mut ColumnQuant) -> bool;
+
+    /// Quantizes a tile of up to `group_size` rows (missing rows are zero padding; the group
+    /// size is a multiple of 8) and writes column c's `group_size * B / 8` bytes at
+    /// `codes[c * row_bytes + at..]`, exactly.
+    fn quantize_pack_columns<const B: u32>(
+        self,
+        tile: &[f32],
+        q: &ColumnQuant,
+        group_size: usize,
+        codes: &mut [u8],
+        row_bytes: usize,
+        at: usize,
+    );
+
+    /// Decodes the first `out.len()` codes of the group starting at `codes[0]` (the stream
+    /// from there on).
+    fn dequantize_group<const B: u32>(self, codes: &[u8], offset: i32, scale: f32, out: &mut [f32]);
+
+    /// Decodes up to 8 consecutive rows of a tile grouped down its columns: column c's codes
+    /// start at `codes[c * row_bytes + at]` (byte aligned), and `out` holds `rows x cols`
+    /// values, `cols = scales.len()`.
+    fn dequantize_columns<const B: u32>(
+        self,
+        codes: &[u8],
+        row_bytes: usize,
+        at: usize,
+        offsets: &[i32],
+        scales: &[f32],
+        out: &mut [f32],
+    );
+
+    /// Copies `src` to `dst` (same length) with stores that bypass the caches where the
+    /// instruction set has them; [`Kernels::finish_streaming`] must follow before `dst` is
+    /// handed on.
+    fn stream_copy(self, src: &[f32], dst: &mut [f32]);
+
+    /// Orders the streaming stores before anything that follows.
+    fn finish_streaming(self);
+}
