@@ -1,5 +1,6 @@
-//! b-bit streams: the fast packers held to the oracle for every width, probe and length; the
-//! i32 view; refusals; and byte-for-byte conformance with compressed-tensors' pack_to_int32.
+//! b-bit streams: the fast packers held to the oracle for every width, probe and length, on every
+//! kernel this CPU has and into dirty, misaligned buffers; the i32 view; refusals; and
+//! byte-for-byte conformance with compressed-tensors' pack_to_int32.
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 
 use bitpack::Bits;
 use bitpack::BitsError;
-use bitpack::stream as bits;
+use bitpack::stream::{self as bits, imp};
 use common::{LENGTHS, probes};
 use ndarray::{Array1, Array2};
 use ndarray_npy::read_npy;
@@ -59,6 +60,131 @@ fn every_width_probe_and_length_matches_the_oracle_in_both_containers() {
                 }
             }
         }
+    }
+}
+
+/// Lengths with several whole 64-code blocks as well as a ragged tail.
+const LONG_LENGTHS: [usize; 3] = [64 * 37, 64 * 37 + 1, 64 * 37 + 63];
+
+#[test]
+fn every_kernel_matches_the_oracle_into_dirty_and_misaligned_buffers() {
+    let kernels = imp::Kernel::available();
+    assert_eq!(kernels[0], imp::Kernel::Portable);
+    for kernel in kernels {
+        for bits in Bits::ALL {
+            for len in LENGTHS.into_iter().chain(LONG_LENGTHS) {
+                for (probe, codes) in probes(bits, len) {
+                    let config = format!("{kernel:?} {bits} {probe} len {len}");
+                    let oracle_bytes = bits::pack_bytes_reference(bits, &codes).unwrap();
+                    let oracle_words = bits::pack_words_reference(bits, &codes).unwrap();
+                    // Offsets 0..8 put the output at every alignment a streaming store cares
+                    // about; 0xA5 everywhere shows a byte (padding included) left unwritten.
+                    for offset in [0, 1, 3, 4, 7] {
+                        let mut buffer = vec![0xA5u8; oracle_bytes.len() + offset];
+                        imp::pack_bytes_into(kernel, bits, &codes, &mut buffer[offset..]).unwrap();
+                        assert_eq!(buffer[offset..], oracle_bytes, "{config} +{offset}: pack");
+                        let mut stream = vec![0u8; offset];
+                        stream.extend_from_slice(&oracle_bytes);
+                        let mut out = vec![0xA5u8; len + offset];
+                        imp::unpack_bytes_into(kernel, bits, &stream[offset..], &mut out[offset..])
+                            .unwrap();
+                        assert_eq!(out[offset..], codes, "{config} +{offset}: unpack");
+                    }
+                    let mut words = vec![0xDEAD_BEEFu32; oracle_words.len()];
+                    imp::pack_words_into(kernel, bits, &codes, &mut words).unwrap();
+                    assert_eq!(words, oracle_words, "{config}: pack words");
+                    let mut signed = vec![-0x2152_4111i32; oracle_words.len()];
+                    imp::pack_words_into(kernel, bits, &codes, &mut signed).unwrap();
+                    let oracle_signed: Vec<i32> = oracle_words.iter().map(|&w| w as i32).collect();
+                    assert_eq!(signed, oracle_signed, "{config}: pack i32 words");
+                    let mut out = vec![0xA5u8; len];
+                    imp::unpack_words_into(kernel, bits, &oracle_words, &mut out).unwrap();
+                    assert_eq!(out, codes, "{config}: unpack words");
+                    out.fill(0xA5);
+                    imp::unpack_words_into(kernel, bits, &oracle_signed, &mut out).unwrap();
+                    assert_eq!(out, codes, "{config}: unpack i32 words");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_kernel_ignores_padding_and_refuses_wide_codes_and_wrong_sizes() {
+    for kernel in imp::Kernel::available() {
+        for bits in Bits::ALL {
+            for len in [1, 9, 33, 64, 65, 64 * 5 + 3] {
+                let config = format!("{kernel:?} {bits} len {len}");
+                let mut out = vec![0u8; len];
+                let words = vec![u32::MAX; bits.word_count(len)];
+                imp::unpack_words_into(kernel, bits, &words, &mut out).unwrap();
+                assert!(out.iter().all(|&c| c == bits.max_code()), "{config}: words");
+                let bytes = vec![0xFF; bits.byte_count(len)];
+                imp::unpack_bytes_into(kernel, bits, &bytes, &mut out).unwrap();
+                assert!(out.iter().all(|&c| c == bits.max_code()), "{config}: bytes");
+                if bits.get() < 8 {
+                    // A too-wide code inside a whole block, and in the ragged tail.
+                    for index in [0, len / 2, len - 1] {
+                        let mut codes = vec![bits.max_code(); len];
+                        codes[index] = bits.max_code() + 1;
+                        let expected = bits::pack_bytes_reference(bits, &codes).unwrap_err();
+                        let mut buffer = vec![0u8; bits.byte_count(len)];
+                        let err = imp::pack_bytes_into(kernel, bits, &codes, &mut buffer);
+                        assert_eq!(err, Err(expected.clone()), "{config} at {index}");
+                        let mut buffer = vec![0u32; bits.word_count(len)];
+                        let err = imp::pack_words_into(kernel, bits, &codes, &mut buffer);
+                        assert_eq!(err, Err(expected), "{config} at {index}: words");
+                    }
+                }
+                let codes = vec![0u8; len];
+                let too_long = bits.byte_count(len) + 1;
+                assert_eq!(
+                    imp::pack_bytes_into(kernel, bits, &codes, &mut vec![0; too_long]),
+                    Err(BitsError::StreamSize {
+                        len,
+                        bits: bits.get(),
+                        got: too_long,
+                        expected: too_long - 1,
+                        unit: "bytes"
+                    }),
+                    "{config}"
+                );
+                let short = bits.word_count(len) - 1;
+                assert!(
+                    matches!(
+                        imp::pack_words_into(kernel, bits, &codes, &mut vec![0u32; short]),
+                        Err(BitsError::StreamSize { got, unit: "words", .. }) if got == short
+                    ),
+                    "{config}"
+                );
+                assert!(
+                    imp::unpack_bytes_into(kernel, bits, &vec![0; too_long], &mut out).is_err(),
+                    "{config}"
+                );
+                assert!(
+                    imp::unpack_words_into(kernel, bits, &vec![0u32; short], &mut out).is_err(),
+                    "{config}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn streams_past_the_streaming_threshold_match_the_portable_kernel() {
+    // The public functions switch to non-temporal stores from imp::STREAM_MIN_BYTES of output
+    // on; check them there against the portable kernel (the oracle is too slow at this size).
+    let len = imp::STREAM_MIN_BYTES + 67;
+    for bits in [Bits::new(3).unwrap(), Bits::EIGHT] {
+        let codes = common::random(bits, len * 8 / bits.get() as usize, 0x1234_5678);
+        let mut portable = vec![0u8; bits.byte_count(codes.len())];
+        imp::pack_bytes_into(imp::Kernel::Portable, bits, &codes, &mut portable).unwrap();
+        assert_eq!(bits::pack_bytes(bits, &codes).unwrap(), portable, "{bits}");
+        assert_eq!(
+            bits::unpack_bytes(bits, &portable, codes.len()).unwrap(),
+            codes,
+            "{bits}"
+        );
     }
 }
 
@@ -238,6 +364,14 @@ fn compressed_tensors_fixtures_match_byte_for_byte() {
                         row_words,
                         "{config}: oracle"
                     );
+                    for kernel in imp::Kernel::available() {
+                        let mut words = vec![0u32; per_row];
+                        imp::pack_words_into(kernel, bits, codes, &mut words).unwrap();
+                        assert_eq!(words, row_words, "{config}: {kernel:?}");
+                        let mut back = vec![0u8; codes.len()];
+                        imp::unpack_words_into(kernel, bits, row_words, &mut back).unwrap();
+                        assert_eq!(back, unpacked[r], "{config}: {kernel:?} unpacked");
+                    }
                     let back = bits::unpack_words(bits, row_words, codes.len()).unwrap();
                     assert_eq!(back, unpacked[r], "{config}: unpacked");
                     let signed: Vec<i32> = row_words.iter().map(|&w| w as i32).collect();
