@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ndarray::{Array2, Axis, s};
+use ndarray::{Array2, s};
 
-use crate::attention::{attention, relative_max_diff};
+use crate::attention::{Rows, attention, relative_max_diff};
 use crate::decoder::{Grid, GroupAxis};
-use crate::inputs;
+use crate::inputs::{self, Draw};
 use crate::npz::Archive;
 use crate::plan::{ComparisonPlan, InputPlan};
 use crate::protocol::Protocol;
@@ -38,6 +38,11 @@ pub fn close(recorded: f64, actual: f64) -> bool {
 }
 
 /// Checks arrays.npz and the rows' numbers; returns what it recomputed, by comparison id.
+///
+/// Inputs are checked in run order (the archive's order), each followed by its comparisons. One
+/// draw is held at a time (the inputs of one seed and length are consecutive, so each is drawn
+/// once), its keys shaped in place for each distribution; besides it, one comparison's stored
+/// arrays at a time. Archived inputs are compared a chunk at a time, never loaded.
 pub fn check(
     p: &Protocol,
     inputs: &[InputPlan],
@@ -50,38 +55,71 @@ pub fn check(
     if !check_names(inputs, plan, archive, report) {
         return recomputed;
     }
-    let mut draw = None;
+    let mut draw: Option<((u64, usize), Draw)> = None;
     for (index, input) in inputs.iter().enumerate() {
         let key = (input.seed, input.tokens);
         if draw.as_ref().is_none_or(|(k, _)| *k != key) {
+            // The last draw goes before the next is made, so two are never held.
+            drop(draw.take());
             let Some(d) = inputs::draw(p, input.seed, input.tokens) else {
                 return recomputed;
             };
             draw = Some((key, d));
         }
-        let (_, d) = draw.as_ref().expect("just drawn");
-        let k = inputs::keys(p, d, input.distribution);
-        let Some(reference) = check_input(p, input, &d.q, &k, &d.v, archive, report) else {
-            continue;
-        };
-        let q64 = d.q.mapv(f64::from);
-        for e in plan.iter().filter(|e| e.input == index) {
-            if let Some(r) = check_comparison(
-                p,
-                e,
-                &q64,
-                &k,
-                &d.v,
-                &reference,
-                archive,
-                rows.get(&e.id),
-                report,
-            ) {
-                recomputed.insert(e.id.clone(), r);
-            }
-        }
+        let (_, d) = draw.as_mut().expect("just drawn");
+        // This input's keys are the draw's, shifted in place; the shifted rows are put back
+        // for the next distribution.
+        let focus = inputs::focus_rows(p, input.tokens, input.distribution);
+        let unshifted = d.k.slice(s![focus.clone(), ..]).to_owned();
+        inputs::shift_keys(p, &d.q, &mut d.k, input.distribution);
+        check_input_and_comparisons(
+            p,
+            index,
+            input,
+            plan,
+            d,
+            rows,
+            archive,
+            report,
+            &mut recomputed,
+        );
+        d.k.slice_mut(s![focus, ..]).assign(&unshifted);
     }
     recomputed
+}
+
+/// One input (`d.k` holding its keys) and its comparisons.
+#[allow(clippy::too_many_arguments)]
+fn check_input_and_comparisons(
+    p: &Protocol,
+    index: usize,
+    input: &InputPlan,
+    plan: &[ComparisonPlan],
+    d: &Draw,
+    rows: &BTreeMap<String, ResultRow>,
+    archive: &Archive,
+    report: &mut Report,
+    recomputed: &mut BTreeMap<String, Recomputed>,
+) {
+    let Some(reference) = check_input(p, input, &d.q, &d.k, &d.v, archive, report) else {
+        return;
+    };
+    let q64 = d.q.mapv(f64::from);
+    for e in plan.iter().filter(|e| e.input == index) {
+        if let Some(r) = check_comparison(
+            p,
+            e,
+            &q64,
+            &d.k,
+            &d.v,
+            &reference,
+            archive,
+            rows.get(&e.id),
+            report,
+        ) {
+            recomputed.insert(e.id.clone(), r);
+        }
+    }
 }
 
 /// The archive must hold exactly the arrays the plan names.
@@ -134,18 +172,30 @@ fn check_input(
     let mut all_same = true;
     for (part, derived) in [("q", q), ("k", k), ("v", v)] {
         let array = format!("{id}_{part}");
-        match archive.matrix::<f32>(&array, [derived.nrows(), derived.ncols()]) {
-            Ok(archived) => {
-                let mut differ = archived
-                    .indexed_iter()
-                    .zip(derived.iter())
-                    .filter(|((_, a), b)| a.to_bits() != b.to_bits());
-                if let Some((((t, f), &a), &b)) = differ.next() {
+        let derived = derived.as_standard_layout();
+        let flat = derived
+            .as_slice()
+            .expect("a standard-layout array is one slice");
+        let columns = derived.ncols();
+        let mut count = 0usize;
+        let mut first = None;
+        let read =
+            archive.for_each::<f32>(&array, &[derived.nrows(), columns], |start, archived| {
+                for (i, (a, b)) in archived.iter().zip(&flat[start..]).enumerate() {
+                    if a.to_bits() != b.to_bits() {
+                        count += 1;
+                        first.get_or_insert((start + i, *a, *b));
+                    }
+                }
+            });
+        match read {
+            Ok(()) => {
+                if let Some((at, a, b)) = first {
                     all_same = false;
                     report.fail(Problem::Input {
                         array,
-                        count: 1 + differ.count(),
-                        first: [t, f],
+                        count,
+                        first: [at / columns, at % columns],
                         archived: a,
                         derived: b,
                     });
@@ -168,11 +218,8 @@ fn check_input(
             return None;
         }
     };
-    let recomputed = attention(
-        q.mapv(f64::from).view(),
-        k.mapv(f64::from).view(),
-        v.mapv(f64::from).view(),
-    );
+    // K and V are read as f64 a block at a time, never copied whole.
+    let recomputed = attention(q.mapv(f64::from).view(), k.view(), v.view());
     let diff = relative_max_diff(&recomputed, &reference);
     if !within(diff, OUTPUT_TOLERANCE) {
         report.fail(Problem::Attention {
@@ -198,10 +245,10 @@ fn check_comparison(
     report: &mut Report,
 ) -> Option<Recomputed> {
     let id = &e.id;
-    let mut decoded = Vec::new();
+    let mut caches = Vec::new();
     let mut payloads = Vec::new();
     for (tensor, original, axis) in [("k", k, GroupAxis::Token), ("v", v, GroupAxis::Feature)] {
-        let mut parts: Vec<Stored> = Vec::new();
+        let mut parts: Vec<(usize, Stored)> = Vec::new();
         for (index, segment) in e.segments.iter().enumerate() {
             let suffix = e.suffix(index);
             let slice = original.slice(s![segment.start..segment.end, ..]);
@@ -220,11 +267,14 @@ fn check_comparison(
                 }
                 None => tensors::check_float32(archive, &name, &suffix, slice, report),
             };
-            parts.push(stored?);
+            parts.push((segment.start, stored?));
         }
-        let views: Vec<_> = parts.iter().map(|s| s.decoded.view()).collect();
-        decoded.push(ndarray::concatenate(Axis(0), &views).expect("segments tile the cache"));
-        payloads.push(parts.iter().map(|s| s.payload_bytes).sum::<usize>());
+        payloads.push(parts.iter().map(|(_, s)| s.payload_bytes).sum::<usize>());
+        caches.push(Cache {
+            tokens: original.nrows(),
+            features: p.features,
+            segments: parts,
+        });
     }
     report.count(Checked::Segments, 2 * e.segments.len());
     let array = format!("{id}_out");
@@ -235,7 +285,7 @@ fn check_comparison(
             return None;
         }
     };
-    let recomputed = attention(q.view(), decoded[0].view(), decoded[1].view());
+    let recomputed = attention(q.view(), &caches[0], &caches[1]);
     let diff = relative_max_diff(&recomputed, &out);
     if !within(diff, OUTPUT_TOLERANCE) {
         report.fail(Problem::Attention {
@@ -283,6 +333,30 @@ fn check_comparison(
         }
     }
     Some(result)
+}
+
+/// One tensor of a comparison as stored: its segments, each with its first token, tiling the
+/// cache in token order. Attention reads it a block of rows at a time, decoding as it goes.
+struct Cache {
+    tokens: usize,
+    features: usize,
+    segments: Vec<(usize, Stored)>,
+}
+
+impl Rows for Cache {
+    fn dim(&self) -> (usize, usize) {
+        (self.tokens, self.features)
+    }
+
+    fn rows(&self, start: usize, out: &mut [f64]) {
+        for (i, row) in out.chunks_exact_mut(self.features.max(1)).enumerate() {
+            let t = start + i;
+            // The last segment starting at or before t holds it (the plan's segments tile).
+            if let Some((first, stored)) = self.segments.iter().rev().find(|(s, _)| *s <= t) {
+                stored.values.row(t - first, row);
+            }
+        }
+    }
 }
 
 fn frobenius(a: &Array2<f64>) -> f64 {

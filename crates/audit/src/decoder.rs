@@ -141,10 +141,23 @@ pub fn decode(
     offsets: &Array2<u8>,
 ) -> Array2<f64> {
     Array2::from_shape_fn((grid.tokens, grid.features), |(t, f)| {
-        let (p, group) = grid.locate(t, f);
-        let signed = i32::from(code_at(stream, grid.bits, p)) - i32::from(offsets[group]);
-        f64::from(signed) * f64::from(scales[group])
+        value_at(grid, stream, scales, offsets, t, f)
     })
+}
+
+/// Logical element (t, f) of what [`decode`] returns, alone: the audit decodes as it reads
+/// rather than holding a decoded f64 copy of K or V.
+pub fn value_at(
+    grid: &Grid,
+    stream: &[u8],
+    scales: ArrayView2<f32>,
+    offsets: &Array2<u8>,
+    t: usize,
+    f: usize,
+) -> f64 {
+    let (p, group) = grid.locate(t, f);
+    let signed = i32::from(code_at(stream, grid.bits, p)) - i32::from(offsets[group]);
+    f64::from(signed) * f64::from(scales[group])
 }
 
 #[cfg(test)]

@@ -5,10 +5,16 @@
 //! (no `..`, `.`, empty or absolute parts, no backslash or NUL); each directory on the way and the
 //! file itself are checked with `lstat` (a symbolic link is refused, not followed); the file is
 //! opened with `O_NOFOLLOW | O_NONBLOCK` (so a FIFO swapped in cannot block the audit) and must
-//! still be a regular file once open; and reading stops one byte past the cap.
+//! still be a regular file, within the cap, once open; and reading stops one byte past the cap.
+//!
+//! A file is read whole ([`read_confined`]) only when it is parsed whole (JSON, markdown, SVG,
+//! sources, all under their caps); a file that is only hashed is hashed as it is read
+//! ([`sha256_confined`]), and arrays.npz is opened ([`open_confined`]) and read by position.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
+
+use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 use thiserror::Error;
@@ -53,6 +59,16 @@ pub enum FileError {
         path: PathBuf,
         /// The cap.
         cap: u64,
+    },
+    /// A file whose length changed while it was read.
+    #[error("{path} changed while it was read ({before} bytes, then {after})")]
+    Changed {
+        /// The path.
+        path: PathBuf,
+        /// Its length when opened.
+        before: u64,
+        /// Its length after it was read.
+        after: u64,
     },
     /// An I/O error while reading.
     #[error("cannot read {path}: {error}")]
@@ -105,8 +121,63 @@ pub fn read_confined(base: &Path, path: &str, cap: u64) -> Result<Vec<u8>, FileE
     read_regular(&confined_path(base, path)?, cap)
 }
 
+/// Opens `path` under `base` (a plain relative path) as [`read_confined`] would read it: the
+/// open file and its length, at most `cap`.
+pub fn open_confined(base: &Path, path: &str, cap: u64) -> Result<(File, u64), FileError> {
+    open_regular(&confined_path(base, path)?, cap)
+}
+
+/// Lower-case hex SHA-256 of `path` under `base` (a plain relative path), at most `cap` bytes,
+/// hashed as it is read: never held whole.
+pub fn sha256_confined(base: &Path, path: &str, cap: u64) -> Result<String, FileError> {
+    let full = confined_path(base, path)?;
+    let (file, _) = open_regular(&full, cap)?;
+    let io = |error| FileError::Io {
+        path: full.clone(),
+        error,
+    };
+    let mut hash = Sha256::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    let mut reader = file.take(cap + 1);
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(io(e)),
+        };
+        hash.update(&chunk[..n]);
+        total += n as u64;
+    }
+    if total > cap {
+        return Err(FileError::TooLarge { path: full, cap });
+    }
+    Ok(hex::encode(hash.finalize()))
+}
+
 /// Reads one regular file (not a link, device or FIFO), at most `cap` bytes.
 pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, FileError> {
+    let (file, _) = open_regular(path, cap)?;
+    let mut bytes = Vec::new();
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| FileError::Io {
+            path: path.to_path_buf(),
+            error,
+        })?;
+    if bytes.len() as u64 > cap {
+        return Err(FileError::TooLarge {
+            path: path.to_path_buf(),
+            cap,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Opens one regular file (not a link, device or FIFO) of at most `cap` bytes: the file and its
+/// length once open.
+pub fn open_regular(path: &Path, cap: u64) -> Result<(File, u64), FileError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_symlink() => {
             return Err(FileError::Symlink {
@@ -137,20 +208,19 @@ pub fn read_regular(path: &Path, cap: u64) -> Result<Vec<u8>, FileError> {
     };
     let file = open_no_follow(path).map_err(io)?;
     // The path could have been swapped between the lstat and the open.
-    if !file.metadata().map_err(io)?.is_file() {
+    let metadata = file.metadata().map_err(io)?;
+    if !metadata.is_file() {
         return Err(FileError::NotRegular {
             path: path.to_path_buf(),
         });
     }
-    let mut bytes = Vec::new();
-    file.take(cap + 1).read_to_end(&mut bytes).map_err(io)?;
-    if bytes.len() as u64 > cap {
+    if metadata.len() > cap {
         return Err(FileError::TooLarge {
             path: path.to_path_buf(),
             cap,
         });
     }
-    Ok(bytes)
+    Ok((file, metadata.len()))
 }
 
 #[cfg(unix)]

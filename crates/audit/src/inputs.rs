@@ -12,6 +12,8 @@
 //! (`recent_focus`) `window` keys: the mean is a sequential f32 sum over the query rows divided by
 //! the query count, and each element gets one f32 multiply and one f32 add.
 
+use std::ops::Range;
+
 use ndarray::{Array1, Array2};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
@@ -63,26 +65,40 @@ pub fn draw(p: &Protocol, seed: u64, tokens: usize) -> Option<Draw> {
 
 /// The keys of `distribution`: the draw's k, shifted in the focus window.
 pub fn keys(p: &Protocol, draw: &Draw, distribution: Distribution) -> Array2<f32> {
-    let tokens = draw.k.nrows();
+    let mut k = draw.k.clone();
+    shift_keys(p, &draw.q, &mut k, distribution);
+    k
+}
+
+/// The rows of k that `distribution` shifts (none for `clean`).
+pub fn focus_rows(p: &Protocol, tokens: usize, distribution: Distribution) -> Range<usize> {
     let window = p.focus.window.min(tokens);
-    let shifted = match distribution {
-        Distribution::Clean => return draw.k.clone(),
+    match distribution {
+        Distribution::Clean => 0..0,
         Distribution::EarlyFocus => 0..window,
         Distribution::RecentFocus => tokens - window..tokens,
-    };
+    }
+}
+
+/// Shifts `k` (a draw's keys, tokens x D) in place into the keys of `distribution`, `q` being
+/// the draw's queries: the audit shapes the one k it holds rather than copying it, and puts the
+/// [`focus_rows`] back afterwards.
+pub fn shift_keys(p: &Protocol, q: &Array2<f32>, k: &mut Array2<f32>, distribution: Distribution) {
+    let shifted = focus_rows(p, k.nrows(), distribution);
+    if shifted.is_empty() {
+        return;
+    }
     let mut mean = Array1::<f32>::zeros(p.features);
-    for row in draw.q.rows() {
+    for row in q.rows() {
         for (m, &x) in mean.iter_mut().zip(row) {
             *m += x;
         }
     }
-    let count = draw.q.nrows() as f32;
+    let count = q.nrows() as f32;
     mean.mapv_inplace(|m| m / count);
-    let mut k = draw.k.clone();
     for t in shifted {
         for (x, &m) in k.row_mut(t).iter_mut().zip(&mean) {
             *x += p.focus.gain * m;
         }
     }
-    k
 }

@@ -124,10 +124,10 @@ pub fn audit_dir(dir: &Path, tree: &Path) -> Report {
     let Some(scope) = check_scope(&manifest, &manifest_bytes, &mut report) else {
         return report;
     };
-    let outputs = read_outputs(&dir, &manifest, &mut report);
+    let (outputs, archive) = read_outputs(&dir, &manifest, &mut report);
     sources::check(&tree, &manifest, &mut report);
     check_manifest_fields(&tree, &manifest, scope, &mut report);
-    check_contents(&manifest, scope, outputs, &mut report);
+    check_contents(&manifest, scope, outputs, archive, &mut report);
     report
 }
 
@@ -237,13 +237,21 @@ fn run_files(manifest: &Manifest) -> Vec<&'static str> {
     files
 }
 
+/// The text files of a run, read whole (each is parsed whole, under [`MAX_TEXT_BYTES`]).
+type Texts = BTreeMap<&'static str, Vec<u8>>;
+
 /// Checks the directory holds exactly the run's files, that the manifest lists exactly those,
-/// and that each hashes as recorded; returns the bytes of those that could be read.
+/// and that each hashes as recorded; returns the bytes of the text files that could be read, and
+/// arrays.npz opened and checked (or the rule it breaks) if it could be read.
+///
+/// arrays.npz is never read whole: its one sequential pass ([`npz::Archive::open`]) computes the
+/// hash checked here and checks the archive's rules, and its arrays are read when the checks of
+/// [`comparisons`] ask for them, each verified to be the bytes that pass hashed.
 fn read_outputs(
     dir: &Path,
     manifest: &Manifest,
     report: &mut Report,
-) -> BTreeMap<&'static str, Vec<u8>> {
+) -> (Texts, Option<Result<npz::Archive, npz::NpzError>>) {
     let expected = run_files(manifest);
     let listed: BTreeSet<&str> = manifest.outputs.keys().map(String::as_str).collect();
     for name in &listed {
@@ -271,17 +279,24 @@ fn read_outputs(
         }
         Err(e) => report.fail(Problem::File(e)),
     }
-    let mut out = BTreeMap::new();
+    let mut texts = BTreeMap::new();
+    let mut archive = None;
     for name in expected {
-        let cap = if name == "arrays.npz" {
-            npz::zip::MAX_ARCHIVE_BYTES
+        let read = if name == "arrays.npz" {
+            open_archive(dir, name).map(|scanned| {
+                archive = Some(scanned.archive);
+                scanned.sha256
+            })
         } else {
-            MAX_TEXT_BYTES
+            files::read_confined(dir, name, MAX_TEXT_BYTES).map(|bytes| {
+                let hash = hashes::sha256_hex(&bytes);
+                texts.insert(name, bytes);
+                hash
+            })
         };
-        match files::read_confined(dir, name, cap) {
-            Ok(bytes) => {
+        match read {
+            Ok(actual) => {
                 if let Some(recorded) = manifest.outputs.get(name) {
-                    let actual = hashes::sha256_hex(&bytes);
                     if &actual != recorded {
                         report.fail(Problem::Hash {
                             file: name.to_string(),
@@ -291,12 +306,27 @@ fn read_outputs(
                     }
                     report.count(Checked::OutputHashes, 1);
                 }
-                out.insert(name, bytes);
             }
             Err(e) => report.fail(Problem::File(e)),
         }
     }
-    out
+    (texts, archive)
+}
+
+/// Opens arrays.npz confined and makes its one pass: its hash and its reading.
+fn open_archive(dir: &Path, name: &str) -> Result<npz::Scanned, FileError> {
+    let (file, len) = files::open_confined(dir, name, npz::zip::MAX_ARCHIVE_BYTES)?;
+    npz::Archive::open(file, len).map_err(|e| match e {
+        npz::ScanError::Io(error) => FileError::Io {
+            path: dir.join(name),
+            error,
+        },
+        npz::ScanError::Length { before, after } => FileError::Changed {
+            path: dir.join(name),
+            before,
+            after,
+        },
+    })
 }
 
 /// The manifest's counts, tool, and (for a protocol from the tree) the protocol itself.
@@ -352,7 +382,8 @@ fn check_manifest_fields(tree: &Path, manifest: &Manifest, scope: Scope, report:
 fn check_contents(
     manifest: &Manifest,
     scope: Scope,
-    mut outputs: BTreeMap<&'static str, Vec<u8>>,
+    outputs: Texts,
+    archive: Option<Result<npz::Archive, npz::NpzError>>,
     report: &mut Report,
 ) {
     let p = &manifest.protocol;
@@ -360,8 +391,6 @@ fn check_contents(
     let comparisons = plan::comparisons(p, &inputs);
     let configs = plan::configs(p);
     let labels: Vec<String> = configs.iter().map(|c| c.label()).collect();
-    // The archive is the largest file (up to 4 GiB): moved into the reader, never copied.
-    let archive_bytes = outputs.remove("arrays.npz");
     let parsed = |name: &'static str| outputs.get(name).map(|bytes| (name, bytes));
 
     let rows =
@@ -373,17 +402,15 @@ fn check_contents(
             }
             None => BTreeMap::new(),
         };
-    let recomputed = match archive_bytes {
-        Some(bytes) => match npz::Archive::new(bytes) {
-            Ok(archive) => {
-                report.count(Checked::ArchiveMembers, archive.names().len());
-                comparisons::check(p, &inputs, &comparisons, &rows, &archive, report)
-            }
-            Err(e) => {
-                report.fail(Problem::Archive(e));
-                BTreeMap::new()
-            }
-        },
+    let recomputed = match archive {
+        Some(Ok(archive)) => {
+            report.count(Checked::ArchiveMembers, archive.names().len());
+            comparisons::check(p, &inputs, &comparisons, &rows, &archive, report)
+        }
+        Some(Err(e)) => {
+            report.fail(Problem::Archive(e));
+            BTreeMap::new()
+        }
         None => BTreeMap::new(),
     };
     let timings = match (p.timing, parsed(TIMINGS)) {
@@ -524,10 +551,9 @@ pub fn audit_pins(root_manifest: &Path, tree: &Path) -> Vec<Report> {
             match files::plain_components(name)
                 .ok()
                 .filter(|parts| parts.len() == 1)
-                .map(|_| files::read_confined(&path, name, cap))
+                .map(|_| files::sha256_confined(&path, name, cap))
             {
-                Some(Ok(bytes)) => {
-                    let actual = hashes::sha256_hex(&bytes);
+                Some(Ok(actual)) => {
                     if &actual != recorded {
                         pins.fail(Problem::Hash {
                             file: format!("{dir}/{name}"),

@@ -2,10 +2,14 @@
 //! (range, padding, unused bits, and each code against the quantization rule), its scales and
 //! zero points (against the rule applied to the input's groups), the `scale / 2` bound, and, for
 //! a float32 segment, its values bit for bit.
+//!
+//! A checked segment is kept as stored ([`Stored`]: codes, scales and offsets, or float32
+//! values), not decoded: it is decoded element by element when attention reads it, so no f64
+//! copy of a segment is ever held.
 
 use ndarray::{Array2, ArrayView2};
 
-use crate::decoder::{Grid, code_at, decode, offsets, tail_is_clear};
+use crate::decoder::{Grid, code_at, offsets, tail_is_clear, value_at};
 use crate::npz::Archive;
 use crate::protocol::Mode;
 use crate::report::{Checked, Problem, Report};
@@ -15,11 +19,53 @@ use crate::rules;
 /// rounded to f32 before it is rounded to a code, which can move it by up to L * 2^-24.
 pub const BOUND_SLACK: f64 = 1.0 / (1u64 << 22) as f64;
 
-/// A segment as the audit decoded it, and what it costs as stored.
+/// What a checked segment holds, as the archive stores it.
+#[derive(Debug, Clone)]
+pub enum Values {
+    /// A quantized segment: its code stream, scales and per-group offsets.
+    Quantized {
+        /// Where its elements live.
+        grid: Grid,
+        /// The code stream.
+        codes: Vec<u8>,
+        /// One scale per group.
+        scales: Array2<f32>,
+        /// One offset per group (qmax, or the stored zero point).
+        offsets: Array2<u8>,
+    },
+    /// A float32 segment's values, tokens x features.
+    Float32(Array2<f32>),
+}
+
+impl Values {
+    /// Logical row `t` of the segment, decoded into `out` (one f64 per feature), exactly as
+    /// [`crate::decoder::decode`] decodes it.
+    pub fn row(&self, t: usize, out: &mut [f64]) {
+        match self {
+            Values::Quantized {
+                grid,
+                codes,
+                scales,
+                offsets,
+            } => {
+                for (f, o) in out.iter_mut().enumerate() {
+                    *o = value_at(grid, codes, scales.view(), offsets, t, f);
+                }
+            }
+            Values::Float32(values) => {
+                for (o, &x) in out.iter_mut().zip(values.row(t)) {
+                    *o = f64::from(x);
+                }
+            }
+        }
+    }
+}
+
+/// A segment as the audit checked it, and what it costs as stored.
 #[derive(Debug, Clone)]
 pub struct Stored {
-    /// The decoded segment, tokens x features.
-    pub decoded: Array2<f64>,
+    /// What it holds, to be decoded as it is read.
+    pub values: Values,
     /// Code bytes + 4 per scale + zero-point bytes + 8 shape bytes, or 4 per value + 8.
     pub payload_bytes: usize,
 }
@@ -84,7 +130,7 @@ pub fn check_float32(
     }
     Some(Stored {
         payload_bytes: 4 * values.len() + 8,
-        decoded: values.mapv(f64::from),
+        values: Values::Float32(values),
     })
 }
 
@@ -106,12 +152,13 @@ pub fn check_quantized(
     )?;
     let (rows, _, groups) = grid.view();
     let loaded = (|| {
-        let codes = archive.vector::<u8>(&array("codes"), grid.stream_bytes(grid.positions()))?;
+        let codes =
+            archive.values::<u8>(&array("codes"), &[grid.stream_bytes(grid.positions())])?;
         let scales = archive.matrix::<f32>(&array("scales"), [rows, groups])?;
         let zeros = match grid.mode {
-            Mode::Symmetric => ndarray::Array1::zeros(0),
+            Mode::Symmetric => Vec::new(),
             Mode::Asymmetric => {
-                archive.vector::<u8>(&array("zeros"), grid.stream_bytes(grid.groups()))?
+                archive.values::<u8>(&array("zeros"), &[grid.stream_bytes(grid.groups())])?
             }
         };
         Ok((codes, scales, zeros))
@@ -123,12 +170,8 @@ pub fn check_quantized(
             return None;
         }
     };
-    let stream = codes
-        .as_slice()
-        .expect("a freshly built array is contiguous");
-    let zero_stream = zeros
-        .as_slice()
-        .expect("a freshly built array is contiguous");
+    let stream = codes.as_slice();
+    let zero_stream = zeros.as_slice();
     if grid.mode == Mode::Asymmetric && !tail_is_clear(zero_stream, grid.bits, grid.groups()) {
         report.fail(Problem::Padding {
             array: array("zeros"),
@@ -148,14 +191,14 @@ pub fn check_quantized(
         report,
     );
 
-    let decoded = decode(&grid, stream, scales.view(), &offsets);
     let levels = f64::from(grid.max_code());
     let mut over = 0usize;
     let mut first = None;
     for ((t, f), &x) in original.indexed_iter() {
         let (_, at) = grid.locate(t, f);
         let scale = f64::from(scales[at]);
-        let err = (decoded[[t, f]] - f64::from(x)).abs();
+        let decoded = value_at(&grid, stream, scales.view(), &offsets, t, f);
+        let err = (decoded - f64::from(x)).abs();
         if !within(err, scale * (0.5 + levels * BOUND_SLACK)) {
             over += 1;
             first.get_or_insert(([t, f], err, scale / 2.0));
@@ -172,7 +215,12 @@ pub fn check_quantized(
     }
     Some(Stored {
         payload_bytes: codes.len() + 4 * scales.len() + zeros.len() + 8,
-        decoded,
+        values: Values::Quantized {
+            grid,
+            codes,
+            scales,
+            offsets,
+        },
     })
 }
 

@@ -152,20 +152,33 @@ pub struct NpyHeader {
     pub data_offset: usize,
 }
 
+/// Bytes of a member that [`parse_prefix`] reads at most: magic, version, header length and
+/// the longest header NumPy accepts.
+pub const PREFIX_BYTES: usize = 10 + MAX_HEADER_BYTES;
+
 /// Parses a member's header and checks that exactly the declared data follows it.
 pub fn parse(member: &[u8]) -> Result<NpyHeader, NpyError> {
-    if member.len() < 10 || &member[..6] != MAGIC {
+    parse_prefix(&member[..member.len().min(PREFIX_BYTES)], member.len())
+}
+
+/// [`parse`] for a member of `len` bytes of which only the first `min(len, PREFIX_BYTES)` are
+/// at hand: the rules need no more, so a member's data is never held to read its header.
+pub fn parse_prefix(prefix: &[u8], len: usize) -> Result<NpyHeader, NpyError> {
+    if len < 10 || prefix.len() < 10 || &prefix[..6] != MAGIC {
         return Err(NpyError::Magic);
     }
-    let (major, minor) = (member[6], member[7]);
+    let (major, minor) = (prefix[6], prefix[7]);
     if (major, minor) != (1, 0) {
         return Err(NpyError::Version { major, minor });
     }
-    let length = u16::from_le_bytes([member[8], member[9]]) as usize;
-    if length > MAX_HEADER_BYTES || 10 + length > member.len() {
+    let length = u16::from_le_bytes([prefix[8], prefix[9]]) as usize;
+    if length > MAX_HEADER_BYTES || 10 + length > len {
         return Err(NpyError::HeaderLength { length });
     }
-    let header = &member[10..10 + length];
+    // Within the prefix whenever it is the member's first min(len, PREFIX_BYTES) bytes.
+    let header = prefix
+        .get(10..10 + length)
+        .ok_or(NpyError::HeaderLength { length })?;
     let bad_header = || NpyError::Header {
         found: String::from_utf8_lossy(header).trim_end().to_string(),
     };
@@ -207,7 +220,7 @@ pub fn parse(member: &[u8]) -> Result<NpyHeader, NpyError> {
             found: format!("({shape_text})"),
         })?;
     let data_offset = 10 + length;
-    let present = member.len() - data_offset;
+    let present = len - data_offset;
     if expected != present {
         return Err(NpyError::DataSize { expected, present });
     }

@@ -21,10 +21,23 @@
 //!   that matches its bytes, and a name `<stem>.npy` whose stem is ASCII letters, digits and
 //!   underscores, unique in the archive;
 //! - no ZIP64 record or field (the archive is below 4 GiB and 65,535 members).
+//!
+//! The headers are read by position ([`layout`]): the end record, each local header and its
+//! name, each central entry and its name, every offset and size checked against the archive's
+//! length before it is read, so an archive of any size is never held whole. What needs the
+//! members' bytes (their CRC-32s) comes from one sequential pass over the file made by the
+//! caller ([`crate::npz`]), after which [`Layout::finish`] applies the last rules in the same
+//! order as ever: for each member, agreement with its central entry, then its name, then
+//! uniqueness, then its CRC-32. So each archive is refused by the same rule as when it was held
+//! in memory.
 
+use std::io;
 use std::ops::Range;
 
+use sha2::{Digest, Sha256};
 use thiserror::Error;
+
+use super::source::ReadAt;
 
 /// The largest archive this reader accepts: the ZIP format without its 64-bit extension.
 pub const MAX_ARCHIVE_BYTES: u64 = u32::MAX as u64;
@@ -210,13 +223,34 @@ impl ZipError {
     }
 }
 
+/// Why [`layout`] stopped: a rule broken, or bytes that could not be read.
+#[derive(Debug)]
+pub enum LayoutError {
+    /// The container breaks a rule.
+    Rule(ZipError),
+    /// A read failed (for a file: an I/O error, or a file shortened since its length was taken).
+    Read(io::Error),
+}
+
+impl From<ZipError> for LayoutError {
+    fn from(e: ZipError) -> Self {
+        LayoutError::Rule(e)
+    }
+}
+
+impl From<io::Error> for LayoutError {
+    fn from(e: io::Error) -> Self {
+        LayoutError::Read(e)
+    }
+}
+
 /// One member of a canonical archive: its name without `.npy`, and where its bytes are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The member's name without the `.npy` suffix, as `numpy.load` keys it.
     pub stem: String,
     /// Its bytes (the whole `.npy` file) within the archive.
-    pub data: Range<usize>,
+    pub data: Range<u64>,
 }
 
 /// The fields a local header and its central entry must share.
@@ -234,7 +268,118 @@ struct Header {
     name: Vec<u8>,
 }
 
-/// A bounds-checked little-endian reader over one region of the archive.
+impl Header {
+    /// Where the member's bytes start: after the local header and the name (no extra field).
+    fn data(&self) -> Range<u64> {
+        let start = (self.offset + LOCAL_HEADER_BYTES + self.name.len()) as u64;
+        start..start + u64::from(self.size)
+    }
+}
+
+/// One member as the headers describe it.
+#[derive(Debug, Clone)]
+struct Member {
+    local: Header,
+    /// The first field on which its central entry disagrees with its local header.
+    mismatch: Option<&'static str>,
+}
+
+/// What a stretch of the archive holds, in file order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Header bytes: a local header with its name, or the central directory and end record.
+    Headers(Range<u64>),
+    /// Member `index`'s bytes (its whole `.npy` file).
+    Member(usize, Range<u64>),
+}
+
+/// An archive's layout as its headers give it: every rule of this module checked except those
+/// that need the members' bytes, which [`Layout::finish`] checks in the same order as before.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    len: u64,
+    directory: Range<usize>,
+    members: Vec<Member>,
+    headers_sha256: [u8; 32],
+}
+
+impl Layout {
+    /// The archive's length, as it was when the layout was read.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it has no member.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Members, in archive order.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Member `index`'s bytes (its whole `.npy` file).
+    pub fn member(&self, index: usize) -> Range<u64> {
+        self.members[index].local.data()
+    }
+
+    /// SHA-256 of every header byte the layout was read from, in file order: a later pass over
+    /// the file hashes the same [`Piece::Headers`] to show it read the same headers.
+    pub fn headers_sha256(&self) -> [u8; 32] {
+        self.headers_sha256
+    }
+
+    /// The archive from its first byte to its last, in order: each member's local header and
+    /// bytes, then the central directory with the end record.
+    pub fn pieces(&self) -> Vec<Piece> {
+        let mut out = Vec::with_capacity(2 * self.members.len() + 1);
+        for (index, member) in self.members.iter().enumerate() {
+            let data = member.local.data();
+            out.push(Piece::Headers(member.local.offset as u64..data.start));
+            out.push(Piece::Member(index, data));
+        }
+        out.push(Piece::Headers(self.directory.start as u64..self.len));
+        out
+    }
+
+    /// The rules that need the members' bytes, member by member in archive order as ever: the
+    /// central entry agrees with the local header, the name is `<stem>.npy` with a plain stem
+    /// and unique, and `crcs[i]` (member i's CRC-32, computed by the caller) is the one recorded.
+    pub fn finish(&self, crcs: &[u32]) -> Result<Vec<Entry>, ZipError> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = Vec::with_capacity(self.members.len());
+        for (member, &actual) in self.members.iter().zip(crcs) {
+            let local = &member.local;
+            let name = String::from_utf8_lossy(&local.name).into_owned();
+            if let Some(field) = member.mismatch {
+                return Err(ZipError::HeaderMismatch {
+                    member: name,
+                    field,
+                });
+            }
+            let stem =
+                plain_stem(&local.name).ok_or_else(|| ZipError::Name { name: name.clone() })?;
+            if !seen.insert(stem.to_string()) {
+                return Err(ZipError::DuplicateName { name });
+            }
+            if actual != local.crc {
+                return Err(ZipError::Crc {
+                    member: name,
+                    recorded: local.crc,
+                    actual,
+                });
+            }
+            out.push(Entry {
+                stem: stem.to_string(),
+                data: local.data(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A bounds-checked little-endian reader over one header read from the archive.
 struct Cursor<'a> {
     bytes: &'a [u8],
     at: usize,
@@ -271,64 +416,69 @@ impl Cursor<'_> {
     }
 }
 
-/// Reads the members of a canonical archive, or names the first rule it breaks.
-pub fn entries(bytes: &[u8]) -> Result<Vec<Entry>, ZipError> {
-    let len = bytes.len();
-    if len as u64 > MAX_ARCHIVE_BYTES {
-        return Err(ZipError::TooLarge { bytes: len as u64 });
+/// Reads the headers of an archive of `len` bytes by position and checks every rule they carry,
+/// or names the first rule broken, in the order the rules have always been checked: size, end
+/// record, local headers, central directory. Each size is checked against `len` before anything
+/// is read or allocated for it.
+pub fn layout<R: ReadAt + ?Sized>(source: &R, len: u64) -> Result<Layout, LayoutError> {
+    if len > MAX_ARCHIVE_BYTES {
+        return Err(ZipError::TooLarge { bytes: len }.into());
     }
-    let directory = end_record(bytes)?;
-    let end_record_at = len - END_RECORD_BYTES;
-    let locals = walk_local_headers(bytes, directory.start)?;
-    let central = walk_central_directory(bytes, directory, end_record_at, locals.len())?;
-    let mut seen = std::collections::BTreeSet::new();
-    let mut out = Vec::with_capacity(locals.len());
-    for (local, central) in locals.iter().zip(&central) {
-        compare(local, central)?;
-        let name = String::from_utf8_lossy(&local.name).into_owned();
-        let stem = plain_stem(&local.name).ok_or_else(|| ZipError::Name { name: name.clone() })?;
-        if !seen.insert(stem.to_string()) {
-            return Err(ZipError::DuplicateName { name });
-        }
-        let start = local.offset + LOCAL_HEADER_BYTES + local.name.len();
-        let data = start..start + local.size as usize;
-        let actual = crc32fast::hash(&bytes[data.clone()]);
-        if actual != local.crc {
-            return Err(ZipError::Crc {
-                member: name,
-                recorded: local.crc,
-                actual,
-            });
-        }
-        out.push(Entry {
-            stem: stem.to_string(),
-            data,
-        });
-    }
-    Ok(out)
+    // At most u32::MAX, so it fits.
+    let size = len as usize;
+    let (directory, total, end) = end_record(source, size)?;
+    let mut headers = Sha256::new();
+    let (locals, members) = walk_local_headers(source, directory.start, total, &mut headers)?;
+    let mismatches = walk_central_directory(
+        source,
+        directory.clone(),
+        total,
+        members,
+        &locals,
+        &mut headers,
+    )?;
+    headers.update(end);
+    Ok(Layout {
+        len,
+        directory,
+        members: locals
+            .into_iter()
+            .zip(mismatches)
+            .map(|(local, mismatch)| Member { local, mismatch })
+            .collect(),
+        headers_sha256: headers.finalize().into(),
+    })
 }
 
-/// Checks the end record and returns where the central directory lies.
-fn end_record(bytes: &[u8]) -> Result<Range<usize>, ZipError> {
-    let len = bytes.len();
+/// Checks the end record; returns where the central directory lies, the member count it gives,
+/// and the record's bytes.
+fn end_record<R: ReadAt + ?Sized>(
+    source: &R,
+    len: usize,
+) -> Result<(Range<usize>, usize, [u8; END_RECORD_BYTES]), LayoutError> {
     if len < END_RECORD_BYTES {
-        return Err(ZipError::EndRecord);
+        return Err(ZipError::EndRecord.into());
     }
     let at = len - END_RECORD_BYTES;
-    let mut c = Cursor { bytes, at };
+    let mut bytes = [0u8; END_RECORD_BYTES];
+    source.read_exact_at(&mut bytes, at as u64)?;
+    let mut c = Cursor {
+        bytes: &bytes,
+        at: 0,
+    };
     if c.u32() != END_SIGNATURE {
-        return Err(ZipError::EndRecord);
+        return Err(ZipError::EndRecord.into());
     }
     let (disk, directory_disk, on_disk, total) = (c.u16(), c.u16(), c.u16(), c.u16());
     let (size, offset, comment) = (c.u32(), c.u32(), c.u16());
     if comment != 0 {
-        return Err(ZipError::EndRecord);
+        return Err(ZipError::EndRecord.into());
     }
     if total == u16::MAX || size == u32::MAX || offset == u32::MAX {
-        return Err(ZipError::Zip64 { offset: at });
+        return Err(ZipError::Zip64 { offset: at }.into());
     }
     if disk != 0 || directory_disk != 0 || on_disk != total {
-        return Err(ZipError::Disk);
+        return Err(ZipError::Disk.into());
     }
     let (offset, size) = (offset as usize, size as usize);
     if offset.checked_add(size) != Some(at) {
@@ -336,45 +486,67 @@ fn end_record(bytes: &[u8]) -> Result<Range<usize>, ZipError> {
             offset: offset as u64,
             size: size as u64,
             end_record: at,
-        });
+        }
+        .into());
     }
-    Ok(offset..at)
+    Ok((offset..at, total as usize, bytes))
 }
 
 /// Walks local headers from offset 0 to the central directory; they must tile it exactly.
-fn walk_local_headers(bytes: &[u8], directory: usize) -> Result<Vec<Header>, ZipError> {
+/// Returns the headers and how many there are. Only the first `total` (the end record's count)
+/// are kept: more fail the directory's count anyway, and so cannot make the walk hold more than
+/// 65,535 headers.
+fn walk_local_headers<R: ReadAt + ?Sized>(
+    source: &R,
+    directory: usize,
+    total: usize,
+    hash: &mut Sha256,
+) -> Result<(Vec<Header>, usize), LayoutError> {
     let mut headers = Vec::new();
+    let mut count = 0;
     let mut at = 0;
+    let mut fixed = [0u8; LOCAL_HEADER_BYTES];
     while at < directory {
-        if at + LOCAL_HEADER_BYTES > directory
-            || u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-                != LOCAL_SIGNATURE
-        {
+        if at + LOCAL_HEADER_BYTES > directory {
             return Err(ZipError::Layout {
                 offset: at,
                 directory,
-            });
+            }
+            .into());
         }
-        let mut c = Cursor { bytes, at: at + 4 };
+        source.read_exact_at(&mut fixed, at as u64)?;
+        if u32::from_le_bytes([fixed[0], fixed[1], fixed[2], fixed[3]]) != LOCAL_SIGNATURE {
+            return Err(ZipError::Layout {
+                offset: at,
+                directory,
+            }
+            .into());
+        }
+        let mut c = Cursor {
+            bytes: &fixed,
+            at: 4,
+        };
         let mut header = c.shared_fields(at);
         let (version, flags, method) = (header.version, header.flags, header.method);
         let (compressed, size) = (header.compressed, header.size);
         let (name_len, extra_len) = (c.u16() as usize, c.u16() as usize);
-        let name_end = c.at + name_len;
+        let name_end = at + LOCAL_HEADER_BYTES + name_len;
         if name_end > directory {
             return Err(ZipError::Truncated {
                 what: "local header",
                 offset: at,
                 limit: directory,
-            });
+            }
+            .into());
         }
-        let name = bytes[c.at..name_end].to_vec();
+        let mut name = vec![0u8; name_len];
+        source.read_exact_at(&mut name, (at + LOCAL_HEADER_BYTES) as u64)?;
         let member = String::from_utf8_lossy(&name).into_owned();
         if compressed == u32::MAX || size == u32::MAX {
-            return Err(ZipError::Zip64 { offset: at });
+            return Err(ZipError::Zip64 { offset: at }.into());
         }
         if flags != 0 {
-            return Err(ZipError::Flags { member, flags });
+            return Err(ZipError::Flags { member, flags }.into());
         }
         if method != 0 || compressed != size {
             return Err(ZipError::Compressed {
@@ -382,13 +554,14 @@ fn walk_local_headers(bytes: &[u8], directory: usize) -> Result<Vec<Header>, Zip
                 method,
                 compressed: compressed.into(),
                 size: size.into(),
-            });
+            }
+            .into());
         }
         if !VERSIONS_NEEDED.contains(&version) {
-            return Err(ZipError::Version { member, version });
+            return Err(ZipError::Version { member, version }.into());
         }
         if extra_len != 0 {
-            return Err(ZipError::ExtraField { member });
+            return Err(ZipError::ExtraField { member }.into());
         }
         let data_end = name_end + size as usize;
         if data_end > directory {
@@ -396,39 +569,54 @@ fn walk_local_headers(bytes: &[u8], directory: usize) -> Result<Vec<Header>, Zip
                 what: "member",
                 offset: at,
                 limit: directory,
-            });
+            }
+            .into());
         }
-        header.name = name;
-        headers.push(header);
+        hash.update(fixed);
+        hash.update(&name);
+        if count < total {
+            header.name = name;
+            headers.push(header);
+        }
+        count += 1;
         at = data_end;
     }
-    Ok(headers)
+    Ok((headers, count))
 }
 
 /// Reads the central directory; it must list exactly `members` entries and fill its region.
-fn walk_central_directory(
-    bytes: &[u8],
+/// Returns, per entry, the first field on which it disagrees with its local header (reported
+/// only once the whole directory has passed, as before).
+fn walk_central_directory<R: ReadAt + ?Sized>(
+    source: &R,
     directory: Range<usize>,
-    end_record_at: usize,
+    total: usize,
     members: usize,
-) -> Result<Vec<Header>, ZipError> {
-    let mut headers = Vec::new();
-    let mut at = directory.start;
-    let total = u16::from_le_bytes([bytes[end_record_at + 10], bytes[end_record_at + 11]]) as usize;
+    locals: &[Header],
+    hash: &mut Sha256,
+) -> Result<Vec<Option<&'static str>>, LayoutError> {
     if total != members {
-        return Err(ZipError::DirectoryEntries { members });
+        return Err(ZipError::DirectoryEntries { members }.into());
     }
-    for index in 0..total {
+    let mut mismatches = Vec::with_capacity(total);
+    let mut at = directory.start;
+    let mut fixed = [0u8; CENTRAL_HEADER_BYTES];
+    for (index, local) in locals.iter().enumerate() {
         if at + CENTRAL_HEADER_BYTES > directory.end {
             return Err(ZipError::Truncated {
                 what: "central directory entry",
                 offset: at,
                 limit: directory.end,
-            });
+            }
+            .into());
         }
-        let mut c = Cursor { bytes, at };
+        source.read_exact_at(&mut fixed, at as u64)?;
+        let mut c = Cursor {
+            bytes: &fixed,
+            at: 0,
+        };
         if c.u32() != CENTRAL_SIGNATURE {
-            return Err(ZipError::DirectorySignature { index });
+            return Err(ZipError::DirectorySignature { index }.into());
         }
         let _made_by = c.u16();
         let mut header = c.shared_fields(0);
@@ -437,62 +625,63 @@ fn walk_central_directory(
             (c.u16() as usize, c.u16() as usize, c.u16() as usize);
         let (disk_start, _internal, _external) = (c.u16(), c.u16(), c.u32());
         let offset = c.u32();
-        let name_end = c.at + name_len;
+        let name_end = at + CENTRAL_HEADER_BYTES + name_len;
         if name_end > directory.end {
             return Err(ZipError::Truncated {
                 what: "central directory entry",
                 offset: at,
                 limit: directory.end,
-            });
+            }
+            .into());
         }
-        let name = bytes[c.at..name_end].to_vec();
+        let mut name = vec![0u8; name_len];
+        source.read_exact_at(&mut name, (at + CENTRAL_HEADER_BYTES) as u64)?;
         if compressed == u32::MAX || size == u32::MAX || offset == u32::MAX {
-            return Err(ZipError::Zip64 { offset: at });
+            return Err(ZipError::Zip64 { offset: at }.into());
         }
         if extra_len != 0 || comment_len != 0 {
             return Err(ZipError::ExtraField {
                 member: String::from_utf8_lossy(&name).into_owned(),
-            });
+            }
+            .into());
         }
         if disk_start != 0 {
-            return Err(ZipError::Disk);
+            return Err(ZipError::Disk.into());
         }
+        hash.update(fixed);
+        hash.update(&name);
         header.offset = offset as usize;
         header.name = name;
-        headers.push(header);
+        mismatches.push(mismatch(local, &header));
         at = name_end;
     }
     if at != directory.end {
-        return Err(ZipError::DirectoryEntries { members });
+        return Err(ZipError::DirectoryEntries { members }.into());
     }
-    Ok(headers)
+    Ok(mismatches)
 }
 
-/// A central entry must repeat its local header.
-fn compare(local: &Header, central: &Header) -> Result<(), ZipError> {
-    let field = if central.offset != local.offset {
-        "offset"
+/// A central entry must repeat its local header: the first field on which it does not.
+fn mismatch(local: &Header, central: &Header) -> Option<&'static str> {
+    if central.offset != local.offset {
+        Some("offset")
     } else if central.name != local.name {
-        "name"
+        Some("name")
     } else if central.version != local.version {
-        "version needed"
+        Some("version needed")
     } else if central.flags != local.flags {
-        "flags"
+        Some("flags")
     } else if central.method != local.method {
-        "compression method"
+        Some("compression method")
     } else if (central.time, central.date) != (local.time, local.date) {
-        "modification time"
+        Some("modification time")
     } else if central.crc != local.crc {
-        "CRC-32"
+        Some("CRC-32")
     } else if (central.compressed, central.size) != (local.compressed, local.size) {
-        "sizes"
+        Some("sizes")
     } else {
-        return Ok(());
-    };
-    Err(ZipError::HeaderMismatch {
-        member: String::from_utf8_lossy(&local.name).into_owned(),
-        field,
-    })
+        None
+    }
 }
 
 /// The stem of `<stem>.npy` when the stem is non-empty ASCII letters, digits and underscores.

@@ -323,7 +323,7 @@ fn forge_downstream(dir: &Path, id: &str) {
             .matrix::<f32>(&format!("{id}_{tensor}_scales"), [rows, groups])
             .unwrap();
         let codes = archive.data(&format!("{id}_{tensor}_codes")).unwrap();
-        decode(&grid, codes, scales.view(), &offsets(&grid, &[]))
+        decode(&grid, &codes, scales.view(), &offsets(&grid, &[]))
     };
     let q = archive
         .matrix::<f32>(&format!("{input}_q"), [4, 32])
