@@ -20,7 +20,7 @@ use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
 use weights::{awq, gptq};
 
 use crate::data;
-use crate::measure::{Settings, median_seconds, on_slices, slices, split_mut};
+use crate::measure::{Settings, median_seconds, on_slices, on_split, slices, split_mut};
 
 /// Sizes and sweeps: the full run measures 128 MiB of data per case; `--quick` a few MiB and a
 /// few widths, to check in seconds that every case still runs.
@@ -175,7 +175,7 @@ fn decode_slices(
     let run = |(p, target): (&PackedTensor, &mut [f32])| {
         let view = ArrayViewMut2::from_shape((target.len() / KV_FEATURES, KV_FEATURES), target)
             .expect("whole rows");
-        decode_into_shim(p, view);
+        kvcodec::decode_into(p, view).expect("the slice has the tensor's shape");
     };
     if jobs.len() == 1 {
         jobs.into_iter().for_each(run);
@@ -300,7 +300,7 @@ pub fn packed_weights(
 /// b-bit streams in both containers (bytes and u32 words): pack and unpack.
 pub fn streams(scale: &Scale, settings: Settings, pool: &rayon::ThreadPool, record: &mut Record) {
     let len = scale.stream_codes;
-    // Slices of whole 32-code blocks, so every slice's stream is whole words.
+    // Slices of whole 32-code blocks, so every slice's stream is whole bytes and whole words.
     let parts = slices(len, settings.threads, 32);
     for &b in &scale.stream_bits {
         let width = Bits::new(b).expect("1 to 8 bits");
@@ -311,44 +311,46 @@ pub fn streams(scale: &Scale, settings: Settings, pool: &rayon::ThreadPool, reco
                 ..Measured::new(op, format, len, seconds)
             })
         };
+        let byte_parts: Vec<_> = parts
+            .iter()
+            .map(|r| r.start * b as usize / 8..width.byte_count(r.end))
+            .collect();
+        let word_parts: Vec<_> = parts
+            .iter()
+            .map(|r| r.start * b as usize / 32..width.word_count(r.end))
+            .collect();
 
-        let pack_bytes = |r: std::ops::Range<usize>| bits::pack_bytes(width, &codes[r]).unwrap();
+        // Every call writes into buffers allocated once, as a consumer streaming a cache would.
+        let mut bytes = vec![0u8; width.byte_count(len)];
         let seconds = median_seconds(settings, || {
-            std::hint::black_box(on_slices(pool, &parts, pack_bytes));
+            on_split(pool, &parts, &mut bytes, &byte_parts, |r, out| {
+                bits::pack_bytes_into(width, &codes[r], out).unwrap()
+            });
         });
         measure("stream_bytes", "pack", seconds);
-        let bytes = bits::pack_bytes(width, &codes).unwrap();
+        let mut back = vec![0u8; len];
         let seconds = median_seconds(settings, || {
-            std::hint::black_box(on_slices(pool, &parts, |r| {
-                // A slice starts on a 32-code boundary, so on a whole byte.
-                let first = r.start * b as usize / 8;
-                let stream = &bytes[first..first + width.byte_count(r.len())];
-                bits::unpack_bytes(width, stream, r.len()).unwrap()
-            }));
+            on_split(pool, &byte_parts, &mut back, &parts, |r, out| {
+                bits::unpack_bytes_into(width, &bytes[r], out).unwrap()
+            });
         });
         measure("stream_bytes", "unpack", seconds);
+        assert_eq!(back, codes, "the byte stream round-trips");
 
-        let pack_words = |r: std::ops::Range<usize>| bits::pack_words(width, &codes[r]).unwrap();
+        let mut words = vec![0u32; width.word_count(len)];
         let seconds = median_seconds(settings, || {
-            std::hint::black_box(on_slices(pool, &parts, pack_words));
+            on_split(pool, &parts, &mut words, &word_parts, |r, out| {
+                bits::pack_words_into(width, &codes[r], out).unwrap()
+            });
         });
         measure("stream_words", "pack", seconds);
-        let words = bits::pack_words(width, &codes).unwrap();
+        back.fill(0);
         let seconds = median_seconds(settings, || {
-            std::hint::black_box(on_slices(pool, &parts, |r| {
-                let first = r.start * b as usize / 32;
-                let stream = &words[first..first + width.word_count(r.len())];
-                bits::unpack_words(width, stream, r.len()).unwrap()
-            }));
+            on_split(pool, &word_parts, &mut back, &parts, |r, out| {
+                bits::unpack_words_into(width, &words[r], out).unwrap()
+            });
         });
         measure("stream_words", "unpack", seconds);
+        assert_eq!(back, codes, "the word stream round-trips");
     }
-}
-
-// TEMPORARY until kvcodec::decode_into lands.
-fn decode_into_shim(p: &PackedTensor, mut out: ArrayViewMut2<f32>) {
-    let all = kvcodec::decode(p);
-    ndarray::Zip::from(&mut out)
-        .and(&all)
-        .for_each(|o, &x| *o = x as f32);
 }

@@ -69,6 +69,23 @@ pub fn on_slices<T: Send>(
     pool.install(|| slices.par_iter().map(|r| work(r.clone())).collect())
 }
 
+/// Runs `work(inputs[i], outputs[i])` for every slice, on the pool when there is more than one:
+/// each call reads its range of the input and writes its own part of `out`.
+pub fn on_split<T: Send>(
+    pool: &rayon::ThreadPool,
+    inputs: &[Range<usize>],
+    out: &mut [T],
+    outputs: &[Range<usize>],
+    work: impl Fn(Range<usize>, &mut [T]) + Sync,
+) {
+    let targets = split_mut(out, outputs);
+    if targets.len() == 1 {
+        return targets.into_iter().for_each(|t| work(inputs[0].clone(), t));
+    }
+    let jobs: Vec<(Range<usize>, &mut [T])> = inputs.iter().cloned().zip(targets).collect();
+    pool.install(|| jobs.into_par_iter().for_each(|(r, t)| work(r, t)));
+}
+
 /// The memcpy reference in GB/s (10^9 bytes per second): `copy_from_slice` of [`MEMCPY_BYTES`],
 /// on every thread's slice at once when `threads` > 1.
 pub fn memcpy_gbps(settings: Settings, pool: &rayon::ThreadPool) -> f64 {

@@ -392,7 +392,9 @@ pub mod imp {
         padding.fill(0);
         // The bytes are the little-endian stream; a big-endian CPU reads its words swapped.
         #[cfg(target_endian = "big")]
-        words.iter_mut().for_each(|word| *word = word.le_to_native());
+        words
+            .iter_mut()
+            .for_each(|word| *word = word.le_to_native());
         check_seen(bits, codes, seen)
     }
 

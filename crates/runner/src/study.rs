@@ -9,7 +9,7 @@
 //! computes is [`crate::pipeline`]'s business; this module computes one comparison.
 
 use kvcodec::{GroupAxis, Layout, PackedTensor};
-use ndarray::{Array2, ArrayView2, ArrayViewMut2, Zip, s};
+use ndarray::{Array2, ArrayView2, ArrayViewMut2, s};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::{TokenRows, attention, max_abs, relative_l2};
@@ -124,17 +124,12 @@ impl TokenRows for StoredCache<'_> {
             let rows = out.slice_mut(s![first - start..last - start, ..]);
             let local = first - segment.plan.start..last - segment.plan.start;
             match &segment.data {
-                SegmentData::Packed(p) => decode_exact_rows(p, local, rows),
+                SegmentData::Packed(p) => kvcodec::decode_exact_tokens_into(p, local, rows)
+                    .expect("the rows lie inside the segment and out has its width"),
                 SegmentData::Float32(values) => values.slice(s![local, ..]).view().read(0, rows),
             }
         }
     }
-}
-
-/// Token rows `rows` of a packed tensor, decoded exactly into `out`.
-fn decode_exact_rows(p: &PackedTensor, rows: std::ops::Range<usize>, mut out: ArrayViewMut2<f64>) {
-    let all = kvcodec::decode(p);
-    out.assign(&all.slice(s![rows, ..]));
 }
 
 /// Decodes a cache stored as segments into `out` (N x D) in f32, as the codec decodes: what a
@@ -143,10 +138,8 @@ pub fn decode_segments_into(segments: &[Segment], mut out: ArrayViewMut2<f32>) {
     for segment in segments {
         let rows = out.slice_mut(s![segment.plan.start..segment.plan.end, ..]);
         match &segment.data {
-            SegmentData::Packed(p) => {
-                let all = kvcodec::decode(p);
-                Zip::from(rows).and(&all).for_each(|o, &x| *o = x as f32);
-            }
+            SegmentData::Packed(p) => kvcodec::decode_into(p, rows)
+                .expect("the segment's rows have the packed tensor's shape"),
             SegmentData::Float32(values) => {
                 let mut rows = rows;
                 rows.assign(values);
