@@ -269,6 +269,54 @@ fn subnormal_inputs_and_subnormal_scales() {
 }
 
 #[test]
+fn scales_below_f32_normals_are_refused_alike() {
+    // amax around 1e-38: d is a subnormal f32 and 1 / d overflows to infinity, so x * id is
+    // infinite or NaN; every kernel must refuse the block as the reference does.
+    for amax in [1e-38f32, 3e-39, 1e-40, 1e-44, 1.2e-38] {
+        let mut x = vec![0.25f32; 32];
+        x.extend((0..32).map(|i| amax * ((i % 5) as f32 - 2.0) / 2.0));
+        x.extend([1.0f32; 32]);
+        for result in [
+            check::<BlockQ4_0>(&x, 32).map(|_| ()),
+            check::<BlockQ8_0>(&x, 32).map(|_| ()),
+        ] {
+            assert!(
+                matches!(&result, Err(FormatError::ScaleRoundsToZero(b)) if b.block == 1),
+                "{result:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn large_runs_match_including_streamed_and_unaligned_outputs() {
+    // 70000 blocks: 8.96 MB of f32 output, past the AVX2 kernel's non-temporal-store threshold.
+    let mut rng = Rng(21);
+    let n = 70_000 * 32;
+    let x: Vec<f32> = (0..n).map(|_| rng.gaussian()).collect();
+    let q4 = check::<BlockQ4_0>(&x, 32).unwrap();
+    let q8 = check::<BlockQ8_0>(&x, 32).unwrap();
+    // Outputs one float off alignment take the plain stores.
+    for kernel in Kernel::available() {
+        let mut buffer = vec![0f32; n + 1];
+        dequantize_into_with(kernel, &q4, &mut buffer[1..]).unwrap();
+        let expected: Vec<u32> = q4
+            .iter()
+            .flat_map(|b| b.dequantize())
+            .map(f32::to_bits)
+            .collect();
+        assert!(buffer[1..].iter().map(|v| v.to_bits()).eq(expected));
+        dequantize_into_with(kernel, &q8, &mut buffer[1..]).unwrap();
+        let expected: Vec<u32> = q8
+            .iter()
+            .flat_map(|b| b.dequantize())
+            .map(f32::to_bits)
+            .collect();
+        assert!(buffer[1..].iter().map(|v| v.to_bits()).eq(expected));
+    }
+}
+
+#[test]
 fn magnitudes_sweep_across_both_refusal_thresholds() {
     // Q4_0: |d| = amax / 8 rounds to f16 inf from 65520, to 0 at or below 2^-25.
     // Q8_0: d = amax / 127, the same thresholds. Step through a few thousand ulps around each

@@ -45,6 +45,20 @@ fn load_block(x: &[f32; 32]) -> ([__m256; 4], u32) {
     (v, _mm_cvtsi128_si32(m) as u32)
 }
 
+/// Asks for the input [`PREFETCH`] floats ahead of `values` (the hardware prefetcher alone
+/// leaves the loads of a block waiting on memory).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch(values: &[f32]) {
+    let ahead = values.as_ptr().wrapping_add(PREFETCH).cast::<i8>();
+    // A prefetch is a hint that never faults, whatever the address (a safe intrinsic).
+    _mm_prefetch::<_MM_HINT_T0>(ahead);
+    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+}
+
+/// How far ahead the quantizers prefetch, in floats.
+const PREFETCH: usize = 768;
+
 /// Whether the reference accepts the stored scale of a block with magnitude bits `amax`.
 #[inline]
 fn accepted(d: f16, amax: u32) -> bool {
@@ -126,6 +140,7 @@ fn quantize_q8_0(x: &[f32; 32], out: &mut BlockQ8_0) -> bool {
 pub(super) unsafe fn quantize_run_q4_0(x: &[f32], out: &mut [BlockQ4_0]) -> bool {
     let mut ok = true;
     for (values, block) in x.chunks_exact(32).zip(out) {
+        prefetch(values);
         ok &= quantize_q4_0(values.try_into().expect("chunks of 32"), block);
     }
     ok
@@ -139,21 +154,43 @@ pub(super) unsafe fn quantize_run_q4_0(x: &[f32], out: &mut [BlockQ4_0]) -> bool
 pub(super) unsafe fn quantize_run_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> bool {
     let mut ok = true;
     for (values, block) in x.chunks_exact(32).zip(out) {
+        prefetch(values);
         ok &= quantize_q8_0(values.try_into().expect("chunks of 32"), block);
     }
     ok
 }
 
-/// Stores 32 lanes of i32 codes, times `d`, into `out`.
+/// Stores 32 lanes of i32 codes, times `d`, into `out`; with `STREAM`, as non-temporal
+/// stores, which need `out` 16-byte aligned.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn store_scaled(q: [__m256i; 4], d: f32, out: &mut [f32]) {
+fn store_scaled<const STREAM: bool>(q: [__m256i; 4], d: f32, out: &mut [f32]) {
     let d = _mm256_set1_ps(d);
     for (q, lanes) in q.into_iter().zip(out.chunks_exact_mut(8)) {
         let value = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
-        // SAFETY: `lanes` is 8 writable f32 (chunks_exact_mut(8)); storeu needs no alignment.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), value) };
+        if STREAM {
+            let (low, high) = lanes.split_at_mut(4);
+            assert!(low.as_ptr().cast::<__m128>().is_aligned(), "see `streams`");
+            // SAFETY: `low` and `high` are 4 writable f32 each, 16-byte aligned (asserted).
+            unsafe {
+                _mm_stream_ps(low.as_mut_ptr(), _mm256_castps256_ps128(value));
+                _mm_stream_ps(high.as_mut_ptr(), _mm256_extractf128_ps::<1>(value));
+            }
+        } else {
+            // SAFETY: `lanes` is 8 writable f32 (chunks_exact_mut(8)); storeu needs no alignment.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), value) };
+        }
     }
+}
+
+/// Outputs from this many bytes on are written with non-temporal stores: they would not stay in
+/// cache anyway, and streaming them skips reading each destination line before writing it.
+const STREAM_BYTES: usize = 8 << 20;
+
+/// Whether to stream `out`: large, and 16-byte aligned as `_mm_stream_ps` needs (each block
+/// then starts a multiple of 128 bytes, each half-vector of 4 lanes a multiple of 16, after it).
+fn streams(out: &[f32]) -> bool {
+    out.len() * 4 >= STREAM_BYTES && out.as_ptr().cast::<__m128>().is_aligned()
 }
 
 /// Dequantizes Q4_0 blocks into `out` (32 values per block).
@@ -162,6 +199,17 @@ fn store_scaled(q: [__m256i; 4], d: f32, out: &mut [f32]) {
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn dequantize_run_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
+    if streams(out) {
+        dequantize_q4_0::<true>(blocks, out);
+        _mm_sfence();
+    } else {
+        dequantize_q4_0::<false>(blocks, out);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dequantize_q4_0<const STREAM: bool>(blocks: &[BlockQ4_0], out: &mut [f32]) {
     let (low, eight) = (_mm_set1_epi8(0x0F), _mm256_set1_epi32(8));
     for (block, values) in blocks.iter().zip(out.chunks_exact_mut(32)) {
         // SAFETY: `block.qs` is 16 readable bytes; loadu needs no alignment.
@@ -175,7 +223,7 @@ pub(super) unsafe fn dequantize_run_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) 
             widen(hi),
             widen(_mm_srli_si128::<8>(hi)),
         ];
-        store_scaled(q, block.d.to_f32(), values);
+        store_scaled::<STREAM>(q, block.d.to_f32(), values);
     }
 }
 
@@ -185,6 +233,17 @@ pub(super) unsafe fn dequantize_run_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) 
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn dequantize_run_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    if streams(out) {
+        dequantize_q8_0::<true>(blocks, out);
+        _mm_sfence();
+    } else {
+        dequantize_q8_0::<false>(blocks, out);
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dequantize_q8_0<const STREAM: bool>(blocks: &[BlockQ8_0], out: &mut [f32]) {
     for (block, values) in blocks.iter().zip(out.chunks_exact_mut(32)) {
         // SAFETY: `block.qs` is 32 readable bytes; loadu needs no alignment.
         let bytes = unsafe { _mm256_loadu_si256(block.qs.as_ptr().cast()) };
@@ -198,6 +257,6 @@ pub(super) unsafe fn dequantize_run_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) 
             _mm256_cvtepi8_epi32(hi),
             _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(hi)),
         ];
-        store_scaled(q, block.d.to_f32(), values);
+        store_scaled::<STREAM>(q, block.d.to_f32(), values);
     }
 }
