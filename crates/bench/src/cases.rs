@@ -202,18 +202,22 @@ fn gguf_format<B: GgufBlock + Send + Sync>(
     pool: &rayon::ThreadPool,
     record: &mut Record,
 ) {
-    let quantize = |r: std::ops::Range<usize>| {
-        gguf::quantize::<B>(&x[r], GGUF_COLUMNS).expect("finite, scalable blocks")
-    };
+    // Each slice writes its own blocks, then its own values, into buffers allocated once.
+    let block_parts: Vec<std::ops::Range<usize>> =
+        parts.iter().map(|r| r.start / 32..r.end / 32).collect();
+    let mut blocks = gguf::quantize::<B>(x, GGUF_COLUMNS).expect("finite, scalable blocks");
     let quantized = median_seconds(settings, || {
-        std::hint::black_box(on_slices(pool, parts, quantize));
+        on_split(pool, parts, &mut blocks, &block_parts, |r, out| {
+            gguf::quantize_into(&x[r], GGUF_COLUMNS, out).expect("finite, scalable blocks")
+        });
+        std::hint::black_box(&mut blocks);
     });
-    let blocks: Vec<Vec<B>> = on_slices(pool, parts, quantize);
-    let block_parts: Vec<std::ops::Range<usize>> = (0..blocks.len()).map(|i| i..i + 1).collect();
+    let mut values = vec![0f32; x.len()];
     let dequantized = median_seconds(settings, || {
-        std::hint::black_box(on_slices(pool, &block_parts, |r| {
-            gguf::dequantize(&blocks[r.start])
-        }));
+        on_split(pool, &block_parts, &mut values, parts, |r, out| {
+            gguf::dequantize_into(&blocks[r], out).expect("32 values per block")
+        });
+        std::hint::black_box(&mut values);
     });
     record(Measured::new("quantize", B::NAME, bytes, quantized));
     record(Measured::new("dequantize", B::NAME, bytes, dequantized));
