@@ -8,7 +8,8 @@
 //!   varied, not drawn from a protocol);
 //! - [`cases`]: the operations, by family (KV codec, GGUF blocks, GPTQ and AWQ packing, b-bit
 //!   streams), and which bytes each one counts;
-//! - [`report`]: the table and the JSON lines.
+//! - [`report`]: the table and the JSON lines;
+//! - [`targets`]: the speed goals as ratios to memcpy, and which of them a run met.
 //!
 //! Timings are descriptive: no test asserts one, and absolute figures vary from machine to
 //! machine; ratios to memcpy travel better.
@@ -17,3 +18,4 @@ pub mod cases;
 pub mod data;
 pub mod measure;
 pub mod report;
+pub mod targets;

@@ -1,5 +1,5 @@
 //! `bench`: measures memcpy, then every codec and format operation, in one process; prints a
-//! table (or JSON lines) of GB/s and ratios to that memcpy.
+//! table (or JSON lines) of GB/s and ratios to that memcpy, then which speed goals were met.
 
 use std::io::Write;
 
@@ -9,6 +9,7 @@ use clap::{Parser, ValueEnum};
 use bench::cases::{self, Measured, Scale};
 use bench::measure::{self, Settings};
 use bench::report::{self, Row};
+use bench::targets;
 
 /// Throughput of the KV codec, the weight formats and the b-bit streams, as ratios to memcpy
 /// (copy_from_slice of 256 MiB) measured in the same run. Build with --release.
@@ -115,6 +116,8 @@ fn real_main() -> Result<()> {
     }
     if !cli.json {
         writeln!(stdout, "{}", report::table(&rows)).context("writing to stdout")?;
+        let outcomes = targets::outcomes(&rows);
+        writeln!(stdout, "\n{}", targets::table(&outcomes)).context("writing to stdout")?;
     }
     Ok(())
 }
