@@ -285,6 +285,33 @@ impl LogicalWeights {
         if (padded_k, padded_n) == (k, n) {
             return self.clone();
         }
+        let PaddedParts {
+            g_idx,
+            scales,
+            zeros,
+        } = self.padded_parts(padded_k, padded_n);
+        let mut codes = Array2::from_shape_fn((padded_k, padded_n), |(row, col)| {
+            zeros[[g_idx[row] as usize, col]]
+        });
+        codes.slice_mut(s![..k, ..n]).assign(&self.codes);
+        LogicalWeights {
+            bits: self.bits,
+            group_size: self.group_size,
+            codes,
+            scales,
+            zeros,
+            g_idx,
+        }
+    }
+
+    /// Everything [`Self::padded`] makes but the codes, for a padded size of `padded_k` x
+    /// `padded_n` (at least the current size): g_idx extended with sequential groups, and
+    /// scales and zeros grown to the groups it uses and to `padded_n` columns (scale 0 and the
+    /// mid-range zero point in every new place). The padded code at (row, col) is
+    /// `zeros[g_idx[row], col]`, so packers can write it without building the padded codes.
+    pub(crate) fn padded_parts(&self, padded_k: usize, padded_n: usize) -> PaddedParts {
+        let (k, n) = (self.k(), self.n());
+        debug_assert!(padded_k >= k && padded_n >= n);
         let mut g_idx = self.g_idx.clone();
         g_idx.extend((k..padded_k).map(|row| (row / self.group_size) as u32));
         let groups = self
@@ -299,17 +326,10 @@ impl LogicalWeights {
         zeros
             .slice_mut(s![..self.groups(), ..n])
             .assign(&self.zeros);
-        let mut codes = Array2::from_shape_fn((padded_k, padded_n), |(row, col)| {
-            zeros[[g_idx[row] as usize, col]]
-        });
-        codes.slice_mut(s![..k, ..n]).assign(&self.codes);
-        LogicalWeights {
-            bits: self.bits,
-            group_size: self.group_size,
-            codes,
+        PaddedParts {
+            g_idx,
             scales,
             zeros,
-            g_idx,
         }
     }
 
@@ -330,6 +350,14 @@ impl LogicalWeights {
             g_idx,
         )
     }
+}
+
+/// The metadata of a padded matrix ([`LogicalWeights::padded_parts`]); `scales` and `zeros`
+/// are in standard (row-major) layout.
+pub(crate) struct PaddedParts {
+    pub(crate) g_idx: Vec<u32>,
+    pub(crate) scales: Array2<f16>,
+    pub(crate) zeros: Array2<u8>,
 }
 
 /// g_idx of sequential groups: row k in group k / group_size.
@@ -371,6 +399,17 @@ fn to_usize(perm: &[u32]) -> Vec<usize> {
 
 fn check_range(what: &'static str, values: &Array2<u8>, bits: u32) -> Result<()> {
     let max = ((1u32 << bits) - 1) as u8;
+    // The common case (everything in range) as a vectorizable maximum over the memory; only a
+    // matrix with an out-of-range value is searched again, in logical order, for the first one.
+    let in_range = match values.as_slice_memory_order() {
+        Some(slice) => slice
+            .chunks(1 << 12)
+            .all(|chunk| chunk.iter().fold(0, |m, &v| m.max(v)) <= max),
+        None => values.iter().all(|&v| v <= max),
+    };
+    if in_range {
+        return Ok(());
+    }
     match values.indexed_iter().find(|(_, v)| **v > max) {
         Some(((row, col), &value)) => Err(FormatError::CodeOutOfRange {
             what,
