@@ -23,7 +23,8 @@ use ndarray::Array2;
 
 use crate::bpw::Cost;
 use crate::error::{FormatError, Result};
-use crate::logical::LogicalWeights;
+use crate::gptq::{reusable, reuse_buffer};
+use crate::logical::{LogicalWeights, sequential_g_idx};
 use crate::shape::{check_aligned, check_logical_shape, check_not_empty, check_tensor_shapes};
 
 /// AWQ stores 4-bit codes only.
@@ -57,6 +58,21 @@ pub struct AwqLayer {
 /// places are written from their group's zero point as they are packed, without building the
 /// padded matrix. Byte-for-byte the output of [`reference::pack`].
 pub fn pack(weights: &LogicalWeights) -> Result<AwqLayer> {
+    let mut layer = AwqLayer {
+        group_size: weights.group_size(),
+        qweight: Array2::zeros((0, 0)),
+        qzeros: Array2::zeros((0, 0)),
+        scales: Array2::from_elem((0, 0), f16::ZERO),
+        logical_shape: [0, 0],
+    };
+    pack_into(weights, &mut layer)?;
+    Ok(layer)
+}
+
+/// [`pack`] into an existing layer, overwriting every field and reusing the memory of its
+/// qweight and qzeros where their shapes already fit (a fresh qweight costs about as much in
+/// page faults as the packing itself). On an error `layer` is unchanged.
+pub fn pack_into(weights: &LogicalWeights, layer: &mut AwqLayer) -> Result<()> {
     check_bits(weights.bits())?;
     if let Some((row, group)) = weights.first_out_of_sequence() {
         return Err(FormatError::NeedsSequentialGroups {
@@ -91,10 +107,7 @@ pub fn pack(weights: &LogicalWeights) -> Result<AwqLayer> {
     let codes = codes
         .as_slice()
         .expect("a standard-layout array has a slice");
-    let mut qweight = Array2::<i32>::zeros((padded_k, words));
-    let out = qweight
-        .as_slice_mut()
-        .expect("a new array is in standard layout");
+    let out = reusable(&mut layer.qweight, (padded_k, words));
     let whole = n / PACK_FACTOR;
     for (row, out) in out.chunks_exact_mut(words).enumerate() {
         if row < k {
@@ -113,22 +126,16 @@ pub fn pack(weights: &LogicalWeights) -> Result<AwqLayer> {
             pack_words(pad_row(row), out);
         }
     }
-    let mut qzeros = Array2::<i32>::zeros((groups, words));
     pack_words(
         zeros
             .as_slice()
             .expect("an owned slice is in standard layout"),
-        qzeros
-            .as_slice_mut()
-            .expect("a new array is in standard layout"),
+        reusable(&mut layer.qzeros, (groups, words)),
     );
-    Ok(AwqLayer {
-        group_size,
-        qweight,
-        qzeros,
-        scales,
-        logical_shape: [k, n],
-    })
+    layer.group_size = group_size;
+    layer.scales = scales;
+    layer.logical_shape = [k, n];
+    Ok(())
 }
 
 /// Unpacks AWQ tensors into the logical matrix (sequential groups), cropped to the logical
@@ -137,6 +144,19 @@ pub fn pack(weights: &LogicalWeights) -> Result<AwqLayer> {
 /// Decodes only the logical rows and columns, straight into the cropped codes; the result, and
 /// the error for a malformed layer, are those of [`reference::unpack`].
 pub fn unpack(layer: &AwqLayer) -> Result<LogicalWeights> {
+    unpack_with(layer, Vec::new())
+}
+
+/// [`unpack`] into an existing matrix, reusing the memory of its codes when it is large enough
+/// (a fresh [K, N] allocation costs more in page faults than the decoding). On an error `out`
+/// is left a valid but unspecified matrix.
+pub fn unpack_into(layer: &AwqLayer, out: &mut LogicalWeights) -> Result<()> {
+    let (buffer, _) = out.take_codes().into_raw_vec_and_offset();
+    *out = unpack_with(layer, buffer)?;
+    Ok(())
+}
+
+fn unpack_with(layer: &AwqLayer, buffer: Vec<u8>) -> Result<LogicalWeights> {
     let (stored_k, stored_n) = layer.check_shapes()?;
     let [k, n] = layer.logical_shape;
     let words = stored_n / PACK_FACTOR;
@@ -144,7 +164,7 @@ pub fn unpack(layer: &AwqLayer) -> Result<LogicalWeights> {
     let qweight = qweight
         .as_slice()
         .expect("a standard-layout array has a slice");
-    let mut codes = vec![0u8; k * n];
+    let mut codes = reuse_buffer(buffer, k * n);
     let whole = n / PACK_FACTOR;
     for (out, words) in codes.chunks_exact_mut(n).zip(qweight.chunks_exact(words)) {
         let (main, last) = out.split_at_mut(whole * PACK_FACTOR);
@@ -176,7 +196,14 @@ pub fn unpack(layer: &AwqLayer) -> Result<LogicalWeights> {
             zeros.slice(ndarray::s![..used, ..n]).to_owned(),
         )
     };
-    LogicalWeights::with_sequential_groups(AWQ_BITS, layer.group_size, codes, scales, zeros)
+    LogicalWeights::from_decoded(
+        AWQ_BITS,
+        layer.group_size,
+        codes,
+        scales,
+        zeros,
+        sequential_g_idx(k, layer.group_size),
+    )
 }
 
 impl AwqLayer {

@@ -124,6 +124,29 @@ pub fn alignment(bits: u32) -> usize {
 /// rows. Padded places are written from their group's zero point as they are packed; the
 /// padded matrix is never built. Byte-for-byte the output of [`reference::pack`].
 pub fn pack(weights: &LogicalWeights, convention: ZeroConvention) -> Result<GptqLayer> {
+    let mut layer = GptqLayer {
+        bits: weights.bits(),
+        group_size: weights.group_size(),
+        convention,
+        qweight: Array2::zeros((0, 0)),
+        qzeros: Array2::zeros((0, 0)),
+        scales: Array2::from_elem((0, 0), f16::ZERO),
+        g_idx: Vec::new(),
+        logical_shape: [0, 0],
+    };
+    pack_into(weights, convention, &mut layer)?;
+    Ok(layer)
+}
+
+/// [`pack`] into an existing layer, overwriting every field and reusing the memory of its
+/// qweight and qzeros where their shapes already fit (as when packing same-shaped layers one
+/// after another: a fresh qweight costs about as much in page faults as the packing itself).
+/// On an error `layer` is unchanged.
+pub fn pack_into(
+    weights: &LogicalWeights,
+    convention: ZeroConvention,
+    layer: &mut GptqLayer,
+) -> Result<()> {
     let bits = weights.bits();
     check_bits(bits)?;
     let (k, n) = (weights.k(), weights.n());
@@ -132,20 +155,23 @@ pub fn pack(weights: &LogicalWeights, convention: ZeroConvention) -> Result<Gptq
     let parts = weights.padded_parts(padded_k, padded_n);
     let width = Bits::new(bits)?;
 
-    // qzeros first: it is small, and it is the only part that can refuse (v1 and zero 0).
+    // Zero points first: the only part that can refuse (v1 and zero 0), before anything is
+    // written.
     let stored_zeros = store_zeros(&parts.zeros, convention, bits)?;
-    let words_per_row = width.word_count(padded_n);
-    let mut qzeros = Array2::<i32>::zeros((stored_zeros.nrows(), words_per_row));
-    pack_rows_along_n(width, &stored_zeros, &mut qzeros)?;
+    let qzeros = reusable(
+        &mut layer.qzeros,
+        (stored_zeros.nrows(), width.word_count(padded_n)),
+    );
+    pack_rows_along_n(width, &stored_zeros, qzeros)?;
 
     let codes = weights.codes().as_standard_layout();
     let codes = codes
         .as_slice()
         .expect("a standard-layout array has a slice");
-    let mut qweight = Array2::<i32>::zeros((padded_k * bits as usize / 32, padded_n));
-    let out = qweight
-        .as_slice_mut()
-        .expect("a new array is in standard layout");
+    let qweight = reusable(
+        &mut layer.qweight,
+        (padded_k * bits as usize / 32, padded_n),
+    );
     let source = RowSource {
         codes,
         k,
@@ -158,21 +184,30 @@ pub fn pack(weights: &LogicalWeights, convention: ZeroConvention) -> Result<Gptq
         g_idx: &parts.g_idx,
     };
     match bits {
-        2 => pack_qweight(&source, out, kernels::pack2),
-        3 => pack_qweight(&source, out, kernels::pack3),
-        4 => pack_qweight(&source, out, kernels::pack4),
-        _ => pack_qweight(&source, out, kernels::pack8),
+        2 => pack_qweight(&source, qweight, kernels::pack2),
+        3 => pack_qweight(&source, qweight, kernels::pack3),
+        4 => pack_qweight(&source, qweight, kernels::pack4),
+        _ => pack_qweight(&source, qweight, kernels::pack8),
     }
-    Ok(GptqLayer {
-        bits,
-        group_size: weights.group_size(),
-        convention,
-        qweight,
-        qzeros,
-        scales: parts.scales,
-        g_idx: parts.g_idx.iter().map(|&g| g as i32).collect(),
-        logical_shape: [k, n],
-    })
+    layer.bits = bits;
+    layer.group_size = weights.group_size();
+    layer.convention = convention;
+    layer.scales = parts.scales;
+    layer.g_idx.clear();
+    layer.g_idx.extend(parts.g_idx.iter().map(|&g| g as i32));
+    layer.logical_shape = [k, n];
+    Ok(())
+}
+
+/// The memory of `array` as a row-major slice of `shape`: kept when it already has that shape
+/// in standard layout, else a new array of zeros. Every element is then overwritten.
+pub(crate) fn reusable(array: &mut Array2<i32>, shape: (usize, usize)) -> &mut [i32] {
+    if array.dim() != shape || !array.is_standard_layout() {
+        *array = Array2::zeros(shape);
+    }
+    array
+        .as_slice_mut()
+        .expect("a standard-layout array has a slice")
 }
 
 /// Unpacks GPTQ tensors into the logical matrix, cropped to the logical shape, after checking
@@ -181,6 +216,30 @@ pub fn pack(weights: &LogicalWeights, convention: ZeroConvention) -> Result<Gptq
 /// Decodes only the rows and columns inside the logical shape, straight into the cropped codes;
 /// the result, and the error for a malformed layer, are those of [`reference::unpack`].
 pub fn unpack(layer: &GptqLayer) -> Result<LogicalWeights> {
+    unpack_with(layer, Vec::new())
+}
+
+/// [`unpack`] into an existing matrix, reusing the memory of its codes when it is large enough
+/// (a fresh [K, N] allocation costs more in page faults than the decoding). On an error `out`
+/// is left a valid but unspecified matrix.
+pub fn unpack_into(layer: &GptqLayer, out: &mut LogicalWeights) -> Result<()> {
+    let (buffer, _) = out.take_codes().into_raw_vec_and_offset();
+    *out = unpack_with(layer, buffer)?;
+    Ok(())
+}
+
+/// A buffer of `len` elements: `buffer` when it holds that many (its contents are stale, to be
+/// overwritten), else fresh zeros.
+pub(crate) fn reuse_buffer(mut buffer: Vec<u8>, len: usize) -> Vec<u8> {
+    if buffer.len() >= len {
+        buffer.truncate(len);
+        buffer
+    } else {
+        vec![0u8; len]
+    }
+}
+
+fn unpack_with(layer: &GptqLayer, buffer: Vec<u8>) -> Result<LogicalWeights> {
     let bits = layer.bits;
     check_bits(bits)?;
     let (stored_k, stored_n) = layer.check_shapes()?;
@@ -213,7 +272,7 @@ pub fn unpack(layer: &GptqLayer) -> Result<LogicalWeights> {
     let words = qweight
         .as_slice()
         .expect("a standard-layout array has a slice");
-    let mut codes = vec![0u8; k * n];
+    let mut codes = reuse_buffer(buffer, k * n);
     let target = RowTarget {
         codes: &mut codes,
         k,
@@ -240,7 +299,7 @@ pub fn unpack(layer: &GptqLayer) -> Result<LogicalWeights> {
             g_idx[..k].to_vec(),
         )
     };
-    LogicalWeights::new(bits, layer.group_size, codes, scales, zeros, g_idx)
+    LogicalWeights::from_decoded(bits, layer.group_size, codes, scales, zeros, g_idx)
 }
 
 /// The zero points as qzeros stores them under `convention`; refuses as
@@ -277,12 +336,11 @@ fn read_zeros(fields: &mut Array2<u8>, convention: ZeroConvention, bits: u32) ->
 }
 
 /// Packs each row of `values` [rows, cols] (standard layout) into its own dense word stream:
-/// `packed` is [rows, cols*b/32].
-fn pack_rows_along_n(width: Bits, values: &Array2<u8>, packed: &mut Array2<i32>) -> Result<()> {
+/// `packed` is [rows, cols*b/32], row-major.
+fn pack_rows_along_n(width: Bits, values: &Array2<u8>, packed: &mut [i32]) -> Result<()> {
     let cols = values.ncols();
-    let words = packed.ncols();
+    let words = width.word_count(cols);
     let values = values.as_slice().expect("standard layout");
-    let packed = packed.as_slice_mut().expect("standard layout");
     for (row, out) in values
         .chunks_exact(cols)
         .zip(packed.chunks_exact_mut(words))
@@ -347,7 +405,7 @@ impl<'a> RowSource<'a> {
 fn pack_qweight<const R: usize, const W: usize>(
     source: &RowSource<'_>,
     qweight: &mut [i32],
-    kernel: impl Fn(&[&[u8; LANES]; R], &mut [&mut [i32; LANES]; W]) + Copy,
+    kernel: impl Fn(&[&[u8; LANES]; R]) -> [[u32; LANES]; W] + Copy,
 ) {
     let (n, padded_n) = (source.n, source.padded_n);
     for (unit, words) in qweight.chunks_exact_mut(W * padded_n).enumerate() {
@@ -376,7 +434,7 @@ struct RowTarget<'a> {
 fn unpack_qweight<const R: usize, const W: usize>(
     qweight: &[i32],
     target: RowTarget<'_>,
-    kernel: impl Fn(&[&[i32; LANES]; W], &mut [&mut [u8; LANES]; R]) + Copy,
+    kernel: impl Fn(&[&[i32; LANES]; W]) -> [[u8; LANES]; R] + Copy,
 ) {
     let RowTarget {
         codes,
@@ -408,8 +466,8 @@ fn unpack_qweight<const R: usize, const W: usize>(
     }
 }
 
-/// Columns per kernel call: the kernels work on fixed-size arrays, so their loops have no
-/// bounds checks and vectorize.
+/// Columns per kernel call: the kernels work on fixed-size arrays and return their block by
+/// value (so no store can alias an input), and their loops have no bounds checks and vectorize.
 const LANES: usize = 32;
 
 /// Runs a packing kernel over all columns of R equally long rows, writing W word rows of the
@@ -417,7 +475,7 @@ const LANES: usize = 32;
 fn pack_columns<const R: usize, const W: usize>(
     rows: &[&[u8]; R],
     outs: &mut [&mut [i32]; W],
-    kernel: impl Fn(&[&[u8; LANES]; R], &mut [&mut [i32; LANES]; W]),
+    kernel: impl Fn(&[&[u8; LANES]; R]) -> [[u32; LANES]; W],
 ) {
     let len = outs[0].len();
     debug_assert!(rows.iter().all(|r| r.len() == len));
@@ -429,12 +487,12 @@ fn pack_columns<const R: usize, const W: usize>(
                 .try_into()
                 .expect("LANES codes")
         });
-        let mut out: [&mut [i32; LANES]; W] = outs.each_mut().map(|o| {
-            (&mut o[start..start + LANES])
-                .try_into()
-                .expect("LANES words")
-        });
-        kernel(&block, &mut out);
+        let words = kernel(&block);
+        for (out, words) in outs.iter_mut().zip(&words) {
+            for (o, &w) in out[start..start + LANES].iter_mut().zip(words) {
+                *o = w as i32;
+            }
+        }
     }
     if full < len {
         let copies: [[u8; LANES]; R] = std::array::from_fn(|j| {
@@ -442,10 +500,11 @@ fn pack_columns<const R: usize, const W: usize>(
             copy[..len - full].copy_from_slice(&rows[j][full..]);
             copy
         });
-        let mut words = [[0i32; LANES]; W];
-        kernel(&copies.each_ref(), &mut words.each_mut());
+        let words = kernel(&copies.each_ref());
         for (out, words) in outs.iter_mut().zip(&words) {
-            out[full..].copy_from_slice(&words[..len - full]);
+            for (o, &w) in out[full..].iter_mut().zip(words) {
+                *o = w as i32;
+            }
         }
     }
 }
@@ -455,7 +514,7 @@ fn pack_columns<const R: usize, const W: usize>(
 fn unpack_columns<const R: usize, const W: usize>(
     words: &[&[i32]; W],
     outs: &mut [&mut [u8]; R],
-    kernel: impl Fn(&[&[i32; LANES]; W], &mut [&mut [u8; LANES]; R]),
+    kernel: impl Fn(&[&[i32; LANES]; W]) -> [[u8; LANES]; R],
 ) {
     let len = outs[0].len();
     debug_assert!(words.iter().all(|w| w.len() == len));
@@ -467,12 +526,10 @@ fn unpack_columns<const R: usize, const W: usize>(
                 .try_into()
                 .expect("LANES words")
         });
-        let mut out: [&mut [u8; LANES]; R] = outs.each_mut().map(|o| {
-            (&mut o[start..start + LANES])
-                .try_into()
-                .expect("LANES codes")
-        });
-        kernel(&block, &mut out);
+        let codes = kernel(&block);
+        for (out, codes) in outs.iter_mut().zip(&codes) {
+            out[start..start + LANES].copy_from_slice(codes);
+        }
     }
     if full < len {
         let copies: [[i32; LANES]; W] = std::array::from_fn(|j| {
@@ -480,8 +537,7 @@ fn unpack_columns<const R: usize, const W: usize>(
             copy[..len - full].copy_from_slice(&words[j][full..]);
             copy
         });
-        let mut codes = [[0u8; LANES]; R];
-        kernel(&copies.each_ref(), &mut codes.each_mut());
+        let codes = kernel(&copies.each_ref());
         for (out, codes) in outs.iter_mut().zip(&codes) {
             out[full..].copy_from_slice(&codes[..len - full]);
         }
@@ -494,37 +550,48 @@ mod kernels {
     use super::LANES;
 
     /// 16 rows of 2-bit codes into one word per column: row 4i + j at bits 8i + 2j.
-    pub(super) fn pack2(rows: &[&[u8; LANES]; 16], out: &mut [&mut [i32; LANES]; 1]) {
-        for c in 0..LANES {
+    #[inline(always)]
+    pub(super) fn pack2(rows: &[&[u8; LANES]; 16]) -> [[u32; LANES]; 1] {
+        let mut out = [0u32; LANES];
+        for (c, o) in out.iter_mut().enumerate() {
             let byte = |i: usize| {
                 rows[4 * i][c]
                     | rows[4 * i + 1][c] << 2
                     | rows[4 * i + 2][c] << 4
                     | rows[4 * i + 3][c] << 6
             };
-            out[0][c] = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]) as i32;
+            *o = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
         }
+        [out]
     }
 
     /// 8 rows of 4-bit codes into one word per column: row 2i + j at bits 8i + 4j.
-    pub(super) fn pack4(rows: &[&[u8; LANES]; 8], out: &mut [&mut [i32; LANES]; 1]) {
-        for c in 0..LANES {
+    #[inline(always)]
+    pub(super) fn pack4(rows: &[&[u8; LANES]; 8]) -> [[u32; LANES]; 1] {
+        let mut out = [0u32; LANES];
+        for (c, o) in out.iter_mut().enumerate() {
             let byte = |i: usize| rows[2 * i][c] | rows[2 * i + 1][c] << 4;
-            out[0][c] = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]) as i32;
+            *o = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
         }
+        [out]
     }
 
     /// 4 rows of 8-bit codes into one word per column: row i at bits 8i.
-    pub(super) fn pack8(rows: &[&[u8; LANES]; 4], out: &mut [&mut [i32; LANES]; 1]) {
-        for c in 0..LANES {
-            out[0][c] = u32::from_le_bytes([rows[0][c], rows[1][c], rows[2][c], rows[3][c]]) as i32;
+    #[inline(always)]
+    pub(super) fn pack8(rows: &[&[u8; LANES]; 4]) -> [[u32; LANES]; 1] {
+        let mut out = [0u32; LANES];
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = u32::from_le_bytes([rows[0][c], rows[1][c], rows[2][c], rows[3][c]]);
         }
+        [out]
     }
 
     /// 32 rows of 3-bit codes into three words per column: row r at bit 3r of the 96-bit
     /// little-endian stream. Each eight rows make a 24-bit piece t; the pieces sit at bits 0,
     /// 24, 48 and 72, so rows 10 and 21 straddle the word boundaries.
-    pub(super) fn pack3(rows: &[&[u8; LANES]; 32], out: &mut [&mut [i32; LANES]; 3]) {
+    #[inline(always)]
+    pub(super) fn pack3(rows: &[&[u8; LANES]; 32]) -> [[u32; LANES]; 3] {
+        let mut out = [[0u32; LANES]; 3];
         for c in 0..LANES {
             let pair = |r: usize| u16::from(rows[r][c] | rows[r + 1][c] << 3);
             let piece = |r: usize| {
@@ -533,14 +600,17 @@ mod kernels {
                 u32::from(low) | u32::from(high) << 12
             };
             let t = [piece(0), piece(8), piece(16), piece(24)];
-            out[0][c] = (t[0] | t[1] << 24) as i32;
-            out[1][c] = (t[1] >> 8 | t[2] << 16) as i32;
-            out[2][c] = (t[2] >> 16 | t[3] << 8) as i32;
+            out[0][c] = t[0] | t[1] << 24;
+            out[1][c] = t[1] >> 8 | t[2] << 16;
+            out[2][c] = t[2] >> 16 | t[3] << 8;
         }
+        out
     }
 
     /// The inverse of [`pack2`].
-    pub(super) fn unpack2(words: &[&[i32; LANES]; 1], rows: &mut [&mut [u8; LANES]; 16]) {
+    #[inline(always)]
+    pub(super) fn unpack2(words: &[&[i32; LANES]; 1]) -> [[u8; LANES]; 16] {
+        let mut rows = [[0u8; LANES]; 16];
         for c in 0..LANES {
             let bytes = (words[0][c] as u32).to_le_bytes();
             for (i, byte) in bytes.into_iter().enumerate() {
@@ -550,10 +620,13 @@ mod kernels {
                 rows[4 * i + 3][c] = byte >> 6;
             }
         }
+        rows
     }
 
     /// The inverse of [`pack4`].
-    pub(super) fn unpack4(words: &[&[i32; LANES]; 1], rows: &mut [&mut [u8; LANES]; 8]) {
+    #[inline(always)]
+    pub(super) fn unpack4(words: &[&[i32; LANES]; 1]) -> [[u8; LANES]; 8] {
+        let mut rows = [[0u8; LANES]; 8];
         for c in 0..LANES {
             let bytes = (words[0][c] as u32).to_le_bytes();
             for (i, byte) in bytes.into_iter().enumerate() {
@@ -561,20 +634,26 @@ mod kernels {
                 rows[2 * i + 1][c] = byte >> 4;
             }
         }
+        rows
     }
 
     /// The inverse of [`pack8`].
-    pub(super) fn unpack8(words: &[&[i32; LANES]; 1], rows: &mut [&mut [u8; LANES]; 4]) {
+    #[inline(always)]
+    pub(super) fn unpack8(words: &[&[i32; LANES]; 1]) -> [[u8; LANES]; 4] {
+        let mut rows = [[0u8; LANES]; 4];
         for c in 0..LANES {
             let bytes = (words[0][c] as u32).to_le_bytes();
             for (i, byte) in bytes.into_iter().enumerate() {
                 rows[i][c] = byte;
             }
         }
+        rows
     }
 
     /// The inverse of [`pack3`].
-    pub(super) fn unpack3(words: &[&[i32; LANES]; 3], rows: &mut [&mut [u8; LANES]; 32]) {
+    #[inline(always)]
+    pub(super) fn unpack3(words: &[&[i32; LANES]; 3]) -> [[u8; LANES]; 32] {
+        let mut rows = [[0u8; LANES]; 32];
         for c in 0..LANES {
             let w = [words[0][c] as u32, words[1][c] as u32, words[2][c] as u32];
             let t = [
@@ -589,6 +668,7 @@ mod kernels {
                 }
             }
         }
+        rows
     }
 }
 

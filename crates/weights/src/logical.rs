@@ -71,7 +71,53 @@ impl LogicalWeights {
         Self::new(bits, group_size, codes, scales, zeros, g_idx)
     }
 
+    /// [`Self::new`] for codes just decoded from b-bit fields, which are in range by
+    /// construction: every check but the scan of the codes' range (a debug assertion), with
+    /// the same errors in the same order.
+    pub(crate) fn from_decoded(
+        bits: u32,
+        group_size: usize,
+        codes: Array2<u8>,
+        scales: Array2<f16>,
+        zeros: Array2<u8>,
+        g_idx: Vec<u32>,
+    ) -> Result<Self> {
+        let weights = LogicalWeights {
+            bits,
+            group_size,
+            codes,
+            scales,
+            zeros,
+            g_idx,
+        };
+        weights.validate_parts()?;
+        debug_assert_eq!(check_range("code", &weights.codes, weights.bits), Ok(()));
+        check_range("zero point", &weights.zeros, weights.bits)?;
+        Ok(weights)
+    }
+
+    /// Takes this matrix's codes (as a buffer to reuse), leaving a valid 1 x 1 matrix of the
+    /// same width in its place.
+    pub(crate) fn take_codes(&mut self) -> Array2<u8> {
+        let placeholder = LogicalWeights {
+            bits: self.bits,
+            group_size: 1,
+            codes: Array2::zeros((1, 1)),
+            scales: Array2::from_elem((1, 1), f16::ZERO),
+            zeros: Array2::zeros((1, 1)),
+            g_idx: vec![0],
+        };
+        std::mem::replace(self, placeholder).codes
+    }
+
     fn validate(&self) -> Result<()> {
+        self.validate_parts()?;
+        check_range("code", &self.codes, self.bits)?;
+        check_range("zero point", &self.zeros, self.bits)
+    }
+
+    /// Every check of [`Self::validate`] before the value ranges.
+    fn validate_parts(&self) -> Result<()> {
         if !(1..=8).contains(&self.bits) {
             return Err(FormatError::UnsupportedBits {
                 format: "the logical matrix",
@@ -123,8 +169,7 @@ impl LogicalWeights {
         {
             return Err(FormatError::GroupIndexOutOfRange { row, group, groups });
         }
-        check_range("code", &self.codes, self.bits)?;
-        check_range("zero point", &self.zeros, self.bits)
+        Ok(())
     }
 
     /// Code width b, 1 to 8.

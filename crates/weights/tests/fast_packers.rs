@@ -277,3 +277,63 @@ proptest! {
         check_awq(&w);
     }
 }
+
+#[test]
+fn into_variants_reuse_any_previous_output_and_match_the_allocating_ones() {
+    // One output reused across shapes, widths and conventions: stale contents, a buffer too
+    // small, too large, and exactly the size of the next result.
+    let mut layer =
+        gptq::pack(&matrix(2, 16, 16, 4, Fill::Max, false), ZeroConvention::V2).unwrap();
+    let mut logical = matrix(8, 70, 90, 7, Fill::Random(5), false);
+    let cases = [
+        (4, 64, 96, 16),
+        (4, 64, 96, 16),
+        (3, 45, 20, 16),
+        (8, 9, 130, 4),
+        (2, 3, 3, 1),
+        (4, 64, 96, 32),
+    ];
+    for (i, &(bits, k, n, group_size)) in cases.iter().enumerate() {
+        let w = matrix(bits, k, n, group_size, Fill::Random(i as u64), i % 2 == 1);
+        for convention in [ZeroConvention::V1, ZeroConvention::V2] {
+            gptq::pack_into(&w, convention, &mut layer).unwrap();
+            assert_eq!(Ok(&layer), gptq::reference::pack(&w, convention).as_ref());
+            gptq::unpack_into(&layer, &mut logical).unwrap();
+            assert_eq!(logical, w);
+        }
+    }
+    // A refused pack leaves the layer as it was.
+    let before = layer.clone();
+    let w = matrix(4, 8, 8, 8, Fill::Ramp, false);
+    let mut zeros = w.zeros().clone();
+    zeros[[0, 0]] = 0;
+    let w = LogicalWeights::new(
+        4,
+        8,
+        w.codes().clone(),
+        w.scales().clone(),
+        zeros,
+        w.g_idx().to_vec(),
+    )
+    .unwrap();
+    assert!(gptq::pack_into(&w, ZeroConvention::V1, &mut layer).is_err());
+    assert_eq!(layer, before);
+
+    let mut awq_layer = awq::pack(&matrix(4, 8, 8, 8, Fill::Max, false)).unwrap();
+    for (i, &(k, n, group_size)) in [
+        (64, 96, 32),
+        (64, 96, 32),
+        (40, 13, 32),
+        (1, 1, 1),
+        (33, 130, 8),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let w = matrix(4, k, n, group_size, Fill::Random(40 + i as u64), false);
+        awq::pack_into(&w, &mut awq_layer).unwrap();
+        assert_eq!(Ok(&awq_layer), awq::reference::pack(&w).as_ref());
+        awq::unpack_into(&awq_layer, &mut logical).unwrap();
+        assert_eq!(logical, w);
+    }
+}
