@@ -184,10 +184,10 @@ pub fn pack_into(
         g_idx: &parts.g_idx,
     };
     match bits {
-        2 => pack_qweight(&source, qweight, kernels::pack2),
-        3 => pack_qweight(&source, qweight, kernels::pack3),
-        4 => pack_qweight(&source, qweight, kernels::pack4),
-        _ => pack_qweight(&source, qweight, kernels::pack8),
+        2 => pack_qweight::<_, _, kernels::Two>(&source, qweight),
+        3 => pack_qweight::<_, _, kernels::Three>(&source, qweight),
+        4 => pack_qweight::<_, _, kernels::Four>(&source, qweight),
+        _ => pack_qweight::<_, _, kernels::Eight>(&source, qweight),
     }
     layer.bits = bits;
     layer.group_size = weights.group_size();
@@ -280,10 +280,10 @@ fn unpack_with(layer: &GptqLayer, buffer: Vec<u8>) -> Result<LogicalWeights> {
         stored_n,
     };
     match bits {
-        2 => unpack_qweight(words, target, kernels::unpack2),
-        3 => unpack_qweight(words, target, kernels::unpack3),
-        4 => unpack_qweight(words, target, kernels::unpack4),
-        _ => unpack_qweight(words, target, kernels::unpack8),
+        2 => unpack_qweight::<_, _, kernels::Two>(words, target),
+        3 => unpack_qweight::<_, _, kernels::Three>(words, target),
+        4 => unpack_qweight::<_, _, kernels::Four>(words, target),
+        _ => unpack_qweight::<_, _, kernels::Eight>(words, target),
     }
     let codes = Array2::from_shape_vec((k, n), codes).expect("k * n codes");
 
@@ -402,10 +402,9 @@ impl<'a> RowSource<'a> {
 }
 
 /// Fills qweight [padded K * b/32, padded N] unit by unit: R rows of codes into W word rows.
-fn pack_qweight<const R: usize, const W: usize>(
+fn pack_qweight<const R: usize, const W: usize, K: Kernel<R, W>>(
     source: &RowSource<'_>,
     qweight: &mut [i32],
-    kernel: impl Fn(&[&[u8; LANES]; R]) -> [[u32; LANES]; W] + Copy,
 ) {
     let (n, padded_n) = (source.n, source.padded_n);
     for (unit, words) in qweight.chunks_exact_mut(W * padded_n).enumerate() {
@@ -414,10 +413,10 @@ fn pack_qweight<const R: usize, const W: usize>(
         let mut outs: [(&mut [i32], &mut [i32]); W] =
             std::array::from_fn(|_| rows.next().expect("W word rows").split_at_mut(n));
         let main: [&[u8]; R] = std::array::from_fn(|j| source.main(first + j));
-        pack_columns(&main, &mut outs.each_mut().map(|(m, _)| &mut **m), kernel);
+        pack_columns::<R, W, K>(&main, &mut outs.each_mut().map(|(m, _)| &mut **m));
         if padded_n > n {
             let tail: [&[u8]; R] = std::array::from_fn(|j| source.tail(first + j));
-            pack_columns(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t), kernel);
+            pack_columns::<R, W, K>(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t));
         }
     }
 }
@@ -431,10 +430,9 @@ struct RowTarget<'a> {
 }
 
 /// Decodes qweight [stored K * b/32, stored N] unit by unit into the cropped codes.
-fn unpack_qweight<const R: usize, const W: usize>(
+fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>>(
     qweight: &[i32],
     target: RowTarget<'_>,
-    kernel: impl Fn(&[&[i32; LANES]; W]) -> [[u8; LANES]; R] + Copy,
 ) {
     let RowTarget {
         codes,
@@ -453,7 +451,7 @@ fn unpack_qweight<const R: usize, const W: usize>(
     for (out, words) in whole.chunks_exact_mut(R * n).zip(units.by_ref()) {
         let mut rows = out.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns(&word_rows(words, stored_n, n), &mut outs, kernel);
+        unpack_columns::<R, W, K>(&word_rows(words, stored_n, n), &mut outs);
     }
     if !rest.is_empty() {
         // The last unit holds padded rows: decode it whole and keep the logical ones.
@@ -461,33 +459,41 @@ fn unpack_qweight<const R: usize, const W: usize>(
         let mut scratch = vec![0u8; R * n];
         let mut rows = scratch.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns(&word_rows(words, stored_n, n), &mut outs, kernel);
+        unpack_columns::<R, W, K>(&word_rows(words, stored_n, n), &mut outs);
         rest.copy_from_slice(&scratch[..rest.len()]);
     }
 }
 
-/// Columns per kernel call: the kernels work on fixed-size arrays and return their block by
-/// value (so no store can alias an input), and their loops have no bounds checks and vectorize.
+/// Columns per kernel call. The kernels work on fixed-size local arrays (no store can alias
+/// an input, no bounds checks), so their loops vectorize; the drivers copy blocks in and out.
 const LANES: usize = 32;
+
+/// One unit of the GPTQ stream: R rows of b-bit codes per column fill W words exactly.
+trait Kernel<const R: usize, const W: usize> {
+    /// Packs LANES columns of R rows into W words each.
+    fn pack(rows: &[&[u8; LANES]; R], words: &mut [[u32; LANES]; W]);
+    /// Unpacks LANES columns of W words into R rows of codes.
+    fn unpack(words: &[[u32; LANES]; W], rows: &mut [[u8; LANES]; R]);
+}
 
 /// Runs a packing kernel over all columns of R equally long rows, writing W word rows of the
 /// same length; the last partial block goes through zero-filled copies.
-fn pack_columns<const R: usize, const W: usize>(
+fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
     rows: &[&[u8]; R],
     outs: &mut [&mut [i32]; W],
-    kernel: impl Fn(&[&[u8; LANES]; R]) -> [[u32; LANES]; W],
 ) {
     let len = outs[0].len();
     debug_assert!(rows.iter().all(|r| r.len() == len));
     debug_assert!(outs.iter().all(|o| o.len() == len));
     let full = len - len % LANES;
+    let mut words = [[0u32; LANES]; W];
     for start in (0..full).step_by(LANES) {
         let block: [&[u8; LANES]; R] = std::array::from_fn(|j| {
             rows[j][start..start + LANES]
                 .try_into()
                 .expect("LANES codes")
         });
-        let words = kernel(&block);
+        K::pack(&block, &mut words);
         for (out, words) in outs.iter_mut().zip(&words) {
             for (o, &w) in out[start..start + LANES].iter_mut().zip(words) {
                 *o = w as i32;
@@ -500,7 +506,7 @@ fn pack_columns<const R: usize, const W: usize>(
             copy[..len - full].copy_from_slice(&rows[j][full..]);
             copy
         });
-        let words = kernel(&copies.each_ref());
+        K::pack(&copies.each_ref(), &mut words);
         for (out, words) in outs.iter_mut().zip(&words) {
             for (o, &w) in out[full..].iter_mut().zip(words) {
                 *o = w as i32;
@@ -511,164 +517,182 @@ fn pack_columns<const R: usize, const W: usize>(
 
 /// Runs an unpacking kernel over all columns of W equally long word rows, writing R rows of
 /// codes; the last partial block goes through copies.
-fn unpack_columns<const R: usize, const W: usize>(
+fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
     words: &[&[i32]; W],
     outs: &mut [&mut [u8]; R],
-    kernel: impl Fn(&[&[i32; LANES]; W]) -> [[u8; LANES]; R],
 ) {
     let len = outs[0].len();
     debug_assert!(words.iter().all(|w| w.len() == len));
     debug_assert!(outs.iter().all(|o| o.len() == len));
     let full = len - len % LANES;
+    let mut block = [[0u32; LANES]; W];
+    let mut codes = [[0u8; LANES]; R];
     for start in (0..full).step_by(LANES) {
-        let block: [&[i32; LANES]; W] = std::array::from_fn(|j| {
-            words[j][start..start + LANES]
-                .try_into()
-                .expect("LANES words")
-        });
-        let codes = kernel(&block);
+        for (block, words) in block.iter_mut().zip(words) {
+            for (b, &w) in block.iter_mut().zip(&words[start..start + LANES]) {
+                *b = w as u32;
+            }
+        }
+        K::unpack(&block, &mut codes);
         for (out, codes) in outs.iter_mut().zip(&codes) {
             out[start..start + LANES].copy_from_slice(codes);
         }
     }
     if full < len {
-        let copies: [[i32; LANES]; W] = std::array::from_fn(|j| {
-            let mut copy = [0i32; LANES];
-            copy[..len - full].copy_from_slice(&words[j][full..]);
-            copy
-        });
-        let codes = kernel(&copies.each_ref());
+        for (block, words) in block.iter_mut().zip(words) {
+            block.fill(0);
+            for (b, &w) in block.iter_mut().zip(&words[full..]) {
+                *b = w as u32;
+            }
+        }
+        K::unpack(&block, &mut codes);
         for (out, codes) in outs.iter_mut().zip(&codes) {
             out[full..].copy_from_slice(&codes[..len - full]);
         }
     }
 }
 
-/// The per-block kernels: LANES columns of one unit (R rows of codes, W words per column).
-/// Codes are in range (the logical matrix guarantees it), so packing needs no masks.
+/// The per-block kernels, one per width. Codes are in range (the logical matrix guarantees
+/// it), so packing needs no masks. Both directions go through bytes (or, at 3 bits, 12-bit
+/// halves and 6-bit pairs) so that few lanes are ever narrowed from 32 bits.
 mod kernels {
-    use super::LANES;
+    use super::{Kernel, LANES};
 
-    /// 16 rows of 2-bit codes into one word per column: row 4i + j at bits 8i + 2j.
-    #[inline(always)]
-    pub(super) fn pack2(rows: &[&[u8; LANES]; 16]) -> [[u32; LANES]; 1] {
-        let mut out = [0u32; LANES];
-        for (c, o) in out.iter_mut().enumerate() {
-            let byte = |i: usize| {
-                rows[4 * i][c]
-                    | rows[4 * i + 1][c] << 2
-                    | rows[4 * i + 2][c] << 4
-                    | rows[4 * i + 3][c] << 6
-            };
-            *o = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
-        }
-        [out]
-    }
+    /// 2 bits: 16 rows per word, row 4i + j at bits 8i + 2j.
+    pub(super) struct Two;
+    /// 3 bits: 32 rows per three words, row r at bit 3r of the 96-bit little-endian stream.
+    pub(super) struct Three;
+    /// 4 bits: 8 rows per word, row 2i + j at bits 8i + 4j.
+    pub(super) struct Four;
+    /// 8 bits: 4 rows per word, row i at bits 8i.
+    pub(super) struct Eight;
 
-    /// 8 rows of 4-bit codes into one word per column: row 2i + j at bits 8i + 4j.
-    #[inline(always)]
-    pub(super) fn pack4(rows: &[&[u8; LANES]; 8]) -> [[u32; LANES]; 1] {
-        let mut out = [0u32; LANES];
-        for (c, o) in out.iter_mut().enumerate() {
-            let byte = |i: usize| rows[2 * i][c] | rows[2 * i + 1][c] << 4;
-            *o = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
-        }
-        [out]
-    }
-
-    /// 4 rows of 8-bit codes into one word per column: row i at bits 8i.
-    #[inline(always)]
-    pub(super) fn pack8(rows: &[&[u8; LANES]; 4]) -> [[u32; LANES]; 1] {
-        let mut out = [0u32; LANES];
-        for (c, o) in out.iter_mut().enumerate() {
-            *o = u32::from_le_bytes([rows[0][c], rows[1][c], rows[2][c], rows[3][c]]);
-        }
-        [out]
-    }
-
-    /// 32 rows of 3-bit codes into three words per column: row r at bit 3r of the 96-bit
-    /// little-endian stream. Each eight rows make a 24-bit piece t; the pieces sit at bits 0,
-    /// 24, 48 and 72, so rows 10 and 21 straddle the word boundaries.
-    #[inline(always)]
-    pub(super) fn pack3(rows: &[&[u8; LANES]; 32]) -> [[u32; LANES]; 3] {
-        let mut out = [[0u32; LANES]; 3];
-        for c in 0..LANES {
-            let pair = |r: usize| u16::from(rows[r][c] | rows[r + 1][c] << 3);
-            let piece = |r: usize| {
-                let low = pair(r) | pair(r + 2) << 6;
-                let high = pair(r + 4) | pair(r + 6) << 6;
-                u32::from(low) | u32::from(high) << 12
-            };
-            let t = [piece(0), piece(8), piece(16), piece(24)];
-            out[0][c] = t[0] | t[1] << 24;
-            out[1][c] = t[1] >> 8 | t[2] << 16;
-            out[2][c] = t[2] >> 16 | t[3] << 8;
-        }
-        out
-    }
-
-    /// The inverse of [`pack2`].
-    #[inline(always)]
-    pub(super) fn unpack2(words: &[&[i32; LANES]; 1]) -> [[u8; LANES]; 16] {
-        let mut rows = [[0u8; LANES]; 16];
-        for c in 0..LANES {
-            let bytes = (words[0][c] as u32).to_le_bytes();
-            for (i, byte) in bytes.into_iter().enumerate() {
-                rows[4 * i][c] = byte & 3;
-                rows[4 * i + 1][c] = byte >> 2 & 3;
-                rows[4 * i + 2][c] = byte >> 4 & 3;
-                rows[4 * i + 3][c] = byte >> 6;
+    impl Kernel<16, 1> for Two {
+        #[inline(always)]
+        fn pack(rows: &[&[u8; LANES]; 16], words: &mut [[u32; LANES]; 1]) {
+            for (c, word) in words[0].iter_mut().enumerate() {
+                let byte = |i: usize| {
+                    rows[4 * i][c]
+                        | rows[4 * i + 1][c] << 2
+                        | rows[4 * i + 2][c] << 4
+                        | rows[4 * i + 3][c] << 6
+                };
+                *word = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
             }
         }
-        rows
-    }
 
-    /// The inverse of [`pack4`].
-    #[inline(always)]
-    pub(super) fn unpack4(words: &[&[i32; LANES]; 1]) -> [[u8; LANES]; 8] {
-        let mut rows = [[0u8; LANES]; 8];
-        for c in 0..LANES {
-            let bytes = (words[0][c] as u32).to_le_bytes();
-            for (i, byte) in bytes.into_iter().enumerate() {
-                rows[2 * i][c] = byte & 15;
-                rows[2 * i + 1][c] = byte >> 4;
-            }
-        }
-        rows
-    }
-
-    /// The inverse of [`pack8`].
-    #[inline(always)]
-    pub(super) fn unpack8(words: &[&[i32; LANES]; 1]) -> [[u8; LANES]; 4] {
-        let mut rows = [[0u8; LANES]; 4];
-        for c in 0..LANES {
-            let bytes = (words[0][c] as u32).to_le_bytes();
-            for (i, byte) in bytes.into_iter().enumerate() {
-                rows[i][c] = byte;
-            }
-        }
-        rows
-    }
-
-    /// The inverse of [`pack3`].
-    #[inline(always)]
-    pub(super) fn unpack3(words: &[&[i32; LANES]; 3]) -> [[u8; LANES]; 32] {
-        let mut rows = [[0u8; LANES]; 32];
-        for c in 0..LANES {
-            let w = [words[0][c] as u32, words[1][c] as u32, words[2][c] as u32];
-            let t = [
-                w[0] & 0xFF_FFFF,
-                (w[0] >> 24 | w[1] << 8) & 0xFF_FFFF,
-                (w[1] >> 16 | w[2] << 16) & 0xFF_FFFF,
-                w[2] >> 8,
-            ];
-            for (p, piece) in t.into_iter().enumerate() {
-                for j in 0..8 {
-                    rows[8 * p + j][c] = (piece >> (3 * j) & 7) as u8;
+        #[inline(always)]
+        fn unpack(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 16]) {
+            for i in 0..4 {
+                let mut bytes = [0u8; LANES];
+                for (byte, &word) in bytes.iter_mut().zip(&words[0]) {
+                    *byte = (word >> (8 * i)) as u8;
+                }
+                for j in 0..4 {
+                    for (code, byte) in rows[4 * i + j].iter_mut().zip(bytes) {
+                        *code = byte >> (2 * j) & 3;
+                    }
                 }
             }
         }
-        rows
+    }
+
+    impl Kernel<8, 1> for Four {
+        #[inline(always)]
+        fn pack(rows: &[&[u8; LANES]; 8], words: &mut [[u32; LANES]; 1]) {
+            for (c, word) in words[0].iter_mut().enumerate() {
+                let byte = |i: usize| rows[2 * i][c] | rows[2 * i + 1][c] << 4;
+                *word = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
+            }
+        }
+
+        #[inline(always)]
+        fn unpack(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 8]) {
+            for i in 0..4 {
+                let mut bytes = [0u8; LANES];
+                for (byte, &word) in bytes.iter_mut().zip(&words[0]) {
+                    *byte = (word >> (8 * i)) as u8;
+                }
+                for (code, byte) in rows[2 * i].iter_mut().zip(bytes) {
+                    *code = byte & 15;
+                }
+                for (code, byte) in rows[2 * i + 1].iter_mut().zip(bytes) {
+                    *code = byte >> 4;
+                }
+            }
+        }
+    }
+
+    impl Kernel<4, 1> for Eight {
+        #[inline(always)]
+        fn pack(rows: &[&[u8; LANES]; 4], words: &mut [[u32; LANES]; 1]) {
+            for (c, word) in words[0].iter_mut().enumerate() {
+                *word = u32::from_le_bytes([rows[0][c], rows[1][c], rows[2][c], rows[3][c]]);
+            }
+        }
+
+        #[inline(always)]
+        fn unpack(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 4]) {
+            for (i, row) in rows.iter_mut().enumerate() {
+                for (code, &word) in row.iter_mut().zip(&words[0]) {
+                    *code = (word >> (8 * i)) as u8;
+                }
+            }
+        }
+    }
+
+    /// Each eight rows make a 24-bit piece; the pieces sit at bits 0, 24, 48 and 72 of the
+    /// three words, so rows 10 and 21 straddle the word boundaries.
+    impl Kernel<32, 3> for Three {
+        #[inline(always)]
+        fn pack(rows: &[&[u8; LANES]; 32], words: &mut [[u32; LANES]; 3]) {
+            for c in 0..LANES {
+                let pair = |r: usize| u16::from(rows[r][c] | rows[r + 1][c] << 3);
+                let piece = |r: usize| {
+                    let low = pair(r) | pair(r + 2) << 6;
+                    let high = pair(r + 4) | pair(r + 6) << 6;
+                    u32::from(low) | u32::from(high) << 12
+                };
+                let t = [piece(0), piece(8), piece(16), piece(24)];
+                words[0][c] = t[0] | t[1] << 24;
+                words[1][c] = t[1] >> 8 | t[2] << 16;
+                words[2][c] = t[2] >> 16 | t[3] << 8;
+            }
+        }
+
+        #[inline(always)]
+        fn unpack(words: &[[u32; LANES]; 3], rows: &mut [[u8; LANES]; 32]) {
+            let [w0, w1, w2] = words;
+            let mut pieces = [[0u32; LANES]; 4];
+            for c in 0..LANES {
+                pieces[0][c] = w0[c] & 0xFF_FFFF;
+                pieces[1][c] = (w0[c] >> 24 | w1[c] << 8) & 0xFF_FFFF;
+                pieces[2][c] = (w1[c] >> 16 | w2[c] << 16) & 0xFF_FFFF;
+                pieces[3][c] = w2[c] >> 8;
+            }
+            for (p, piece) in pieces.iter().enumerate() {
+                for h in 0..2 {
+                    // Twelve bits: rows 8p + 4h .. 8p + 4h + 4.
+                    let mut half = [0u16; LANES];
+                    for (half, &piece) in half.iter_mut().zip(piece) {
+                        *half = (piece >> (12 * h)) as u16 & 0xFFF;
+                    }
+                    for q in 0..2 {
+                        let mut pair = [0u8; LANES];
+                        for (pair, &half) in pair.iter_mut().zip(&half) {
+                            *pair = (half >> (6 * q)) as u8 & 63;
+                        }
+                        let row = 8 * p + 4 * h + 2 * q;
+                        for (code, two) in rows[row].iter_mut().zip(pair) {
+                            *code = two & 7;
+                        }
+                        for (code, two) in rows[row + 1].iter_mut().zip(pair) {
+                            *code = two >> 3;
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

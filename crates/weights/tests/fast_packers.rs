@@ -170,7 +170,8 @@ fn gptq_fast_refuses_what_the_oracle_refuses() {
         ZeroConvention::V2,
     )
     .unwrap();
-    let edits: Vec<Box<dyn Fn(&mut GptqLayer)>> = vec![
+    type Edit = Box<dyn Fn(&mut GptqLayer)>;
+    let edits: Vec<Edit> = vec![
         Box::new(|l| l.convention = ZeroConvention::V1),
         Box::new(|l| l.qzeros[[1, 0]] = -1),
         Box::new(|l| l.g_idx[3] = -2),
