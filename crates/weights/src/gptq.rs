@@ -184,10 +184,10 @@ pub fn pack_into(
         g_idx: &parts.g_idx,
     };
     match bits {
-        2 => pack_qweight::<_, _, kernels::Two>(&source, qweight),
-        3 => pack_qweight::<_, _, kernels::Three>(&source, qweight),
-        4 => pack_qweight::<_, _, kernels::Four>(&source, qweight),
-        _ => pack_qweight::<_, _, kernels::Eight>(&source, qweight),
+        2 => pack_qweight::<_, _, kernels::Two, PTWO>(&source, qweight),
+        3 => pack_qweight::<_, _, kernels::Three, PTHREE>(&source, qweight),
+        4 => pack_qweight::<_, _, kernels::Four, PFOUR>(&source, qweight),
+        _ => pack_qweight::<_, _, kernels::Eight, PEIGHT>(&source, qweight),
     }
     layer.bits = bits;
     layer.group_size = weights.group_size();
@@ -280,10 +280,10 @@ fn unpack_with(layer: &GptqLayer, buffer: Vec<u8>) -> Result<LogicalWeights> {
         stored_n,
     };
     match bits {
-        2 => unpack_qweight::<_, _, kernels::Two>(words, target),
-        3 => unpack_qweight::<_, _, kernels::Three>(words, target),
-        4 => unpack_qweight::<_, _, kernels::Four>(words, target),
-        _ => unpack_qweight::<_, _, kernels::Eight>(words, target),
+        2 => unpack_qweight::<_, _, kernels::Two, UTWO>(words, target),
+        3 => unpack_qweight::<_, _, kernels::Three, UTHREE>(words, target),
+        4 => unpack_qweight::<_, _, kernels::Four, UFOUR>(words, target),
+        _ => unpack_qweight::<_, _, kernels::Eight, UEIGHT>(words, target),
     }
     let codes = Array2::from_shape_vec((k, n), codes).expect("k * n codes");
 
@@ -402,7 +402,7 @@ impl<'a> RowSource<'a> {
 }
 
 /// Fills qweight [padded K * b/32, padded N] unit by unit: R rows of codes into W word rows.
-fn pack_qweight<const R: usize, const W: usize, K: Kernel<R, W>>(
+fn pack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>(
     source: &RowSource<'_>,
     qweight: &mut [i32],
 ) {
@@ -413,10 +413,10 @@ fn pack_qweight<const R: usize, const W: usize, K: Kernel<R, W>>(
         let mut outs: [(&mut [i32], &mut [i32]); W] =
             std::array::from_fn(|_| rows.next().expect("W word rows").split_at_mut(n));
         let main: [&[u8]; R] = std::array::from_fn(|j| source.main(first + j));
-        pack_columns::<R, W, K>(&main, &mut outs.each_mut().map(|(m, _)| &mut **m));
+        pack_columns::<R, W, K, L>(&main, &mut outs.each_mut().map(|(m, _)| &mut **m));
         if padded_n > n {
             let tail: [&[u8]; R] = std::array::from_fn(|j| source.tail(first + j));
-            pack_columns::<R, W, K>(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t));
+            pack_columns::<R, W, K, L>(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t));
         }
     }
 }
@@ -430,7 +430,7 @@ struct RowTarget<'a> {
 }
 
 /// Decodes qweight [stored K * b/32, stored N] unit by unit into the cropped codes.
-fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>>(
+fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>(
     qweight: &[i32],
     target: RowTarget<'_>,
 ) {
@@ -451,7 +451,7 @@ fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>>(
     for (out, words) in whole.chunks_exact_mut(R * n).zip(units.by_ref()) {
         let mut rows = out.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns::<R, W, K>(&word_rows(words, stored_n, n), &mut outs);
+        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs);
     }
     if !rest.is_empty() {
         // The last unit holds padded rows: decode it whole and keep the logical ones.
@@ -459,26 +459,34 @@ fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>>(
         let mut scratch = vec![0u8; R * n];
         let mut rows = scratch.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns::<R, W, K>(&word_rows(words, stored_n, n), &mut outs);
+        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs);
         rest.copy_from_slice(&scratch[..rest.len()]);
     }
 }
 
-/// Columns per kernel call. The kernels work on fixed-size local arrays (no store can alias
-/// an input, no bounds checks), so their loops vectorize; the drivers copy blocks in and out.
-const LANES: usize = 32;
+// Columns per kernel call (the drivers' `L`), per width and direction, by measurement. The
+// kernels work on fixed-size local arrays (no store can alias an input, no bounds checks), so
+// their loops vectorize; the drivers copy blocks in and out.
+const PTWO: usize = 32;
+const PTHREE: usize = 32;
+const PFOUR: usize = 32;
+const PEIGHT: usize = 32;
+const UTWO: usize = 64;
+const UTHREE: usize = 64;
+const UFOUR: usize = 32;
+const UEIGHT: usize = 32;
 
 /// One unit of the GPTQ stream: R rows of b-bit codes per column fill W words exactly.
 trait Kernel<const R: usize, const W: usize> {
     /// Packs LANES columns of R rows into W words each.
-    fn pack(rows: &[&[u8; LANES]; R], words: &mut [[u32; LANES]; W]);
+    fn pack<const LANES: usize>(rows: &[&[u8; LANES]; R], words: &mut [[u32; LANES]; W]);
     /// Unpacks LANES columns of W words into R rows of codes.
-    fn unpack(words: &[[u32; LANES]; W], rows: &mut [[u8; LANES]; R]);
+    fn unpack<const LANES: usize>(words: &[[u32; LANES]; W], rows: &mut [[u8; LANES]; R]);
 }
 
 /// Runs a packing kernel over all columns of R equally long rows, writing W word rows of the
 /// same length; the last partial block goes through zero-filled copies.
-fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
+fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: usize>(
     rows: &[&[u8]; R],
     outs: &mut [&mut [i32]; W],
 ) {
@@ -493,7 +501,7 @@ fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
                 .try_into()
                 .expect("LANES codes")
         });
-        K::pack(&block, &mut words);
+        K::pack::<LANES>(&block, &mut words);
         for (out, words) in outs.iter_mut().zip(&words) {
             for (o, &w) in out[start..start + LANES].iter_mut().zip(words) {
                 *o = w as i32;
@@ -506,7 +514,7 @@ fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
             copy[..len - full].copy_from_slice(&rows[j][full..]);
             copy
         });
-        K::pack(&copies.each_ref(), &mut words);
+        K::pack::<LANES>(&copies.each_ref(), &mut words);
         for (out, words) in outs.iter_mut().zip(&words) {
             for (o, &w) in out[full..].iter_mut().zip(words) {
                 *o = w as i32;
@@ -517,7 +525,7 @@ fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
 
 /// Runs an unpacking kernel over all columns of W equally long word rows, writing R rows of
 /// codes; the last partial block goes through copies.
-fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
+fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: usize>(
     words: &[&[i32]; W],
     outs: &mut [&mut [u8]; R],
 ) {
@@ -533,7 +541,7 @@ fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
                 *b = w as u32;
             }
         }
-        K::unpack(&block, &mut codes);
+        K::unpack::<LANES>(&block, &mut codes);
         for (out, codes) in outs.iter_mut().zip(&codes) {
             out[start..start + LANES].copy_from_slice(codes);
         }
@@ -545,7 +553,7 @@ fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
                 *b = w as u32;
             }
         }
-        K::unpack(&block, &mut codes);
+        K::unpack::<LANES>(&block, &mut codes);
         for (out, codes) in outs.iter_mut().zip(&codes) {
             out[full..].copy_from_slice(&codes[..len - full]);
         }
@@ -556,7 +564,7 @@ fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>>(
 /// it), so packing needs no masks. Both directions go through bytes (or, at 3 bits, 12-bit
 /// halves and 6-bit pairs) so that few lanes are ever narrowed from 32 bits.
 mod kernels {
-    use super::{Kernel, LANES};
+    use super::Kernel;
 
     /// 2 bits: 16 rows per word, row 4i + j at bits 8i + 2j.
     pub(super) struct Two;
@@ -569,7 +577,7 @@ mod kernels {
 
     impl Kernel<16, 1> for Two {
         #[inline(always)]
-        fn pack(rows: &[&[u8; LANES]; 16], words: &mut [[u32; LANES]; 1]) {
+        fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 16], words: &mut [[u32; LANES]; 1]) {
             for (c, word) in words[0].iter_mut().enumerate() {
                 let byte = |i: usize| {
                     rows[4 * i][c]
@@ -582,7 +590,7 @@ mod kernels {
         }
 
         #[inline(always)]
-        fn unpack(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 16]) {
+        fn unpack<const LANES: usize>(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 16]) {
             for i in 0..4 {
                 let mut bytes = [0u8; LANES];
                 for (byte, &word) in bytes.iter_mut().zip(&words[0]) {
@@ -599,7 +607,7 @@ mod kernels {
 
     impl Kernel<8, 1> for Four {
         #[inline(always)]
-        fn pack(rows: &[&[u8; LANES]; 8], words: &mut [[u32; LANES]; 1]) {
+        fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 8], words: &mut [[u32; LANES]; 1]) {
             for (c, word) in words[0].iter_mut().enumerate() {
                 let byte = |i: usize| rows[2 * i][c] | rows[2 * i + 1][c] << 4;
                 *word = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
@@ -607,7 +615,7 @@ mod kernels {
         }
 
         #[inline(always)]
-        fn unpack(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 8]) {
+        fn unpack<const LANES: usize>(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 8]) {
             for i in 0..4 {
                 let mut bytes = [0u8; LANES];
                 for (byte, &word) in bytes.iter_mut().zip(&words[0]) {
@@ -625,14 +633,14 @@ mod kernels {
 
     impl Kernel<4, 1> for Eight {
         #[inline(always)]
-        fn pack(rows: &[&[u8; LANES]; 4], words: &mut [[u32; LANES]; 1]) {
+        fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 4], words: &mut [[u32; LANES]; 1]) {
             for (c, word) in words[0].iter_mut().enumerate() {
                 *word = u32::from_le_bytes([rows[0][c], rows[1][c], rows[2][c], rows[3][c]]);
             }
         }
 
         #[inline(always)]
-        fn unpack(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 4]) {
+        fn unpack<const LANES: usize>(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 4]) {
             for (i, row) in rows.iter_mut().enumerate() {
                 for (code, &word) in row.iter_mut().zip(&words[0]) {
                     *code = (word >> (8 * i)) as u8;
@@ -645,7 +653,7 @@ mod kernels {
     /// three words, so rows 10 and 21 straddle the word boundaries.
     impl Kernel<32, 3> for Three {
         #[inline(always)]
-        fn pack(rows: &[&[u8; LANES]; 32], words: &mut [[u32; LANES]; 3]) {
+        fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 32], words: &mut [[u32; LANES]; 3]) {
             for c in 0..LANES {
                 let pair = |r: usize| u16::from(rows[r][c] | rows[r + 1][c] << 3);
                 let piece = |r: usize| {
@@ -661,7 +669,7 @@ mod kernels {
         }
 
         #[inline(always)]
-        fn unpack(words: &[[u32; LANES]; 3], rows: &mut [[u8; LANES]; 32]) {
+        fn unpack<const LANES: usize>(words: &[[u32; LANES]; 3], rows: &mut [[u8; LANES]; 32]) {
             let [w0, w1, w2] = words;
             let mut pieces = [[0u32; LANES]; 4];
             for c in 0..LANES {
