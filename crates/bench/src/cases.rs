@@ -249,7 +249,9 @@ fn layers(scale: &Scale, b: u32, pieces: usize) -> Vec<LogicalWeights> {
 }
 
 /// GPTQ (AutoGPTQ's v1 zero points) at every width of the scale, and AWQ (4 bits): pack and
-/// unpack.
+/// unpack. Every call writes into outputs allocated once (`pack_into`, `unpack_into`), as a
+/// converter working through same-shaped layers would; a fresh allocation per call would add
+/// the page faults of the output to each figure.
 pub fn packed_weights(
     scale: &Scale,
     settings: Settings,
@@ -260,18 +262,25 @@ pub fn packed_weights(
     for &b in &scale.gptq_bits {
         let pieces = layers(scale, b, settings.threads);
         let all: Vec<std::ops::Range<usize>> = (0..pieces.len()).map(|i| i..i + 1).collect();
-        let pack = |r: std::ops::Range<usize>| {
-            gptq::pack(&pieces[r.start], gptq::ZeroConvention::V1).expect("packs")
-        };
+        let convention = gptq::ZeroConvention::V1;
+        let mut packed: Vec<gptq::GptqLayer> = pieces
+            .iter()
+            .map(|w| gptq::pack(w, convention).expect("packs"))
+            .collect();
         let packed_s = median_seconds(settings, || {
-            std::hint::black_box(on_slices(pool, &all, pack));
+            on_split(pool, &all, &mut packed, &all, |r, out| {
+                gptq::pack_into(&pieces[r.start], convention, &mut out[0]).expect("packs")
+            });
+            std::hint::black_box(&mut packed);
         });
-        let packed = on_slices(pool, &all, pack);
+        let mut unpacked = pieces.clone();
         let unpacked_s = median_seconds(settings, || {
-            std::hint::black_box(on_slices(pool, &all, |r| {
-                gptq::unpack(&packed[r.start]).expect("unpacks")
-            }));
+            on_split(pool, &all, &mut unpacked, &all, |r, out| {
+                gptq::unpack_into(&packed[r.start], &mut out[0]).expect("unpacks")
+            });
+            std::hint::black_box(&mut unpacked);
         });
+        assert!(unpacked == pieces, "GPTQ {b}-bit round trip");
         for (op, seconds) in [("pack", packed_s), ("unpack", unpacked_s)] {
             record(Measured {
                 bits: Some(b),
@@ -282,16 +291,24 @@ pub fn packed_weights(
     }
     let pieces = layers(scale, 4, settings.threads);
     let all: Vec<std::ops::Range<usize>> = (0..pieces.len()).map(|i| i..i + 1).collect();
-    let pack = |r: std::ops::Range<usize>| awq::pack(&pieces[r.start]).expect("packs");
+    let mut packed: Vec<awq::AwqLayer> = pieces
+        .iter()
+        .map(|w| awq::pack(w).expect("packs"))
+        .collect();
     let packed_s = median_seconds(settings, || {
-        std::hint::black_box(on_slices(pool, &all, pack));
+        on_split(pool, &all, &mut packed, &all, |r, out| {
+            awq::pack_into(&pieces[r.start], &mut out[0]).expect("packs")
+        });
+        std::hint::black_box(&mut packed);
     });
-    let packed = on_slices(pool, &all, pack);
+    let mut unpacked = pieces.clone();
     let unpacked_s = median_seconds(settings, || {
-        std::hint::black_box(on_slices(pool, &all, |r| {
-            awq::unpack(&packed[r.start]).expect("unpacks")
-        }));
+        on_split(pool, &all, &mut unpacked, &all, |r, out| {
+            awq::unpack_into(&packed[r.start], &mut out[0]).expect("unpacks")
+        });
+        std::hint::black_box(&mut unpacked);
     });
+    assert!(unpacked == pieces, "AWQ round trip");
     for (op, seconds) in [("pack", packed_s), ("unpack", unpacked_s)] {
         record(Measured {
             bits: Some(4),

@@ -19,13 +19,13 @@
 //! this module to its bytes.
 
 use half::f16;
-use ndarray::{Array2, Axis};
+use ndarray::Array2;
 
 use crate::bpw::Cost;
 use crate::error::{FormatError, Result};
-use crate::logical::LogicalWeights;
+use crate::gptq::{reusable, reuse_buffer};
+use crate::logical::{LogicalWeights, sequential_g_idx};
 use crate::shape::{check_aligned, check_logical_shape, check_not_empty, check_tensor_shapes};
-use bitpack::{Bits, stream as bits};
 
 /// AWQ stores 4-bit codes only.
 pub const AWQ_BITS: u32 = 4;
@@ -53,7 +53,26 @@ pub struct AwqLayer {
 
 /// Packs a logical matrix into AWQ tensors. The rows must already be in sequential groups
 /// (AWQ has no g_idx); K is padded to the group size and N to 8 with zero weights.
+///
+/// Row by row, eight codes (one little-endian u64) into one word with shifts and masks; padded
+/// places are written from their group's zero point as they are packed, without building the
+/// padded matrix. Byte-for-byte the output of [`reference::pack`].
 pub fn pack(weights: &LogicalWeights) -> Result<AwqLayer> {
+    let mut layer = AwqLayer {
+        group_size: weights.group_size(),
+        qweight: Array2::zeros((0, 0)),
+        qzeros: Array2::zeros((0, 0)),
+        scales: Array2::from_elem((0, 0), f16::ZERO),
+        logical_shape: [0, 0],
+    };
+    pack_into(weights, &mut layer)?;
+    Ok(layer)
+}
+
+/// [`pack`] into an existing layer, overwriting every field and reusing the memory of its
+/// qweight and qzeros where their shapes already fit (a fresh qweight costs about as much in
+/// page faults as the packing itself). On an error `layer` is unchanged.
+pub fn pack_into(weights: &LogicalWeights, layer: &mut AwqLayer) -> Result<()> {
     check_bits(weights.bits())?;
     if let Some((row, group)) = weights.first_out_of_sequence() {
         return Err(FormatError::NeedsSequentialGroups {
@@ -63,33 +82,128 @@ pub fn pack(weights: &LogicalWeights) -> Result<AwqLayer> {
             group,
         });
     }
-    let padded = weights.padded(weights.group_size(), PACK_FACTOR);
-    let groups = padded.k() / padded.group_size();
+    let (k, n) = (weights.k(), weights.n());
+    let group_size = weights.group_size();
+    let (padded_k, padded_n) = (
+        k.next_multiple_of(group_size),
+        n.next_multiple_of(PACK_FACTOR),
+    );
+    let parts = weights.padded_parts(padded_k, padded_n);
+    let groups = padded_k / group_size;
     // A sequential matrix may still carry unused trailing groups; AWQ has exactly K / g.
-    let scales = padded.scales().slice(ndarray::s![..groups, ..]).to_owned();
-    let zeros = padded.zeros().slice(ndarray::s![..groups, ..]).to_owned();
-    Ok(AwqLayer {
-        group_size: padded.group_size(),
-        qweight: pack_rows(padded.codes())?,
-        qzeros: pack_rows(&zeros)?,
-        scales,
-        logical_shape: [weights.k(), weights.n()],
-    })
+    let scales = parts.scales.slice(ndarray::s![..groups, ..]).to_owned();
+    let zeros = parts.zeros.slice(ndarray::s![..groups, ..]).to_owned();
+    let pad = parts
+        .zeros
+        .as_slice()
+        .expect("padded zeros are in standard layout");
+    let pad_row = |row: usize| {
+        let group = parts.g_idx[row] as usize;
+        &pad[group * padded_n..(group + 1) * padded_n]
+    };
+
+    let words = padded_n / PACK_FACTOR;
+    let codes = weights.codes().as_standard_layout();
+    let codes = codes
+        .as_slice()
+        .expect("a standard-layout array has a slice");
+    let out = reusable(&mut layer.qweight, (padded_k, words));
+    let whole = n / PACK_FACTOR;
+    for (row, out) in out.chunks_exact_mut(words).enumerate() {
+        if row < k {
+            let logical = &codes[row * n..(row + 1) * n];
+            let (main, last) = out.split_at_mut(whole);
+            pack_words(&logical[..whole * PACK_FACTOR], main);
+            if let Some(last) = last.first_mut() {
+                // The last word mixes the row's last codes and padded columns.
+                let mut eight = [0u8; PACK_FACTOR];
+                let split = n - whole * PACK_FACTOR;
+                eight[..split].copy_from_slice(&logical[whole * PACK_FACTOR..]);
+                eight[split..].copy_from_slice(&pad_row(row)[n..]);
+                *last = pack_word(eight);
+            }
+        } else {
+            pack_words(pad_row(row), out);
+        }
+    }
+    pack_words(
+        zeros
+            .as_slice()
+            .expect("an owned slice is in standard layout"),
+        reusable(&mut layer.qzeros, (groups, words)),
+    );
+    layer.group_size = group_size;
+    layer.scales = scales;
+    layer.logical_shape = [k, n];
+    Ok(())
 }
 
 /// Unpacks AWQ tensors into the logical matrix (sequential groups), cropped to the logical
 /// shape, after checking every shape against the format.
+///
+/// Decodes only the logical rows and columns, straight into the cropped codes; the result, and
+/// the error for a malformed layer, are those of [`reference::unpack`].
 pub fn unpack(layer: &AwqLayer) -> Result<LogicalWeights> {
-    let (_, n) = layer.check_shapes()?;
-    let stored = LogicalWeights::with_sequential_groups(
+    unpack_with(layer, Vec::new())
+}
+
+/// [`unpack`] into an existing matrix, reusing the memory of its codes when it is large enough
+/// (a fresh [K, N] allocation costs more in page faults than the decoding). On an error `out`
+/// is left a valid but unspecified matrix.
+pub fn unpack_into(layer: &AwqLayer, out: &mut LogicalWeights) -> Result<()> {
+    let (buffer, _) = out.take_codes().into_raw_vec_and_offset();
+    *out = unpack_with(layer, buffer)?;
+    Ok(())
+}
+
+fn unpack_with(layer: &AwqLayer, buffer: Vec<u8>) -> Result<LogicalWeights> {
+    let (stored_k, stored_n) = layer.check_shapes()?;
+    let [k, n] = layer.logical_shape;
+    let words = stored_n / PACK_FACTOR;
+    let qweight = layer.qweight.as_standard_layout();
+    let qweight = qweight
+        .as_slice()
+        .expect("a standard-layout array has a slice");
+    let mut codes = reuse_buffer(buffer, k * n);
+    let whole = n / PACK_FACTOR;
+    for (out, words) in codes.chunks_exact_mut(n).zip(qweight.chunks_exact(words)) {
+        let (main, last) = out.split_at_mut(whole * PACK_FACTOR);
+        unpack_words(&words[..whole], main);
+        if !last.is_empty() {
+            last.copy_from_slice(&unpack_word(words[whole])[..last.len()]);
+        }
+    }
+    let codes = Array2::from_shape_vec((k, n), codes).expect("k * n codes");
+
+    let groups = layer.qzeros.nrows();
+    let qzeros = layer.qzeros.as_standard_layout();
+    let mut zeros = vec![0u8; groups * stored_n];
+    unpack_words(
+        qzeros
+            .as_slice()
+            .expect("a standard-layout array has a slice"),
+        &mut zeros,
+    );
+    let zeros = Array2::from_shape_vec((groups, stored_n), zeros).expect("groups * N zeros");
+    // As LogicalWeights::cropped: the stored metadata when nothing was padded, else the groups
+    // the kept rows use.
+    let (scales, zeros) = if (k, n) == (stored_k, stored_n) {
+        (layer.scales.clone(), zeros)
+    } else {
+        let used = (k - 1) / layer.group_size + 1;
+        (
+            layer.scales.slice(ndarray::s![..used, ..n]).to_owned(),
+            zeros.slice(ndarray::s![..used, ..n]).to_owned(),
+        )
+    };
+    LogicalWeights::from_decoded(
         AWQ_BITS,
         layer.group_size,
-        unpack_rows(&layer.qweight, n)?,
-        layer.scales.clone(),
-        unpack_rows(&layer.qzeros, n)?,
-    )?;
-    let [k, n] = layer.logical_shape;
-    stored.cropped(k, n)
+        codes,
+        scales,
+        zeros,
+        sequential_g_idx(k, layer.group_size),
+    )
 }
 
 impl AwqLayer {
@@ -157,33 +271,126 @@ fn check_bits(bits: u32) -> Result<()> {
     }
 }
 
-/// Packs each row of `values` [rows, N] into N/8 interleaved words: [rows, N/8].
-fn pack_rows(values: &Array2<u8>) -> Result<Array2<i32>> {
-    let mut packed = Array2::<i32>::zeros((values.nrows(), values.ncols() / PACK_FACTOR));
-    for (row, mut out) in values.axis_iter(Axis(0)).zip(packed.axis_iter_mut(Axis(0))) {
-        let slots: Vec<u8> = row
-            .to_vec()
-            .chunks_exact(PACK_FACTOR)
-            .flat_map(|eight| AWQ_ORDER.map(|column| eight[column]))
-            .collect();
-        let stream = bits::pack_i32_words(Bits::FOUR, &slots)?;
-        out.assign(&ndarray::ArrayView1::from(&stream));
-    }
-    Ok(packed)
+/// Eight codes (each at most 15), columns 8c..8c+8, into word c: slot s (bits 4s) holds
+/// column [`AWQ_ORDER`]\[s\].
+///
+/// As a little-endian u64, byte i is column i. `x | x >> 12` puts columns (0, 2), (1, 3),
+/// (4, 6), (5, 7) as nibble pairs in bytes 0, 1, 4, 5; the word's bytes are those pairs in the
+/// order 0, 4, 1, 5.
+#[inline(always)]
+fn pack_word(eight: [u8; PACK_FACTOR]) -> i32 {
+    let x = u64::from_le_bytes(eight);
+    let y = x | x >> 12;
+    let word = (y & 0xFF) | (y >> 24 & 0xFF00) | (y << 8 & 0xFF_0000) | (y >> 16 & 0xFF00_0000);
+    word as u32 as i32
 }
 
-/// Unpacks each row of `packed` [rows, N/8] into N logical columns: [rows, N].
-fn unpack_rows(packed: &Array2<i32>, n: usize) -> Result<Array2<u8>> {
-    let mut values = Array2::<u8>::zeros((packed.nrows(), n));
-    for (row, mut out) in packed.axis_iter(Axis(0)).zip(values.axis_iter_mut(Axis(0))) {
-        let slots = bits::unpack_i32_words(Bits::FOUR, &row.to_vec(), n)?;
-        for (group, eight) in slots.chunks_exact(PACK_FACTOR).enumerate() {
-            for (slot, &value) in eight.iter().enumerate() {
-                out[group * PACK_FACTOR + AWQ_ORDER[slot]] = value;
+/// The inverse of [`pack_word`]: the word's bytes back to bytes 0, 4, 1, 5 of a u64, then each
+/// nibble pair split into two bytes.
+#[inline(always)]
+fn unpack_word(word: i32) -> [u8; PACK_FACTOR] {
+    let w = u64::from(word as u32);
+    let y = (w & 0xFF) | (w & 0xFF00) << 24 | (w >> 8 & 0xFF00) | (w & 0xFF00_0000) << 16;
+    const LOW: u64 = 0x0000_0F0F_0000_0F0F;
+    ((y & LOW) | (y >> 4 & LOW) << 16).to_le_bytes()
+}
+
+/// Packs `codes` (8 per word) into `words`, one word per eight columns.
+fn pack_words(codes: &[u8], words: &mut [i32]) {
+    debug_assert_eq!(codes.len(), PACK_FACTOR * words.len());
+    for (word, eight) in words.iter_mut().zip(codes.chunks_exact(PACK_FACTOR)) {
+        *word = pack_word(eight.try_into().expect("eight codes"));
+    }
+}
+
+/// Unpacks `words` into `codes`, eight columns per word.
+fn unpack_words(words: &[i32], codes: &mut [u8]) {
+    debug_assert_eq!(codes.len(), PACK_FACTOR * words.len());
+    for (eight, &word) in codes.chunks_exact_mut(PACK_FACTOR).zip(words) {
+        eight.copy_from_slice(&unpack_word(word));
+    }
+}
+
+/// The straightforward implementation, kept as the oracle the fast [`pack`] and [`unpack`] are
+/// tested against bit for bit: it pads the whole matrix, then packs row by row through
+/// `bitpack`'s word streams. Slow; not for production use.
+pub mod reference {
+    use ndarray::{Array2, Axis};
+
+    use super::{AWQ_BITS, AWQ_ORDER, AwqLayer, PACK_FACTOR, check_bits};
+    use crate::error::{FormatError, Result};
+    use crate::logical::LogicalWeights;
+    use bitpack::{Bits, stream as bits};
+
+    /// Packs a logical matrix into AWQ tensors. The rows must already be in sequential groups
+    /// (AWQ has no g_idx); K is padded to the group size and N to 8 with zero weights.
+    pub fn pack(weights: &LogicalWeights) -> Result<AwqLayer> {
+        check_bits(weights.bits())?;
+        if let Some((row, group)) = weights.first_out_of_sequence() {
+            return Err(FormatError::NeedsSequentialGroups {
+                format: "AWQ",
+                group_size: weights.group_size(),
+                row,
+                group,
+            });
+        }
+        let padded = weights.padded(weights.group_size(), PACK_FACTOR);
+        let groups = padded.k() / padded.group_size();
+        // A sequential matrix may still carry unused trailing groups; AWQ has exactly K / g.
+        let scales = padded.scales().slice(ndarray::s![..groups, ..]).to_owned();
+        let zeros = padded.zeros().slice(ndarray::s![..groups, ..]).to_owned();
+        Ok(AwqLayer {
+            group_size: padded.group_size(),
+            qweight: pack_rows(padded.codes())?,
+            qzeros: pack_rows(&zeros)?,
+            scales,
+            logical_shape: [weights.k(), weights.n()],
+        })
+    }
+
+    /// Unpacks AWQ tensors into the logical matrix (sequential groups), cropped to the logical
+    /// shape, after checking every shape against the format.
+    pub fn unpack(layer: &AwqLayer) -> Result<LogicalWeights> {
+        let (_, n) = layer.check_shapes()?;
+        let stored = LogicalWeights::with_sequential_groups(
+            AWQ_BITS,
+            layer.group_size,
+            unpack_rows(&layer.qweight, n)?,
+            layer.scales.clone(),
+            unpack_rows(&layer.qzeros, n)?,
+        )?;
+        let [k, n] = layer.logical_shape;
+        stored.cropped(k, n)
+    }
+
+    /// Packs each row of `values` [rows, N] into N/8 interleaved words: [rows, N/8].
+    fn pack_rows(values: &Array2<u8>) -> Result<Array2<i32>> {
+        let mut packed = Array2::<i32>::zeros((values.nrows(), values.ncols() / PACK_FACTOR));
+        for (row, mut out) in values.axis_iter(Axis(0)).zip(packed.axis_iter_mut(Axis(0))) {
+            let slots: Vec<u8> = row
+                .to_vec()
+                .chunks_exact(PACK_FACTOR)
+                .flat_map(|eight| AWQ_ORDER.map(|column| eight[column]))
+                .collect();
+            let stream = bits::pack_i32_words(Bits::FOUR, &slots)?;
+            out.assign(&ndarray::ArrayView1::from(&stream));
+        }
+        Ok(packed)
+    }
+
+    /// Unpacks each row of `packed` [rows, N/8] into N logical columns: [rows, N].
+    fn unpack_rows(packed: &Array2<i32>, n: usize) -> Result<Array2<u8>> {
+        let mut values = Array2::<u8>::zeros((packed.nrows(), n));
+        for (row, mut out) in packed.axis_iter(Axis(0)).zip(values.axis_iter_mut(Axis(0))) {
+            let slots = bits::unpack_i32_words(Bits::FOUR, &row.to_vec(), n)?;
+            for (group, eight) in slots.chunks_exact(PACK_FACTOR).enumerate() {
+                for (slot, &value) in eight.iter().enumerate() {
+                    out[group * PACK_FACTOR + AWQ_ORDER[slot]] = value;
+                }
             }
         }
+        Ok(values)
     }
-    Ok(values)
 }
 
 #[cfg(test)]

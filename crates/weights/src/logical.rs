@@ -71,7 +71,53 @@ impl LogicalWeights {
         Self::new(bits, group_size, codes, scales, zeros, g_idx)
     }
 
+    /// [`Self::new`] for codes just decoded from b-bit fields, which are in range by
+    /// construction: every check but the scan of the codes' range (a debug assertion), with
+    /// the same errors in the same order.
+    pub(crate) fn from_decoded(
+        bits: u32,
+        group_size: usize,
+        codes: Array2<u8>,
+        scales: Array2<f16>,
+        zeros: Array2<u8>,
+        g_idx: Vec<u32>,
+    ) -> Result<Self> {
+        let weights = LogicalWeights {
+            bits,
+            group_size,
+            codes,
+            scales,
+            zeros,
+            g_idx,
+        };
+        weights.validate_parts()?;
+        debug_assert_eq!(check_range("code", &weights.codes, weights.bits), Ok(()));
+        check_range("zero point", &weights.zeros, weights.bits)?;
+        Ok(weights)
+    }
+
+    /// Takes this matrix's codes (as a buffer to reuse), leaving a valid 1 x 1 matrix of the
+    /// same width in its place.
+    pub(crate) fn take_codes(&mut self) -> Array2<u8> {
+        let placeholder = LogicalWeights {
+            bits: self.bits,
+            group_size: 1,
+            codes: Array2::zeros((1, 1)),
+            scales: Array2::from_elem((1, 1), f16::ZERO),
+            zeros: Array2::zeros((1, 1)),
+            g_idx: vec![0],
+        };
+        std::mem::replace(self, placeholder).codes
+    }
+
     fn validate(&self) -> Result<()> {
+        self.validate_parts()?;
+        check_range("code", &self.codes, self.bits)?;
+        check_range("zero point", &self.zeros, self.bits)
+    }
+
+    /// Every check of [`Self::validate`] before the value ranges.
+    fn validate_parts(&self) -> Result<()> {
         if !(1..=8).contains(&self.bits) {
             return Err(FormatError::UnsupportedBits {
                 format: "the logical matrix",
@@ -123,8 +169,7 @@ impl LogicalWeights {
         {
             return Err(FormatError::GroupIndexOutOfRange { row, group, groups });
         }
-        check_range("code", &self.codes, self.bits)?;
-        check_range("zero point", &self.zeros, self.bits)
+        Ok(())
     }
 
     /// Code width b, 1 to 8.
@@ -285,6 +330,33 @@ impl LogicalWeights {
         if (padded_k, padded_n) == (k, n) {
             return self.clone();
         }
+        let PaddedParts {
+            g_idx,
+            scales,
+            zeros,
+        } = self.padded_parts(padded_k, padded_n);
+        let mut codes = Array2::from_shape_fn((padded_k, padded_n), |(row, col)| {
+            zeros[[g_idx[row] as usize, col]]
+        });
+        codes.slice_mut(s![..k, ..n]).assign(&self.codes);
+        LogicalWeights {
+            bits: self.bits,
+            group_size: self.group_size,
+            codes,
+            scales,
+            zeros,
+            g_idx,
+        }
+    }
+
+    /// Everything [`Self::padded`] makes but the codes, for a padded size of `padded_k` x
+    /// `padded_n` (at least the current size): g_idx extended with sequential groups, and
+    /// scales and zeros grown to the groups it uses and to `padded_n` columns (scale 0 and the
+    /// mid-range zero point in every new place). The padded code at (row, col) is
+    /// `zeros[g_idx[row], col]`, so packers can write it without building the padded codes.
+    pub(crate) fn padded_parts(&self, padded_k: usize, padded_n: usize) -> PaddedParts {
+        let (k, n) = (self.k(), self.n());
+        debug_assert!(padded_k >= k && padded_n >= n);
         let mut g_idx = self.g_idx.clone();
         g_idx.extend((k..padded_k).map(|row| (row / self.group_size) as u32));
         let groups = self
@@ -299,17 +371,10 @@ impl LogicalWeights {
         zeros
             .slice_mut(s![..self.groups(), ..n])
             .assign(&self.zeros);
-        let mut codes = Array2::from_shape_fn((padded_k, padded_n), |(row, col)| {
-            zeros[[g_idx[row] as usize, col]]
-        });
-        codes.slice_mut(s![..k, ..n]).assign(&self.codes);
-        LogicalWeights {
-            bits: self.bits,
-            group_size: self.group_size,
-            codes,
+        PaddedParts {
+            g_idx,
             scales,
             zeros,
-            g_idx,
         }
     }
 
@@ -330,6 +395,14 @@ impl LogicalWeights {
             g_idx,
         )
     }
+}
+
+/// The metadata of a padded matrix ([`LogicalWeights::padded_parts`]); `scales` and `zeros`
+/// are in standard (row-major) layout.
+pub(crate) struct PaddedParts {
+    pub(crate) g_idx: Vec<u32>,
+    pub(crate) scales: Array2<f16>,
+    pub(crate) zeros: Array2<u8>,
 }
 
 /// g_idx of sequential groups: row k in group k / group_size.
@@ -371,6 +444,17 @@ fn to_usize(perm: &[u32]) -> Vec<usize> {
 
 fn check_range(what: &'static str, values: &Array2<u8>, bits: u32) -> Result<()> {
     let max = ((1u32 << bits) - 1) as u8;
+    // The common case (everything in range) as a vectorizable maximum over the memory; only a
+    // matrix with an out-of-range value is searched again, in logical order, for the first one.
+    let in_range = match values.as_slice_memory_order() {
+        Some(slice) => slice
+            .chunks(1 << 12)
+            .all(|chunk| chunk.iter().fold(0, |m, &v| m.max(v)) <= max),
+        None => values.iter().all(|&v| v <= max),
+    };
+    if in_range {
+        return Ok(());
+    }
     match values.indexed_iter().find(|(_, v)| **v > max) {
         Some(((row, col), &value)) => Err(FormatError::CodeOutOfRange {
             what,
