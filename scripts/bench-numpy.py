@@ -3,7 +3,10 @@
 with memcpy (np.copyto of 256 MiB) measured in the same process, so the two can be set side by
 side as ratios (README, "Speed").
 
-    python3 scripts/bench-numpy.py [--quick] [--json]
+    python3 scripts/bench-numpy.py [--quick] [--json] [--compare BENCH_JSON]
+
+With --compare, the cases are also set beside the same cases of a `bench --json` run (a file
+of its JSON lines), as a markdown table of both ratios to memcpy and their quotient.
 
 The NumPy versions are idiomatic, vectorised code (the way the seed studies were written), not
 this project's codec: symmetric and asymmetric 4- and 8-bit KV groups along features and tokens
@@ -96,6 +99,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--compare", metavar="BENCH_JSON",
+                        help="a file of `bench --json` lines to set beside these cases")
     args = parser.parse_args()
     repeats = 3 if args.quick else 5
     tokens = 1 << 13 if args.quick else 1 << 18
@@ -162,12 +167,36 @@ def main():
             seconds = median_seconds(lambda: quants.dequantize(blocks, qtype), repeats)
             rows.append(row("dequantize", name, w.nbytes, seconds, memcpy_gbps))
 
+    if args.compare:
+        compare(rows, args.compare)
+        return
     for r in rows:
         if args.json:
             print(json.dumps(r))
         else:
             print(f"{r['format']:6} {r['op']:10} {r['mode'] or '-':10} {r['axis'] or '-':8} "
                   f"{r['bits'] or '-':>4} {r['gbps']:7.2f} GB/s {r['ratio']:6.3f}x memcpy")
+
+
+KEY = ("op", "format", "mode", "axis", "bits", "group_size")
+
+
+def compare(rows, path):
+    """Prints NumPy's rows beside the same cases of a bench run, as a markdown table."""
+    with open(path) as f:
+        bench = {tuple(r[k] for k in KEY): r for r in map(json.loads, f) if r.get("op")}
+    print("| case | bench (x memcpy) | NumPy (x memcpy) | bench / NumPy |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        ours = bench.get(tuple(r[k] for k in KEY))
+        if ours is None:
+            continue
+        words = [r["mode"], f"{r['bits']}-bit" if r["bits"] else None,
+                 f"g{r['group_size']}" if r["group_size"] else None,
+                 f"{r['axis']} axis" if r["axis"] else None, r["format"], r["op"]]
+        case = " ".join(w for w in words if w)
+        print(f"| {case} | {ours['ratio']:.2f} | {r['ratio']:.3f} | "
+              f"{ours['ratio'] / r['ratio']:.0f}x |")
 
 
 if __name__ == "__main__":

@@ -114,10 +114,12 @@ fn real_main() -> Result<()> {
     if let Some(err) = failed {
         return Err(err).context("writing to stdout");
     }
-    if !cli.json {
-        writeln!(stdout, "{}", report::table(&rows)).context("writing to stdout")?;
-        let outcomes = targets::outcomes(&rows);
-        writeln!(stdout, "\n{}", targets::table(&outcomes)).context("writing to stdout")?;
+    let goals = targets::table(&targets::outcomes(&rows));
+    if cli.json {
+        // stdout stays JSON lines; the goals go to the log.
+        eprintln!("{goals}");
+    } else {
+        writeln!(stdout, "{}\n\n{goals}", report::table(&rows)).context("writing to stdout")?;
     }
     Ok(())
 }

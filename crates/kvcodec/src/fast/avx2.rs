@@ -243,9 +243,28 @@ fn hmin(v: __m256) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // Fitting groups.
 
+/// How far ahead of the values being fitted the input is prefetched, in floats. The fitting
+/// pass is the first to touch the input; without the hint its loads wait on memory (the
+/// hardware prefetcher alone ran encode at about half the speed).
+const PREFETCH: usize = 512;
+
+/// Asks for the cache lines [`PREFETCH`] floats ahead of `values`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch(values: &[f32]) {
+    let ahead = values.as_ptr().wrapping_add(PREFETCH).cast::<i8>();
+    let mut at = 0;
+    while at < std::mem::size_of_val(values) {
+        // A prefetch is a hint that never faults, whatever the address (a safe intrinsic).
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at));
+        at += 64;
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2")]
 fn group_amax(group: &[f32]) -> (f32, bool) {
+    prefetch(group);
     let magnitude = magnitude_mask();
     let (blocks, tail) = group.as_chunks::<8>();
     let (quads, rest) = blocks.as_chunks::<4>();
@@ -275,6 +294,7 @@ fn group_amax(group: &[f32]) -> (f32, bool) {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn group_range(group: &[f32]) -> (f32, f32, bool) {
+    prefetch(group);
     let (blocks, tail) = group.as_chunks::<8>();
     let (pairs, rest) = blocks.as_chunks::<2>();
     let mut lo = [_mm256_setzero_ps(); 2];
@@ -310,6 +330,7 @@ fn columns_amax(tile: &[f32], amax: &mut [f32]) -> bool {
     let mut bad = _mm256_setzero_ps();
     let (acc, _) = amax.as_chunks_mut::<8>();
     for row in tile.chunks_exact(cols) {
+        prefetch(row);
         let (xs, _) = row.as_chunks::<8>();
         for (a, x) in acc.iter_mut().zip(xs) {
             let x = load(x);
@@ -329,6 +350,7 @@ fn columns_range(tile: &[f32], lo: &mut [f32], hi: &mut [f32]) -> bool {
     let (lo_acc, _) = lo.as_chunks_mut::<8>();
     let (hi_acc, _) = hi.as_chunks_mut::<8>();
     for row in tile.chunks_exact(cols) {
+        prefetch(row);
         let (xs, _) = row.as_chunks::<8>();
         for ((l, h), x) in lo_acc.iter_mut().zip(hi_acc.iter_mut()).zip(xs) {
             let x = load(x);
