@@ -173,7 +173,7 @@ pub trait GgufBlock: Sized + Copy + PartialEq + std::fmt::Debug {
     /// Quantizes `x` (whole blocks of 32) into `out` (one block each) with a fast `kernel`, as
     /// [`GgufBlock::quantize`] would block by block. Returns false when the caller must run the
     /// reference instead: the type has no such kernel (the default), or some block may be
-    /// refused (then `out` holds anything). The kernel must be available on this CPU.
+    /// refused (then `out` holds anything), or the kernel is not available on this CPU.
     fn quantize_run(kernel: Kernel, x: &[f32], out: &mut [Self]) -> bool {
         let _ = (kernel, x, out);
         false
@@ -181,7 +181,7 @@ pub trait GgufBlock: Sized + Copy + PartialEq + std::fmt::Debug {
 
     /// Dequantizes `blocks` into `out` (32 values each) with a fast `kernel`, as
     /// [`GgufBlock::dequantize`] would; returns false (and writes nothing) when the type has no
-    /// such kernel (the default). The kernel must be available on this CPU.
+    /// such kernel (the default) or the kernel is not available on this CPU.
     fn dequantize_run(kernel: Kernel, blocks: &[Self], out: &mut [f32]) -> bool {
         let _ = (kernel, blocks, out);
         false
@@ -217,11 +217,14 @@ impl GgufBlock for BlockQ4_0 {
     }
 
     fn quantize_run(kernel: Kernel, x: &[f32], out: &mut [Self]) -> bool {
+        if !kernel.is_available() {
+            return false;
+        }
         match kernel {
             Kernel::Reference => false,
             Kernel::Portable => portable::quantize_run_q4_0(x, out),
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: the caller runs Avx2 only where `Kernel::Avx2.is_available()`.
+            // SAFETY: the kernel is available (checked above): this CPU has AVX2.
             Kernel::Avx2 => unsafe { avx2::quantize_run_q4_0(x, out) },
             #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
             Kernel::Avx2 => false,
@@ -229,11 +232,14 @@ impl GgufBlock for BlockQ4_0 {
     }
 
     fn dequantize_run(kernel: Kernel, blocks: &[Self], out: &mut [f32]) -> bool {
+        if !kernel.is_available() {
+            return false;
+        }
         match kernel {
             Kernel::Reference => return false,
             Kernel::Portable => portable::dequantize_run_q4_0(blocks, out),
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: the caller runs Avx2 only where `Kernel::Avx2.is_available()`.
+            // SAFETY: the kernel is available (checked above): this CPU has AVX2.
             Kernel::Avx2 => unsafe { avx2::dequantize_run_q4_0(blocks, out) },
             #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
             Kernel::Avx2 => return false,
@@ -299,11 +305,14 @@ impl GgufBlock for BlockQ8_0 {
     }
 
     fn quantize_run(kernel: Kernel, x: &[f32], out: &mut [Self]) -> bool {
+        if !kernel.is_available() {
+            return false;
+        }
         match kernel {
             Kernel::Reference => false,
             Kernel::Portable => portable::quantize_run_q8_0(x, out),
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: the caller runs Avx2 only where `Kernel::Avx2.is_available()`.
+            // SAFETY: the kernel is available (checked above): this CPU has AVX2.
             Kernel::Avx2 => unsafe { avx2::quantize_run_q8_0(x, out) },
             #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
             Kernel::Avx2 => false,
@@ -311,11 +320,14 @@ impl GgufBlock for BlockQ8_0 {
     }
 
     fn dequantize_run(kernel: Kernel, blocks: &[Self], out: &mut [f32]) -> bool {
+        if !kernel.is_available() {
+            return false;
+        }
         match kernel {
             Kernel::Reference => return false,
             Kernel::Portable => portable::dequantize_run_q8_0(blocks, out),
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            // SAFETY: the caller runs Avx2 only where `Kernel::Avx2.is_available()`.
+            // SAFETY: the kernel is available (checked above): this CPU has AVX2.
             Kernel::Avx2 => unsafe { avx2::dequantize_run_q8_0(blocks, out) },
             #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
             Kernel::Avx2 => return false,
