@@ -648,9 +648,7 @@ fn transpose_codes(c: [__m256i; 8]) -> (__m256i, __m256i) {
 }
 
 /// Fits, quantizes and packs 8 whole groups of `g` values (see
-/// [`Kernels::fit_quantize_pack8`]). Groups of 8 are fitted and quantized transposed, one group
-/// per lane; longer groups are reduced to one vector each first, and quantized a group at a
-/// time.
+/// [`Kernels::fit_quantize_pack8`]).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn fit_quantize_pack8<const B: u32>(
@@ -661,68 +659,45 @@ fn fit_quantize_pack8<const B: u32>(
     zero_points: &mut [u8],
     out: &mut [u8],
 ) -> bool {
-    let values = &values[..8 * g];
-    prefetch(values);
-    let magnitude = magnitude_mask();
-    let mut bad = _mm256_setzero_ps();
-    // Per group: lane-wise max |x| (symmetric) or max x (asymmetric), and min x.
-    let mut hi = [_mm256_setzero_ps(); 8];
-    let mut lo = [_mm256_setzero_ps(); 8];
-    // The groups of 8 themselves, transposed: lane i of x[j] is group i's value j.
-    let mut x = [_mm256_setzero_ps(); 8];
     if g == 8 {
-        let (blocks, _) = values.as_chunks::<8>();
-        for (slot, block) in x.iter_mut().zip(blocks) {
-            *slot = load(block);
-            bad = _mm256_or_ps(bad, non_finite_bits(*slot));
-        }
-        transpose8(&mut x);
-        hi = x;
-        lo = x;
+        let values = values[..64].try_into().expect("8 groups of 8");
+        fit_quantize_pack8x8::<B>(values, fit, scales, zero_points, out)
     } else {
-        for (i, group) in values.chunks_exact(g).enumerate() {
-            let (blocks, _) = group.as_chunks::<8>();
-            for block in blocks {
-                let v = load(block);
-                bad = _mm256_or_ps(bad, non_finite_bits(v));
-                match fit {
-                    Fit::Symmetric(_) => {
-                        hi[i] = _mm256_max_ps(hi[i], _mm256_and_ps(v, magnitude));
-                    }
-                    Fit::Asymmetric(_) => {
-                        lo[i] = _mm256_min_ps(lo[i], v);
-                        hi[i] = _mm256_max_ps(hi[i], v);
-                    }
-                }
-            }
-        }
-        transpose8(&mut hi);
-        if let Fit::Asymmetric(_) = fit {
-            transpose8(&mut lo);
-        }
+        fit_quantize_pack8_wide::<B>(&values[..8 * g], g, fit, scales, zero_points, out)
     }
-    // Lane i: group i's parameters, with the accumulators starting at 0 as the per-group fit's.
-    let (quant, finite) = match fit {
+}
+
+/// Lane i: the parameters of the group whose lane-wise max |x| (symmetric) or min and max
+/// (asymmetric) are lane i of the vectors `hi[j]` and `lo[j]`, reduced from accumulators that
+/// start at 0 as the per-group fit's; or `None` when some scale overflows.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn params8(fit: Fit, lo: &[__m256; 8], hi: &[__m256; 8]) -> Option<Quant> {
+    match fit {
         Fit::Symmetric(qmax) => {
+            let magnitude = magnitude_mask();
             let mut amax = _mm256_setzero_ps();
-            for v in hi {
+            for &v in hi {
                 amax = _mm256_max_ps(amax, _mm256_and_ps(v, magnitude));
             }
-            (symmetric8(amax, qmax), true)
+            Some(symmetric8(amax, qmax))
         }
         Fit::Asymmetric(levels) => {
             let (mut low, mut high) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            for (l, h) in lo.into_iter().zip(hi) {
+            for (&l, &h) in lo.iter().zip(hi) {
                 low = _mm256_min_ps(low, l);
                 high = _mm256_max_ps(high, h);
             }
             let (quant, finite) = asymmetric8(low, high, levels);
-            (quant, _mm256_movemask_ps(finite) == 0xFF)
+            (_mm256_movemask_ps(finite) == 0xFF).then_some(quant)
         }
-    };
-    if !all_zero(bad) || !finite {
-        return false;
     }
+}
+
+/// Stores 8 groups' scales and (asymmetric) zero points.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_params(quant: &Quant, fit: Fit, scales: &mut [f32], zero_points: &mut [u8]) {
     store(
         (&mut scales[..8]).try_into().expect("8 scales"),
         quant.scale,
@@ -730,31 +705,105 @@ fn fit_quantize_pack8<const B: u32>(
     if let Fit::Asymmetric(_) = fit {
         zero_points[..8].copy_from_slice(&pack8(quant.offset).to_le_bytes());
     }
+}
+
+/// 8 groups of 8, fitted and quantized transposed (lane i of `x[j]` is group i's value j); the
+/// codes come back to group order with the column packer's byte transpose.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fit_quantize_pack8x8<const B: u32>(
+    values: &[f32; 64],
+    fit: Fit,
+    scales: &mut [f32],
+    zero_points: &mut [u8],
+    out: &mut [u8],
+) -> bool {
+    prefetch(values);
+    let (blocks, _) = values.as_chunks::<8>();
+    let mut x = [_mm256_setzero_ps(); 8];
+    let mut bad = _mm256_setzero_ps();
+    for (slot, block) in x.iter_mut().zip(blocks) {
+        *slot = load(block);
+        bad = _mm256_or_ps(bad, non_finite_bits(*slot));
+    }
+    transpose8(&mut x);
+    let Some(quant) = params8(fit, &x, &x) else {
+        return false;
+    };
+    if !all_zero(bad) {
+        return false;
+    }
+    store_params(&quant, fit, scales, zero_points);
+    let mut c = [_mm256_setzero_si256(); 8];
+    for (slot, v) in c.iter_mut().zip(x) {
+        *slot = codes(v, &quant);
+    }
+    let (even, odd) = transpose_codes(c);
+    let (even, odd) = (squeeze4::<B>(even), squeeze4::<B>(odd));
     let b = B as usize;
-    if g == 8 {
-        let mut c = [_mm256_setzero_si256(); 8];
-        for (slot, v) in c.iter_mut().zip(x) {
-            *slot = codes(v, &quant);
+    store4::<B>(_mm256_permute2x128_si256::<0x20>(even, odd), out);
+    store4::<B>(
+        _mm256_permute2x128_si256::<0x31>(even, odd),
+        &mut out[4 * b..],
+    );
+    true
+}
+
+/// 8 groups of 16 or more: each reduced to one vector, the 8 vectors transposed and reduced to
+/// the groups' parameters, then each group quantized with its parameters in every lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fit_quantize_pack8_wide<const B: u32>(
+    values: &[f32],
+    g: usize,
+    fit: Fit,
+    scales: &mut [f32],
+    zero_points: &mut [u8],
+    out: &mut [u8],
+) -> bool {
+    prefetch(values);
+    let magnitude = magnitude_mask();
+    let mut bad = _mm256_setzero_ps();
+    // Per group: lane-wise max |x| (symmetric) or max x (asymmetric), and min x.
+    let mut hi = [_mm256_setzero_ps(); 8];
+    let mut lo = [_mm256_setzero_ps(); 8];
+    for (i, group) in values.chunks_exact(g).enumerate() {
+        let (blocks, _) = group.as_chunks::<8>();
+        for block in blocks {
+            let v = load(block);
+            bad = _mm256_or_ps(bad, non_finite_bits(v));
+            match fit {
+                Fit::Symmetric(_) => {
+                    hi[i] = _mm256_max_ps(hi[i], _mm256_and_ps(v, magnitude));
+                }
+                Fit::Asymmetric(_) => {
+                    lo[i] = _mm256_min_ps(lo[i], v);
+                    hi[i] = _mm256_max_ps(hi[i], v);
+                }
+            }
         }
-        let (even, odd) = transpose_codes(c);
-        let (even, odd) = (squeeze4::<B>(even), squeeze4::<B>(odd));
-        store4::<B>(_mm256_permute2x128_si256::<0x20>(even, odd), out);
-        store4::<B>(
-            _mm256_permute2x128_si256::<0x31>(even, odd),
-            &mut out[4 * b..],
-        );
-    } else {
-        let group_bytes = g * b / 8;
-        for (i, group) in values.chunks_exact(g).enumerate() {
-            let lane = _mm256_set1_epi32(i as i32);
-            let one = Quant {
-                scale: _mm256_permutevar8x32_ps(quant.scale, lane),
-                low: _mm256_permutevar8x32_ps(quant.low, lane),
-                high: _mm256_permutevar8x32_ps(quant.high, lane),
-                offset: _mm256_permutevar8x32_epi32(quant.offset, lane),
-            };
-            quantize_pack_with::<B>(group, &one, &mut out[i * group_bytes..]);
-        }
+    }
+    transpose8(&mut hi);
+    if let Fit::Asymmetric(_) = fit {
+        transpose8(&mut lo);
+    }
+    let Some(quant) = params8(fit, &lo, &hi) else {
+        return false;
+    };
+    if !all_zero(bad) {
+        return false;
+    }
+    store_params(&quant, fit, scales, zero_points);
+    let group_bytes = g * B as usize / 8;
+    for (i, group) in values.chunks_exact(g).enumerate() {
+        let lane = _mm256_set1_epi32(i as i32);
+        let one = Quant {
+            scale: _mm256_permutevar8x32_ps(quant.scale, lane),
+            low: _mm256_permutevar8x32_ps(quant.low, lane),
+            high: _mm256_permutevar8x32_ps(quant.high, lane),
+            offset: _mm256_permutevar8x32_epi32(quant.offset, lane),
+        };
+        quantize_pack_with::<B>(group, &one, &mut out[i * group_bytes..]);
     }
     true
 }
