@@ -212,6 +212,60 @@ fn fixed_shapes_patterns_and_layouts_match_the_oracle() {
     }
 }
 
+/// Rows along the feature axis long enough for whole batches of 8 groups (fitted and packed 8
+/// at a time), with and without leftover groups and a partial last group, every pattern.
+#[test]
+fn batched_feature_groups_match_the_oracle() {
+    for group_size in [8, 16, 32, 64] {
+        let lengths: &[usize] = if group_size == 8 {
+            &[8, 56, 64, 72, 127, 128, 200, 520]
+        } else {
+            &[
+                7 * group_size,
+                8 * group_size,
+                8 * group_size + 3,
+                17 * group_size,
+            ]
+        };
+        for &features in lengths {
+            for (mode, bits) in modes_and_widths() {
+                let layout = Layout::with_mode(GroupAxis::Feature, mode, bits, group_size).unwrap();
+                for (name, x) in patterns(3, features, layout) {
+                    let label = format!("3x{features} {mode} b{bits} g{group_size} {name}");
+                    check(x.view(), layout, &label);
+                }
+            }
+        }
+    }
+}
+
+/// Errors met inside a batch of 8 groups: whichever group comes first decides, a non-finite
+/// value before an overflowing range in the same group.
+#[test]
+fn errors_inside_batches_are_the_oracles() {
+    for group_size in [8, 32] {
+        for mode in [Mode::Symmetric, Mode::Asymmetric] {
+            let layout = Layout::with_mode(GroupAxis::Feature, mode, 4, group_size).unwrap();
+            let cases: [&[(usize, f32)]; 5] = [
+                &[(5, f32::NAN)],
+                &[(2, 3e38), (3, -3e38), (5, f32::INFINITY)],
+                &[(1, f32::NEG_INFINITY), (6, 3e38), (7, -3e38)],
+                &[(4, 3e38), (4, -3e38), (4, f32::NAN)],
+                &[(7, -3e38), (7, 3e38)],
+            ];
+            for cells in cases {
+                for row in [0, 2] {
+                    let mut x = noise(3, 8 * group_size + 5, 9);
+                    for (i, &(group, value)) in cells.iter().enumerate() {
+                        x[(row, group * group_size + (3 * i) % group_size)] = value;
+                    }
+                    check(x.view(), layout, &format!("{layout:?} row {row} {cells:?}"));
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn errors_are_the_oracles() {
     let layouts = [

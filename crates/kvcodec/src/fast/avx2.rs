@@ -22,7 +22,7 @@ use super::bits::{read_u64, squeeze, write_packed};
 use super::decode::{self, Stored};
 use super::encode;
 use super::params::{ColumnQuant, GroupQuant};
-use super::{Dense, Kernels, Parts, Stop, portable};
+use super::{Dense, Fit, Kernels, Parts, Stop, portable};
 
 /// Proof that the CPU has AVX2.
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +94,19 @@ impl Kernels for Avx2 {
     #[inline(always)]
     fn quantize_pack<const B: u32>(self, group: &[f32], q: &GroupQuant, out: &mut [u8]) {
         unsafe { quantize_pack::<B>(group, q, out) }
+    }
+
+    #[inline(always)]
+    fn fit_quantize_pack8<const B: u32>(
+        self,
+        values: &[f32],
+        group_size: usize,
+        fit: Fit,
+        scales: &mut [f32],
+        zero_points: &mut [u8],
+        out: &mut [u8],
+    ) -> bool {
+        unsafe { fit_quantize_pack8::<B>(values, group_size, fit, scales, zero_points, out) }
     }
 
     #[inline(always)]
@@ -380,41 +393,71 @@ fn symmetric_columns(amax: &[f32], qmax: u8, scale: &mut [f32]) {
     }
 }
 
+/// Asymmetric parameters of 8 ranges [`lo`, `hi`] (as [`super::params::asymmetric`]), and
+/// the lanes whose scale is finite (all bits set there).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn asymmetric_columns(lo: &[f32], hi: &[f32], levels: u8, q: &mut ColumnQuant) -> bool {
-    let cols = lo.len();
+fn asymmetric8(lo: __m256, hi: __m256, levels: u8) -> (Quant, __m256) {
     let l = _mm256_set1_ps(f32::from(levels));
     let one = _mm256_set1_ps(1.0);
     let zero = _mm256_setzero_ps();
     let sign = _mm256_set1_ps(-0.0);
-    let largest = _mm256_set1_ps(f32::MAX);
+    let scale = _mm256_div_ps(_mm256_sub_ps(hi, lo), l);
+    let magnitude = _mm256_and_ps(scale, magnitude_mask());
+    let finite = _mm256_cmp_ps::<_CMP_LE_OQ>(magnitude, _mm256_set1_ps(f32::MAX));
+    let is_zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(scale, zero);
+    let scale = _mm256_blendv_ps(scale, one, is_zero);
+    let point = _mm256_div_ps(_mm256_xor_ps(lo, sign), scale);
+    let point = _mm256_min_ps(_mm256_max_ps(point, zero), l);
+    let point = _mm256_andnot_si256(_mm256_castps_si256(is_zero), _mm256_cvtps_epi32(point));
+    let point_f = _mm256_cvtepi32_ps(point);
+    let quant = Quant {
+        scale,
+        low: _mm256_xor_ps(point_f, sign),
+        high: _mm256_sub_ps(l, point_f),
+        offset: point,
+    };
+    (quant, finite)
+}
+
+/// Symmetric parameters of 8 groups of largest magnitudes `amax` (as
+/// [`super::params::symmetric`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn symmetric8(amax: __m256, qmax: u8) -> Quant {
+    let q = _mm256_set1_ps(f32::from(qmax));
+    let scale = _mm256_div_ps(amax, q);
+    let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(scale, _mm256_setzero_ps());
+    Quant {
+        scale: _mm256_blendv_ps(scale, _mm256_set1_ps(1.0), zero),
+        low: _mm256_xor_ps(q, _mm256_set1_ps(-0.0)),
+        high: q,
+        offset: _mm256_set1_epi32(i32::from(qmax)),
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn asymmetric_columns(lo: &[f32], hi: &[f32], levels: u8, q: &mut ColumnQuant) -> bool {
+    let cols = lo.len();
     let mut finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     let blocks = cols / 8;
     let (lo_blocks, _) = lo.as_chunks::<8>();
     let (hi_blocks, _) = hi.as_chunks::<8>();
     for c in 0..blocks {
-        let (lo, hi) = (load(&lo_blocks[c]), load(&hi_blocks[c]));
-        let scale = _mm256_div_ps(_mm256_sub_ps(hi, lo), l);
-        let magnitude = _mm256_and_ps(scale, magnitude_mask());
-        finite = _mm256_and_ps(finite, _mm256_cmp_ps::<_CMP_LE_OQ>(magnitude, largest));
-        let is_zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(scale, zero);
-        let scale = _mm256_blendv_ps(scale, one, is_zero);
-        let point = _mm256_div_ps(_mm256_xor_ps(lo, sign), scale);
-        let point = _mm256_min_ps(_mm256_max_ps(point, zero), l);
-        let point = _mm256_andnot_si256(_mm256_castps_si256(is_zero), _mm256_cvtps_epi32(point));
-        let point_f = _mm256_cvtepi32_ps(point);
+        let (quant, ok) = asymmetric8(load(&lo_blocks[c]), load(&hi_blocks[c]), levels);
+        finite = _mm256_and_ps(finite, ok);
         let at = 8 * c;
-        store((&mut q.scale[at..at + 8]).try_into().expect("8"), scale);
-        store_i32((&mut q.offset[at..at + 8]).try_into().expect("8"), point);
         store(
-            (&mut q.low[at..at + 8]).try_into().expect("8"),
-            _mm256_xor_ps(point_f, sign),
+            (&mut q.scale[at..at + 8]).try_into().expect("8"),
+            quant.scale,
         );
-        store(
-            (&mut q.high[at..at + 8]).try_into().expect("8"),
-            _mm256_sub_ps(l, point_f),
+        store_i32(
+            (&mut q.offset[at..at + 8]).try_into().expect("8"),
+            quant.offset,
         );
+        store((&mut q.low[at..at + 8]).try_into().expect("8"), quant.low);
+        store((&mut q.high[at..at + 8]).try_into().expect("8"), quant.high);
     }
     let tail_finite = portable::asymmetric_columns(lo, hi, levels, q, blocks * 8..cols);
     _mm256_movemask_ps(finite) == 0xFF && tail_finite
@@ -541,32 +584,228 @@ fn store4<const B: u32>(packed: __m256i, out: &mut [u8]) {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn quantize_pack<const B: u32>(group: &[f32], q: &GroupQuant, out: &mut [u8]) {
-    let b = B as usize;
     let quant = Quant {
         scale: _mm256_set1_ps(q.scale),
         low: _mm256_set1_ps(q.low),
         high: _mm256_set1_ps(q.high),
         offset: _mm256_set1_epi32(q.offset),
     };
+    quantize_pack_with::<B>(group, &quant, out);
+}
+
+/// [`quantize_pack`] with the parameters in every lane of `quant`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn quantize_pack_with<const B: u32>(group: &[f32], quant: &Quant, out: &mut [u8]) {
+    let b = B as usize;
     let (blocks, _) = group.as_chunks::<8>();
     let (quads, rest) = blocks.as_chunks::<4>();
     let mut at = 0;
     for quad in quads {
         let c = [
-            codes(load(&quad[0]), &quant),
-            codes(load(&quad[1]), &quant),
-            codes(load(&quad[2]), &quant),
-            codes(load(&quad[3]), &quant),
+            codes(load(&quad[0]), quant),
+            codes(load(&quad[1]), quant),
+            codes(load(&quad[2]), quant),
+            codes(load(&quad[3]), quant),
         ];
         store4::<B>(squeeze4::<B>(pack32(c)), &mut out[at..]);
         at += 4 * b;
     }
     for block in rest {
-        let packed = squeeze::<B>(pack8(codes(load(block), &quant)));
+        let packed = squeeze::<B>(pack8(codes(load(block), quant)));
         // Whole 8 bytes: the next block (or group) overwrites the 8 - B bytes of garbage.
         out[at..at + 8].copy_from_slice(&packed.to_le_bytes());
         at += b;
     }
+}
+
+/// The byte codes of 8 columns x 8 rows, given as row i's codes (i32 lanes) in `c[i]`, as
+/// each column's 8 codes in a 64-bit lane: columns 0, 1, 4, 5 and columns 2, 3, 6, 7.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn transpose_codes(c: [__m256i; 8]) -> (__m256i, __m256i) {
+    // Per 128-bit half, 4 rows x 4 columns of bytes to 4 columns x 4 rows.
+    let transpose = _mm256_setr_epi8(
+        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10,
+        14, 3, 7, 11, 15,
+    );
+    // Bytes per half: rows 0-3 x columns 0-3 (low half) and columns 4-7 (high half).
+    let top = _mm256_packus_epi16(
+        _mm256_packs_epi32(c[0], c[1]),
+        _mm256_packs_epi32(c[2], c[3]),
+    );
+    let bottom = _mm256_packus_epi16(
+        _mm256_packs_epi32(c[4], c[5]),
+        _mm256_packs_epi32(c[6], c[7]),
+    );
+    let top = _mm256_shuffle_epi8(top, transpose);
+    let bottom = _mm256_shuffle_epi8(bottom, transpose);
+    // 64-bit lanes: columns 0, 1, 4, 5 and 2, 3, 6, 7, each with its 8 rows.
+    (
+        _mm256_unpacklo_epi32(top, bottom),
+        _mm256_unpackhi_epi32(top, bottom),
+    )
+}
+
+/// Fits, quantizes and packs 8 whole groups of `g` values (see
+/// [`Kernels::fit_quantize_pack8`]).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fit_quantize_pack8<const B: u32>(
+    values: &[f32],
+    g: usize,
+    fit: Fit,
+    scales: &mut [f32],
+    zero_points: &mut [u8],
+    out: &mut [u8],
+) -> bool {
+    if g == 8 {
+        let values = values[..64].try_into().expect("8 groups of 8");
+        fit_quantize_pack8x8::<B>(values, fit, scales, zero_points, out)
+    } else {
+        fit_quantize_pack8_wide::<B>(&values[..8 * g], g, fit, scales, zero_points, out)
+    }
+}
+
+/// Lane i: the parameters of the group whose lane-wise max |x| (symmetric) or min and max
+/// (asymmetric) are lane i of the vectors `hi[j]` and `lo[j]`, reduced from accumulators that
+/// start at 0 as the per-group fit's; or `None` when some scale overflows.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn params8(fit: Fit, lo: &[__m256; 8], hi: &[__m256; 8]) -> Option<Quant> {
+    match fit {
+        Fit::Symmetric(qmax) => {
+            let magnitude = magnitude_mask();
+            let mut amax = _mm256_setzero_ps();
+            for &v in hi {
+                amax = _mm256_max_ps(amax, _mm256_and_ps(v, magnitude));
+            }
+            Some(symmetric8(amax, qmax))
+        }
+        Fit::Asymmetric(levels) => {
+            let (mut low, mut high) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for (&l, &h) in lo.iter().zip(hi) {
+                low = _mm256_min_ps(low, l);
+                high = _mm256_max_ps(high, h);
+            }
+            let (quant, finite) = asymmetric8(low, high, levels);
+            (_mm256_movemask_ps(finite) == 0xFF).then_some(quant)
+        }
+    }
+}
+
+/// Stores 8 groups' scales and (asymmetric) zero points.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store_params(quant: &Quant, fit: Fit, scales: &mut [f32], zero_points: &mut [u8]) {
+    store(
+        (&mut scales[..8]).try_into().expect("8 scales"),
+        quant.scale,
+    );
+    if let Fit::Asymmetric(_) = fit {
+        zero_points[..8].copy_from_slice(&pack8(quant.offset).to_le_bytes());
+    }
+}
+
+/// 8 groups of 8, fitted and quantized transposed (lane i of `x[j]` is group i's value j); the
+/// codes come back to group order with the column packer's byte transpose.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fit_quantize_pack8x8<const B: u32>(
+    values: &[f32; 64],
+    fit: Fit,
+    scales: &mut [f32],
+    zero_points: &mut [u8],
+    out: &mut [u8],
+) -> bool {
+    prefetch(values);
+    let (blocks, _) = values.as_chunks::<8>();
+    let mut x = [_mm256_setzero_ps(); 8];
+    let mut bad = _mm256_setzero_ps();
+    for (slot, block) in x.iter_mut().zip(blocks) {
+        *slot = load(block);
+        bad = _mm256_or_ps(bad, non_finite_bits(*slot));
+    }
+    transpose8(&mut x);
+    let Some(quant) = params8(fit, &x, &x) else {
+        return false;
+    };
+    if !all_zero(bad) {
+        return false;
+    }
+    store_params(&quant, fit, scales, zero_points);
+    let mut c = [_mm256_setzero_si256(); 8];
+    for (slot, v) in c.iter_mut().zip(x) {
+        *slot = codes(v, &quant);
+    }
+    let (even, odd) = transpose_codes(c);
+    let (even, odd) = (squeeze4::<B>(even), squeeze4::<B>(odd));
+    let b = B as usize;
+    store4::<B>(_mm256_permute2x128_si256::<0x20>(even, odd), out);
+    store4::<B>(
+        _mm256_permute2x128_si256::<0x31>(even, odd),
+        &mut out[4 * b..],
+    );
+    true
+}
+
+/// 8 groups of 16 or more: each reduced to one vector, the 8 vectors transposed and reduced to
+/// the groups' parameters, then each group quantized with its parameters in every lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fit_quantize_pack8_wide<const B: u32>(
+    values: &[f32],
+    g: usize,
+    fit: Fit,
+    scales: &mut [f32],
+    zero_points: &mut [u8],
+    out: &mut [u8],
+) -> bool {
+    prefetch(values);
+    let magnitude = magnitude_mask();
+    let mut bad = _mm256_setzero_ps();
+    // Per group: lane-wise max |x| (symmetric) or max x (asymmetric), and min x.
+    let mut hi = [_mm256_setzero_ps(); 8];
+    let mut lo = [_mm256_setzero_ps(); 8];
+    for (i, group) in values.chunks_exact(g).enumerate() {
+        let (blocks, _) = group.as_chunks::<8>();
+        for block in blocks {
+            let v = load(block);
+            bad = _mm256_or_ps(bad, non_finite_bits(v));
+            match fit {
+                Fit::Symmetric(_) => {
+                    hi[i] = _mm256_max_ps(hi[i], _mm256_and_ps(v, magnitude));
+                }
+                Fit::Asymmetric(_) => {
+                    lo[i] = _mm256_min_ps(lo[i], v);
+                    hi[i] = _mm256_max_ps(hi[i], v);
+                }
+            }
+        }
+    }
+    transpose8(&mut hi);
+    if let Fit::Asymmetric(_) = fit {
+        transpose8(&mut lo);
+    }
+    let Some(quant) = params8(fit, &lo, &hi) else {
+        return false;
+    };
+    if !all_zero(bad) {
+        return false;
+    }
+    store_params(&quant, fit, scales, zero_points);
+    let group_bytes = g * B as usize / 8;
+    for (i, group) in values.chunks_exact(g).enumerate() {
+        let lane = _mm256_set1_epi32(i as i32);
+        let one = Quant {
+            scale: _mm256_permutevar8x32_ps(quant.scale, lane),
+            low: _mm256_permutevar8x32_ps(quant.low, lane),
+            high: _mm256_permutevar8x32_ps(quant.high, lane),
+            offset: _mm256_permutevar8x32_epi32(quant.offset, lane),
+        };
+        quantize_pack_with::<B>(group, &one, &mut out[i * group_bytes..]);
+    }
+    true
 }
 
 #[inline]
@@ -587,11 +826,6 @@ fn quantize_pack_columns<const B: u32>(
     let (lows, _) = q.low.as_chunks::<8>();
     let (highs, _) = q.high.as_chunks::<8>();
     let (offsets, _) = q.offset.as_chunks::<8>();
-    // Per 128-bit half, 4 rows x 4 columns of bytes to 4 columns x 4 rows.
-    let transpose = _mm256_setr_epi8(
-        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10,
-        14, 3, 7, 11, 15,
-    );
     for k in 0..group_size / 8 {
         let first = 8 * k;
         for block in 0..blocks {
@@ -612,21 +846,9 @@ fn quantize_pack_columns<const B: u32>(
                 };
                 *slot = codes(x, &quant);
             }
-            // Bytes per half: rows 0-3 x columns 0-3 (low half) and columns 4-7 (high half).
-            let top = _mm256_packus_epi16(
-                _mm256_packs_epi32(c[0], c[1]),
-                _mm256_packs_epi32(c[2], c[3]),
-            );
-            let bottom = _mm256_packus_epi16(
-                _mm256_packs_epi32(c[4], c[5]),
-                _mm256_packs_epi32(c[6], c[7]),
-            );
-            let top = _mm256_shuffle_epi8(top, transpose);
-            let bottom = _mm256_shuffle_epi8(bottom, transpose);
-            // 64-bit lanes: columns 0, 1, 4, 5 and 2, 3, 6, 7, each with its 8 rows.
+            let (even, odd) = transpose_codes(c);
             let mut lanes = [0u64; 8];
-            let even = squeeze4::<B>(_mm256_unpacklo_epi32(top, bottom));
-            let odd = squeeze4::<B>(_mm256_unpackhi_epi32(top, bottom));
+            let (even, odd) = (squeeze4::<B>(even), squeeze4::<B>(odd));
             // SAFETY: each store writes 4 of the 8 u64s of `lanes`.
             unsafe {
                 _mm256_storeu_si256(lanes.as_mut_ptr().cast(), even);

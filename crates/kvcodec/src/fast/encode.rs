@@ -5,8 +5,53 @@
 
 use crate::layout::{Layout, Mode};
 
-use super::params::{self, ColumnQuant};
-use super::{Dense, Kernels, Parts, SCRIBBLE, Stop};
+use super::params::{self, ColumnQuant, GroupQuant};
+use super::{Dense, Fit, Kernels, Parts, SCRIBBLE, Stop};
+
+/// One group's parameters, or why the encoder stops there (a non-finite value first).
+#[inline(always)]
+pub(crate) fn fit_group<K: Kernels>(k: K, group: &[f32], fit: Fit) -> Result<GroupQuant, Stop> {
+    match fit {
+        Fit::Symmetric(qmax) => {
+            let (amax, finite) = k.group_amax(group);
+            if !finite {
+                return Err(Stop::NonFinite);
+            }
+            Ok(params::symmetric(amax, qmax))
+        }
+        Fit::Asymmetric(levels) => {
+            let (lo, hi, finite) = k.group_range(group);
+            if !finite {
+                return Err(Stop::NonFinite);
+            }
+            params::asymmetric(lo, hi, levels).ok_or(Stop::RangeOverflow)
+        }
+    }
+}
+
+/// Fits, quantizes and packs one group: its scale into `scale`, its zero point into `zero`
+/// (asymmetric), its codes into `out` (scribbling as [`Kernels::quantize_pack`] does).
+#[inline(always)]
+pub(crate) fn pack_group<K: Kernels, const B: u32>(
+    k: K,
+    group: &[f32],
+    fit: Fit,
+    scale: &mut f32,
+    zero: Option<&mut u8>,
+    out: &mut [u8],
+) -> Result<(), Stop> {
+    let q = fit_group(k, group, fit)?;
+    *scale = q.scale;
+    if let Some(zero) = zero {
+        *zero = q.offset as u8;
+    }
+    k.quantize_pack::<B>(group, &q, out);
+    Ok(())
+}
+
+/// The largest group size whose groups are fitted 8 at a time by
+/// [`Kernels::fit_quantize_pack8`]; larger groups amortize their own fitting.
+const BATCHED_GROUP_SIZE: usize = 64;
 
 /// Encodes `m` whose rows are the grouped rows (groups run along each row).
 #[inline(always)]
@@ -17,7 +62,14 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
 ) -> Result<Parts, Stop> {
     let g = layout.group_size;
     debug_assert_eq!(g % 8, 0);
-    let (rows, row_len) = (m.rows, m.cols);
+    // Rows made of whole groups lie end to end in the input, the code stream, the scales and
+    // the zero points alike: then the matrix is encoded as one long row, so that batches of 8
+    // groups run across rows (in the same order the groups are met row by row).
+    let (rows, row_len) = if m.cols.is_multiple_of(g) && m.rows > 1 {
+        (1, m.rows * m.cols)
+    } else {
+        (m.rows, m.cols)
+    };
     let groups = row_len.div_ceil(g);
     let group_bytes = g * B as usize / 8;
     let row_bytes = groups * group_bytes;
@@ -30,9 +82,52 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
     };
     // The partial last group of each row, zero-padded (the padding stays zero).
     let mut padded = vec![0f32; if row_len % g == 0 { 0 } else { g }];
-    let (qmax, levels) = (layout.bits.qmax(), layout.bits.max_code());
+    let fit = match layout.mode {
+        Mode::Symmetric => Fit::Symmetric(layout.bits.qmax()),
+        Mode::Asymmetric => Fit::Asymmetric(layout.bits.max_code()),
+    };
+    let asymmetric = layout.mode == Mode::Asymmetric;
+    // Whole groups per row taken 8 at a time.
+    let batches = if g <= BATCHED_GROUP_SIZE {
+        row_len / g / 8
+    } else {
+        0
+    };
     for (r, row) in m.data.chunks_exact(row_len).enumerate() {
-        for group_index in 0..groups {
+        for batch in 0..batches {
+            let first = 8 * batch;
+            let start = first * g;
+            let at = r * row_bytes + first * group_bytes;
+            let index = r * groups + first;
+            let zeros: &mut [u8] = if asymmetric {
+                &mut zero_points[index..index + 8]
+            } else {
+                &mut []
+            };
+            if !k.fit_quantize_pack8::<B>(
+                &row[start..start + 8 * g],
+                g,
+                fit,
+                &mut scales[index..index + 8],
+                zeros,
+                &mut codes[at..at + 8 * group_bytes + SCRIBBLE],
+            ) {
+                // Some group stops the encoder: redo them one at a time to stop where that
+                // would, and why.
+                for i in 0..8 {
+                    let (s, at) = (start + i * g, at + i * group_bytes);
+                    pack_group::<K, B>(
+                        k,
+                        &row[s..s + g],
+                        fit,
+                        &mut scales[index + i],
+                        asymmetric.then(|| &mut zero_points[index + i]),
+                        &mut codes[at..at + group_bytes + SCRIBBLE],
+                    )?;
+                }
+            }
+        }
+        for group_index in 8 * batches..groups {
             let start = group_index * g;
             let group = if start + g <= row_len {
                 &row[start..start + g]
@@ -40,27 +135,16 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
                 padded[..row_len - start].copy_from_slice(&row[start..]);
                 &padded[..]
             };
-            let q = match layout.mode {
-                Mode::Symmetric => {
-                    let (amax, finite) = k.group_amax(group);
-                    if !finite {
-                        return Err(Stop::NonFinite);
-                    }
-                    params::symmetric(amax, qmax)
-                }
-                Mode::Asymmetric => {
-                    let (lo, hi, finite) = k.group_range(group);
-                    if !finite {
-                        return Err(Stop::NonFinite);
-                    }
-                    let q = params::asymmetric(lo, hi, levels).ok_or(Stop::RangeOverflow)?;
-                    zero_points[r * groups + group_index] = q.offset as u8;
-                    q
-                }
-            };
-            scales[r * groups + group_index] = q.scale;
+            let index = r * groups + group_index;
             let at = r * row_bytes + group_index * group_bytes;
-            k.quantize_pack::<B>(group, &q, &mut codes[at..at + group_bytes + SCRIBBLE]);
+            pack_group::<K, B>(
+                k,
+                group,
+                fit,
+                &mut scales[index],
+                asymmetric.then(|| &mut zero_points[index]),
+                &mut codes[at..at + group_bytes + SCRIBBLE],
+            )?;
         }
     }
     codes.truncate(rows * row_bytes);

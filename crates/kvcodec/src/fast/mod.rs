@@ -27,6 +27,15 @@ pub(crate) mod avx2;
 
 use params::{ColumnQuant, GroupQuant};
 
+/// How a group's parameters are fitted: symmetric at `qmax`, or asymmetric at `levels`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fit {
+    /// Symmetric, with this qmax.
+    Symmetric(u8),
+    /// Asymmetric, with this many levels (2^b - 1).
+    Asymmetric(u8),
+}
+
 /// Bytes past a group's end that [`Kernels::quantize_pack`] may overwrite with garbage before
 /// the next group overwrites them with codes.
 pub(crate) const SCRIBBLE: usize = 16;
@@ -79,6 +88,34 @@ pub(crate) trait Kernels: Copy {
     /// `len * B / 8` bytes of `out`; may overwrite the next [`SCRIBBLE`] bytes with garbage, so
     /// `out` must be that much longer.
     fn quantize_pack<const B: u32>(self, group: &[f32], q: &GroupQuant, out: &mut [u8]);
+
+    /// Fits, quantizes and packs 8 consecutive whole groups of `group_size` values (a multiple
+    /// of 8; `values` holds the 8 groups): the 8 scales into `scales`, for [`Fit::Asymmetric`]
+    /// the 8 zero points into `zero_points` (empty for symmetric), and the codes into the first
+    /// `8 * group_size * B / 8` bytes of `out`, which may be scribbled on as in
+    /// [`Kernels::quantize_pack`]. Returns false when some group has a non-finite value or an
+    /// overflowing scale, with any of the outputs written; the caller then redoes the groups
+    /// one at a time to stop where that would.
+    #[inline(always)]
+    fn fit_quantize_pack8<const B: u32>(
+        self,
+        values: &[f32],
+        group_size: usize,
+        fit: Fit,
+        scales: &mut [f32],
+        zero_points: &mut [u8],
+        out: &mut [u8],
+    ) -> bool {
+        let group_bytes = group_size * B as usize / 8;
+        for (i, group) in values.chunks_exact(group_size).take(8).enumerate() {
+            let zero = zero_points.get_mut(i);
+            let out = &mut out[i * group_bytes..];
+            if encode::pack_group::<Self, B>(self, group, fit, &mut scales[i], zero, out).is_err() {
+                return false;
+            }
+        }
+        true
+    }
 
     /// Column-wise max |x| of a tile of `amax.len()` columns into `amax` (which starts at 0),
     /// and whether every value is finite.
