@@ -66,5 +66,5 @@ pub use layout::{Geometry, Layout, Mode};
 pub use packed::{PackedTensor, SHAPE_BYTES};
 pub use quantize::{
     decode, decode_exact, decode_exact_tokens_into, decode_into, decode_into_with, encode,
-    encode_with,
+    encode_reusing, encode_reusing_with, encode_with,
 };

@@ -97,6 +97,13 @@ impl PackedTensor {
         }
     }
 
+    /// The tensor's memory, for [`crate::encode_reusing`]: code stream, scales (row-major) and
+    /// packed zero points.
+    pub(crate) fn into_buffers(self) -> (Vec<u8>, Vec<f32>, Vec<u8>) {
+        let (scales, _) = self.scales.into_raw_vec_and_offset();
+        (self.codes, scales, self.zero_points)
+    }
+
     fn validate(&self) -> Result<()> {
         let geometry = self.geometry();
         let expected_bytes = self.layout.bits.byte_count(geometry.code_count());

@@ -55,6 +55,44 @@ pub fn encode(x: ArrayView2<f32>, layout: Layout) -> Result<PackedTensor> {
 
 /// [`encode`] with the given kernel; every kernel writes the same bytes.
 pub fn encode_with(kernel: Kernel, x: ArrayView2<f32>, layout: Layout) -> Result<PackedTensor> {
+    encode_in(kernel, x, layout, Parts::default(), Vec::new())
+}
+
+/// [`encode`] into the memory of `spare`, a tensor no longer needed (of any layout and shape),
+/// as a cache re-encoded again and again would be: the same result, without a fresh
+/// allocation's page faults when `spare` is at least as large.
+pub fn encode_reusing(
+    x: ArrayView2<f32>,
+    layout: Layout,
+    spare: PackedTensor,
+) -> Result<PackedTensor> {
+    encode_reusing_with(Kernel::detect(), x, layout, spare)
+}
+
+/// [`encode_reusing`] with the given kernel.
+pub fn encode_reusing_with(
+    kernel: Kernel,
+    x: ArrayView2<f32>,
+    layout: Layout,
+    spare: PackedTensor,
+) -> Result<PackedTensor> {
+    let (codes, scales, zero_points) = spare.into_buffers();
+    let spare = Parts {
+        codes,
+        scales,
+        zero_points: Vec::new(),
+    };
+    encode_in(kernel, x, layout, spare, zero_points)
+}
+
+/// Encodes into `spare`'s memory, and packs the zero points into `spare_zero_points`'s.
+fn encode_in(
+    kernel: Kernel,
+    x: ArrayView2<f32>,
+    layout: Layout,
+    spare: Parts,
+    spare_zero_points: Vec<u8>,
+) -> Result<PackedTensor> {
     check_shape(x.dim())?;
     if !kernel.is_available() {
         return Err(KvError::KernelUnavailable { kernel });
@@ -67,7 +105,7 @@ pub fn encode_with(kernel: Kernel, x: ArrayView2<f32>, layout: Layout) -> Result
             dense(standard.view(), layout.axis).expect("a standard layout array is dense")
         }
     };
-    let parts = encode_parts(kernel, m, orientation, layout).map_err(|stop| match stop {
+    let parts = encode_parts(kernel, m, orientation, layout, spare).map_err(|stop| match stop {
         Stop::NonFinite => first_non_finite(x),
         Stop::RangeOverflow => first_range_overflow(x, layout),
     })?;
@@ -76,7 +114,13 @@ pub fn encode_with(kernel: Kernel, x: ArrayView2<f32>, layout: Layout) -> Result
         .expect("one scale per group");
     let zero_points = match layout.mode {
         Mode::Symmetric => Vec::new(),
-        Mode::Asymmetric => bits::pack_bytes(layout.bits, &parts.zero_points)?,
+        Mode::Asymmetric => {
+            let mut packed = spare_zero_points;
+            packed.clear();
+            packed.resize(layout.bits.byte_count(parts.zero_points.len()), 0);
+            bits::pack_bytes_into(layout.bits, &parts.zero_points, &mut packed)?;
+            packed
+        }
     };
     Ok(PackedTensor::new_unchecked(
         layout,
@@ -248,9 +292,10 @@ fn encode_parts(
     m: Dense,
     orientation: Orientation,
     layout: Layout,
+    spare: Parts,
 ) -> std::result::Result<Parts, Stop> {
     if !layout.group_size.is_multiple_of(8) {
-        return general::encode(m, orientation, layout);
+        return general::encode(m, orientation, layout, spare);
     }
     let bits = layout.bits.get();
     match (kernel, orientation) {
@@ -261,14 +306,18 @@ fn encode_parts(
             // SAFETY: `k` proves the CPU has AVX2.
             unsafe {
                 match orientation {
-                    Orientation::Rows => with_width!(bits, encode_along_rows, k, m, layout),
-                    Orientation::Columns => with_width!(bits, encode_down_columns, k, m, layout),
+                    Orientation::Rows => with_width!(bits, encode_along_rows, k, m, layout, spare),
+                    Orientation::Columns => {
+                        with_width!(bits, encode_down_columns, k, m, layout, spare)
+                    }
                 }
             }
         }
-        (_, Orientation::Rows) => with_width!(bits, encode_rows::<Portable>, Portable, m, layout),
+        (_, Orientation::Rows) => {
+            with_width!(bits, encode_rows::<Portable>, Portable, m, layout, spare)
+        }
         (_, Orientation::Columns) => {
-            with_width!(bits, encode_columns::<Portable>, Portable, m, layout)
+            with_width!(bits, encode_columns::<Portable>, Portable, m, layout, spare)
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Generated matrices, shapes, group sizes (1, and longer than either dimension), modes, widths
 //! and magnitudes: every element decodes within half its group's scale, every stored code is in
-//! range, the payload is what the layout says, and the stored parts rebuild the same tensor.
+//! range, the payload is what the layout says, the stored parts rebuild the same tensor, and
+//! encoding into a spare tensor's memory gives the same tensor.
 
-use kvcodec::{GroupAxis, Layout, Mode, PackedTensor, decode_exact, encode};
+use kvcodec::{GroupAxis, Layout, Mode, PackedTensor, decode_exact, encode, encode_reusing};
 use ndarray::Array2;
 use proptest::prelude::*;
 
@@ -67,6 +68,23 @@ proptest! {
             prop_assert!(error <= scale * (0.5 + slack), "[{t}, {f}]: {error} > {scale} / 2");
         }
         prop_assert!(packed.stored_codes().iter().all(|&c| c <= layout.max_stored()));
+    }
+
+    #[test]
+    fn encoding_into_a_spare_tensor_gives_the_same_tensor(
+        (layout, tokens, features) in layouts(),
+        (spare_layout, spare_tokens, spare_features) in layouts(),
+        seed in any::<u64>(),
+    ) {
+        // The spare is of any layout and shape: smaller, larger, the other mode or axis.
+        let x = matrix(tokens, features, 3.0, seed);
+        let spare_x = matrix(spare_tokens, spare_features, 1e3, seed ^ 1);
+        let spare = encode(spare_x.view(), spare_layout).unwrap();
+        let fresh = encode(x.view(), layout).unwrap();
+        let reused = encode_reusing(x.view(), layout, spare).unwrap();
+        prop_assert_eq!(&reused, &fresh);
+        // And again into the tensor it just made.
+        prop_assert_eq!(encode_reusing(x.view(), layout, reused).unwrap(), fresh);
     }
 
     #[test]

@@ -44,8 +44,9 @@ pub(crate) fn encode_along_rows<const B: u32>(
     k: Avx2,
     m: Dense,
     layout: Layout,
+    spare: Parts,
 ) -> Result<Parts, Stop> {
-    encode::along_rows::<Avx2, B>(k, m, layout)
+    encode::along_rows::<Avx2, B>(k, m, layout, spare)
 }
 
 #[target_feature(enable = "avx2")]
@@ -53,8 +54,9 @@ pub(crate) fn encode_down_columns<const B: u32>(
     k: Avx2,
     m: Dense,
     layout: Layout,
+    spare: Parts,
 ) -> Result<Parts, Stop> {
-    encode::down_columns::<Avx2, B>(k, m, layout)
+    encode::down_columns::<Avx2, B>(k, m, layout, spare)
 }
 
 #[target_feature(enable = "avx2")]

@@ -59,6 +59,7 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
     k: K,
     m: Dense,
     layout: Layout,
+    spare: Parts,
 ) -> Result<Parts, Stop> {
     let g = layout.group_size;
     debug_assert_eq!(g % 8, 0);
@@ -74,12 +75,20 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
     let group_bytes = g * B as usize / 8;
     let row_bytes = groups * group_bytes;
     // Slack for the scribbling packer, cut off at the end.
-    let mut codes = vec![0u8; rows * row_bytes + SCRIBBLE];
-    let mut scales = vec![0f32; rows * groups];
-    let mut zero_points = match layout.mode {
-        Mode::Symmetric => Vec::new(),
-        Mode::Asymmetric => vec![0u8; rows * groups],
+    let zero_count = match layout.mode {
+        Mode::Symmetric => 0,
+        Mode::Asymmetric => rows * groups,
     };
+    let Parts {
+        mut codes,
+        mut scales,
+        mut zero_points,
+    } = Parts::zeroed(
+        spare,
+        rows * row_bytes + SCRIBBLE,
+        rows * groups,
+        zero_count,
+    );
     // The partial last group of each row, zero-padded (the padding stays zero).
     let mut padded = vec![0f32; if row_len % g == 0 { 0 } else { g }];
     let fit = match layout.mode {
@@ -162,6 +171,7 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     k: K,
     m: Dense,
     layout: Layout,
+    spare: Parts,
 ) -> Result<Parts, Stop> {
     let g = layout.group_size;
     debug_assert_eq!(g % 8, 0);
@@ -169,12 +179,15 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     let groups = row_len.div_ceil(g);
     let group_bytes = g * B as usize / 8;
     let row_bytes = groups * group_bytes;
-    let mut codes = vec![0u8; cols * row_bytes];
-    let mut scales = vec![0f32; cols * groups];
-    let mut zero_points = match layout.mode {
-        Mode::Symmetric => Vec::new(),
-        Mode::Asymmetric => vec![0u8; cols * groups],
+    let zero_count = match layout.mode {
+        Mode::Symmetric => 0,
+        Mode::Asymmetric => cols * groups,
     };
+    let Parts {
+        mut codes,
+        mut scales,
+        mut zero_points,
+    } = Parts::zeroed(spare, cols * row_bytes, cols * groups, zero_count);
     let (qmax, levels) = (layout.bits.qmax(), layout.bits.max_code());
     let mut q = ColumnQuant::new(cols, qmax);
     let mut low = vec![0f32; cols];

@@ -18,7 +18,12 @@ use super::portable::Portable;
 use super::{Dense, Kernels, Orientation, Parts, Stop};
 
 /// Encodes `m` under any group size.
-pub(crate) fn encode(m: Dense, orientation: Orientation, layout: Layout) -> Result<Parts, Stop> {
+pub(crate) fn encode(
+    m: Dense,
+    orientation: Orientation,
+    layout: Layout,
+    spare: Parts,
+) -> Result<Parts, Stop> {
     let g = layout.group_size;
     let (rows, row_len) = match orientation {
         Orientation::Rows => (m.rows, m.cols),
@@ -26,14 +31,11 @@ pub(crate) fn encode(m: Dense, orientation: Orientation, layout: Layout) -> Resu
     };
     let groups = row_len.div_ceil(g);
     let padded_row_len = groups * g;
-    let mut parts = Parts {
-        codes: vec![0u8; rows * padded_row_len],
-        scales: vec![0f32; rows * groups],
-        zero_points: match layout.mode {
-            Mode::Symmetric => Vec::new(),
-            Mode::Asymmetric => vec![0u8; rows * groups],
-        },
+    let zero_count = match layout.mode {
+        Mode::Symmetric => 0,
+        Mode::Asymmetric => rows * groups,
     };
+    let mut parts = Parts::zeroed(spare, rows * padded_row_len, rows * groups, zero_count);
     let mut group = vec![0f32; g];
     match orientation {
         Orientation::Rows => {

@@ -69,11 +69,34 @@ pub(crate) enum Stop {
 
 /// The stored parts of an encoded matrix: code stream, scales [rows * groups_per_row] in
 /// row-major group order, and unpacked zero points in the same order (asymmetric only).
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Parts {
     pub codes: Vec<u8>,
     pub scales: Vec<f32>,
     pub zero_points: Vec<u8>,
+}
+
+impl Parts {
+    /// Zeroed parts of these lengths, in `spare`'s memory where it is large enough: pages that
+    /// were written before cost nothing to write again, while a fresh allocation's fault in on
+    /// first write (on some systems that costs more than the encoding itself).
+    pub(crate) fn zeroed(spare: Parts, codes: usize, scales: usize, zero_points: usize) -> Parts {
+        Parts {
+            codes: zeroed(spare.codes, codes),
+            scales: zeroed(spare.scales, scales),
+            zero_points: zeroed(spare.zero_points, zero_points),
+        }
+    }
+}
+
+/// `len` zeros in `spare`'s memory if it holds them, else in a fresh zeroed allocation.
+fn zeroed<T: Copy + Default>(mut spare: Vec<T>, len: usize) -> Vec<T> {
+    if spare.capacity() < len {
+        return vec![T::default(); len];
+    }
+    spare.clear();
+    spare.resize(len, T::default());
+    spare
 }
 
 /// The inner loops, one implementation per instruction set. `B` is the code width.
