@@ -49,6 +49,17 @@ pub(crate) fn write_packed<const B: u32>(out: &mut [u8], packed: u64) {
 /// Reads `out.len()` codes of `bits` bits starting at code index `first` of the stream.
 pub(crate) fn unpack_range(bits: u32, bytes: &[u8], first: usize, out: &mut [u8]) {
     let b = bits as usize;
+    if (first * b).is_multiple_of(8) {
+        // From a byte boundary: the stream's fast unpacker, on exactly the bytes it needs.
+        let width = bitpack::Bits::new(bits).expect("widths are 1 to 8");
+        let start = first * b / 8;
+        let end = start + width.byte_count(out.len());
+        if let Some(stream) = bytes.get(start..end) {
+            bitpack::stream::unpack_bytes_into(width, stream, out)
+                .expect("whole codes of this width");
+            return;
+        }
+    }
     let mask = ((1u16 << bits) - 1) as u8;
     for (i, slot) in out.iter_mut().enumerate() {
         let bit = (first + i) * b;

@@ -6,13 +6,12 @@
 
 use std::ops::Range;
 
-use ndarray::ArrayViewMut2;
+use ndarray::{ArrayViewMut2, Axis};
 
 use crate::layout::{GroupAxis, Layout, Mode};
 use crate::packed::PackedTensor;
 
 use super::bits::unpack_range;
-use super::decode::Offsets;
 use super::params::{self, GroupQuant};
 use super::portable::Portable;
 use super::{Dense, Kernels, Orientation, Parts, Stop};
@@ -130,12 +129,16 @@ impl Decoded for f64 {
 const TOKEN_BLOCK: usize = 256;
 
 /// Writes rows `tokens` of the decoded matrix into `out` ((tokens.len(), features), checked by
-/// the caller), any layout, any group size.
+/// the caller), any layout, any group size. Reads only the codes, scales and zero points of
+/// those tokens, so decoding a long tensor a block at a time costs what decoding it once does.
 pub(crate) fn decode_tokens<T: Decoded>(
     packed: &PackedTensor,
     tokens: Range<usize>,
     mut out: ArrayViewMut2<T>,
 ) {
+    if tokens.is_empty() {
+        return;
+    }
     let layout = packed.layout();
     let geometry = packed.geometry();
     let (g, groups, padded) = (
@@ -147,21 +150,43 @@ pub(crate) fn decode_tokens<T: Decoded>(
     let codes = packed.code_bytes();
     let scales = packed.scales().as_standard_layout();
     let scales = scales.as_slice().expect("standard layout");
-    let offsets = Offsets::of(packed);
     let features = packed.shape()[1];
     match layout.axis {
         GroupAxis::Feature => {
             let mut row_codes = vec![0u8; features];
+            let mut row_offsets = vec![0i32; groups];
             for (t, mut row) in tokens.zip(out.rows_mut()) {
                 unpack_range(bits, codes, t * padded, &mut row_codes);
-                for (j, (slot, &code)) in row.iter_mut().zip(&row_codes).enumerate() {
-                    let index = t * groups + j / g;
-                    *slot = T::value(code, offsets.get(index), scales[index]);
+                offsets_into(packed, t * groups, &mut row_offsets);
+                let row_scales = &scales[t * groups..(t + 1) * groups];
+                let parts = row_codes.chunks(g).zip(&row_offsets).zip(row_scales);
+                for (mut slots, ((group, &offset), &scale)) in
+                    row.axis_chunks_iter_mut(Axis(0), g).zip(parts)
+                {
+                    let decode = |(slot, &code): (&mut T, &u8)| {
+                        *slot = T::value(code, offset, scale);
+                    };
+                    match slots.as_slice_mut() {
+                        Some(slots) => slots.iter_mut().zip(group).for_each(decode),
+                        None => slots.iter_mut().zip(group).for_each(decode),
+                    }
                 }
             }
         }
         GroupAxis::Token => {
+            // The groups these tokens fall in, per column: their offsets and scales.
+            let (first_group, last_group) = (tokens.start / g, (tokens.end - 1) / g);
+            let span = last_group - first_group + 1;
+            let mut column_offsets = vec![0i32; features * span];
+            let mut column_scales = vec![0f32; features * span];
+            for c in 0..features {
+                let first = c * groups + first_group;
+                offsets_into(packed, first, &mut column_offsets[c * span..(c + 1) * span]);
+                column_scales[c * span..(c + 1) * span]
+                    .copy_from_slice(&scales[first..first + span]);
+            }
             let mut block_codes = vec![0u8; features * TOKEN_BLOCK];
+            let (mut row_offsets, mut row_scales) = (vec![0i32; features], vec![0f32; features]);
             let start = tokens.start;
             for first in tokens.clone().step_by(TOKEN_BLOCK) {
                 let len = TOKEN_BLOCK.min(tokens.end - first);
@@ -171,13 +196,42 @@ pub(crate) fn decode_tokens<T: Decoded>(
                 }
                 for j in 0..len {
                     let t = first + j;
+                    if t == first || t.is_multiple_of(g) {
+                        // A new group of tokens: every column's offset and scale change.
+                        let k = t / g - first_group;
+                        for c in 0..features {
+                            row_offsets[c] = column_offsets[c * span + k];
+                            row_scales[c] = column_scales[c * span + k];
+                        }
+                    }
                     let mut row = out.row_mut(t - start);
-                    for (c, slot) in row.iter_mut().enumerate() {
-                        let index = c * groups + t / g;
-                        let code = block_codes[c * TOKEN_BLOCK + j];
-                        *slot = T::value(code, offsets.get(index), scales[index]);
+                    let column_codes = block_codes[j..].iter().step_by(TOKEN_BLOCK);
+                    let parts = column_codes.zip(&row_offsets).zip(&row_scales);
+                    for (slot, ((&code, &offset), &scale)) in row.iter_mut().zip(parts) {
+                        *slot = T::value(code, offset, scale);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// The offsets of groups `first..first + out.len()` in row-major group order: qmax for a
+/// symmetric tensor, the zero points of an asymmetric one (unpacked from just that range).
+fn offsets_into(packed: &PackedTensor, first: usize, out: &mut [i32]) {
+    let layout = packed.layout();
+    match layout.mode {
+        Mode::Symmetric => out.fill(i32::from(layout.bits.qmax())),
+        Mode::Asymmetric => {
+            let mut zeros = vec![0u8; out.len()];
+            unpack_range(
+                layout.bits.get(),
+                packed.zero_point_bytes(),
+                first,
+                &mut zeros,
+            );
+            for (slot, &zero) in out.iter_mut().zip(&zeros) {
+                *slot = i32::from(zero);
             }
         }
     }
