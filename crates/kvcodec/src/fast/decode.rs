@@ -46,6 +46,52 @@ impl Offsets {
     }
 }
 
+/// The offsets of a run of consecutive groups.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum GroupOffsets<'a> {
+    /// The same offset for every group.
+    Constant(i32),
+    /// One zero point per group.
+    PerGroup(&'a [u8]),
+}
+
+impl GroupOffsets<'_> {
+    #[inline(always)]
+    pub(crate) fn get(&self, index: usize) -> i32 {
+        match self {
+            GroupOffsets::Constant(offset) => *offset,
+            GroupOffsets::PerGroup(zeros) => i32::from(zeros[index]),
+        }
+    }
+}
+
+impl Offsets {
+    /// The offsets of groups `range` (in row-major group order).
+    pub(crate) fn run(&self, range: std::ops::Range<usize>) -> GroupOffsets<'_> {
+        match self {
+            Offsets::Constant(offset) => GroupOffsets::Constant(*offset),
+            Offsets::PerGroup(zeros) => GroupOffsets::PerGroup(&zeros[range]),
+        }
+    }
+}
+
+/// [`Kernels::dequantize_groups`] one [`Kernels::dequantize_group`] at a time, with plain
+/// stores.
+#[inline(always)]
+pub(crate) fn groups_one_by_one<K: Kernels, const B: u32>(
+    k: K,
+    codes: &[u8],
+    offsets: GroupOffsets,
+    scales: &[f32],
+    group_size: usize,
+    out: &mut [f32],
+) {
+    let group_bytes = group_size * B as usize / 8;
+    for (i, part) in out.chunks_exact_mut(group_size).enumerate() {
+        k.dequantize_group::<B>(&codes[i * group_bytes..], offsets.get(i), scales[i], part);
+    }
+}
+
 /// A packed tensor's streams, borrowed for decoding.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stored<'a> {
@@ -69,6 +115,16 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
     let groups = row_len.div_ceil(g);
     let group_bytes = g * B as usize / 8;
     let row_bytes = groups * group_bytes;
+    if row_len.is_multiple_of(g) {
+        // Rows of whole groups: the matrix is one long run of groups, and so is the stream.
+        let count = out.len() / g;
+        let offsets = s.offsets.run(0..count);
+        k.dequantize_groups::<B>(s.codes, offsets, &s.scales[..count], g, out, streaming);
+        if streaming {
+            k.finish_streaming();
+        }
+        return;
+    }
     let decode_rows = |first_row: usize, dst: &mut [f32]| {
         for (i, row) in dst.chunks_exact_mut(row_len).enumerate() {
             let r = first_row + i;
