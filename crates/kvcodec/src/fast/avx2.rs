@@ -1199,12 +1199,11 @@ fn dequantize_columns<const B: u32>(
         let mut v = [_mm256_setzero_ps(); 8];
         for (j, slot) in v.iter_mut().enumerate() {
             let c = 8 * block + j;
-            *slot = dequantize8(
-                &unpack,
-                read_u64(codes, c * row_bytes + at),
+            let difference = _mm256_sub_epi32(
+                unpack.spread(broadcast_codes(codes, c * row_bytes + at)),
                 _mm256_set1_epi32(offsets[c]),
-                _mm256_set1_ps(scales[c]),
             );
+            *slot = _mm256_mul_ps(_mm256_cvtepi32_ps(difference), _mm256_set1_ps(scales[c]));
         }
         transpose8(&mut v);
         for (row, value) in out.chunks_exact_mut(cols).zip(v) {

@@ -153,6 +153,22 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
     k.finish_streaming();
 }
 
+/// At most about this many bytes of codes gathered per pass of [`down_columns`].
+const PASS_BYTES: usize = 16 << 10;
+
+/// Hints that `s[at]` will be read soon (nothing if `at` is past the end).
+#[inline(always)]
+fn prefetch<T>(s: &[T], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(x) = s.get(at) {
+        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: SSE is part of x86_64, and a prefetch has no architectural effect.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((x as *const T).cast()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, at);
+}
+
 /// Decodes into `out`, `rows x cols`, whose columns are the grouped rows, 8 rows at a time.
 #[inline(always)]
 pub(crate) fn down_columns<K: Kernels, const B: u32>(
@@ -167,22 +183,50 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     let groups = rows.div_ceil(g);
     let group_bytes = g * B as usize / 8;
     let row_bytes = groups * group_bytes;
-    let mut offsets = vec![0i32; cols];
-    let mut scales = vec![0f32; cols];
+    // Column c's parameters and codes lie in a stream of their own (a page or more apart from
+    // the next column's): a pass over several tiles gathers each column's share of the pass
+    // into small buffers first, one visit per column and stream rather than one per tile
+    // (and per block of 8 rows), and prefetches the next pass's share meanwhile.
+    let tiles_per_pass = (128 / g).min(PASS_BYTES / (cols * group_bytes.max(4))).max(1);
+    let pass_bytes = tiles_per_pass * group_bytes;
+    let mut offsets = vec![0i32; tiles_per_pass * cols];
+    let mut scales = vec![0f32; tiles_per_pass * cols];
+    let mut local_codes = vec![0u8; cols * pass_bytes];
     let mut staging = vec![0f32; if streaming { 8 * cols } else { 0 }];
-    for (t, tile) in out.chunks_mut(g * cols).enumerate() {
+    let zeros: &[u8] = match s.offsets {
+        Offsets::Constant(_) => &[],
+        Offsets::PerGroup(zeros) => zeros,
+    };
+    for (pass, part) in out.chunks_mut(tiles_per_pass * g * cols).enumerate() {
+        let first = pass * tiles_per_pass;
+        let tiles = part.len().div_ceil(g * cols);
+        let next = first + tiles;
         for c in 0..cols {
-            offsets[c] = s.offsets.get(c * groups + t);
-            scales[c] = s.scales[c * groups + t];
+            let column = c * groups;
+            prefetch(s.scales, column + next);
+            prefetch(zeros, column + next);
+            prefetch(s.codes, c * row_bytes + next * group_bytes);
+            for j in 0..tiles {
+                offsets[j * cols + c] = s.offsets.get(column + first + j);
+                scales[j * cols + c] = s.scales[column + first + j];
+            }
+            let from = c * row_bytes + first * group_bytes;
+            local_codes[c * pass_bytes..c * pass_bytes + tiles * group_bytes]
+                .copy_from_slice(&s.codes[from..from + tiles * group_bytes]);
         }
-        for (block_index, block) in tile.chunks_mut(8 * cols).enumerate() {
-            let at = t * group_bytes + block_index * B as usize;
-            if streaming {
-                let staged = &mut staging[..block.len()];
-                k.dequantize_columns::<B>(s.codes, row_bytes, at, &offsets, &scales, staged);
-                k.stream_copy(staged, block);
-            } else {
-                k.dequantize_columns::<B>(s.codes, row_bytes, at, &offsets, &scales, block);
+        for (j, tile) in part.chunks_mut(g * cols).enumerate() {
+            let offsets = &offsets[j * cols..(j + 1) * cols];
+            let scales = &scales[j * cols..(j + 1) * cols];
+            for (block_index, block) in tile.chunks_mut(8 * cols).enumerate() {
+                let at = j * group_bytes + block_index * B as usize;
+                let codes = &local_codes[..];
+                if streaming {
+                    let staged = &mut staging[..block.len()];
+                    k.dequantize_columns::<B>(codes, pass_bytes, at, offsets, scales, staged);
+                    k.stream_copy(staged, block);
+                } else {
+                    k.dequantize_columns::<B>(codes, pass_bytes, at, offsets, scales, block);
+                }
             }
         }
     }
