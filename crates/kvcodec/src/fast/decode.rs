@@ -156,6 +156,23 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
 /// At most about this many bytes of codes gathered per pass of [`down_columns`].
 const PASS_BYTES: usize = 16 << 10;
 
+/// How many passes beyond the next one [`down_columns`] prefetches.
+const PASSES_AHEAD: usize = 2;
+
+/// Copies a column's few codes of a pass, 8 bytes at a time (a call to memcpy per column
+/// costs more than the copy).
+#[inline(always)]
+fn copy_codes(dst: &mut [u8], src: &[u8]) {
+    let (dst_words, dst_rest) = dst.as_chunks_mut::<8>();
+    let (src_words, src_rest) = src.as_chunks::<8>();
+    for (d, s) in dst_words.iter_mut().zip(src_words) {
+        *d = std::hint::black_box(*s);
+    }
+    for (d, s) in dst_rest.iter_mut().zip(src_rest) {
+        *d = *s;
+    }
+}
+
 /// Hints that `s[at]` will be read soon (nothing if `at` is past the end).
 #[inline(always)]
 fn prefetch<T>(s: &[T], at: usize) {
@@ -187,7 +204,9 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     // the next column's): a pass over several tiles gathers each column's share of the pass
     // into small buffers first, one visit per column and stream rather than one per tile
     // (and per block of 8 rows), and prefetches the next pass's share meanwhile.
-    let tiles_per_pass = (128 / g).min(PASS_BYTES / (cols * group_bytes.max(4))).max(1);
+    let tiles_per_pass = (128 / g)
+        .min(PASS_BYTES / (cols * group_bytes.max(4)))
+        .max(1);
     let pass_bytes = tiles_per_pass * group_bytes;
     let mut offsets = vec![0i32; tiles_per_pass * cols];
     let mut scales = vec![0f32; tiles_per_pass * cols];
@@ -200,25 +219,37 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     for (pass, part) in out.chunks_mut(tiles_per_pass * g * cols).enumerate() {
         let first = pass * tiles_per_pass;
         let tiles = part.len().div_ceil(g * cols);
-        let next = first + tiles;
+        let next = first + tiles + PASSES_AHEAD * tiles_per_pass;
+        let cols_per_block = cols.div_ceil(part.len().div_ceil(8 * cols));
         for c in 0..cols {
             let column = c * groups;
-            prefetch(s.scales, column + next);
-            prefetch(zeros, column + next);
-            prefetch(s.codes, c * row_bytes + next * group_bytes);
             for j in 0..tiles {
                 offsets[j * cols + c] = s.offsets.get(column + first + j);
                 scales[j * cols + c] = s.scales[column + first + j];
             }
             let from = c * row_bytes + first * group_bytes;
-            local_codes[c * pass_bytes..c * pass_bytes + tiles * group_bytes]
-                .copy_from_slice(&s.codes[from..from + tiles * group_bytes]);
+            copy_codes(
+                &mut local_codes[c * pass_bytes..c * pass_bytes + tiles * group_bytes],
+                &s.codes[from..from + tiles * group_bytes],
+            );
         }
         for (j, tile) in part.chunks_mut(g * cols).enumerate() {
             let offsets = &offsets[j * cols..(j + 1) * cols];
             let scales = &scales[j * cols..(j + 1) * cols];
             for (block_index, block) in tile.chunks_mut(8 * cols).enumerate() {
                 let at = j * group_bytes + block_index * B as usize;
+                // The next pass's lines, a share of the columns per block of 8 rows, so that
+                // the misses overlap the decoding rather than queue up at once.
+                let share = j * g.div_ceil(8) + block_index;
+                for c in
+                    (share * cols_per_block..(share + 1) * cols_per_block).take_while(|&c| c < cols)
+                {
+                    prefetch(s.scales, c * groups + next);
+                    prefetch(zeros, c * groups + next);
+                    for ahead in (0..pass_bytes).step_by(64) {
+                        prefetch(s.codes, c * row_bytes + next * group_bytes + ahead);
+                    }
+                }
                 let codes = &local_codes[..];
                 if streaming {
                     let staged = &mut staging[..block.len()];
