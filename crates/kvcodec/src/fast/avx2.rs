@@ -1100,6 +1100,33 @@ fn groups_with<const B: u32, const MODE: u8>(
     let per_group = group_size / 8;
     let group_bytes = group_size * b / 8;
     let constant = _mm256_set1_epi32(offset);
+    if group_size == 8 && zeros.is_empty() {
+        // One vector per group, the same offset for all.
+        let (values, _) = out.as_chunks_mut::<8>();
+        for (k, (dst, &scale)) in values.iter_mut().zip(scales).enumerate() {
+            let difference =
+                _mm256_sub_epi32(unpack.spread(broadcast_codes(codes, k * b)), constant);
+            put::<MODE>(
+                dst,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(difference), _mm256_set1_ps(scale)),
+            );
+        }
+        return;
+    }
+    if group_size == 8 {
+        // One vector per group, with its own offset.
+        let (values, _) = out.as_chunks_mut::<8>();
+        let groups = values.iter_mut().zip(scales.iter().zip(zeros));
+        for (k, (dst, (&scale, &zero))) in groups.enumerate() {
+            let codes = unpack.spread(broadcast_codes(codes, k * b));
+            let difference = _mm256_sub_epi32(codes, _mm256_set1_epi32(i32::from(zero)));
+            put::<MODE>(
+                dst,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(difference), _mm256_set1_ps(scale)),
+            );
+        }
+        return;
+    }
     let mut at = 0;
     // Eight groups at a time: their offsets widened once, then each broadcast from memory.
     let (batches, rest) = out.as_chunks_mut::<8>();
