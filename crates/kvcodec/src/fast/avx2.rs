@@ -1097,7 +1097,6 @@ fn groups_with<const B: u32, const MODE: u8>(
 ) {
     let b = B as usize;
     let unpack = Unpack::new::<B>();
-    let per_group = group_size / 8;
     let group_bytes = group_size * b / 8;
     let constant = _mm256_set1_epi32(offset);
     if group_size == 8 && zeros.is_empty() {
@@ -1127,47 +1126,19 @@ fn groups_with<const B: u32, const MODE: u8>(
         }
         return;
     }
-    let mut at = 0;
-    // Eight groups at a time: their offsets widened once, then each broadcast from memory.
-    let (batches, rest) = out.as_chunks_mut::<8>();
-    let mut offs = [offset; 8];
-    for (batch, (values, group_scales)) in batches
-        .chunks_mut(8 * per_group)
-        .zip(scales.chunks(8))
-        .enumerate()
-    {
-        if !zeros.is_empty() {
-            let z = &zeros[8 * batch..8 * batch + group_scales.len()];
-            if z.len() == 8 {
-                // SAFETY: reads the 8 bytes of `z`.
-                let wide = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(z.as_ptr().cast()) });
-                store_i32(&mut offs, wide);
-            } else {
-                for (o, &zero) in offs.iter_mut().zip(z) {
-                    *o = i32::from(zero);
-                }
-            }
-        }
-        for (group, (&scale, &o)) in values
-            .chunks_mut(per_group)
-            .zip(group_scales.iter().zip(&offs))
-        {
-            let scale = _mm256_set1_ps(scale);
-            let o = if zeros.is_empty() {
-                constant
-            } else {
-                _mm256_set1_epi32(o)
-            };
-            for dst in group {
-                let codes = unpack.spread(broadcast_codes(codes, at));
-                let difference = _mm256_sub_epi32(codes, o);
-                put::<MODE>(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(difference), scale));
-                at += b;
-            }
+    for (k, group) in out.chunks_exact_mut(group_size).enumerate() {
+        let offset = match zeros.get(k) {
+            Some(&zero) => _mm256_set1_epi32(i32::from(zero)),
+            None => constant,
+        };
+        let scale = _mm256_set1_ps(scales[k]);
+        let (vectors, _) = group.as_chunks_mut::<8>();
+        for (i, dst) in vectors.iter_mut().enumerate() {
+            let codes = unpack.spread(broadcast_codes(codes, k * group_bytes + i * b));
+            let difference = _mm256_sub_epi32(codes, offset);
+            put::<MODE>(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(difference), scale));
         }
     }
-    debug_assert!(rest.is_empty());
-    debug_assert_eq!(at, scales.len() * group_bytes);
 }
 
 /// The decoded values of eight packed codes: (code - offset) as f32 * scale.
