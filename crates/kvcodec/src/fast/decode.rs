@@ -204,7 +204,7 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     // the next column's): a pass over several tiles gathers each column's share of the pass
     // into small buffers first, one visit per column and stream rather than one per tile
     // (and per block of 8 rows), and prefetches the next pass's share meanwhile.
-    let tiles_per_pass = (128 / g)
+    let tiles_per_pass = (64 / g)
         .min(PASS_BYTES / (cols * group_bytes.max(4)))
         .max(1);
     let pass_bytes = tiles_per_pass * group_bytes;
