@@ -239,6 +239,65 @@ fn batched_feature_groups_match_the_oracle() {
     }
 }
 
+/// Decoding into outputs that start at every float offset from a 32-byte boundary (the fast
+/// paths pick 32-byte, 16-byte or no streaming stores by alignment), both axes, row-major and
+/// column-major, streaming on and off, rows of whole groups and not, odd token counts.
+#[test]
+fn decoding_at_every_alignment_matches_the_oracle() {
+    let shapes = [
+        (3, 8),
+        (5, 56),
+        (7, 64),
+        (9, 72),
+        (33, 200),
+        (67, 128),
+        (131, 40),
+        (16, 13),
+    ];
+    for (tokens, features) in shapes {
+        for (mode, bits) in modes_and_widths() {
+            for axis in [GroupAxis::Token, GroupAxis::Feature] {
+                for group_size in [8, 32, 128] {
+                    let layout = Layout::with_mode(axis, mode, bits, group_size).unwrap();
+                    let x = noise(tokens, features, (tokens * 1000 + features) as u64);
+                    let packed = reference::encode(x.view(), layout).unwrap();
+                    let want = bits_of(&reference::decode(&packed));
+                    let len = tokens * features;
+                    for kernel in Kernel::available() {
+                        for streaming in [false, true] {
+                            for shift in 0..8 {
+                                let label = format!(
+                                    "{tokens}x{features} {mode} b{bits} {axis} g{group_size} \
+                                     {kernel} streaming {streaming} shift {shift}"
+                                );
+                                let mut buffer = vec![f32::NAN; len + 16];
+                                let base = buffer.as_ptr().align_offset(32);
+                                let memory = &mut buffer[base + shift..base + shift + len];
+                                let mut out = ndarray::ArrayViewMut2::from_shape(
+                                    (tokens, features),
+                                    &mut memory[..],
+                                )
+                                .unwrap();
+                                decode_into_stores(kernel, &packed, out.view_mut(), streaming)
+                                    .unwrap();
+                                assert_eq!(bits_of(&out.to_owned()), want, "{label} row-major");
+                                let mut out = ndarray::ArrayViewMut2::from_shape(
+                                    (tokens, features).f(),
+                                    &mut memory[..],
+                                )
+                                .unwrap();
+                                decode_into_stores(kernel, &packed, out.view_mut(), streaming)
+                                    .unwrap();
+                                assert_eq!(bits_of(&out.to_owned()), want, "{label} column-major");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Errors met inside a batch of 8 groups: whichever group comes first decides, a non-finite
 /// value before an overflowing range in the same group.
 #[test]

@@ -156,6 +156,19 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
+    fn dequantize_groups<const B: u32>(
+        self,
+        codes: &[u8],
+        offsets: decode::GroupOffsets,
+        scales: &[f32],
+        group_size: usize,
+        out: &mut [f32],
+        streaming: bool,
+    ) {
+        unsafe { dequantize_groups::<B>(codes, offsets, scales, group_size, out, streaming) }
+    }
+
+    #[inline(always)]
     fn dequantize_columns<const B: u32>(
         self,
         codes: &[u8],
@@ -929,7 +942,14 @@ impl Unpack {
     #[inline]
     #[target_feature(enable = "avx2")]
     fn codes(&self, packed: u64) -> __m256i {
-        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi64x(packed as i64), self.shuffle);
+        self.spread(_mm256_set1_epi64x(packed as i64))
+    }
+
+    /// [`Unpack::codes`] of packed codes already broadcast to every 64-bit lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn spread(&self, packed: __m256i) -> __m256i {
+        let bytes = _mm256_shuffle_epi8(packed, self.shuffle);
         _mm256_and_si256(_mm256_srlv_epi32(bytes, self.shift), self.mask)
     }
 }
@@ -954,6 +974,170 @@ fn dequantize_group<const B: u32>(codes: &[u8], offset: i32, scale: f32, out: &m
         let packed = read_u64(codes, whole * b);
         store(&mut last, dequantize8(&unpack, packed, offset, scale));
         tail.copy_from_slice(&last[..tail.len()]);
+    }
+}
+
+/// Plain stores.
+const PLAIN: u8 = 0;
+/// Non-temporal stores of 32 bytes, at 32-byte boundaries.
+const STREAM32: u8 = 1;
+/// Non-temporal stores of 16 bytes, at 16-byte boundaries.
+const STREAM16: u8 = 2;
+
+/// The store mode for vectors written at `dst` and multiples of 8 floats after it.
+#[inline]
+fn store_mode(dst: *const f32, streaming: bool) -> Option<u8> {
+    match (streaming, dst as usize % 32) {
+        (false, _) => Some(PLAIN),
+        (true, 0) => Some(STREAM32),
+        (true, 16) => Some(STREAM16),
+        _ => None,
+    }
+}
+
+/// Stores `v` to `dst` as `MODE` says.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn put<const MODE: u8>(dst: &mut [f32; 8], v: __m256) {
+    let p = dst.as_mut_ptr();
+    // SAFETY: writes exactly the 8 floats of `dst`; the streaming stores need `dst` at a 32-
+    // (or 16-) byte boundary, which [`store_mode`] checked for the first vector of a run whose
+    // vectors are all 8 floats apart.
+    unsafe {
+        match MODE {
+            PLAIN => _mm256_storeu_ps(p, v),
+            STREAM32 => {
+                debug_assert_eq!(p as usize % 32, 0);
+                _mm256_stream_ps(p, v)
+            }
+            _ => {
+                debug_assert_eq!(p as usize % 16, 0);
+                _mm_stream_ps(p, _mm256_castps256_ps128(v));
+                _mm_stream_ps(p.add(4), _mm256_extractf128_ps::<1>(v));
+            }
+        }
+    }
+}
+
+/// Eight packed codes from `codes[at..]` broadcast to every 64-bit lane (zero-filled past the
+/// end of `codes`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn broadcast_codes(codes: &[u8], at: usize) -> __m256i {
+    if at + 8 <= codes.len() {
+        // SAFETY: reads the 8 bytes codes[at..at + 8], in bounds as just checked.
+        unsafe { _mm256_broadcastq_epi64(_mm_loadl_epi64(codes.as_ptr().add(at).cast())) }
+    } else {
+        _mm256_set1_epi64x(read_u64(codes, at) as i64)
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dequantize_groups<const B: u32>(
+    codes: &[u8],
+    offsets: decode::GroupOffsets,
+    scales: &[f32],
+    group_size: usize,
+    out: &mut [f32],
+    streaming: bool,
+) {
+    use decode::GroupOffsets::{Constant, PerGroup};
+    assert_eq!(out.len(), scales.len() * group_size, "whole groups");
+    assert!(group_size.is_multiple_of(8), "groups of a multiple of 8");
+    match (store_mode(out.as_ptr(), streaming), offsets) {
+        (Some(PLAIN), Constant(o)) => {
+            groups_with::<B, PLAIN>(codes, o, &[], scales, group_size, out)
+        }
+        (Some(PLAIN), PerGroup(z)) => groups_with::<B, PLAIN>(codes, 0, z, scales, group_size, out),
+        (Some(STREAM32), Constant(o)) => {
+            groups_with::<B, STREAM32>(codes, o, &[], scales, group_size, out)
+        }
+        (Some(STREAM32), PerGroup(z)) => {
+            groups_with::<B, STREAM32>(codes, 0, z, scales, group_size, out)
+        }
+        (Some(_), Constant(o)) => {
+            groups_with::<B, STREAM16>(codes, o, &[], scales, group_size, out)
+        }
+        (Some(_), PerGroup(z)) => groups_with::<B, STREAM16>(codes, 0, z, scales, group_size, out),
+        (None, _) => {
+            // Not at a 16-byte boundary: decode a block at a time into a buffer and copy it
+            // out with streaming stores.
+            let per_block = (4096 / group_size).max(1);
+            let mut staging = vec![0f32; per_block * group_size];
+            let group_bytes = group_size * B as usize / 8;
+            for (block, dst) in out.chunks_mut(per_block * group_size).enumerate() {
+                let first = block * per_block;
+                let count = dst.len() / group_size;
+                let staged = &mut staging[..dst.len()];
+                let part = match offsets {
+                    Constant(o) => Constant(o),
+                    PerGroup(z) => PerGroup(&z[first..first + count]),
+                };
+                let codes = &codes[first * group_bytes..];
+                let scales = &scales[first..first + count];
+                dequantize_groups::<B>(codes, part, scales, group_size, staged, false);
+                stream_copy(staged, dst);
+            }
+        }
+    }
+}
+
+/// [`dequantize_groups`] with stores `MODE`; `zeros` holds the groups' offsets, or is empty
+/// when every group's is `offset`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn groups_with<const B: u32, const MODE: u8>(
+    codes: &[u8],
+    offset: i32,
+    zeros: &[u8],
+    scales: &[f32],
+    group_size: usize,
+    out: &mut [f32],
+) {
+    let b = B as usize;
+    let unpack = Unpack::new::<B>();
+    let group_bytes = group_size * b / 8;
+    let constant = _mm256_set1_epi32(offset);
+    if group_size == 8 && zeros.is_empty() {
+        // One vector per group, the same offset for all.
+        let (values, _) = out.as_chunks_mut::<8>();
+        for (k, (dst, &scale)) in values.iter_mut().zip(scales).enumerate() {
+            let difference =
+                _mm256_sub_epi32(unpack.spread(broadcast_codes(codes, k * b)), constant);
+            put::<MODE>(
+                dst,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(difference), _mm256_set1_ps(scale)),
+            );
+        }
+        return;
+    }
+    if group_size == 8 {
+        // One vector per group, with its own offset.
+        let (values, _) = out.as_chunks_mut::<8>();
+        let groups = values.iter_mut().zip(scales.iter().zip(zeros));
+        for (k, (dst, (&scale, &zero))) in groups.enumerate() {
+            let codes = unpack.spread(broadcast_codes(codes, k * b));
+            let difference = _mm256_sub_epi32(codes, _mm256_set1_epi32(i32::from(zero)));
+            put::<MODE>(
+                dst,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(difference), _mm256_set1_ps(scale)),
+            );
+        }
+        return;
+    }
+    for (k, group) in out.chunks_exact_mut(group_size).enumerate() {
+        let offset = match zeros.get(k) {
+            Some(&zero) => _mm256_set1_epi32(i32::from(zero)),
+            None => constant,
+        };
+        let scale = _mm256_set1_ps(scales[k]);
+        let (vectors, _) = group.as_chunks_mut::<8>();
+        for (i, dst) in vectors.iter_mut().enumerate() {
+            let codes = unpack.spread(broadcast_codes(codes, k * group_bytes + i * b));
+            let difference = _mm256_sub_epi32(codes, offset);
+            put::<MODE>(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(difference), scale));
+        }
     }
 }
 
@@ -1013,12 +1197,11 @@ fn dequantize_columns<const B: u32>(
         let mut v = [_mm256_setzero_ps(); 8];
         for (j, slot) in v.iter_mut().enumerate() {
             let c = 8 * block + j;
-            *slot = dequantize8(
-                &unpack,
-                read_u64(codes, c * row_bytes + at),
+            let difference = _mm256_sub_epi32(
+                unpack.spread(broadcast_codes(codes, c * row_bytes + at)),
                 _mm256_set1_epi32(offsets[c]),
-                _mm256_set1_ps(scales[c]),
             );
+            *slot = _mm256_mul_ps(_mm256_cvtepi32_ps(difference), _mm256_set1_ps(scales[c]));
         }
         transpose8(&mut v);
         for (row, value) in out.chunks_exact_mut(cols).zip(v) {

@@ -46,6 +46,52 @@ impl Offsets {
     }
 }
 
+/// The offsets of a run of consecutive groups.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum GroupOffsets<'a> {
+    /// The same offset for every group.
+    Constant(i32),
+    /// One zero point per group.
+    PerGroup(&'a [u8]),
+}
+
+impl GroupOffsets<'_> {
+    #[inline(always)]
+    pub(crate) fn get(&self, index: usize) -> i32 {
+        match self {
+            GroupOffsets::Constant(offset) => *offset,
+            GroupOffsets::PerGroup(zeros) => i32::from(zeros[index]),
+        }
+    }
+}
+
+impl Offsets {
+    /// The offsets of groups `range` (in row-major group order).
+    pub(crate) fn run(&self, range: std::ops::Range<usize>) -> GroupOffsets<'_> {
+        match self {
+            Offsets::Constant(offset) => GroupOffsets::Constant(*offset),
+            Offsets::PerGroup(zeros) => GroupOffsets::PerGroup(&zeros[range]),
+        }
+    }
+}
+
+/// [`Kernels::dequantize_groups`] one [`Kernels::dequantize_group`] at a time, with plain
+/// stores.
+#[inline(always)]
+pub(crate) fn groups_one_by_one<K: Kernels, const B: u32>(
+    k: K,
+    codes: &[u8],
+    offsets: GroupOffsets,
+    scales: &[f32],
+    group_size: usize,
+    out: &mut [f32],
+) {
+    let group_bytes = group_size * B as usize / 8;
+    for (i, part) in out.chunks_exact_mut(group_size).enumerate() {
+        k.dequantize_group::<B>(&codes[i * group_bytes..], offsets.get(i), scales[i], part);
+    }
+}
+
 /// A packed tensor's streams, borrowed for decoding.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stored<'a> {
@@ -69,6 +115,16 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
     let groups = row_len.div_ceil(g);
     let group_bytes = g * B as usize / 8;
     let row_bytes = groups * group_bytes;
+    if row_len.is_multiple_of(g) {
+        // Rows of whole groups: the matrix is one long run of groups, and so is the stream.
+        let count = out.len() / g;
+        let offsets = s.offsets.run(0..count);
+        k.dequantize_groups::<B>(s.codes, offsets, &s.scales[..count], g, out, streaming);
+        if streaming {
+            k.finish_streaming();
+        }
+        return;
+    }
     let decode_rows = |first_row: usize, dst: &mut [f32]| {
         for (i, row) in dst.chunks_exact_mut(row_len).enumerate() {
             let r = first_row + i;
@@ -97,6 +153,39 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
     k.finish_streaming();
 }
 
+/// At most about this many bytes of codes gathered per pass of [`down_columns`].
+const PASS_BYTES: usize = 16 << 10;
+
+/// How many passes beyond the next one [`down_columns`] prefetches.
+const PASSES_AHEAD: usize = 2;
+
+/// Copies a column's few codes of a pass, 8 bytes at a time (a call to memcpy per column
+/// costs more than the copy).
+#[inline(always)]
+fn copy_codes(dst: &mut [u8], src: &[u8]) {
+    let (dst_words, dst_rest) = dst.as_chunks_mut::<8>();
+    let (src_words, src_rest) = src.as_chunks::<8>();
+    for (d, s) in dst_words.iter_mut().zip(src_words) {
+        *d = std::hint::black_box(*s);
+    }
+    for (d, s) in dst_rest.iter_mut().zip(src_rest) {
+        *d = *s;
+    }
+}
+
+/// Hints that `s[at]` will be read soon (nothing if `at` is past the end).
+#[inline(always)]
+fn prefetch<T>(s: &[T], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(x) = s.get(at) {
+        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: SSE is part of x86_64, and a prefetch has no architectural effect.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((x as *const T).cast()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, at);
+}
+
 /// Decodes into `out`, `rows x cols`, whose columns are the grouped rows, 8 rows at a time.
 #[inline(always)]
 pub(crate) fn down_columns<K: Kernels, const B: u32>(
@@ -111,22 +200,64 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     let groups = rows.div_ceil(g);
     let group_bytes = g * B as usize / 8;
     let row_bytes = groups * group_bytes;
-    let mut offsets = vec![0i32; cols];
-    let mut scales = vec![0f32; cols];
+    // Column c's parameters and codes lie in a stream of their own (a page or more apart from
+    // the next column's): a pass over several tiles gathers each column's share of the pass
+    // into small buffers first, one visit per column and stream rather than one per tile
+    // (and per block of 8 rows), and prefetches the next pass's share meanwhile.
+    let tiles_per_pass = (64 / g)
+        .min(PASS_BYTES / (cols * group_bytes.max(4)))
+        .max(1);
+    let pass_bytes = tiles_per_pass * group_bytes;
+    let mut offsets = vec![0i32; tiles_per_pass * cols];
+    let mut scales = vec![0f32; tiles_per_pass * cols];
+    let mut local_codes = vec![0u8; cols * pass_bytes];
     let mut staging = vec![0f32; if streaming { 8 * cols } else { 0 }];
-    for (t, tile) in out.chunks_mut(g * cols).enumerate() {
+    let zeros: &[u8] = match s.offsets {
+        Offsets::Constant(_) => &[],
+        Offsets::PerGroup(zeros) => zeros,
+    };
+    for (pass, part) in out.chunks_mut(tiles_per_pass * g * cols).enumerate() {
+        let first = pass * tiles_per_pass;
+        let tiles = part.len().div_ceil(g * cols);
+        let next = first + tiles + PASSES_AHEAD * tiles_per_pass;
+        let cols_per_block = cols.div_ceil(part.len().div_ceil(8 * cols));
         for c in 0..cols {
-            offsets[c] = s.offsets.get(c * groups + t);
-            scales[c] = s.scales[c * groups + t];
+            let column = c * groups;
+            for j in 0..tiles {
+                offsets[j * cols + c] = s.offsets.get(column + first + j);
+                scales[j * cols + c] = s.scales[column + first + j];
+            }
+            let from = c * row_bytes + first * group_bytes;
+            copy_codes(
+                &mut local_codes[c * pass_bytes..c * pass_bytes + tiles * group_bytes],
+                &s.codes[from..from + tiles * group_bytes],
+            );
         }
-        for (block_index, block) in tile.chunks_mut(8 * cols).enumerate() {
-            let at = t * group_bytes + block_index * B as usize;
-            if streaming {
-                let staged = &mut staging[..block.len()];
-                k.dequantize_columns::<B>(s.codes, row_bytes, at, &offsets, &scales, staged);
-                k.stream_copy(staged, block);
-            } else {
-                k.dequantize_columns::<B>(s.codes, row_bytes, at, &offsets, &scales, block);
+        for (j, tile) in part.chunks_mut(g * cols).enumerate() {
+            let offsets = &offsets[j * cols..(j + 1) * cols];
+            let scales = &scales[j * cols..(j + 1) * cols];
+            for (block_index, block) in tile.chunks_mut(8 * cols).enumerate() {
+                let at = j * group_bytes + block_index * B as usize;
+                // The next pass's lines, a share of the columns per block of 8 rows, so that
+                // the misses overlap the decoding rather than queue up at once.
+                let share = j * g.div_ceil(8) + block_index;
+                for c in
+                    (share * cols_per_block..(share + 1) * cols_per_block).take_while(|&c| c < cols)
+                {
+                    prefetch(s.scales, c * groups + next);
+                    prefetch(zeros, c * groups + next);
+                    for ahead in (0..pass_bytes).step_by(64) {
+                        prefetch(s.codes, c * row_bytes + next * group_bytes + ahead);
+                    }
+                }
+                let codes = &local_codes[..];
+                if streaming {
+                    let staged = &mut staging[..block.len()];
+                    k.dequantize_columns::<B>(codes, pass_bytes, at, offsets, scales, staged);
+                    k.stream_copy(staged, block);
+                } else {
+                    k.dequantize_columns::<B>(codes, pass_bytes, at, offsets, scales, block);
+                }
             }
         }
     }

@@ -171,6 +171,24 @@ pub(crate) trait Kernels: Copy {
     /// from there on).
     fn dequantize_group<const B: u32>(self, codes: &[u8], offset: i32, scale: f32, out: &mut [f32]);
 
+    /// Decodes `scales.len()` consecutive whole groups of `group_size` values (a multiple of
+    /// 8) whose codes start at `codes[0]`, group i with scale `scales[i]` and offset
+    /// `offsets.get(i)`, into `out` (`scales.len() * group_size` values). With `streaming`,
+    /// stores may bypass the caches; [`Kernels::finish_streaming`] must follow.
+    #[inline(always)]
+    fn dequantize_groups<const B: u32>(
+        self,
+        codes: &[u8],
+        offsets: decode::GroupOffsets,
+        scales: &[f32],
+        group_size: usize,
+        out: &mut [f32],
+        streaming: bool,
+    ) {
+        let _ = streaming;
+        decode::groups_one_by_one::<Self, B>(self, codes, offsets, scales, group_size, out);
+    }
+
     /// Decodes up to 8 consecutive rows of a tile grouped down its columns: column c's codes
     /// start at `codes[c * row_bytes + at]` (byte aligned), and `out` holds `rows x cols`
     /// values, `cols = scales.len()`.
