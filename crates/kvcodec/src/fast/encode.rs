@@ -164,8 +164,31 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
     })
 }
 
+/// Bytes of codes that [`down_columns`] stages per batch of tiles, at most (unless one tile
+/// alone needs more).
+const STAGED_BYTES: usize = 128 * 1024;
+
+/// Tiles per batch of [`down_columns`]: enough that each column's codes of a batch fill
+/// several cache lines and its scales at least one.
+const fn tiles_per_batch(group_size: usize, cols: usize, group_bytes: usize) -> usize {
+    let wanted = if group_size >= 64 {
+        16
+    } else {
+        1024 / group_size
+    };
+    let fits = STAGED_BYTES / (cols * group_bytes);
+    let t = if wanted < fits { wanted } else { fits };
+    if t == 0 { 1 } else { t }
+}
+
 /// Encodes `m` whose columns are the grouped rows (groups run down each column), a tile of
 /// `group_size` rows at a time.
+///
+/// The output is column-major: each tile writes a few bytes of codes and one scale (and zero
+/// point) to every column, and columns lie a whole code row apart, so writing them straight
+/// out would touch one cache line (and page) per column per tile, all mapping to the same
+/// cache sets. Instead a batch of tiles is staged in small column-major buffers that stay in
+/// cache, and each column's part of the batch is then copied out as one contiguous run.
 #[inline(always)]
 pub(crate) fn down_columns<K: Kernels, const B: u32>(
     k: K,
@@ -179,45 +202,80 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     let groups = row_len.div_ceil(g);
     let group_bytes = g * B as usize / 8;
     let row_bytes = groups * group_bytes;
-    let zero_count = match layout.mode {
-        Mode::Symmetric => 0,
-        Mode::Asymmetric => cols * groups,
-    };
+    let asymmetric = layout.mode == Mode::Asymmetric;
+    let zero_count = if asymmetric { cols * groups } else { 0 };
     let Parts {
         mut codes,
         mut scales,
         mut zero_points,
     } = Parts::zeroed(spare, cols * row_bytes, cols * groups, zero_count);
+    if cols == 0 {
+        return Ok(Parts {
+            codes,
+            scales,
+            zero_points,
+        });
+    }
     let (qmax, levels) = (layout.bits.qmax(), layout.bits.max_code());
     let mut q = ColumnQuant::new(cols, qmax);
     let mut low = vec![0f32; cols];
     let mut high = vec![0f32; cols];
-    for (t, tile) in m.data.chunks(g * cols).enumerate() {
-        low.fill(0.0);
-        match layout.mode {
-            Mode::Symmetric => {
-                if !k.columns_amax(tile, &mut low) {
-                    return Err(Stop::NonFinite);
-                }
-                k.symmetric_columns(&low, qmax, &mut q.scale);
-            }
-            Mode::Asymmetric => {
+    let batch = tiles_per_batch(g, cols, group_bytes);
+    // Column c's part of the batch: codes at c * staged_row.., scales and zero points at
+    // c * batch.., tile by tile.
+    let staged_row = batch * group_bytes;
+    let mut staged_codes = vec![0u8; cols * staged_row];
+    let mut staged_scales = vec![0f32; cols * batch];
+    let mut staged_zeros = vec![0u8; if asymmetric { cols * batch } else { 0 }];
+    for (b, tiles) in m.data.chunks(batch * g * cols).enumerate() {
+        let first = b * batch;
+        let count = tiles.len().div_ceil(g * cols);
+        for (i, tile) in tiles.chunks(g * cols).enumerate() {
+            low.fill(0.0);
+            if asymmetric {
                 high.fill(0.0);
                 if !k.columns_range(tile, &mut low, &mut high) {
                     return Err(Stop::NonFinite);
                 }
                 if !k.asymmetric_columns(&low, &high, levels, &mut q) {
+                    // The reference refuses a non-finite value anywhere before any overflowing
+                    // range, and the tiles after this one are not fitted yet.
+                    if m.data.iter().any(|v| !v.is_finite()) {
+                        return Err(Stop::NonFinite);
+                    }
                     return Err(Stop::RangeOverflow);
                 }
                 for (c, &zero) in q.offset.iter().enumerate() {
-                    zero_points[c * groups + t] = zero as u8;
+                    staged_zeros[c * batch + i] = zero as u8;
                 }
+            } else {
+                if !k.columns_amax(tile, &mut low) {
+                    return Err(Stop::NonFinite);
+                }
+                k.symmetric_columns(&low, qmax, &mut q.scale);
+            }
+            for (c, &scale) in q.scale.iter().enumerate() {
+                staged_scales[c * batch + i] = scale;
+            }
+            k.quantize_pack_columns::<B>(
+                tile,
+                &q,
+                g,
+                &mut staged_codes,
+                staged_row,
+                i * group_bytes,
+            );
+        }
+        let run = count * group_bytes;
+        for c in 0..cols {
+            let at = c * row_bytes + first * group_bytes;
+            codes[at..at + run].copy_from_slice(&staged_codes[c * staged_row..][..run]);
+            let at = c * groups + first;
+            scales[at..at + count].copy_from_slice(&staged_scales[c * batch..][..count]);
+            if asymmetric {
+                zero_points[at..at + count].copy_from_slice(&staged_zeros[c * batch..][..count]);
             }
         }
-        for (c, &scale) in q.scale.iter().enumerate() {
-            scales[c * groups + t] = scale;
-        }
-        k.quantize_pack_columns::<B>(tile, &q, g, &mut codes, row_bytes, t * group_bytes);
     }
     Ok(Parts {
         codes,
