@@ -22,7 +22,7 @@ use super::bits::{read_u64, squeeze, write_packed};
 use super::decode::{self, Stored};
 use super::encode;
 use super::params::{ColumnQuant, GroupQuant};
-use super::{Dense, Fit, Kernels, Parts, Stop, portable};
+use super::{ColumnScratch, ColumnTileOut, Dense, Fit, Kernels, Parts, Stop, portable};
 
 /// Proof that the CPU has AVX2.
 #[derive(Debug, Clone, Copy)]
@@ -142,6 +142,18 @@ impl Kernels for Avx2 {
         at: usize,
     ) {
         unsafe { quantize_pack_columns::<B>(tile, q, group_size, codes, row_bytes, at) }
+    }
+
+    #[inline(always)]
+    fn fit_quantize_pack_columns<const B: u32>(
+        self,
+        tile: &[f32],
+        group_size: usize,
+        fit: Fit,
+        scratch: &mut ColumnScratch,
+        out: ColumnTileOut,
+    ) -> Result<(), Stop> {
+        unsafe { fit_quantize_pack_columns::<B>(tile, group_size, fit, scratch, out) }
     }
 
     #[inline(always)]
@@ -337,6 +349,23 @@ fn group_range(group: &[f32]) -> (f32, f32, bool) {
     )
 }
 
+/// How far ahead of a tile's row being fitted the input is prefetched, in floats (tiles are
+/// contiguous, so this runs into the next tiles).
+const PREFETCH_COLUMNS: usize = 512;
+
+/// Asks for the cache lines [`PREFETCH_COLUMNS`] floats ahead of `values`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn prefetch_columns(values: &[f32]) {
+    let ahead = values.as_ptr().wrapping_add(PREFETCH_COLUMNS).cast::<i8>();
+    let mut at = 0;
+    while at < std::mem::size_of_val(values) {
+        // A prefetch is a hint that never faults, whatever the address (a safe intrinsic).
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at));
+        at += 64;
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx2")]
 fn columns_amax(tile: &[f32], amax: &mut [f32]) -> bool {
@@ -345,7 +374,7 @@ fn columns_amax(tile: &[f32], amax: &mut [f32]) -> bool {
     let mut bad = _mm256_setzero_ps();
     let (acc, _) = amax.as_chunks_mut::<8>();
     for row in tile.chunks_exact(cols) {
-        prefetch(row);
+        prefetch_columns(row);
         let (xs, _) = row.as_chunks::<8>();
         for (a, x) in acc.iter_mut().zip(xs) {
             let x = load(x);
@@ -365,7 +394,7 @@ fn columns_range(tile: &[f32], lo: &mut [f32], hi: &mut [f32]) -> bool {
     let (lo_acc, _) = lo.as_chunks_mut::<8>();
     let (hi_acc, _) = hi.as_chunks_mut::<8>();
     for row in tile.chunks_exact(cols) {
-        prefetch(row);
+        prefetch_columns(row);
         let (xs, _) = row.as_chunks::<8>();
         for ((l, h), x) in lo_acc.iter_mut().zip(hi_acc.iter_mut()).zip(xs) {
             let x = load(x);
@@ -871,6 +900,131 @@ fn quantize_pack_columns<const B: u32>(
         at,
         blocks * 8..cols,
     );
+}
+
+/// Fits, quantizes and packs a tile (see [`Kernels::fit_quantize_pack_columns`]) 8 columns at
+/// a time: each block of 8 columns is fitted down the tile in registers, its parameters
+/// computed at once, and its rows quantized while they are still in L1; so the tile is read
+/// once from memory and the per-column parameters never go through memory.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fit_quantize_pack_columns<const B: u32>(
+    tile: &[f32],
+    group_size: usize,
+    fit: Fit,
+    scratch: &mut ColumnScratch,
+    out: ColumnTileOut,
+) -> Result<(), Stop> {
+    let b = B as usize;
+    let cols = scratch.low.len();
+    let rows = tile.len() / cols;
+    let blocks = cols / 8;
+    let stride = out.stride;
+    let magnitude = magnitude_mask();
+    let mut bad = _mm256_setzero_ps();
+    let mut fits = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    prefetch_columns(tile);
+    for block in 0..blocks {
+        let base = 8 * block;
+        // Accumulators start at 0, as the zero padding of a partial tile would leave them.
+        let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for r in 0..rows {
+            let x = load_at(tile, r * cols + base);
+            bad = _mm256_or_ps(bad, non_finite_bits(x));
+            match fit {
+                Fit::Symmetric(_) => hi = _mm256_max_ps(hi, _mm256_and_ps(x, magnitude)),
+                Fit::Asymmetric(_) => {
+                    lo = _mm256_min_ps(lo, x);
+                    hi = _mm256_max_ps(hi, x);
+                }
+            }
+        }
+        let quant = match fit {
+            Fit::Symmetric(qmax) => symmetric8(hi, qmax),
+            Fit::Asymmetric(levels) => {
+                let (quant, finite) = asymmetric8(lo, hi, levels);
+                fits = _mm256_and_ps(fits, finite);
+                let zeros = pack8(quant.offset).to_le_bytes();
+                for (j, &zero) in zeros.iter().enumerate() {
+                    out.zero_points[(base + j) * stride] = zero;
+                }
+                quant
+            }
+        };
+        let mut scales = [0f32; 8];
+        store(&mut scales, quant.scale);
+        for (j, &scale) in scales.iter().enumerate() {
+            out.scales[(base + j) * stride] = scale;
+        }
+        for k in 0..group_size / 8 {
+            let first = 8 * k;
+            // Row i's codes for the block's 8 columns; rows past the tile are zero padding.
+            let mut c = [_mm256_setzero_si256(); 8];
+            for (i, slot) in c.iter_mut().enumerate() {
+                let r = first + i;
+                let x = if r < rows {
+                    load_at(tile, r * cols + base)
+                } else {
+                    _mm256_setzero_ps()
+                };
+                *slot = codes(x, &quant);
+            }
+            let (even, odd) = transpose_codes(c);
+            let mut lanes = [0u64; 8];
+            let (even, odd) = (squeeze4::<B>(even), squeeze4::<B>(odd));
+            // SAFETY: each store writes 4 of the 8 u64s of `lanes`.
+            unsafe {
+                _mm256_storeu_si256(lanes.as_mut_ptr().cast(), even);
+                _mm256_storeu_si256(lanes[4..].as_mut_ptr().cast(), odd);
+            }
+            for (lane, column) in lanes.into_iter().zip([0, 1, 4, 5, 2, 3, 6, 7]) {
+                let start = (base + column) * out.row_bytes + out.at + k * b;
+                write_packed::<B>(&mut out.codes[start..], lane);
+            }
+        }
+    }
+    // The columns after the last block of 8, one at a time.
+    let tail = blocks * 8..cols;
+    let ColumnScratch { low, high, q } = scratch;
+    let (tail_finite, tail_fits) = match fit {
+        Fit::Symmetric(qmax) => {
+            low[tail.clone()].fill(0.0);
+            let finite = portable::columns_amax(tile, low, tail.clone());
+            for c in tail.clone() {
+                q.scale[c] = super::params::symmetric(low[c], qmax).scale;
+            }
+            (finite, true)
+        }
+        Fit::Asymmetric(levels) => {
+            low[tail.clone()].fill(0.0);
+            high[tail.clone()].fill(0.0);
+            let finite = portable::columns_range(tile, low, high, tail.clone());
+            let fits = portable::asymmetric_columns(low, high, levels, q, tail.clone());
+            for c in tail.clone() {
+                out.zero_points[c * stride] = q.offset[c] as u8;
+            }
+            (finite, fits)
+        }
+    };
+    for c in tail.clone() {
+        out.scales[c * stride] = q.scale[c];
+    }
+    portable::quantize_pack_columns::<B>(
+        tile,
+        q,
+        group_size,
+        out.codes,
+        out.row_bytes,
+        out.at,
+        tail,
+    );
+    if !(all_zero(bad) && tail_finite) {
+        return Err(Stop::NonFinite);
+    }
+    if _mm256_movemask_ps(fits) != 0xFF || !tail_fits {
+        return Err(Stop::RangeOverflow);
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

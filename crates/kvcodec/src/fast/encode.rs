@@ -6,7 +6,7 @@
 use crate::layout::{Layout, Mode};
 
 use super::params::{self, ColumnQuant, GroupQuant};
-use super::{Dense, Fit, Kernels, Parts, SCRIBBLE, Stop};
+use super::{ColumnScratch, ColumnTileOut, Dense, Fit, Kernels, Parts, SCRIBBLE, Stop};
 
 /// One group's parameters, or why the encoder stops there (a non-finite value first).
 #[inline(always)]
@@ -181,6 +181,18 @@ const fn tiles_per_batch(group_size: usize, cols: usize, group_bytes: usize) -> 
     if t == 0 { 1 } else { t }
 }
 
+/// `len` values in `spare`'s memory, holding whatever it held (zeros past its old length), or
+/// a fresh zeroed allocation if it is too small: for outputs that are written in full, so that
+/// reusing memory does not cost a pass of zeroing it.
+fn overwritable<T: Copy + Default>(mut spare: Vec<T>, len: usize) -> Vec<T> {
+    if spare.capacity() < len {
+        return vec![T::default(); len];
+    }
+    spare.truncate(len);
+    spare.resize(len, T::default());
+    spare
+}
+
 /// Encodes `m` whose columns are the grouped rows (groups run down each column), a tile of
 /// `group_size` rows at a time.
 ///
@@ -208,7 +220,11 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
         mut codes,
         mut scales,
         mut zero_points,
-    } = Parts::zeroed(spare, cols * row_bytes, cols * groups, zero_count);
+    } = Parts {
+        codes: overwritable(spare.codes, cols * row_bytes),
+        scales: overwritable(spare.scales, cols * groups),
+        zero_points: overwritable(spare.zero_points, zero_count),
+    };
     if cols == 0 {
         return Ok(Parts {
             codes,
@@ -216,10 +232,15 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
             zero_points,
         });
     }
-    let (qmax, levels) = (layout.bits.qmax(), layout.bits.max_code());
-    let mut q = ColumnQuant::new(cols, qmax);
-    let mut low = vec![0f32; cols];
-    let mut high = vec![0f32; cols];
+    let fit = match layout.mode {
+        Mode::Symmetric => Fit::Symmetric(layout.bits.qmax()),
+        Mode::Asymmetric => Fit::Asymmetric(layout.bits.max_code()),
+    };
+    let mut scratch = ColumnScratch {
+        low: vec![0f32; cols],
+        high: vec![0f32; cols],
+        q: ColumnQuant::new(cols, layout.bits.qmax()),
+    };
     let batch = tiles_per_batch(g, cols, group_bytes);
     // Column c's part of the batch: codes at c * staged_row.., scales and zero points at
     // c * batch.., tile by tile.
@@ -231,40 +252,27 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
         let first = b * batch;
         let count = tiles.len().div_ceil(g * cols);
         for (i, tile) in tiles.chunks(g * cols).enumerate() {
-            low.fill(0.0);
-            if asymmetric {
-                high.fill(0.0);
-                if !k.columns_range(tile, &mut low, &mut high) {
+            let out = ColumnTileOut {
+                scales: &mut staged_scales[i..],
+                zero_points: if asymmetric {
+                    &mut staged_zeros[i..]
+                } else {
+                    &mut []
+                },
+                stride: batch,
+                codes: &mut staged_codes,
+                row_bytes: staged_row,
+                at: i * group_bytes,
+            };
+            match k.fit_quantize_pack_columns::<B>(tile, g, fit, &mut scratch, out) {
+                Ok(()) => {}
+                // The reference refuses a non-finite value anywhere before any overflowing
+                // range, and the tiles after this one are not fitted yet.
+                Err(Stop::RangeOverflow) if m.data.iter().any(|v| !v.is_finite()) => {
                     return Err(Stop::NonFinite);
                 }
-                if !k.asymmetric_columns(&low, &high, levels, &mut q) {
-                    // The reference refuses a non-finite value anywhere before any overflowing
-                    // range, and the tiles after this one are not fitted yet.
-                    if m.data.iter().any(|v| !v.is_finite()) {
-                        return Err(Stop::NonFinite);
-                    }
-                    return Err(Stop::RangeOverflow);
-                }
-                for (c, &zero) in q.offset.iter().enumerate() {
-                    staged_zeros[c * batch + i] = zero as u8;
-                }
-            } else {
-                if !k.columns_amax(tile, &mut low) {
-                    return Err(Stop::NonFinite);
-                }
-                k.symmetric_columns(&low, qmax, &mut q.scale);
+                Err(stop) => return Err(stop),
             }
-            for (c, &scale) in q.scale.iter().enumerate() {
-                staged_scales[c * batch + i] = scale;
-            }
-            k.quantize_pack_columns::<B>(
-                tile,
-                &q,
-                g,
-                &mut staged_codes,
-                staged_row,
-                i * group_bytes,
-            );
         }
         let run = count * group_bytes;
         for c in 0..cols {
