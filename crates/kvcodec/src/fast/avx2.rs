@@ -157,6 +157,11 @@ impl Kernels for Avx2 {
     }
 
     #[inline(always)]
+    fn stream_copy_bytes(self, src: &[u8], dst: &mut [u8]) {
+        unsafe { stream_copy_bytes(src, dst) }
+    }
+
+    #[inline(always)]
     fn dequantize_group<const B: u32>(
         self,
         codes: &[u8],
@@ -1025,6 +1030,28 @@ fn fit_quantize_pack_columns<const B: u32>(
         return Err(Stop::RangeOverflow);
     }
     Ok(())
+}
+
+/// See [`Kernels::stream_copy_bytes`].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn stream_copy_bytes(src: &[u8], dst: &mut [u8]) {
+    let len = dst.len();
+    let src = &src[..len];
+    let head = dst.as_ptr().align_offset(32).min(len);
+    let end = head + (len - head) / 32 * 32;
+    dst[..head].copy_from_slice(&src[..head]);
+    let mut at = head;
+    while at < end {
+        // SAFETY: `at + 32 <= end <= len`, so both 32-byte blocks lie inside `src` and `dst`,
+        // and `dst`'s starts on a 32-byte boundary (`head` aligned it, steps are 32).
+        unsafe {
+            let v = _mm256_loadu_si256(src.as_ptr().add(at).cast());
+            _mm256_stream_si256(dst.as_mut_ptr().add(at).cast(), v);
+        }
+        at += 32;
+    }
+    dst[end..].copy_from_slice(&src[end..]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -168,6 +168,9 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
 /// alone needs more).
 const STAGED_BYTES: usize = 128 * 1024;
 
+/// The code stream length from which [`down_columns`] writes codes with streaming stores.
+const STREAMING_CODES: usize = 4 << 20;
+
 /// Tiles per batch of [`down_columns`]: enough that each column's codes of a batch fill
 /// several cache lines and its scales at least one.
 const fn tiles_per_batch(group_size: usize, cols: usize, group_bytes: usize) -> usize {
@@ -242,6 +245,9 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
         q: ColumnQuant::new(cols, layout.bits.qmax()),
     };
     let batch = tiles_per_batch(g, cols, group_bytes);
+    // Large code streams are written with stores that bypass the caches (no reads of the
+    // lines they overwrite); small ones stay in cache for whoever reads them next.
+    let streaming = codes.len() >= STREAMING_CODES;
     // Column c's part of the batch: codes at c * staged_row.., scales and zero points at
     // c * batch.., tile by tile.
     let staged_row = batch * group_bytes;
@@ -264,26 +270,36 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
                 row_bytes: staged_row,
                 at: i * group_bytes,
             };
-            match k.fit_quantize_pack_columns::<B>(tile, g, fit, &mut scratch, out) {
-                Ok(()) => {}
+            if let Err(stop) = k.fit_quantize_pack_columns::<B>(tile, g, fit, &mut scratch, out) {
+                if streaming {
+                    k.finish_streaming();
+                }
                 // The reference refuses a non-finite value anywhere before any overflowing
                 // range, and the tiles after this one are not fitted yet.
-                Err(Stop::RangeOverflow) if m.data.iter().any(|v| !v.is_finite()) => {
+                if stop == Stop::RangeOverflow && m.data.iter().any(|v| !v.is_finite()) {
                     return Err(Stop::NonFinite);
                 }
-                Err(stop) => return Err(stop),
+                return Err(stop);
             }
         }
         let run = count * group_bytes;
         for c in 0..cols {
             let at = c * row_bytes + first * group_bytes;
-            codes[at..at + run].copy_from_slice(&staged_codes[c * staged_row..][..run]);
+            let staged = &staged_codes[c * staged_row..][..run];
+            if streaming {
+                k.stream_copy_bytes(staged, &mut codes[at..at + run]);
+            } else {
+                codes[at..at + run].copy_from_slice(staged);
+            }
             let at = c * groups + first;
             scales[at..at + count].copy_from_slice(&staged_scales[c * batch..][..count]);
             if asymmetric {
                 zero_points[at..at + count].copy_from_slice(&staged_zeros[c * batch..][..count]);
             }
         }
+    }
+    if streaming {
+        k.finish_streaming();
     }
     Ok(Parts {
         codes,

@@ -235,6 +235,14 @@ pub(crate) trait Kernels: Copy {
         Ok(())
     }
 
+    /// Copies `src` to `dst` (same length), the whole 32-byte aligned blocks of `dst` with
+    /// stores that bypass the caches where the instruction set has them;
+    /// [`Kernels::finish_streaming`] must follow before `dst` is handed on.
+    #[inline(always)]
+    fn stream_copy_bytes(self, src: &[u8], dst: &mut [u8]) {
+        dst.copy_from_slice(src);
+    }
+
     /// Decodes the first `out.len()` codes of the group starting at `codes[0]` (the stream
     /// from there on).
     fn dequantize_group<const B: u32>(self, codes: &[u8], offset: i32, scale: f32, out: &mut [f32]);
