@@ -171,6 +171,9 @@ const STAGED_BYTES: usize = 128 * 1024;
 /// The code stream length from which [`down_columns`] writes codes with streaming stores.
 const STREAMING_CODES: usize = 4 << 20;
 
+/// The least bytes per column and batch that [`down_columns`] writes with streaming stores.
+const STREAMING_RUN: usize = 1024;
+
 /// Tiles per batch of [`down_columns`]: enough that each column's codes of a batch fill
 /// several cache lines and its scales at least one.
 const fn tiles_per_batch(group_size: usize, cols: usize, group_bytes: usize) -> usize {
@@ -245,12 +248,13 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
         q: ColumnQuant::new(cols, layout.bits.qmax()),
     };
     let batch = tiles_per_batch(g, cols, group_bytes);
-    // Large code streams are written with stores that bypass the caches (no reads of the
-    // lines they overwrite); small ones stay in cache for whoever reads them next.
-    let streaming = codes.len() >= STREAMING_CODES;
     // Column c's part of the batch: codes at c * staged_row.., scales and zero points at
     // c * batch.., tile by tile.
     let staged_row = batch * group_bytes;
+    // Large code streams are written with stores that bypass the caches (no reads of the
+    // lines they overwrite) when each column's run is long enough; small ones stay in cache
+    // for whoever reads them next. (Runs of 256 bytes streamed ran some shapes at 2/3 speed.)
+    let streaming = codes.len() >= STREAMING_CODES && staged_row >= STREAMING_RUN;
     let mut staged_codes = vec![0u8; cols * staged_row];
     let mut staged_scales = vec![0f32; cols * batch];
     let mut staged_zeros = vec![0u8; if asymmetric { cols * batch } else { 0 }];
