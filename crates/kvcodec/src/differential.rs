@@ -325,6 +325,27 @@ fn errors_inside_batches_are_the_oracles() {
     }
 }
 
+/// An overflowing group met before a non-finite value further on (a later row, or a later
+/// group of the same row): the non-finite value is refused, as the reference checks the whole
+/// input for one first. Every group size path, both axes.
+#[test]
+fn a_non_finite_value_anywhere_comes_before_an_overflow() {
+    for axis in [GroupAxis::Feature, GroupAxis::Token] {
+        for group_size in [3, 8, 32, 128] {
+            let layout = Layout::with_mode(axis, Mode::Asymmetric, 4, group_size).unwrap();
+            for (late, value) in [((5, 2), f32::NAN), ((0, 9), f32::INFINITY)] {
+                let mut x = noise(6, 10, 5);
+                // The group of (0, 0) overflows along either axis.
+                x[(0, 0)] = 3e38;
+                x[(0, 1)] = -3e38;
+                x[(1, 0)] = -3e38;
+                x[late] = value;
+                check(x.view(), layout, &format!("{layout:?} {late:?}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn errors_are_the_oracles() {
     let layouts = [
@@ -464,5 +485,85 @@ proptest! {
             noise(tokens, features, seed).mapv(|v| v * magnitude)
         };
         check(x.view(), layout, &format!("{tokens}x{features} {layout:?}"));
+    }
+}
+
+/// Columns along the token axis long enough for several batches of tiles (the encoder stages
+/// a batch of tiles, 1024 tokens or 16 tiles, before writing each column's part), with a
+/// partial last batch and a partial last tile, narrow and wide matrices.
+#[test]
+fn batched_token_tiles_match_the_oracle() {
+    for group_size in [8, 16, 64, 128] {
+        let batch_tokens = if group_size >= 64 {
+            16 * group_size
+        } else {
+            1024
+        };
+        for (tokens, features, every) in [
+            (batch_tokens, 9, false),
+            (2 * batch_tokens + group_size + 5, 13, true),
+            (batch_tokens + 3, 130, false),
+        ] {
+            for (mode, bits) in modes_and_widths() {
+                if !every && ![2, 3, 8].contains(&bits) {
+                    continue;
+                }
+                let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
+                for (name, x) in patterns(tokens, features, layout) {
+                    if !every && !matches!(name, "noise" | "ties") {
+                        continue;
+                    }
+                    let label = format!("{tokens}x{features} {mode} b{bits} g{group_size} {name}");
+                    check(x.view(), layout, &label);
+                }
+            }
+        }
+    }
+}
+
+/// A token-axis code stream large enough to be written with streaming stores, with columns
+/// that start off 32-byte boundaries (encode only: the oracle is slow at this size).
+#[test]
+fn large_token_streams_match_the_oracle() {
+    let x = noise(32771, 129, 17);
+    for mode in [Mode::Symmetric, Mode::Asymmetric] {
+        let layout = Layout::with_mode(GroupAxis::Token, mode, 8, 8).unwrap();
+        let expected = reference::encode(x.view(), layout);
+        assert!(expected.is_ok());
+        for kernel in Kernel::available() {
+            assert_eq!(
+                encode_with(kernel, x.view(), layout),
+                expected,
+                "{kernel} {layout:?}"
+            );
+        }
+    }
+}
+
+/// Errors along the token axis in later batches of tiles: whichever tile comes first
+/// decides, a non-finite value before an overflowing range in the same tile.
+#[test]
+fn errors_in_later_token_batches_are_the_oracles() {
+    for group_size in [8, 32, 128] {
+        for mode in [Mode::Symmetric, Mode::Asymmetric] {
+            let layout = Layout::with_mode(GroupAxis::Token, mode, 4, group_size).unwrap();
+            let cases: [&[((usize, usize), f32)]; 4] = [
+                &[((2500, 3), f32::NAN)],
+                &[
+                    ((2100, 1), 3e38),
+                    ((2101, 1), -3e38),
+                    ((4000, 0), f32::INFINITY),
+                ],
+                &[((4000, 2), 3e38), ((4001, 2), -3e38), ((2100, 7), f32::NAN)],
+                &[((3000, 5), 3e38), ((3001, 5), -3e38), ((3002, 5), f32::NAN)],
+            ];
+            for cells in cases {
+                let mut x = noise(4100, 11, 9);
+                for &(cell, value) in cells {
+                    x[cell] = value;
+                }
+                check(x.view(), layout, &format!("{layout:?} {cells:?}"));
+            }
+        }
     }
 }

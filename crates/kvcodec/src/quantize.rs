@@ -107,6 +107,9 @@ fn encode_in(
     };
     let parts = encode_parts(kernel, m, orientation, layout, spare).map_err(|stop| match stop {
         Stop::NonFinite => first_non_finite(x),
+        // The reference refuses a non-finite value anywhere before any overflowing range, and a
+        // fast path may meet an overflowing group before a later non-finite value.
+        Stop::RangeOverflow if x.iter().any(|v| !v.is_finite()) => first_non_finite(x),
         Stop::RangeOverflow => first_range_overflow(x, layout),
     })?;
     let geometry = layout.geometry(x.nrows(), x.ncols());

@@ -99,6 +99,32 @@ fn zeroed<T: Copy + Default>(mut spare: Vec<T>, len: usize) -> Vec<T> {
     spare
 }
 
+/// Where [`Kernels::fit_quantize_pack_columns`] writes one tile's per-column results.
+pub(crate) struct ColumnTileOut<'a> {
+    /// Column c's scale goes to `scales[c * stride]`.
+    pub scales: &'a mut [f32],
+    /// Column c's zero point goes to `zero_points[c * stride]` (asymmetric; else empty).
+    pub zero_points: &'a mut [u8],
+    /// See `scales`.
+    pub stride: usize,
+    /// Column c's `group_size * B / 8` bytes of codes go to `codes[c * row_bytes + at..]`.
+    pub codes: &'a mut [u8],
+    /// See `codes`.
+    pub row_bytes: usize,
+    /// See `codes`.
+    pub at: usize,
+}
+
+/// Per-column working space of [`Kernels::fit_quantize_pack_columns`], `cols` long.
+pub(crate) struct ColumnScratch {
+    /// Fitted minima (or max |x|).
+    pub low: Vec<f32>,
+    /// Fitted maxima.
+    pub high: Vec<f32>,
+    /// Parameters.
+    pub q: ColumnQuant,
+}
+
 /// The inner loops, one implementation per instruction set. `B` is the code width.
 pub(crate) trait Kernels: Copy {
     /// max |x| over the group (0 if empty), and whether every value is finite.
@@ -166,6 +192,56 @@ pub(crate) trait Kernels: Copy {
         row_bytes: usize,
         at: usize,
     );
+
+    /// Fits, quantizes and packs a tile of up to `group_size` rows (missing rows are zero
+    /// padding) of `scratch`'s column count, into `out`. Stops with [`Stop::NonFinite`] if
+    /// some value of the tile is not finite, else with [`Stop::RangeOverflow`] if some
+    /// column's scale overflows (with any of `out` written).
+    #[inline(always)]
+    fn fit_quantize_pack_columns<const B: u32>(
+        self,
+        tile: &[f32],
+        group_size: usize,
+        fit: Fit,
+        scratch: &mut ColumnScratch,
+        out: ColumnTileOut,
+    ) -> Result<(), Stop> {
+        let ColumnScratch { low, high, q } = scratch;
+        low.fill(0.0);
+        match fit {
+            Fit::Symmetric(qmax) => {
+                if !self.columns_amax(tile, low) {
+                    return Err(Stop::NonFinite);
+                }
+                self.symmetric_columns(low, qmax, &mut q.scale);
+            }
+            Fit::Asymmetric(levels) => {
+                high.fill(0.0);
+                if !self.columns_range(tile, low, high) {
+                    return Err(Stop::NonFinite);
+                }
+                if !self.asymmetric_columns(low, high, levels, q) {
+                    return Err(Stop::RangeOverflow);
+                }
+                for (c, &zero) in q.offset.iter().enumerate() {
+                    out.zero_points[c * out.stride] = zero as u8;
+                }
+            }
+        }
+        for (c, &scale) in q.scale.iter().enumerate() {
+            out.scales[c * out.stride] = scale;
+        }
+        self.quantize_pack_columns::<B>(tile, q, group_size, out.codes, out.row_bytes, out.at);
+        Ok(())
+    }
+
+    /// Copies `src` to `dst` (same length), the whole 32-byte aligned blocks of `dst` with
+    /// stores that bypass the caches where the instruction set has them;
+    /// [`Kernels::finish_streaming`] must follow before `dst` is handed on.
+    #[inline(always)]
+    fn stream_copy_bytes(self, src: &[u8], dst: &mut [u8]) {
+        dst.copy_from_slice(src);
+    }
 
     /// Decodes the first `out.len()` codes of the group starting at `codes[0]` (the stream
     /// from there on).
