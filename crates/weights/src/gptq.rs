@@ -631,9 +631,79 @@ mod kernels {
         }
     }
 
+    /// 8 bits on x86-64 with SSE2 (part of the baseline, so no run-time check): a byte
+    /// interleave of the four rows, and its inverse, 16 columns at a time.
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    mod sse2 {
+        use std::arch::x86_64::*;
+
+        /// Word c = rows[0][c] | rows[1][c] << 8 | rows[2][c] << 16 | rows[3][c] << 24.
+        #[inline]
+        #[target_feature(enable = "sse2")]
+        pub(super) fn pack_eight<const LANES: usize>(
+            rows: &[&[u8; LANES]; 4],
+            words: &mut [u32; LANES],
+        ) {
+            for (c, out) in words.chunks_exact_mut(16).enumerate() {
+                let out: &mut [u32; 16] = out.try_into().expect("16 words");
+                let r: [__m128i; 4] = std::array::from_fn(|j| {
+                    let row: &[u8; 16] = rows[j][16 * c..16 * c + 16].try_into().expect("16");
+                    // SAFETY: `row` is 16 readable bytes; loadu needs no alignment.
+                    unsafe { _mm_loadu_si128(row.as_ptr().cast()) }
+                });
+                let (lo01, hi01) = (_mm_unpacklo_epi8(r[0], r[1]), _mm_unpackhi_epi8(r[0], r[1]));
+                let (lo23, hi23) = (_mm_unpacklo_epi8(r[2], r[3]), _mm_unpackhi_epi8(r[2], r[3]));
+                let w = [
+                    _mm_unpacklo_epi16(lo01, lo23),
+                    _mm_unpackhi_epi16(lo01, lo23),
+                    _mm_unpacklo_epi16(hi01, hi23),
+                    _mm_unpackhi_epi16(hi01, hi23),
+                ];
+                for (q, w) in w.into_iter().enumerate() {
+                    // SAFETY: `out[4q..4q + 4]` is 16 writable bytes; storeu needs no alignment.
+                    unsafe { _mm_storeu_si128(out[4 * q..].as_mut_ptr().cast(), w) };
+                }
+            }
+        }
+
+        /// rows[i][c] = byte i of word c.
+        #[inline]
+        #[target_feature(enable = "sse2")]
+        pub(super) fn unpack_eight<const LANES: usize>(
+            words: &[u32; LANES],
+            rows: &mut [[u8; LANES]; 4],
+        ) {
+            let byte = _mm_set1_epi32(0xFF);
+            for c in 0..LANES / 16 {
+                let w: &[u32; 16] = words[16 * c..16 * c + 16].try_into().expect("16 words");
+                let v: [__m128i; 4] = std::array::from_fn(|q| {
+                    // SAFETY: `w[4q..4q + 4]` is 16 readable bytes; loadu needs no alignment.
+                    unsafe { _mm_loadu_si128(w[4 * q..].as_ptr().cast()) }
+                });
+                for (i, row) in rows.iter_mut().enumerate() {
+                    let shift = _mm_cvtsi32_si128(8 * i as i32);
+                    let t = v.map(|v| _mm_and_si128(_mm_srl_epi32(v, shift), byte));
+                    // Each lane is at most 255: the signed and unsigned saturations keep it.
+                    let b =
+                        _mm_packus_epi16(_mm_packs_epi32(t[0], t[1]), _mm_packs_epi32(t[2], t[3]));
+                    let row: &mut [u8; 16] =
+                        (&mut row[16 * c..16 * c + 16]).try_into().expect("16");
+                    // SAFETY: `row` is 16 writable bytes; storeu needs no alignment.
+                    unsafe { _mm_storeu_si128(row.as_mut_ptr().cast(), b) };
+                }
+            }
+        }
+    }
+
     impl Kernel<4, 1> for Eight {
         #[inline(always)]
         fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 4], words: &mut [[u32; LANES]; 1]) {
+            #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+            if LANES % 16 == 0 {
+                // SAFETY: SSE2 is enabled for the whole build (x86-64's baseline).
+                unsafe { sse2::pack_eight(rows, &mut words[0]) };
+                return;
+            }
             for (c, word) in words[0].iter_mut().enumerate() {
                 *word = u32::from_le_bytes([rows[0][c], rows[1][c], rows[2][c], rows[3][c]]);
             }
@@ -641,6 +711,12 @@ mod kernels {
 
         #[inline(always)]
         fn unpack<const LANES: usize>(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 4]) {
+            #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+            if LANES % 16 == 0 {
+                // SAFETY: SSE2 is enabled for the whole build (x86-64's baseline).
+                unsafe { sse2::unpack_eight(&words[0], rows) };
+                return;
+            }
             for (i, row) in rows.iter_mut().enumerate() {
                 for (code, &word) in row.iter_mut().zip(&words[0]) {
                     *code = (word >> (8 * i)) as u8;

@@ -129,6 +129,7 @@ fn awq_fast_matches_the_oracle_on_fixed_shapes() {
         (64, 96),
         (40, 13),
         (31, 130),
+        (3, 1031),
     ] {
         for group_size in [1, 8, 32, k] {
             for fill in FILLS {
