@@ -407,17 +407,24 @@ fn pack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>
     qweight: &mut [i32],
 ) {
     let (n, padded_n) = (source.n, source.padded_n);
+    // One word row per unit (2, 4 and 8 bits), so whole lines of one row stream; three rows
+    // (3 bits) streamed measured slower.
+    let stream = W == 1 && streams(std::mem::size_of_val(qweight));
     for (unit, words) in qweight.chunks_exact_mut(W * padded_n).enumerate() {
         let first = unit * R;
         let mut rows = words.chunks_exact_mut(padded_n);
         let mut outs: [(&mut [i32], &mut [i32]); W] =
             std::array::from_fn(|_| rows.next().expect("W word rows").split_at_mut(n));
         let main: [&[u8]; R] = std::array::from_fn(|j| source.main(first + j));
-        pack_columns::<R, W, K, L>(&main, &mut outs.each_mut().map(|(m, _)| &mut **m));
+        let main_outs = &mut outs.each_mut().map(|(m, _)| &mut **m);
+        pack_columns::<R, W, K, L>(&main, main_outs, stream);
         if padded_n > n {
             let tail: [&[u8]; R] = std::array::from_fn(|j| source.tail(first + j));
-            pack_columns::<R, W, K, L>(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t));
+            pack_columns::<R, W, K, L>(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t), false);
         }
+    }
+    if stream {
+        store_fence();
     }
 }
 
@@ -441,6 +448,9 @@ fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usiz
         stored_n,
     } = target;
     let whole_units = k / R;
+    // Only few rows with whole 64-byte lines each (8 bits): streaming 8 to 32 rows of partial
+    // lines measured three times slower.
+    let stream = R <= 4 && L % 64 == 0 && streams(codes.len());
     let (whole, rest) = codes.split_at_mut(whole_units * R * n);
     let mut units = qweight.chunks_exact(W * stored_n);
     fn word_rows<const W: usize>(unit: &[i32], stored_n: usize, n: usize) -> [&[i32]; W] {
@@ -451,7 +461,10 @@ fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usiz
     for (out, words) in whole.chunks_exact_mut(R * n).zip(units.by_ref()) {
         let mut rows = out.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs);
+        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs, stream);
+    }
+    if stream {
+        store_fence();
     }
     if !rest.is_empty() {
         // The last unit holds padded rows: decode it whole and keep the logical ones.
@@ -459,7 +472,7 @@ fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usiz
         let mut scratch = vec![0u8; R * n];
         let mut rows = scratch.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs);
+        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs, false);
         rest.copy_from_slice(&scratch[..rest.len()]);
     }
 }
@@ -474,7 +487,55 @@ const PEIGHT: usize = 32;
 const UTWO: usize = 64;
 const UTHREE: usize = 64;
 const UFOUR: usize = 32;
-const UEIGHT: usize = 32;
+const UEIGHT: usize = 64;
+
+/// Outputs of this many bytes and more are written with non-temporal stores where aligned (no
+/// read of the lines about to be overwritten; they would not stay cached anyway).
+const STREAM_BYTES: usize = 8 << 20;
+
+/// Whether an output of `bytes` is streamed (on x86-64, whose baseline SSE2 has the stores).
+fn streams(bytes: usize) -> bool {
+    cfg!(all(target_arch = "x86_64", target_feature = "sse2")) && bytes >= STREAM_BYTES
+}
+
+/// Orders the non-temporal stores before whatever follows.
+fn store_fence() {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    // SAFETY: SSE2 is enabled for the whole build (x86-64's baseline).
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// Copies `from` into `to` (of the same length); with `stream`, and `to` 16-byte aligned and
+/// `from` whole 16-byte pieces, as non-temporal stores (the caller fences after the last).
+#[inline(always)]
+fn put<T: Copy, const N: usize>(to: &mut [T], from: &[T; N], stream: bool) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    if stream
+        && std::mem::size_of::<[T; N]>() % 16 == 0
+        && to
+            .as_ptr()
+            .cast::<std::arch::x86_64::__m128i>()
+            .is_aligned()
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let to: &mut [T; N] = to.try_into().expect("as long as `from`");
+        let (to, from) = (
+            to.as_mut_ptr().cast::<__m128i>(),
+            from.as_ptr().cast::<__m128i>(),
+        );
+        for i in 0..std::mem::size_of::<[T; N]>() / 16 {
+            // SAFETY: `to` and `from` are arrays of size_of::<[T; N]>() bytes, a multiple of
+            // 16, so piece i is in both; `to` is 16-byte aligned (checked above) as the
+            // streaming store needs, loadu needs no alignment; SSE2 is enabled for the build.
+            unsafe { _mm_stream_si128(to.add(i), _mm_loadu_si128(from.add(i))) };
+        }
+        return;
+    }
+    let _ = stream;
+    to.copy_from_slice(from);
+}
 
 /// One unit of the GPTQ stream: R rows of b-bit codes per column fill W words exactly.
 trait Kernel<const R: usize, const W: usize> {
@@ -489,6 +550,7 @@ trait Kernel<const R: usize, const W: usize> {
 fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: usize>(
     rows: &[&[u8]; R],
     outs: &mut [&mut [i32]; W],
+    stream: bool,
 ) {
     let len = outs[0].len();
     debug_assert!(rows.iter().all(|r| r.len() == len));
@@ -503,9 +565,11 @@ fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: us
         });
         K::pack::<LANES>(&block, &mut words);
         for (out, words) in outs.iter_mut().zip(&words) {
-            for (o, &w) in out[start..start + LANES].iter_mut().zip(words) {
-                *o = w as i32;
-            }
+            put(
+                &mut out[start..start + LANES],
+                &words.map(|w| w as i32),
+                stream,
+            );
         }
     }
     if full < len {
@@ -528,6 +592,7 @@ fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: us
 fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: usize>(
     words: &[&[i32]; W],
     outs: &mut [&mut [u8]; R],
+    stream: bool,
 ) {
     let len = outs[0].len();
     debug_assert!(words.iter().all(|w| w.len() == len));
@@ -543,7 +608,7 @@ fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: 
         }
         K::unpack::<LANES>(&block, &mut codes);
         for (out, codes) in outs.iter_mut().zip(&codes) {
-            out[start..start + LANES].copy_from_slice(codes);
+            put(&mut out[start..start + LANES], codes, stream);
         }
     }
     if full < len {
