@@ -339,3 +339,13 @@ fn into_variants_reuse_any_previous_output_and_match_the_allocating_ones() {
         assert_eq!(logical, w);
     }
 }
+
+#[test]
+fn large_layers_past_the_streaming_threshold_match_the_oracle() {
+    // 8 MiB and more of qweight (pack) and of codes (unpack): the non-temporal stores. N is off
+    // the 32- and 64-column blocks, so each row also ends in a partial block.
+    for (bits, k) in [(8, 2048), (4, 4096), (2, 8192)] {
+        let w = matrix(bits, k, 4100, 128, Fill::Random(11), false);
+        check_gptq(&w);
+    }
+}
