@@ -210,7 +210,7 @@ pub(super) unsafe fn quantize_run_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> bool
 unsafe fn quantize_run_q8_0_f16c(x: &[f32], out: &mut [BlockQ8_0]) -> bool {
     let mut ok = true;
     let (mut x, mut out) = (x, out);
-    if out.len() * std::mem::size_of::<BlockQ8_0>() >= STREAM_BYTES {
+    if std::mem::size_of_val(out) >= STREAM_BYTES {
         // Blocks are 34 bytes at even addresses, so one of the first eight starts aligned.
         let head = (0..8)
             .find(|&i| out[i..].as_ptr().cast::<__m128i>().is_aligned())
@@ -427,7 +427,7 @@ mod tests {
             }
         }
         let mut batch = Vec::with_capacity(8);
-        let mut flush = |x: f32, batch: &mut Vec<f32>| {
+        let flush = |x: f32, batch: &mut Vec<f32>| {
             batch.push(x);
             if batch.len() == 8 {
                 check(batch.as_slice().try_into().expect("8"));
