@@ -502,10 +502,9 @@ proptest! {
 }
 
 #[test]
-fn large_q8_0_quantize_streams_from_every_block_alignment() {
-    // 250000 Q8_0 blocks: 8.5 MB of output, past the AVX2 quantizer's non-temporal-store
-    // threshold; the output starts at each of the eight 34-byte offsets modulo 16 (and a tail
-    // of 5 blocks past the last group of eight), and one run holds a non-finite value late.
+fn large_q8_0_quantize_matches_from_every_block_alignment() {
+    // 250000 Q8_0 blocks (8.5 MB of output) starting at each of the eight 34-byte offsets
+    // modulo 16, a count off every multiple of 8, and one run with a non-finite value late.
     let mut rng = Rng(23);
     let blocks = 250_005;
     let mut x: Vec<f32> = (0..blocks * 32).map(|_| rng.gaussian()).collect();

@@ -108,16 +108,6 @@ fn quantize_q4_0(x: &[f32; 32], out: &mut BlockQ4_0) -> bool {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn quantize_q8_0(x: &[f32; 32], out: &mut BlockQ8_0) -> bool {
-    let (d, amax) = quantize_q8_0_codes(x, out);
-    out.d = f16::from_f32(d);
-    accepted(out.d, amax)
-}
-
-/// The codes of one Q8_0 block; returns its f32 scale (not yet rounded to f16, nor stored) and
-/// its largest magnitude's bits.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn quantize_q8_0_codes(x: &[f32; 32], out: &mut BlockQ8_0) -> (f32, u32) {
     let (v, amax) = load_block(x);
     let d = f32::from_bits(amax) / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -138,33 +128,8 @@ fn quantize_q8_0_codes(x: &[f32; 32], out: &mut BlockQ8_0) -> (f32, u32) {
     let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     // SAFETY: `out.qs` is 32 writable bytes; storeu needs no alignment.
     unsafe { _mm256_storeu_si256(out.qs.as_mut_ptr().cast(), w) };
-    (d, amax)
-}
-
-/// Eight f32 rounded to f16 bits, nearest-even, with F16C: the instruction `half`'s
-/// `f16::from_f32` runs (one value at a time) on CPUs with F16C; the same bits as its software
-/// fallback for every f32 (a test checks).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn f16_bits_x8(d: &[f32; 8]) -> [u16; 8] {
-    // SAFETY: `d` is 8 readable f32 (32 bytes); loadu needs no alignment.
-    let v = unsafe { _mm256_loadu_ps(d.as_ptr()) };
-    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
-    let mut bits = [0u16; 8];
-    // SAFETY: `bits` is 16 writable bytes; storeu needs no alignment.
-    unsafe { _mm_storeu_si128(bits.as_mut_ptr().cast(), h) };
-    bits
-}
-
-/// [`f16_bits_x8`] for tests, on CPUs with AVX2 and F16C (None elsewhere).
-#[cfg(test)]
-fn f16_bits_x8_checked(d: &[f32; 8]) -> Option<[u16; 8]> {
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: the CPU has AVX2 and F16C (checked just above).
-        Some(unsafe { f16_bits_x8(d) })
-    } else {
-        None
-    }
+    out.d = f16::from_f32(d);
+    accepted(out.d, amax)
 }
 
 /// Quantizes whole Q4_0 blocks; false when some block needs the reference.
@@ -187,100 +152,10 @@ pub(super) unsafe fn quantize_run_q4_0(x: &[f32], out: &mut [BlockQ4_0]) -> bool
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn quantize_run_q8_0(x: &[f32], out: &mut [BlockQ8_0]) -> bool {
-    if std::arch::is_x86_feature_detected!("f16c") {
-        // SAFETY: the CPU has AVX2 (this function's contract) and F16C (checked just above).
-        return unsafe { quantize_run_q8_0_f16c(x, out) };
-    }
     let mut ok = true;
     for (values, block) in x.chunks_exact(32).zip(out) {
         prefetch(values);
         ok &= quantize_q8_0(values.try_into().expect("chunks of 32"), block);
-    }
-    ok
-}
-
-/// [`quantize_run_q8_0`] eight blocks at a time, their scales rounded to f16 together. Outputs
-/// of [`STREAM_BYTES`] and more are written with non-temporal stores (no read of the lines
-/// about to be overwritten), from the first block that starts 16-byte aligned: eight blocks
-/// are 272 bytes, 17 aligned 16-byte stores.
-///
-/// # Safety
-/// The CPU must have AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn quantize_run_q8_0_f16c(x: &[f32], out: &mut [BlockQ8_0]) -> bool {
-    let mut ok = true;
-    let (mut x, mut out) = (x, out);
-    if std::mem::size_of_val(out) >= STREAM_BYTES {
-        // Blocks are 34 bytes at even addresses, so one of the first eight starts aligned.
-        let head = (0..8)
-            .find(|&i| out[i..].as_ptr().cast::<__m128i>().is_aligned())
-            .unwrap_or(0);
-        let (head_out, rest) = out.split_at_mut(head);
-        for (values, block) in x.chunks_exact(32).zip(head_out) {
-            ok &= quantize_q8_0(values.try_into().expect("chunks of 32"), block);
-        }
-        x = &x[32 * head..];
-        out = rest;
-        if out.as_ptr().cast::<__m128i>().is_aligned() {
-            let mut values = x.chunks_exact(8 * 32);
-            let mut groups = out.chunks_exact_mut(8);
-            let mut local = [BlockQ8_0 {
-                d: f16::ZERO,
-                qs: [0; 32],
-            }; 8];
-            for (values, blocks) in (&mut values).zip(&mut groups) {
-                ok &= quantize_q8_0_x8(values.try_into().expect("8 blocks"), &mut local);
-                let blocks: &mut [BlockQ8_0; 8] = blocks.try_into().expect("8 blocks");
-                let (from, to) = (local.as_ptr().cast::<__m128i>(), blocks.as_mut_ptr());
-                let to = to.cast::<__m128i>();
-                for j in 0..17 {
-                    // SAFETY: `local` and `blocks` are 272 bytes each (17 x 16); `to` is
-                    // 16-byte aligned (checked above; 272 is a multiple of 16), as the
-                    // streaming store needs; loadu needs no alignment.
-                    unsafe { _mm_stream_si128(to.add(j), _mm_loadu_si128(from.add(j))) };
-                }
-            }
-            _mm_sfence();
-            let rest = values.remainder();
-            for (values, block) in rest.chunks_exact(32).zip(groups.into_remainder()) {
-                ok &= quantize_q8_0(values.try_into().expect("chunks of 32"), block);
-            }
-            return ok;
-        }
-    }
-    let mut values = x.chunks_exact(8 * 32);
-    let mut groups = out.chunks_exact_mut(8);
-    for (values, blocks) in (&mut values).zip(&mut groups) {
-        let blocks: &mut [BlockQ8_0; 8] = blocks.try_into().expect("8 blocks");
-        ok &= quantize_q8_0_x8(values.try_into().expect("8 blocks"), blocks);
-    }
-    for (values, block) in values
-        .remainder()
-        .chunks_exact(32)
-        .zip(groups.into_remainder())
-    {
-        ok &= quantize_q8_0(values.try_into().expect("chunks of 32"), block);
-    }
-    ok
-}
-
-/// Eight Q8_0 blocks, their scales rounded to f16 together; false when the reference must
-/// decide.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn quantize_q8_0_x8(values: &[f32; 8 * 32], blocks: &mut [BlockQ8_0; 8]) -> bool {
-    let mut d = [0f32; 8];
-    let mut amax = [0u32; 8];
-    for (i, block) in blocks.iter_mut().enumerate() {
-        let x: &[f32; 32] = values[32 * i..32 * i + 32].try_into().expect("32 values");
-        prefetch(x);
-        (d[i], amax[i]) = quantize_q8_0_codes(x, block);
-    }
-    let bits = f16_bits_x8(&d);
-    let mut ok = true;
-    for ((block, &bits), &amax) in blocks.iter_mut().zip(&bits).zip(&amax) {
-        block.d = f16::from_bits(bits);
-        ok &= accepted(block.d, amax);
     }
     ok
 }
@@ -383,81 +258,5 @@ fn dequantize_q8_0<const STREAM: bool>(blocks: &[BlockQ8_0], out: &mut [f32]) {
             _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(hi)),
         ];
         store_scaled::<STREAM>(q, block.d.to_f32(), values);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use half::f16;
-
-    /// Checks eight values against `half` (`from_f32`, and its software path `from_f32_const`).
-    fn check(d: [f32; 8]) {
-        let Some(bits) = super::f16_bits_x8_checked(&d) else {
-            return;
-        };
-        for (&x, &b) in d.iter().zip(&bits) {
-            let want = f16::from_f32(x).to_bits();
-            let soft = f16::from_f32_const(x).to_bits();
-            if x.is_nan() {
-                // Any NaN is refused before its bits matter; both must still be NaN.
-                assert!(f16::from_bits(b).is_nan() && f16::from_bits(want).is_nan());
-            } else {
-                assert_eq!(b, want, "{x:e} ({:#010x})", x.to_bits());
-                assert_eq!(b, soft, "{x:e} ({:#010x})", x.to_bits());
-            }
-        }
-    }
-
-    /// Every exponent and sign, with the mantissas at every rounding boundary (each bit alone,
-    /// and with all bits below it set, and one past it) and random ones.
-    #[test]
-    fn f16c_rounding_matches_half_for_every_exponent() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut random = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u32
-        };
-        let mut mantissas: Vec<u32> = vec![0, 0x7F_FFFF, 0x40_0000, 0x3F_FFFF];
-        for k in 0..23 {
-            let m = 1u32 << k;
-            for v in [m, m - 1, m + 1, m | (m - 1), (m << 1) - 1, m ^ 0x7F_FFFF] {
-                mantissas.push(v & 0x7F_FFFF);
-            }
-        }
-        let mut batch = Vec::with_capacity(8);
-        let flush = |x: f32, batch: &mut Vec<f32>| {
-            batch.push(x);
-            if batch.len() == 8 {
-                check(batch.as_slice().try_into().expect("8"));
-                batch.clear();
-            }
-        };
-        for sign in [0u32, 1 << 31] {
-            for exponent in 0..256u32 {
-                for &m in &mantissas {
-                    flush(f32::from_bits(sign | exponent << 23 | m), &mut batch);
-                }
-                for _ in 0..4096 {
-                    let m = random() & 0x7F_FFFF;
-                    flush(f32::from_bits(sign | exponent << 23 | m), &mut batch);
-                }
-            }
-        }
-        for x in [
-            f32::MAX,
-            f32::MIN_POSITIVE,
-            65504.0,
-            65519.99,
-            65520.0,
-            5.96e-8,
-            2.98e-8,
-        ] {
-            flush(x, &mut batch);
-        }
-        while !batch.is_empty() {
-            flush(0.0, &mut batch);
-        }
     }
 }
