@@ -448,9 +448,6 @@ fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usiz
         stored_n,
     } = target;
     let whole_units = k / R;
-    // Only few rows with whole 64-byte lines each (8 bits; ~0.42x -> ~0.49x memcpy): streaming
-    // 8 to 32 rows of partial lines measured three times slower.
-    let stream = R <= 4 && L.is_multiple_of(64) && streams(codes.len());
     let (whole, rest) = codes.split_at_mut(whole_units * R * n);
     let mut units = qweight.chunks_exact(W * stored_n);
     fn word_rows<const W: usize>(unit: &[i32], stored_n: usize, n: usize) -> [&[i32]; W] {
@@ -461,10 +458,7 @@ fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usiz
     for (out, words) in whole.chunks_exact_mut(R * n).zip(units.by_ref()) {
         let mut rows = out.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs, stream);
-    }
-    if stream {
-        store_fence();
+        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs);
     }
     if !rest.is_empty() {
         // The last unit holds padded rows: decode it whole and keep the logical ones.
@@ -472,7 +466,7 @@ fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usiz
         let mut scratch = vec![0u8; R * n];
         let mut rows = scratch.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs, false);
+        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs);
         rest.copy_from_slice(&scratch[..rest.len()]);
     }
 }
@@ -487,10 +481,12 @@ const PEIGHT: usize = 32;
 const UTWO: usize = 64;
 const UTHREE: usize = 64;
 const UFOUR: usize = 32;
-const UEIGHT: usize = 64;
+const UEIGHT: usize = 32;
 
-/// Outputs of this many bytes and more are written with non-temporal stores where aligned (no
-/// read of the lines about to be overwritten; they would not stay cached anyway).
+/// Packed outputs of this many bytes and more are written with non-temporal stores where
+/// aligned (no read of the lines about to be overwritten; they would not stay cached anyway).
+/// Unpacking does not stream: 8 to 32 code rows of partial lines measured three times slower,
+/// and 4 rows of whole 64-byte lines (8 bits) no faster.
 const STREAM_BYTES: usize = 8 << 20;
 
 /// Whether an output of `bytes` is streamed (on x86-64, whose baseline SSE2 has the stores).
@@ -592,7 +588,6 @@ fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: us
 fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: usize>(
     words: &[&[i32]; W],
     outs: &mut [&mut [u8]; R],
-    stream: bool,
 ) {
     let len = outs[0].len();
     debug_assert!(words.iter().all(|w| w.len() == len));
@@ -608,7 +603,7 @@ fn unpack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: 
         }
         K::unpack::<LANES>(&block, &mut codes);
         for (out, codes) in outs.iter_mut().zip(&codes) {
-            put(&mut out[start..start + LANES], codes, stream);
+            out[start..start + LANES].copy_from_slice(codes);
         }
     }
     if full < len {
@@ -696,8 +691,9 @@ mod kernels {
         }
     }
 
-    /// 8 bits on x86-64 with SSE2 (part of the baseline, so no run-time check): a byte
-    /// interleave of the four rows, and its inverse, 16 columns at a time.
+    /// 8-bit packing on x86-64 with SSE2 (part of the baseline, so no run-time check): a byte
+    /// interleave of the four rows, 16 columns at a time. (Unpacking the same way measured no
+    /// faster than the compiler's loop.)
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     mod sse2 {
         use std::arch::x86_64::*;
@@ -730,34 +726,6 @@ mod kernels {
                 }
             }
         }
-
-        /// rows[i][c] = byte i of word c.
-        #[inline]
-        #[target_feature(enable = "sse2")]
-        pub(super) fn unpack_eight<const LANES: usize>(
-            words: &[u32; LANES],
-            rows: &mut [[u8; LANES]; 4],
-        ) {
-            let byte = _mm_set1_epi32(0xFF);
-            for c in 0..LANES / 16 {
-                let w: &[u32; 16] = words[16 * c..16 * c + 16].try_into().expect("16 words");
-                let v: [__m128i; 4] = std::array::from_fn(|q| {
-                    // SAFETY: `w[4q..4q + 4]` is 16 readable bytes; loadu needs no alignment.
-                    unsafe { _mm_loadu_si128(w[4 * q..].as_ptr().cast()) }
-                });
-                for (i, row) in rows.iter_mut().enumerate() {
-                    let shift = _mm_cvtsi32_si128(8 * i as i32);
-                    let t = v.map(|v| _mm_and_si128(_mm_srl_epi32(v, shift), byte));
-                    // Each lane is at most 255: the signed and unsigned saturations keep it.
-                    let b =
-                        _mm_packus_epi16(_mm_packs_epi32(t[0], t[1]), _mm_packs_epi32(t[2], t[3]));
-                    let row: &mut [u8; 16] =
-                        (&mut row[16 * c..16 * c + 16]).try_into().expect("16");
-                    // SAFETY: `row` is 16 writable bytes; storeu needs no alignment.
-                    unsafe { _mm_storeu_si128(row.as_mut_ptr().cast(), b) };
-                }
-            }
-        }
     }
 
     impl Kernel<4, 1> for Eight {
@@ -776,12 +744,6 @@ mod kernels {
 
         #[inline(always)]
         fn unpack<const LANES: usize>(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 4]) {
-            #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
-            if LANES.is_multiple_of(16) {
-                // SAFETY: SSE2 is enabled for the whole build (x86-64's baseline).
-                unsafe { sse2::unpack_eight(&words[0], rows) };
-                return;
-            }
             for (i, row) in rows.iter_mut().enumerate() {
                 for (code, &word) in row.iter_mut().zip(&words[0]) {
                     *code = (word >> (8 * i)) as u8;
