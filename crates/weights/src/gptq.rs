@@ -561,11 +561,14 @@ fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: us
         });
         K::pack::<LANES>(&block, &mut words);
         for (out, words) in outs.iter_mut().zip(&words) {
-            put(
-                &mut out[start..start + LANES],
-                &words.map(|w| w as i32),
-                stream,
-            );
+            let out = &mut out[start..start + LANES];
+            if stream {
+                put(out, &words.map(|w| w as i32), true);
+            } else {
+                for (o, &w) in out.iter_mut().zip(words) {
+                    *o = w as i32;
+                }
+            }
         }
     }
     if full < len {
