@@ -129,6 +129,7 @@ fn awq_fast_matches_the_oracle_on_fixed_shapes() {
         (64, 96),
         (40, 13),
         (31, 130),
+        (3, 1031),
     ] {
         for group_size in [1, 8, 32, k] {
             for fill in FILLS {
@@ -336,5 +337,15 @@ fn into_variants_reuse_any_previous_output_and_match_the_allocating_ones() {
         assert_eq!(Ok(&awq_layer), awq::reference::pack(&w).as_ref());
         awq::unpack_into(&awq_layer, &mut logical).unwrap();
         assert_eq!(logical, w);
+    }
+}
+
+#[test]
+fn large_layers_past_the_streaming_threshold_match_the_oracle() {
+    // 8 MiB and more of qweight (pack) and of codes (unpack): the non-temporal stores. N is off
+    // the 32- and 64-column blocks, so each row also ends in a partial block.
+    for (bits, k) in [(8, 2048), (4, 4096), (2, 8192)] {
+        let w = matrix(bits, k, 4100, 128, Fill::Random(11), false);
+        check_gptq(&w);
     }
 }

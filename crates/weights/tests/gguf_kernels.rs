@@ -500,3 +500,38 @@ proptest! {
         check_both(&x, 32);
     }
 }
+
+#[test]
+fn large_q8_0_quantize_matches_from_every_block_alignment() {
+    // 250000 Q8_0 blocks (8.5 MB of output) starting at each of the eight 34-byte offsets
+    // modulo 16, a count off every multiple of 8, and one run with a non-finite value late.
+    let mut rng = Rng(23);
+    let blocks = 250_005;
+    let mut x: Vec<f32> = (0..blocks * 32).map(|_| rng.gaussian()).collect();
+    let zero = BlockQ8_0::from_parts(f16::ZERO, &[0; 32]);
+    let mut expected = vec![zero; blocks];
+    quantize_into_with(Kernel::Reference, &x, 32, &mut expected).unwrap();
+    for kernel in fast_kernels() {
+        let mut buffer = vec![zero; blocks + 8];
+        for offset in 0..8 {
+            let out = &mut buffer[offset..offset + blocks];
+            quantize_into_with(kernel, &x, 32, out).unwrap();
+            assert!(
+                gguf::to_bytes(out) == gguf::to_bytes(&expected),
+                "{kernel:?} offset {offset}"
+            );
+        }
+    }
+    x[32 * 249_000 + 7] = f32::INFINITY;
+    let mut out = vec![zero; blocks];
+    let reference = quantize_into_with(Kernel::Reference, &x, 32, &mut out);
+    assert!(reference.is_err());
+    for kernel in fast_kernels() {
+        let result = quantize_into_with(kernel, &x, 32, &mut out);
+        assert_eq!(
+            format!("{result:?}"),
+            format!("{reference:?}"),
+            "{kernel:?}"
+        );
+    }
+}
