@@ -288,8 +288,9 @@ fn hmin(v: __m256) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // Fitting groups.
 
-/// How far ahead of the values being fitted the input is prefetched, in floats. The fitting
-/// pass is the first to touch the input; without the hint its loads wait on memory (the
+/// How far ahead of the values being fitted the input is prefetched, in floats (along tokens,
+/// tiles are contiguous, so this runs into the next tiles). The fitting pass is the first to
+/// touch the input; without the hint its loads wait on memory (the
 /// hardware prefetcher alone ran encode at about half the speed).
 const PREFETCH: usize = 512;
 
@@ -367,23 +368,6 @@ fn group_range(group: &[f32]) -> (f32, f32, bool) {
     )
 }
 
-/// How far ahead of a tile's row being fitted the input is prefetched, in floats (tiles are
-/// contiguous, so this runs into the next tiles).
-const PREFETCH_COLUMNS: usize = 512;
-
-/// Asks for the cache lines [`PREFETCH_COLUMNS`] floats ahead of `values`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn prefetch_columns(values: &[f32]) {
-    let ahead = values.as_ptr().wrapping_add(PREFETCH_COLUMNS).cast::<i8>();
-    let mut at = 0;
-    while at < std::mem::size_of_val(values) {
-        // A prefetch is a hint that never faults, whatever the address (a safe intrinsic).
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at));
-        at += 64;
-    }
-}
-
 #[inline]
 #[target_feature(enable = "avx2")]
 fn columns_amax(tile: &[f32], amax: &mut [f32]) -> bool {
@@ -392,7 +376,7 @@ fn columns_amax(tile: &[f32], amax: &mut [f32]) -> bool {
     let mut bad = _mm256_setzero_ps();
     let (acc, _) = amax.as_chunks_mut::<8>();
     for row in tile.chunks_exact(cols) {
-        prefetch_columns(row);
+        prefetch(row);
         let (xs, _) = row.as_chunks::<8>();
         for (a, x) in acc.iter_mut().zip(xs) {
             let x = load(x);
@@ -412,7 +396,7 @@ fn columns_range(tile: &[f32], lo: &mut [f32], hi: &mut [f32]) -> bool {
     let (lo_acc, _) = lo.as_chunks_mut::<8>();
     let (hi_acc, _) = hi.as_chunks_mut::<8>();
     for row in tile.chunks_exact(cols) {
-        prefetch_columns(row);
+        prefetch(row);
         let (xs, _) = row.as_chunks::<8>();
         for ((l, h), x) in lo_acc.iter_mut().zip(hi_acc.iter_mut()).zip(xs) {
             let x = load(x);
@@ -950,7 +934,7 @@ fn fit_quantize_pack_columns<const B: u32>(
     // each row, as the separate fitting pass does.
     let small = tile.len() <= AHEAD;
     if !small {
-        prefetch_columns(tile);
+        prefetch(tile);
     }
     let share = (tile.len() / blocks.max(1)).next_multiple_of(16);
     let ahead = |block: usize| {
