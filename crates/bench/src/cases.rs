@@ -20,7 +20,7 @@ use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
 use weights::{awq, gptq};
 
 use crate::data;
-use crate::measure::{Settings, median_seconds, on_slices, on_split, slices, split_mut};
+use crate::measure::{Settings, median_seconds, on_slices, on_split, slices};
 
 /// Sizes and sweeps: the full run measures 128 MiB of data per case; `--quick` a few MiB and a
 /// few widths, to check in seconds that every case still runs.
@@ -177,23 +177,16 @@ fn decode_slices(
     mut out: ArrayViewMut2<f32>,
 ) {
     let flat = out.as_slice_mut().expect("a standard-layout buffer");
-    let rows: Vec<std::ops::Range<usize>> = parts
+    let tensors: Vec<_> = (0..packed.len()).map(|i| i..i + 1).collect();
+    let rows: Vec<_> = parts
         .iter()
         .map(|r| r.start * KV_FEATURES..r.end * KV_FEATURES)
         .collect();
-    let targets = split_mut(flat, &rows);
-    let jobs: Vec<(&PackedTensor, &mut [f32])> = packed.iter().zip(targets).collect();
-    let run = |(p, target): (&PackedTensor, &mut [f32])| {
+    on_split(pool, &tensors, flat, &rows, |i, target| {
         let view = ArrayViewMut2::from_shape((target.len() / KV_FEATURES, KV_FEATURES), target)
             .expect("whole rows");
-        kvcodec::decode_into(p, view).expect("the slice has the tensor's shape");
-    };
-    if jobs.len() == 1 {
-        jobs.into_iter().for_each(run);
-    } else {
-        use rayon::prelude::*;
-        pool.install(|| jobs.into_par_iter().for_each(run));
-    }
+        kvcodec::decode_into(&packed[i.start], view).expect("the slice has the tensor's shape");
+    });
 }
 
 /// GGUF Q4_0 and Q8_0: quantize and dequantize.

@@ -278,11 +278,8 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
                 if streaming {
                     k.finish_streaming();
                 }
-                // The reference refuses a non-finite value anywhere before any overflowing
-                // range, and the tiles after this one are not fitted yet.
-                if stop == Stop::RangeOverflow && m.data.iter().any(|v| !v.is_finite()) {
-                    return Err(Stop::NonFinite);
-                }
+                // Which error the reference would name is decided by the caller (a non-finite
+                // value anywhere comes first).
                 return Err(stop);
             }
         }
