@@ -1,0 +1,1 @@
+//! GGUF files (placeholder: the reader lands in the next commit).

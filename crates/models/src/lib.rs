@@ -1,0 +1,27 @@
+//! Two real transformers, run in plain f32 on the CPU so that the studies can read the K/V cache
+//! a trained model actually computes: all-MiniLM-L6-v2 (a BERT encoder) and SmolLM2-135M
+//! (a Llama decoder with grouped-query attention and RoPE).
+//!
+//! Where things live:
+//! - [`files`]: where the fetched model files are (`scripts/fetch-models`), their pinned SHA-256,
+//!   and the error that names the command to run when they are missing;
+//! - [`ops`]: the numerical building blocks both models share (linear layers, norms, softmax,
+//!   activations), each with a fixed order of f32 operations;
+//! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
+//! - `tokenizer`: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
+//! - `bert`, `llama`: the two forward passes.
+//!
+//! Why by hand: the point is the per-layer K/V, exactly as a cache holds it, bit-reproducible on
+//! any machine and thread count. A general inference library hides the cache, picks its kernels
+//! (FMA or not, summation order) at run time, and costs minutes of build. Here every dot product
+//! sums in one fixed order ([`ops::dot`]), transcendental functions come from `libm`, and
+//! threads only split independent outputs, so the same text gives the same bytes everywhere.
+
+#![warn(missing_docs)]
+
+pub mod capture;
+pub mod files;
+pub mod ops;
+
+pub use capture::{Capture, LayerCapture};
+pub use files::{ModelFiles, ModelName};
