@@ -30,13 +30,19 @@ pub const SOURCE_ROOTS: &[&str] = &[
     "experiments",
     "crates/bitpack/Cargo.toml",
     "crates/bitpack/src",
+    "crates/gguf-file/Cargo.toml",
+    "crates/gguf-file/src",
     "crates/kvcodec/Cargo.toml",
     "crates/kvcodec/src",
+    "crates/models/Cargo.toml",
+    "crates/models/src",
     "crates/nprand/Cargo.toml",
     "crates/nprand/src",
     "crates/runner/Cargo.toml",
     "crates/runner/build.rs",
     "crates/runner/src",
+    "crates/weights/Cargo.toml",
+    "crates/weights/src",
 ];
 
 /// Checks the manifest's sources against the tree and its recorded commit.

@@ -8,6 +8,7 @@
 //! - [`ops`]: the numerical building blocks both models share (linear layers, norms, softmax,
 //!   activations), each with a fixed order of f32 operations;
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
+//! - [`transformer`]: one interface over both models ([`load`] by name), and their sizes;
 //! - `tokenizer`: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
 //! - `bert`, `llama`: the two forward passes.
 //!
@@ -22,6 +23,8 @@
 pub mod capture;
 pub mod files;
 pub mod ops;
+pub mod transformer;
 
 pub use capture::{Capture, LayerCapture};
 pub use files::{ModelFiles, ModelName};
+pub use transformer::{ModelError, ModelShape, Transformer, load};

@@ -16,7 +16,7 @@
 //! at most [`NPY_HEADER_BYTES`], and the array's data. Plus [`ZIP_END_RECORD_BYTES`] for the end
 //! of central directory record.
 
-use crate::plan::{K_AXIS, Plan, SegmentPlan, Storage, V_AXIS, plans};
+use crate::plan::{Plan, SegmentPlan, Storage, plans};
 use crate::protocol::{Mode, Protocol};
 
 /// Most members a plain ZIP holds: its end record counts entries in 16 bits. More would need
@@ -57,9 +57,15 @@ pub fn member_count(protocol: &Protocol) -> Option<u64> {
         let segments = Plan::Packed(s).segments(1);
         sum.checked_add(comparison_members(&segments))
     })?;
-    let inputs_per_length = u64::try_from(protocol.seeds.len())
-        .ok()?
-        .checked_mul(u64::try_from(protocol.distributions.len()).ok()?)?;
+    let inputs_per_length = match &protocol.model {
+        Some(m) => u64::try_from(m.texts.len())
+            .ok()?
+            .checked_mul(u64::try_from(m.layers.len()).ok()?)?
+            .checked_mul(u64::try_from(m.kv_heads.len()).ok()?)?,
+        None => u64::try_from(protocol.seeds.len())
+            .ok()?
+            .checked_mul(u64::try_from(protocol.distributions.len()).ok()?)?,
+    };
     let mut total = 0u64;
     for &tokens in &protocol.tokens {
         let mut per_input = 4u64.checked_add(settings)?;
@@ -122,7 +128,8 @@ pub fn members(protocol: &Protocol) -> Vec<Member> {
         for plan in &plans {
             let id = plan.id(input);
             let suffixed = matches!(plan, Plan::Budget { .. });
-            for (tensor, axis) in [("k", K_AXIS), ("v", V_AXIS)] {
+            let axes = plan.axes();
+            for (tensor, axis) in [("k", axes.k()), ("v", axes.v())] {
                 for (index, segment) in plan.segments(input.tokens).iter().enumerate() {
                     let suffix = if suffixed {
                         format!("_s{index}")

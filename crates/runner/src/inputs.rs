@@ -1,21 +1,34 @@
-//! The study's inputs: q, k and v drawn from the protocol's generator, then shaped by a
-//! distribution.
+//! The study's inputs: q, k and v drawn from the protocol's generator and shaped by a
+//! distribution, or taken from a real model's cache.
 //!
-//! Draw order per (seed, tokens): q (queries x D), then k (N x D), then v (N x D), standard
-//! normal, each value rounded to f32, from one generator seeded with the protocol's entropy.
-//! The three distributions share one draw; only k differs between them:
+//! Generated draws, per (seed, tokens): q (queries x D), then k (N x D), then v (N x D),
+//! standard normal, each value rounded to f32, from one generator seeded with the protocol's
+//! entropy. The three distributions share one draw; only k differs between them:
 //! - `clean`: the draw as is;
 //! - `early_focus`: `k[t] += gain * mean(q over queries)` for t < window;
 //! - `recent_focus`: the same for the last `window` tokens.
 //!
 //! The mean is a sequential f32 sum over the query rows divided by the query count, and the
 //! update is one f32 multiply and one f32 add per element.
+//!
+//! A model's inputs, per (text, tokens): the text's first N tokens (see
+//! [`models::Transformer::encode_prefix`]) run through the model once; then for each (layer, KV
+//! head) k and v are that head's cache, [N, head_dim] (K after RoPE for SmolLM2), and the q rows
+//! are the model's own queries at the last positions, for every query head that reads this KV
+//! head (MiniLM: the head itself; SmolLM2: 3 heads), position-major: with g such heads and
+//! P = queries / g positions, row r is query head `kv_head * g + r % g` at position
+//! `N - P + r / g`. Attention in the study reads the whole N-token cache, which for a decoder is
+//! its causal attention only at the last position, so a decoder's protocol takes P = 1.
 
+use std::collections::BTreeMap;
+
+use models::{Capture, ModelFiles, ModelShape, Transformer};
 use ndarray::{Array1, Array2, Axis, s};
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use rand_distr::{Distribution as _, StandardNormal};
 
+use crate::plan::{InputSource, InputSpec};
 use crate::protocol::{Distribution, Focus, GeneratorName, Protocol};
 
 /// One draw of q, k, v (all f32).
@@ -26,10 +39,14 @@ pub struct Draw {
     pub v: Array2<f32>,
 }
 
-/// Draws q, k, v for one (seed, tokens) pair with the protocol's generator.
+/// Draws q, k, v for one (seed, tokens) pair with the protocol's generator (which a protocol
+/// with a seed has).
 pub fn draw(protocol: &Protocol, seed: u64, tokens: usize) -> Draw {
-    let entropy = protocol
+    let generator = protocol
         .generator
+        .as_ref()
+        .expect("a protocol with seeds has a generator (checked when it is loaded)");
+    let entropy = generator
         .entropy
         .entropy(seed, tokens)
         .expect("entropy range is checked when the protocol is loaded");
@@ -38,7 +55,7 @@ pub fn draw(protocol: &Protocol, seed: u64, tokens: usize) -> Draw {
         (tokens, protocol.features),
         (tokens, protocol.features),
     ];
-    let [q, k, v] = match protocol.generator.name {
+    let [q, k, v] = match generator.name {
         GeneratorName::Numpy => {
             let mut rng = nprand::NumpyRng::default_rng(entropy);
             shapes.map(|shape| rng.normal_array_f32(shape))
@@ -56,6 +73,161 @@ pub fn draw(protocol: &Protocol, seed: u64, tokens: usize) -> Draw {
         }
     };
     Draw { q, k, v }
+}
+
+/// One model input's q, k and v from a capture of the first `tokens` tokens (see the module
+/// docs for which query rows).
+pub fn from_capture(
+    capture: &Capture,
+    shape: ModelShape,
+    layer: usize,
+    kv_head: usize,
+    queries: usize,
+) -> Draw {
+    let layer = &capture.layers[layer];
+    let tokens = layer.k.dim().1;
+    let group = shape.group();
+    let positions = queries / group;
+    let q = Array2::from_shape_fn((queries, shape.head_dim), |(r, f)| {
+        layer.q[[
+            kv_head * group + r % group,
+            tokens - positions + r / group,
+            f,
+        ]]
+    });
+    Draw {
+        q,
+        k: layer.k.slice(s![kv_head, .., ..]).to_owned(),
+        v: layer.v.slice(s![kv_head, .., ..]).to_owned(),
+    }
+}
+
+/// Makes the inputs of a run in order, reusing the current draw (or model pass) while
+/// consecutive inputs share it, and loading the model on first use.
+pub struct Inputs<'p> {
+    protocol: &'p Protocol,
+    model: Option<Box<dyn Transformer>>,
+    current: Option<(Key, Current)>,
+    /// The token ids of every model pass made, by `t{text}_n{tokens}`.
+    ids: BTreeMap<String, Vec<u32>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Drawn { seed: u64, tokens: usize },
+    Model { text: usize, tokens: usize },
+}
+
+enum Current {
+    Drawn(Draw),
+    Model(Capture),
+}
+
+/// Why a model's input could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputError {
+    /// Loading or running the model.
+    #[error("model input {input}")]
+    Model {
+        /// The input's id.
+        input: String,
+        /// The model's error.
+        #[source]
+        source: models::ModelError,
+    },
+}
+
+impl<'p> Inputs<'p> {
+    /// No draw made and no model loaded yet.
+    pub fn new(protocol: &'p Protocol) -> Inputs<'p> {
+        Inputs {
+            protocol,
+            model: None,
+            current: None,
+            ids: BTreeMap::new(),
+        }
+    }
+
+    /// Calls `f` with the input `spec` names (a drawn one with its keys shaped in place, then
+    /// restored).
+    pub fn with<R>(
+        &mut self,
+        spec: &InputSpec,
+        f: impl FnOnce(&Draw) -> R,
+    ) -> Result<R, InputError> {
+        let protocol = self.protocol;
+        let tokens = spec.tokens;
+        match spec.source {
+            InputSource::Drawn { seed, distribution } => {
+                let key = Key::Drawn { seed, tokens };
+                if self.current.as_ref().is_none_or(|(k, _)| *k != key) {
+                    // Drop the old draw before making the next one, so two are never held.
+                    self.current = None;
+                    self.current = Some((key, Current::Drawn(draw(protocol, seed, tokens))));
+                }
+                let Some((_, Current::Drawn(draw))) = self.current.as_mut() else {
+                    unreachable!("just drawn")
+                };
+                let focus = protocol.focus.unwrap_or(Focus {
+                    window: 0,
+                    gain: 0.0,
+                });
+                Ok(with_shaped_keys(draw, distribution, focus, f))
+            }
+            InputSource::Model {
+                text,
+                layer,
+                kv_head,
+            } => {
+                let source = protocol
+                    .model
+                    .as_ref()
+                    .expect("a model input comes from a protocol with a model");
+                let key = Key::Model { text, tokens };
+                let error = |source| InputError::Model {
+                    input: spec.id(),
+                    source,
+                };
+                if self.current.as_ref().is_none_or(|(k, _)| *k != key) {
+                    self.current = None;
+                    if self.model.is_none() {
+                        let files = ModelFiles::locate(source.name)
+                            .map_err(|e| error(models::ModelError::from(e)))?;
+                        self.model = Some(models::load(&files).map_err(error)?);
+                    }
+                    let model = self.model.as_ref().expect("just loaded");
+                    let ids = model
+                        .encode_prefix(&source.texts[text].text, tokens)
+                        .map_err(error)?;
+                    let capture = model.forward(&ids).map_err(error)?;
+                    self.ids.insert(pass_id(text, tokens), ids);
+                    self.current = Some((key, Current::Model(capture)));
+                }
+                let Some((_, Current::Model(capture))) = self.current.as_ref() else {
+                    unreachable!("just captured")
+                };
+                let shape = source.name.shape();
+                Ok(f(&from_capture(
+                    capture,
+                    shape,
+                    layer,
+                    kv_head,
+                    protocol.queries,
+                )))
+            }
+        }
+    }
+
+    /// The token ids of every model pass made so far, by [`pass_id`].
+    pub fn ids(&self) -> &BTreeMap<String, Vec<u32>> {
+        &self.ids
+    }
+}
+
+/// The name of one model pass (a text's first N tokens): `t0_n128`.
+pub fn pass_id(text: usize, tokens: usize) -> String {
+    format!("t{text}_n{tokens}")
 }
 
 /// Calls `f` with the draw whose keys are shaped by `distribution`, then puts the clean keys
@@ -133,7 +305,7 @@ mod tests {
     #[test]
     fn shaping_in_place_gives_the_shaped_keys_and_restores_the_clean_ones() {
         let mut protocol = Protocol::frozen();
-        protocol.generator.name = GeneratorName::Chacha20;
+        protocol.generator.as_mut().unwrap().name = GeneratorName::Chacha20;
         let clean = draw(&protocol, 7, 16);
         let mut working = clean.clone();
         let focus = Focus {
@@ -150,7 +322,7 @@ mod tests {
     #[test]
     fn chacha_draws_are_reproducible_and_seed_dependent() {
         let mut protocol = Protocol::frozen();
-        protocol.generator.name = GeneratorName::Chacha20;
+        protocol.generator.as_mut().unwrap().name = GeneratorName::Chacha20;
         let a = draw(&protocol, 7, 16);
         assert_eq!(a, draw(&protocol, 7, 16));
         assert_ne!(a.q, draw(&protocol, 19, 16).q);
@@ -175,7 +347,7 @@ mod tests {
         );
 
         let mut protocol = Protocol::frozen();
-        protocol.generator.name = GeneratorName::Chacha20;
+        protocol.generator.as_mut().unwrap().name = GeneratorName::Chacha20;
         let draw = draw(&protocol, 7, 16);
         let first: Vec<u32> = draw.q.iter().take(4).map(|x| x.to_bits()).collect();
         // -0.86677146, 0.11552012, 1.7011564, -1.6989958

@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use runner::evidence;
-use runner::manifest::{Counts, Manifest, ShardRecord, protocol_sha256};
+use runner::manifest::{Counts, Manifest, ModelRecord, ShardRecord, protocol_sha256};
 use runner::pipeline::{self, Progress};
 use runner::plan::Shard;
 use runner::protocol::{FROZEN_PATH, Protocol};
@@ -155,6 +155,10 @@ fn run(args: RunArgs) -> Result<()> {
             path.display()
         );
     }
+    // A model's run needs its files: say how to fetch them before anything is computed.
+    if let Some(model) = &protocol.model {
+        models::ModelFiles::locate(model.name)?;
+    }
     let inputs = match args.shard {
         Some(shard) => shard.inputs(&protocol)?,
         None => protocol.inputs(),
@@ -201,6 +205,10 @@ fn run(args: RunArgs) -> Result<()> {
         },
     );
     manifest.threads = Some(threads);
+    manifest.model = protocol
+        .model
+        .as_ref()
+        .map(|m| ModelRecord::new(m.name, record.ids.clone()));
     manifest.shard = args.shard.map(|shard| ShardRecord {
         index: shard.index,
         count: shard.count,

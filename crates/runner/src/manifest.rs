@@ -42,6 +42,9 @@ pub struct Manifest {
     /// own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// For a model's inputs: which model file produced them and the token ids of each pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelRecord>,
     pub git: Option<Git>,
     /// Files and directories whose contents produce a run (relative to the workspace root).
     pub source_roots: Vec<String>,
@@ -49,6 +52,36 @@ pub struct Manifest {
     pub sources: BTreeMap<String, String>,
     /// SHA-256 of each output file's raw bytes, keyed by file name.
     pub outputs: BTreeMap<String, String>,
+}
+
+/// Where a run's model inputs came from: the model file (by hash) and, per pass (a text's first
+/// N tokens, `t{text}_n{tokens}`), the token ids the model saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRecord {
+    /// `minilm` or `smollm2`.
+    pub name: models::ModelName,
+    /// The PyPI wheel the files come from (`name==version`).
+    pub wheel: String,
+    /// The weight file's name.
+    pub weight_file: String,
+    /// Its SHA-256, checked against the pin before the run.
+    pub weight_sha256: String,
+    /// Token ids per pass.
+    pub ids: BTreeMap<String, Vec<u32>>,
+}
+
+impl ModelRecord {
+    /// The record of `model`'s pinned files with the given passes' ids.
+    pub fn new(model: models::ModelName, ids: BTreeMap<String, Vec<u32>>) -> ModelRecord {
+        ModelRecord {
+            name: model,
+            wheel: model.wheel().into(),
+            weight_file: model.weight_file().into(),
+            weight_sha256: model.weight_sha256().into(),
+            ids,
+        }
+    }
 }
 
 /// Which slice of which protocol a shard's run is.
@@ -137,6 +170,7 @@ impl Manifest {
             merged_from: None,
             counts,
             threads: None,
+            model: None,
             git: git_info(),
             source_roots: build_info::SOURCE_ROOTS
                 .iter()

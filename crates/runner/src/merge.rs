@@ -367,6 +367,19 @@ pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
             timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
         },
     );
+    // A model's passes: every shard's ids, each pass recorded once (a pass shared by two shards
+    // gives the same ids in both: encoding is a pure function of the text).
+    manifest.model = shards[0].manifest.model.as_ref().map(|first| {
+        let mut record = first.clone();
+        for s in &shards[1..] {
+            if let Some(m) = &s.manifest.model {
+                record
+                    .ids
+                    .extend(m.ids.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+        record
+    });
     manifest.merged_from = Some(
         shards
             .iter()

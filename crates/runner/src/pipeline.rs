@@ -1,9 +1,11 @@
 //! How a run walks its inputs, in two passes, so that memory stays near one input's size
 //! whatever the protocol's length:
 //! 1. Inputs: for each input in run order, draw q, k and v (one draw per (seed, length), shared
-//!    by its distributions, whose keys are shaped in place), compute the f64 reference output,
-//!    and hand the input to the sink. Only the references (queries x D each) are kept.
-//! 2. Comparisons: for each input again (drawn again: a draw is a pure function of the protocol),
+//!    by its distributions, whose keys are shaped in place; or one model pass per (text,
+//!    length), shared by its layers and heads), compute the f64 reference output, and hand the
+//!    input to the sink. Only the references (queries x D each) are kept.
+//! 2. Comparisons: for each input again (made again: a draw and a model pass are pure functions
+//!    of the protocol),
 //!    the configurations run in batches of `threads` on a rayon pool, each comparison storing K
 //!    and V and recomputing attention; each batch is handed to the sink in run order and dropped.
 //!    Then, when the protocol asks for timings, each of the input's comparisons is timed alone,
@@ -17,7 +19,7 @@
 use rayon::prelude::*;
 use thiserror::Error;
 
-use crate::inputs::{Draw, draw, with_shaped_keys};
+use crate::inputs::{Draw, InputError, Inputs};
 use crate::plan::{InputSpec, plans};
 use crate::protocol::Protocol;
 use crate::study::{Comparison, Input, ResultRow, compare, reference_output};
@@ -63,6 +65,8 @@ pub struct Record {
     pub rows: Vec<ResultRow>,
     /// When the protocol asks for timings.
     pub timings: Option<Timings>,
+    /// For a model's inputs: the token ids of each pass, by `t{text}_n{tokens}`.
+    pub ids: std::collections::BTreeMap<String, Vec<u32>>,
 }
 
 #[derive(Debug, Error)]
@@ -72,6 +76,8 @@ pub enum RunError<E> {
     Codec(#[from] kvcodec::KvError),
     #[error(transparent)]
     Timing(#[from] TimingError),
+    #[error(transparent)]
+    Input(#[from] InputError),
     #[error("starting {threads} worker threads")]
     Threads {
         threads: usize,
@@ -99,17 +105,17 @@ pub fn run<S: ArraySink>(
         .build()
         .map_err(|source| RunError::Threads { threads, source })?;
     let plans = plans(protocol);
-    let mut draws = Draws::default();
+    let mut inputs = Inputs::new(protocol);
 
     let mut references = Vec::with_capacity(specs.len());
     for (index, spec) in specs.iter().enumerate() {
-        let draw = draws.get(protocol, spec);
-        let reference = with_shaped_keys(draw, spec.distribution, protocol.focus, |d| {
-            let reference = reference_output(d.q.view(), d.k.view(), d.v.view());
-            let input = input(spec, d, &reference);
-            sink.input(&input).map(|()| reference)
-        })
-        .map_err(RunError::Sink)?;
+        let reference = inputs
+            .with(spec, |d| {
+                let reference = reference_output(d.q.view(), d.k.view(), d.v.view());
+                let input = input(spec, d, &reference);
+                sink.input(&input).map(|()| reference)
+            })?
+            .map_err(RunError::Sink)?;
         references.push(reference);
         progress(Progress::Inputs(index + 1));
     }
@@ -117,8 +123,7 @@ pub fn run<S: ArraySink>(
     let mut rows = Vec::with_capacity(specs.len() * plans.len());
     let mut timer = protocol.timing.map(Timer::new);
     for (spec, reference) in specs.iter().zip(&references) {
-        let draw = draws.get(protocol, spec);
-        with_shaped_keys(draw, spec.distribution, protocol.focus, |d| {
+        inputs.with(spec, |d| {
             let input = input(spec, d, reference);
             for batch in plans.chunks(threads) {
                 let computed: Vec<kvcodec::Result<Comparison>> = pool.install(|| {
@@ -141,11 +146,12 @@ pub fn run<S: ArraySink>(
                 }
             }
             Ok::<(), RunError<S::Error>>(())
-        })?;
+        })??;
     }
     Ok(Record {
         rows,
         timings: timer.map(Timer::finish),
+        ids: inputs.ids().clone(),
     })
 }
 
@@ -156,24 +162,6 @@ fn input<'a>(spec: &InputSpec, draw: &'a Draw, reference: &'a ndarray::Array2<f6
         k: draw.k.view(),
         v: draw.v.view(),
         reference,
-    }
-}
-
-/// The last draw made, reused while consecutive inputs share its (seed, length).
-#[derive(Default)]
-struct Draws {
-    current: Option<((u64, usize), Draw)>,
-}
-
-impl Draws {
-    fn get(&mut self, protocol: &Protocol, spec: &InputSpec) -> &mut Draw {
-        let key = (spec.seed, spec.tokens);
-        if self.current.as_ref().is_none_or(|(k, _)| *k != key) {
-            // Drop the old draw before making the next one, so two are never held.
-            self.current = None;
-            self.current = Some((key, draw(protocol, spec.seed, spec.tokens)));
-        }
-        &mut self.current.as_mut().expect("just drawn").1
     }
 }
 

@@ -2,15 +2,9 @@
 //! its configurations ([`Plan`]: packed-KV settings, then budget policies), the token segments each
 //! configuration stores K and V in, and the ids and labels that name them.
 
-use kvcodec::GroupAxis;
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{Budget, Distribution, Mode, Policy, Protocol, Setting};
-
-/// Axis K is grouped on in every comparison.
-pub const K_AXIS: GroupAxis = GroupAxis::Token;
-/// Axis V is grouped on in every comparison.
-pub const V_AXIS: GroupAxis = GroupAxis::Feature;
+use crate::protocol::{Axes, Budget, Distribution, Mode, Policy, Protocol, Setting};
 
 /// How one comparison stores the cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,6 +27,14 @@ impl Plan {
         match self {
             Plan::Packed(s) => s.label(),
             Plan::Budget { policy, .. } => policy.to_string(),
+        }
+    }
+
+    /// The axes K and V are grouped along: the setting's, or the default for a budget policy.
+    pub fn axes(&self) -> Axes {
+        match self {
+            Plan::Packed(s) => s.axes,
+            Plan::Budget { .. } => Axes::default(),
         }
     }
 
@@ -148,16 +150,35 @@ pub enum Storage {
 }
 
 impl Protocol {
-    /// Inputs in run order: seeds, then lengths, then distributions.
+    /// Inputs in run order: seeds, then lengths, then distributions; or for a model's inputs,
+    /// texts, then lengths, then layers, then KV heads.
     pub fn inputs(&self) -> Vec<InputSpec> {
         let mut inputs = Vec::new();
+        if let Some(model) = &self.model {
+            for text in 0..model.texts.len() {
+                for &tokens in &self.tokens {
+                    for &layer in &model.layers {
+                        for &kv_head in &model.kv_heads {
+                            inputs.push(InputSpec {
+                                tokens,
+                                source: InputSource::Model {
+                                    text,
+                                    layer,
+                                    kv_head,
+                                },
+                            });
+                        }
+                    }
+                }
+            }
+            return inputs;
+        }
         for &seed in &self.seeds {
             for &tokens in &self.tokens {
                 for &distribution in &self.distributions {
                     inputs.push(InputSpec {
-                        seed,
                         tokens,
-                        distribution,
+                        source: InputSource::Drawn { seed, distribution },
                     });
                 }
             }
@@ -165,29 +186,94 @@ impl Protocol {
         inputs
     }
 
+    /// How many inputs a run of this protocol has, without listing them.
+    pub fn input_count(&self) -> usize {
+        match &self.model {
+            Some(m) => m.texts.len() * self.tokens.len() * m.layers.len() * m.kv_heads.len(),
+            None => self.seeds.len() * self.tokens.len() * self.distributions.len(),
+        }
+    }
+
     /// Number of comparisons a run of this protocol writes: packed-KV settings and budget
     /// policies, on every input.
     pub fn comparison_count(&self) -> usize {
         let policies = self.budget.as_ref().map_or(0, |b| b.policies.len());
-        self.seeds.len()
-            * self.tokens.len()
-            * self.distributions.len()
-            * (self.settings.len() + policies)
+        self.input_count() * (self.settings.len() + policies)
+    }
+
+    /// The conditions tables break results down by, in protocol order: the distributions of
+    /// generated inputs, or the layers (`l0`, `l5`, ...) of a model's.
+    pub fn conditions(&self) -> Vec<String> {
+        match &self.model {
+            Some(m) => m.layers.iter().map(|l| layer_condition(*l)).collect(),
+            None => self.distributions.iter().map(|d| d.to_string()).collect(),
+        }
     }
 }
 
-/// One input: a (seed, length) draw shaped by a distribution.
+/// The condition label of a model layer: `l5`.
+pub fn layer_condition(layer: usize) -> String {
+    format!("l{layer}")
+}
+
+/// One input: N tokens of K, V and their queries, from a generator or a model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InputSpec {
-    pub seed: u64,
+    /// N.
     pub tokens: usize,
-    pub distribution: Distribution,
+    /// Where the input comes from.
+    pub source: InputSource,
+}
+
+/// Where one input comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSource {
+    /// A (seed, length) draw shaped by a distribution.
+    Drawn {
+        seed: u64,
+        distribution: Distribution,
+    },
+    /// One KV head of one layer of the model's cache for the first N tokens of a text.
+    Model {
+        /// Index into the protocol's `model.texts`.
+        text: usize,
+        layer: usize,
+        kv_head: usize,
+    },
 }
 
 impl InputSpec {
-    /// Identifier used in arrays.npz and results.json, e.g. `s7_n128_clean`.
+    /// Identifier used in arrays.npz and results.json, e.g. `s7_n128_clean`, or
+    /// `t0_n128_l5_h2` for text 0, layer 5, KV head 2.
     pub fn id(&self) -> String {
-        format!("s{}_n{}_{}", self.seed, self.tokens, self.distribution)
+        let tokens = self.tokens;
+        match self.source {
+            InputSource::Drawn { seed, distribution } => {
+                format!("s{seed}_n{tokens}_{distribution}")
+            }
+            InputSource::Model {
+                text,
+                layer,
+                kv_head,
+            } => format!("t{text}_n{tokens}_l{layer}_h{kv_head}"),
+        }
+    }
+
+    /// The column tables put this input's results in: its distribution, or its layer.
+    pub fn condition(&self) -> String {
+        match self.source {
+            InputSource::Drawn { distribution, .. } => distribution.to_string(),
+            InputSource::Model { layer, .. } => layer_condition(layer),
+        }
+    }
+
+    /// Whether the input counts towards the packed-KV headline: a clean draw, or any model
+    /// input (a model's K is never shaped).
+    pub fn is_clean(&self) -> bool {
+        match self.source {
+            InputSource::Drawn { distribution, .. } => distribution == Distribution::Clean,
+            InputSource::Model { .. } => true,
+        }
     }
 }
 

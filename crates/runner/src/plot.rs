@@ -1,9 +1,11 @@
 //! error-vs-bytes.svg: mean relative L2 error against K+V payload bytes, both on log scales.
 //!
-//! One marker per configuration (packed-KV setting or budget policy), length and distribution:
-//! the colour names the configuration, the shape the distribution (circle `clean`, triangle
-//! `early_focus`, diamond `recent_focus`), budget policies are hollow, and each marker is the
-//! mean over seeds. Dashed verticals mark the float32 K+V size at each length.
+//! One marker per configuration (packed-KV setting or budget policy), length and condition:
+//! the colour names the configuration, the shape the condition (for generated inputs the
+//! distribution: circle `clean`, triangle `early_focus`, diamond `recent_focus`; for a model's
+//! inputs the layer, in protocol order: circle, triangle, diamond, square, then again), budget
+//! policies are hollow, and each marker is the mean over seeds (or over texts and KV heads).
+//! Dashed verticals mark the float32 K+V size at each length.
 //!
 //! plotters draws the axes, ticks, labels, float32 lines and the legend (to the right of the
 //! plot, so nothing covers a marker). The markers are written as SVG elements by this module,
@@ -12,6 +14,7 @@
 //! ```text
 //! <g id="markers" data-x-range="LO HI" data-y-range="LO HI" data-x-pixels="A B" data-y-pixels="C D">
 //!   <g class="marker" data-config="g8_b4" data-distribution="clean" data-tokens="128"
+//!      (a model's inputs: data-condition="l5" in place of data-distribution)
 //!      data-payload-bytes="8208" data-relative-l2="0.0979..." transform="translate(X,Y)">
 //!     <circle r="5" .../>
 //!   </g> ...
@@ -27,7 +30,7 @@ use std::fmt::Write as _;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::plan::{Plan, float32_kv_bytes, plans};
+use crate::plan::{Plan, float32_kv_bytes, layer_condition, plans};
 use crate::protocol::{Distribution, Protocol};
 use crate::study::ResultRow;
 use crate::summary::thousands;
@@ -57,18 +60,33 @@ type Point = (f64, f64);
 /// A configuration's mean error over seeds at one length and distribution.
 struct Marker {
     label: String,
-    distribution: Distribution,
+    /// The distribution's name, or the layer's (`l5`).
+    condition: String,
+    /// Which shape: the distribution's, or the layer's position in the protocol.
+    shape: usize,
     tokens: usize,
     payload_bytes: usize,
     relative_l2: f64,
 }
 
+/// The shapes, centred on (0, 0): SVG element name and geometry.
+const SHAPES: [(&str, &str); 4] = [
+    ("circle", r#"r="5""#),
+    ("polygon", r#"points="0,-6 5.2,3 -5.2,3""#),
+    ("polygon", r#"points="0,-6 6,0 0,6 -6,0""#),
+    ("polygon", r#"points="-4.5,-4.5 4.5,-4.5 4.5,4.5 -4.5,4.5""#),
+];
+
 /// The marker shape of a distribution, centred on (0, 0): SVG element name and geometry.
 pub fn marker_shape(distribution: Distribution) -> (&'static str, &'static str) {
+    SHAPES[distribution_shape(distribution)]
+}
+
+fn distribution_shape(distribution: Distribution) -> usize {
     match distribution {
-        Distribution::Clean => ("circle", r#"r="5""#),
-        Distribution::EarlyFocus => ("polygon", r#"points="0,-6 5.2,3 -5.2,3""#),
-        Distribution::RecentFocus => ("polygon", r#"points="0,-6 6,0 0,6 -6,0""#),
+        Distribution::Clean => 0,
+        Distribution::EarlyFocus => 1,
+        Distribution::RecentFocus => 2,
     }
 }
 
@@ -147,7 +165,11 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
             .light_line_style(WHITE)
             .bold_line_style(BLACK.mix(0.12))
             .x_desc("K+V payload bytes (log)")
-            .y_desc("relative L2 error, mean over seeds (log)")
+            .y_desc(if protocol.model.is_some() {
+                "relative L2 error, mean over texts and heads (log)"
+            } else {
+                "relative L2 error, mean over seeds (log)"
+            })
             .x_label_formatter(&|x| thousands(x.round() as usize))
             .y_label_formatter(&|y| format!("{}%", significant(y * 100.0)))
             .draw()
@@ -212,11 +234,16 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
         } else {
             format!(r#"fill="{color}" stroke="none""#)
         };
-        let (element, geometry) = marker_shape(m.distribution);
+        let (element, geometry) = SHAPES[m.shape % SHAPES.len()];
+        let attribute = if protocol.model.is_some() {
+            "condition"
+        } else {
+            "distribution"
+        };
         let _ = writeln!(
             out,
-            r#"<g class="marker" data-config="{}" data-distribution="{}" data-tokens="{}" data-payload-bytes="{}" data-relative-l2="{:?}" transform="translate({x},{y})"><{element} {geometry} {paint}/></g>"#,
-            m.label, m.distribution, m.tokens, m.payload_bytes, m.relative_l2
+            r#"<g class="marker" data-config="{}" data-{attribute}="{}" data-tokens="{}" data-payload-bytes="{}" data-relative-l2="{:?}" transform="translate({x},{y})"><{element} {geometry} {paint}/></g>"#,
+            m.label, m.condition, m.tokens, m.payload_bytes, m.relative_l2
         );
     }
     out.push_str("</g>\n</svg>\n");
@@ -245,25 +272,27 @@ fn draw_legend<DB: DrawingBackend>(
         y += 18;
     }
     y += 24;
-    area.draw(&Text::new("distribution", (10, y - 20), font.clone()))?;
-    for &distribution in &protocol.distributions {
+    let heading = if protocol.model.is_some() {
+        "layer"
+    } else {
+        "distribution"
+    };
+    area.draw(&Text::new(heading, (10, y - 20), font.clone()))?;
+    for (shape, condition) in conditions(protocol) {
         let center = (15, y + 5);
-        match distribution {
-            Distribution::Clean => area.draw(&Circle::new(center, 5, BLACK.filled()))?,
-            Distribution::EarlyFocus => area.draw(&Polygon::new(
+        match shape % SHAPES.len() {
+            0 => area.draw(&Circle::new(center, 5, BLACK.filled()))?,
+            1 => area.draw(&Polygon::new(
                 vec![(15, y - 1), (20, y + 8), (10, y + 8)],
                 BLACK.filled(),
             ))?,
-            Distribution::RecentFocus => area.draw(&Polygon::new(
+            2 => area.draw(&Polygon::new(
                 vec![(15, y - 1), (21, y + 5), (15, y + 11), (9, y + 5)],
                 BLACK.filled(),
             ))?,
+            _ => area.draw(&Rectangle::new([(11, y + 1), (19, y + 9)], BLACK.filled()))?,
         }
-        area.draw(&Text::new(
-            distribution.to_string(),
-            (28, y - 1),
-            font.clone(),
-        ))?;
+        area.draw(&Text::new(condition, (28, y - 1), font.clone()))?;
         y += 18;
     }
     area.draw(&Text::new("hollow: budget policy", (10, y + 6), font))?;
@@ -309,17 +338,33 @@ fn labels(protocol: &Protocol) -> Vec<String> {
     plans(protocol).iter().map(Plan::label).collect()
 }
 
-/// Every (configuration, distribution, length) with its mean error over seeds, in protocol order.
+/// The conditions markers are drawn for, in protocol order, with their shapes.
+fn conditions(protocol: &Protocol) -> Vec<(usize, String)> {
+    match &protocol.model {
+        Some(model) => model
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, &layer)| (i, layer_condition(layer)))
+            .collect(),
+        None => protocol
+            .distributions
+            .iter()
+            .map(|&d| (distribution_shape(d), d.to_string()))
+            .collect(),
+    }
+}
+
+/// Every (configuration, condition, length) with its mean error over seeds (or texts and KV
+/// heads), in protocol order.
 fn markers(protocol: &Protocol, rows: &[ResultRow]) -> Vec<Marker> {
     let mut out = Vec::new();
     for label in labels(protocol) {
-        for &distribution in &protocol.distributions {
+        for (shape, condition) in conditions(protocol) {
             for &n in &protocol.tokens {
                 let mine: Vec<&ResultRow> = rows
                     .iter()
-                    .filter(|r| {
-                        r.label() == label && r.distribution == distribution && r.tokens == n
-                    })
+                    .filter(|r| r.label() == label && r.condition() == condition && r.tokens == n)
                     .collect();
                 let Some(first) = mine.first() else {
                     continue;
@@ -327,7 +372,8 @@ fn markers(protocol: &Protocol, rows: &[ResultRow]) -> Vec<Marker> {
                 let mean = mine.iter().map(|r| r.relative_l2).sum::<f64>() / mine.len() as f64;
                 out.push(Marker {
                     label: label.clone(),
-                    distribution,
+                    condition: condition.clone(),
+                    shape,
                     tokens: n,
                     payload_bytes: first.payload_bytes,
                     relative_l2: mean,

@@ -35,23 +35,100 @@ pub const MAX_TIMED_CALLS: usize = 1_000_000;
 pub struct Protocol {
     /// A name for the study this protocol serves.
     pub study: String,
+    /// Seeds of the generated draws (empty, and left out, for a model's inputs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seeds: Vec<u64>,
     /// Sequence lengths N.
     pub tokens: Vec<usize>,
     /// Head dimension D.
     pub features: usize,
+    /// Query rows per input.
     pub queries: usize,
+    /// How generated keys are shaped (empty, and left out, for a model's inputs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub distributions: Vec<Distribution>,
-    pub focus: Focus,
-    /// (group size, bits) settings; K is grouped on tokens, V on features, in every one.
+    /// The focus shift; needed only by the non-clean distributions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub focus: Option<Focus>,
+    /// (group size, bits, mode, axes) settings; K is grouped on tokens and V on features unless
+    /// a setting swaps them.
     pub settings: Vec<Setting>,
-    pub generator: GeneratorSpec,
+    /// Where generated inputs come from; absent when a model provides them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator: Option<GeneratorSpec>,
     /// The recent-token precision budget study; absent means no budget comparisons.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
     /// How operations are timed; absent means no timings are taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing: Option<Timing>,
+    /// Inputs taken from a real model's K/V cache instead of a generator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<ModelSource>,
+}
+
+/// Real-model inputs: each (text, length N, layer, KV head) is one input whose K and V are that
+/// head's cache for the first N tokens of the text and whose queries are the model's own (see
+/// [`crate::inputs`] for which rows).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSource {
+    /// Which model (`minilm` or `smollm2`).
+    pub name: ModelName,
+    /// The texts, each long enough for the longest N.
+    pub texts: Vec<Text>,
+    /// Layers (0-based).
+    pub layers: Vec<usize>,
+    /// KV heads (0-based; for MiniLM every head is a KV head).
+    pub kv_heads: Vec<usize>,
+}
+
+/// One text of a real-model protocol, written out in full so the protocol alone fixes the input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Text {
+    /// A short name for tables.
+    pub name: String,
+    /// The text itself.
+    pub text: String,
+}
+
+pub use models::ModelName;
+
+/// Which axis K and V are each grouped along.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Axes {
+    /// K per channel along tokens, V per token along features (KIVI's layout; the default).
+    #[default]
+    KTokenVFeature,
+    /// The swap: K per token along features, V per channel along tokens.
+    KFeatureVToken,
+}
+
+impl Axes {
+    /// The axis K is grouped along.
+    pub fn k(self) -> kvcodec::GroupAxis {
+        match self {
+            Axes::KTokenVFeature => kvcodec::GroupAxis::Token,
+            Axes::KFeatureVToken => kvcodec::GroupAxis::Feature,
+        }
+    }
+
+    /// The axis V is grouped along.
+    pub fn v(self) -> kvcodec::GroupAxis {
+        match self {
+            Axes::KTokenVFeature => kvcodec::GroupAxis::Feature,
+            Axes::KFeatureVToken => kvcodec::GroupAxis::Token,
+        }
+    }
+}
+
+/// Whether axes are left out of records (serde's `skip_serializing_if`).
+pub fn is_default_axes(axes: &Axes) -> bool {
+    *axes == Axes::KTokenVFeature
 }
 
 /// Mixed-precision policies with the codec fixed: a window of W tokens at the start or the end
@@ -160,6 +237,9 @@ pub struct Setting {
     /// Symmetric unless stated (and then not written, so symmetric records read as before).
     #[serde(default, skip_serializing_if = "is_symmetric")]
     pub mode: Mode,
+    /// K on tokens and V on features unless stated (and then not written).
+    #[serde(default, skip_serializing_if = "is_default_axes")]
+    pub axes: Axes,
 }
 
 /// How a group's values become codes: the codec's own mode (serialized `"symmetric"` /
@@ -225,10 +305,14 @@ impl EntropyRule {
 }
 
 impl Setting {
-    /// `g8_b4`, or `g32_b2_asym` for an asymmetric setting.
+    /// `g8_b4`, `g32_b2_asym` for an asymmetric setting, `g32_b4_swap` when K and V swap axes.
     pub fn label(&self) -> String {
+        let axes = match self.axes {
+            Axes::KTokenVFeature => "",
+            Axes::KFeatureVToken => "_swap",
+        };
         format!(
-            "g{}_b{}{}",
+            "g{}_b{}{}{axes}",
             self.group_size,
             self.bits,
             mode_suffix(self.mode)

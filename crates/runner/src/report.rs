@@ -19,19 +19,42 @@ use crate::summary::{
 pub fn run_table(protocol: &Protocol, manifest: &Manifest) -> Table {
     let join = |items: Vec<String>| items.join(", ");
     let policies = protocol.budget.as_ref().map_or(0, |b| b.policies.len());
-    let mut rows = vec![
-        ("generator", protocol.generator.name.name().to_string()),
-        (
-            "seeds",
-            join(protocol.seeds.iter().map(u64::to_string).collect()),
-        ),
+    let mut rows = Vec::new();
+    match (&protocol.model, &protocol.generator) {
+        (Some(model), _) => {
+            rows.push(("model", model.name.to_string()));
+            rows.push((
+                "texts",
+                join(model.texts.iter().map(|t| t.name.clone()).collect()),
+            ));
+            rows.push((
+                "layers",
+                join(model.layers.iter().map(usize::to_string).collect()),
+            ));
+            rows.push((
+                "KV heads",
+                join(model.kv_heads.iter().map(usize::to_string).collect()),
+            ));
+        }
+        (None, Some(generator)) => {
+            rows.push(("generator", generator.name.name().to_string()));
+            rows.push((
+                "seeds",
+                join(protocol.seeds.iter().map(u64::to_string).collect()),
+            ));
+        }
+        (None, None) => {}
+    }
+    rows.extend([
         (
             "lengths (N)",
             join(protocol.tokens.iter().map(usize::to_string).collect()),
         ),
         ("features (D)", protocol.features.to_string()),
         ("queries", protocol.queries.to_string()),
-        (
+    ]);
+    if protocol.model.is_none() {
+        rows.push((
             "distributions",
             join(
                 protocol
@@ -40,10 +63,12 @@ pub fn run_table(protocol: &Protocol, manifest: &Manifest) -> Table {
                     .map(|d| d.to_string())
                     .collect(),
             ),
-        ),
-        ("focus window (tokens)", protocol.focus.window.to_string()),
-        ("focus gain", protocol.focus.gain.to_string()),
-    ];
+        ));
+    }
+    if let Some(focus) = protocol.focus {
+        rows.push(("focus window (tokens)", focus.window.to_string()));
+        rows.push(("focus gain", focus.gain.to_string()));
+    }
     if let Some(shard) = &manifest.shard {
         rows.push(("shard", format!("{} of {}", shard.index, shard.count)));
     }
@@ -94,13 +119,23 @@ pub fn summary_markdown(protocol: &Protocol, summary: &Summary, manifest: &Manif
         md.push_str("\n\n");
     };
     line(&format!("# Run summary: {}", protocol.study));
-    line(
-        "Every figure of this run is in a table below; the text only says what the tables hold. \
-         The inputs are synthetic standard-normal draws, not K and V from a trained model, and \
-         nothing here measures model quality. `early_focus` and `recent_focus` (keys shifted \
-         towards the mean query over the first or last tokens of the focus window) are this \
-         project's conditions.",
-    );
+    match &protocol.model {
+        None => line(
+            "Every figure of this run is in a table below; the text only says what the tables \
+             hold. The inputs are synthetic standard-normal draws, not K and V from a trained \
+             model, and nothing here measures model quality. `early_focus` and `recent_focus` \
+             (keys shifted towards the mean query over the first or last tokens of the focus \
+             window) are this project's conditions.",
+        ),
+        Some(model) => line(&format!(
+            "Every figure of this run is in a table below; the text only says what the tables \
+             hold. The inputs are K and V that the real model `{}` computed for the protocol's \
+             texts (one input per text, length, layer and KV head; K after RoPE for a rotary \
+             model), with the model's own queries at the last positions. Attention error is a \
+             proxy: nothing here measures the model's predictions. Columns `lL` are layer L.",
+            model.name
+        )),
+    }
     line("## Run");
     line(&run_table(protocol, manifest).to_markdown());
     line("## Packed KV");
@@ -110,16 +145,25 @@ pub fn summary_markdown(protocol: &Protocol, summary: &Summary, manifest: &Manif
          per tensor):",
     );
     line(&packed_table(protocol, summary).to_markdown());
-    line("The same settings on every distribution (mean over seeds and lengths):");
+    line(if protocol.model.is_some() {
+        "The same settings on every layer (mean over texts, KV heads and lengths):"
+    } else {
+        "The same settings on every distribution (mean over seeds and lengths):"
+    });
     line(&packed_by_distribution_table(protocol, summary).to_markdown());
     if protocol.budget.is_some() {
         line("## Recent-token precision budget");
-        line(
+        line(&format!(
             "With the codec fixed at the budget group size and low width (see the run table), \
              a window of W tokens at the start (`early*`) or the end (`recent*`) of the cache is \
              kept at eight bits or in float32; each part is stored as its own segment. Mean \
-             relative L2 error over seeds and lengths:",
-        );
+             relative L2 error over {} and lengths:",
+            if protocol.model.is_some() {
+                "texts, KV heads"
+            } else {
+                "seeds"
+            }
+        ));
         line(&budget_table(protocol, summary).to_markdown());
     }
     if !summary.timings.is_empty() {

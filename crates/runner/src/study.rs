@@ -13,8 +13,8 @@ use ndarray::{Array2, ArrayView2, ArrayViewMut2, s};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::{TokenRows, attention, max_abs, relative_l2};
-use crate::plan::{InputSpec, K_AXIS, Plan, SegmentPlan, Storage, V_AXIS, float32_kv_bytes};
-use crate::protocol::{Distribution, Mode, Policy, Protocol, Setting};
+use crate::plan::{InputSource, InputSpec, Plan, SegmentPlan, Storage, float32_kv_bytes};
+use crate::protocol::{Axes, Distribution, Mode, Policy, Protocol, Setting};
 
 /// Which study a comparison belongs to (`"packed_kv"` or `"budget"` in results.json).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -165,11 +165,24 @@ pub struct ResultRow {
     /// `packed_kv` or `budget`.
     pub study: Study,
     pub input: String,
-    pub seed: u64,
+    /// The draw's seed; absent for a model's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     pub tokens: usize,
     pub features: usize,
     pub queries: usize,
-    pub distribution: Distribution,
+    /// How the draw's keys were shaped; absent for a model's input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<Distribution>,
+    /// A model's input: index of the text in the protocol's `model.texts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<usize>,
+    /// A model's input: the layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<usize>,
+    /// A model's input: the KV head.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_head: Option<usize>,
     pub group_size: usize,
     /// The width of the whole cache (packed-KV) or of the low-precision part (budget).
     pub bits: u32,
@@ -182,9 +195,9 @@ pub struct ResultRow {
     pub window: Option<usize>,
     /// Token segments, each stored as its own tensor for K and for V.
     pub segments: Vec<SegmentPlan>,
-    /// The axis K is grouped along (`token`).
+    /// The axis K is grouped along (`token` unless the setting swaps axes).
     pub k_axis: GroupAxis,
-    /// The axis V is grouped along (`feature`).
+    /// The axis V is grouped along (`feature` unless the setting swaps axes).
     pub v_axis: GroupAxis,
     pub relative_l2: f64,
     pub max_abs: f64,
@@ -204,8 +217,22 @@ impl ResultRow {
                 group_size: self.group_size,
                 bits: self.bits,
                 mode: self.mode,
+                axes: if self.k_axis == GroupAxis::Token {
+                    Axes::KTokenVFeature
+                } else {
+                    Axes::KFeatureVToken
+                },
             }
             .label(),
+        }
+    }
+
+    /// The column tables put this row in: its input's distribution, or its layer (`l5`).
+    pub fn condition(&self) -> String {
+        match (self.distribution, self.layer) {
+            (Some(d), _) => d.to_string(),
+            (None, Some(layer)) => crate::plan::layer_condition(layer),
+            (None, None) => String::new(),
         }
     }
 }
@@ -215,8 +242,9 @@ impl ResultRow {
 pub fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Result<Comparison> {
     let spec = input.spec;
     let segments = plan.segments(spec.tokens);
-    let k = encode_segments(input.k, K_AXIS, plan.group_size(), &segments)?;
-    let v = encode_segments(input.v, V_AXIS, plan.group_size(), &segments)?;
+    let axes = plan.axes();
+    let k = encode_segments(input.k, axes.k(), plan.group_size(), &segments)?;
+    let v = encode_segments(input.v, axes.v(), plan.group_size(), &segments)?;
     let out = attention(
         input.q.mapv(f64::from).view(),
         &StoredCache(&k),
@@ -239,23 +267,26 @@ pub fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Resu
             Some(window),
         ),
     };
-    let row = ResultRow {
+    let mut row = ResultRow {
         id: plan.id(&spec),
         study,
         input: input.id(),
-        seed: spec.seed,
+        seed: None,
         tokens: spec.tokens,
         features: protocol.features,
         queries: protocol.queries,
-        distribution: spec.distribution,
+        distribution: None,
+        text: None,
+        layer: None,
+        kv_head: None,
         group_size: plan.group_size(),
         bits,
         mode,
         policy,
         window,
         segments,
-        k_axis: K_AXIS,
-        v_axis: V_AXIS,
+        k_axis: axes.k(),
+        v_axis: axes.v(),
         relative_l2: relative_l2(&out, input.reference),
         max_abs: max_abs(&out, input.reference),
         k_payload_bytes,
@@ -263,6 +294,21 @@ pub fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Resu
         payload_bytes: k_payload_bytes + v_payload_bytes,
         baseline_bytes: float32_kv_bytes(spec.tokens, protocol.features),
     };
+    match spec.source {
+        InputSource::Drawn { seed, distribution } => {
+            row.seed = Some(seed);
+            row.distribution = Some(distribution);
+        }
+        InputSource::Model {
+            text,
+            layer,
+            kv_head,
+        } => {
+            row.text = Some(text);
+            row.layer = Some(layer);
+            row.kv_head = Some(kv_head);
+        }
+    }
     Ok(Comparison {
         row,
         plan: *plan,

@@ -14,7 +14,7 @@ use tabled::settings::object::Columns;
 use tabled::settings::{Alignment, Style};
 
 use crate::plan::{float32_kv_bytes, plans};
-use crate::protocol::{Distribution, Mode, Policy, Protocol};
+use crate::protocol::{Axes, Distribution, Mode, Policy, Protocol};
 use crate::study::{ResultRow, Study};
 use crate::timing::{Operation, Timings, median};
 
@@ -36,7 +36,10 @@ pub struct PackedRow {
     pub bits: u32,
     #[serde(default, skip_serializing_if = "crate::protocol::is_symmetric")]
     pub mode: Mode,
-    /// Number of clean inputs averaged.
+    /// K on tokens and V on features unless stated (and then not written).
+    #[serde(default, skip_serializing_if = "crate::protocol::is_default_axes")]
+    pub axes: Axes,
+    /// Number of clean inputs averaged (every input of a model: its keys are never shaped).
     pub clean_inputs: usize,
     /// Mean relative L2 over the clean inputs (a fraction); null without clean inputs.
     pub mean_relative_l2_clean: Option<f64>,
@@ -77,13 +80,19 @@ pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timin
         .iter()
         .map(|s| {
             let mine = select(rows, Study::PackedKv, |r| {
-                r.group_size == s.group_size && r.bits == s.bits && r.mode == s.mode
+                r.group_size == s.group_size
+                    && r.bits == s.bits
+                    && r.mode == s.mode
+                    && r.k_axis == s.axes.k()
             });
-            let clean = mean_where(&mine, |r| r.distribution == Distribution::Clean);
+            let clean = mean_where(&mine, |r| {
+                r.distribution == Some(Distribution::Clean) || r.layer.is_some()
+            });
             PackedRow {
                 group_size: s.group_size,
                 bits: s.bits,
                 mode: s.mode,
+                axes: s.axes,
                 clean_inputs: clean.map_or(0, |(_, n)| n),
                 mean_relative_l2_clean: clean.map(|(m, _)| m),
                 mean_relative_l2_clean_percent: clean.map(|(m, _)| percent(m)),
@@ -143,11 +152,12 @@ fn mean_where(rows: &[&ResultRow], keep: impl Fn(&ResultRow) -> bool) -> Option<
     })
 }
 
+/// Mean error per condition: per distribution, or per layer of a model's inputs (`l5`).
 fn means_by_distribution(protocol: &Protocol, rows: &[&ResultRow]) -> BTreeMap<String, f64> {
     protocol
-        .distributions
-        .iter()
-        .filter_map(|d| mean_where(rows, |r| r.distribution == *d).map(|(m, _)| (d.to_string(), m)))
+        .conditions()
+        .into_iter()
+        .filter_map(|c| mean_where(rows, |r| r.condition() == c).map(|(m, _)| (c, m)))
         .collect()
 }
 
@@ -263,12 +273,17 @@ pub fn packed_table(protocol: &Protocol, summary: &Summary) -> Table {
             let mut cells = vec![
                 row.group_size.to_string(),
                 format!(
-                    "{}{}",
+                    "{}{}{}",
                     row.bits,
                     if row.mode == Mode::Symmetric {
                         ""
                     } else {
                         " asym"
+                    },
+                    if row.axes == Axes::KTokenVFeature {
+                        ""
+                    } else {
+                        " swap"
                     }
                 ),
                 error_cell(row.mean_relative_l2_clean),
@@ -293,7 +308,7 @@ pub fn packed_table(protocol: &Protocol, summary: &Summary) -> Table {
     Table { headers, rows }
 }
 
-/// Mean error per distribution for every configuration of one study.
+/// Mean error per condition (distribution or layer) for every configuration of one study.
 fn by_distribution_table<'a>(
     protocol: &Protocol,
     first: &str,
@@ -306,17 +321,13 @@ fn by_distribution_table<'a>(
     >,
 ) -> Table {
     let mut headers = vec![first.to_string()];
-    headers.extend(protocol.distributions.iter().map(|d| d.to_string()));
+    let conditions = protocol.conditions();
+    headers.extend(conditions.iter().cloned());
     headers.extend(protocol.tokens.iter().map(|n| format!("payload N={n}")));
     let rows = rows
         .map(|(label, means, payloads)| {
             let mut cells = vec![label];
-            cells.extend(
-                protocol
-                    .distributions
-                    .iter()
-                    .map(|d| error_cell(means.get(d.name()).copied())),
-            );
+            cells.extend(conditions.iter().map(|c| error_cell(means.get(c).copied())));
             cells.extend(
                 protocol
                     .tokens
@@ -338,6 +349,7 @@ pub fn packed_by_distribution_table(protocol: &Protocol, summary: &Summary) -> T
                 group_size: r.group_size,
                 bits: r.bits,
                 mode: r.mode,
+                axes: r.axes,
             };
             (setting.label(), &r.mean_relative_l2, &r.payload_bytes)
         }),

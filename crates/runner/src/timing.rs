@@ -31,7 +31,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::attention::attention;
-use crate::plan::{K_AXIS, Plan, SegmentPlan, V_AXIS};
+use crate::plan::{Plan, SegmentPlan};
+use crate::protocol::Axes;
 use crate::protocol::Timing;
 use crate::study::{Input, Segment, StoredCache, decode_segments_into, encode_segments};
 
@@ -247,6 +248,8 @@ struct Workload<'a, 'b> {
     q: Array2<f64>,
     k: Vec<Segment>,
     v: Vec<Segment>,
+    /// The axes K and V are grouped along.
+    axes: Axes,
     /// Where decode_k and decode_v write (N x D): made once, so no call pays for fresh pages.
     decoded: Array2<f32>,
 }
@@ -255,12 +258,14 @@ impl<'a, 'b> Workload<'a, 'b> {
     fn new(input: &'a Input<'b>, plan: &Plan) -> kvcodec::Result<Self> {
         let segments = plan.segments(input.spec.tokens);
         let group_size = plan.group_size();
+        let axes = plan.axes();
         Ok(Workload {
             input,
             group_size,
+            axes,
             q: input.q.mapv(f64::from),
-            k: encode_segments(input.k, K_AXIS, group_size, &segments)?,
-            v: encode_segments(input.v, V_AXIS, group_size, &segments)?,
+            k: encode_segments(input.k, axes.k(), group_size, &segments)?,
+            v: encode_segments(input.v, axes.v(), group_size, &segments)?,
             decoded: Array2::zeros(input.k.dim()),
             segments,
         })
@@ -283,7 +288,7 @@ impl<'a, 'b> Workload<'a, 'b> {
             Operation::EncodeK => {
                 self.k = black_box(encode_segments(
                     black_box(self.input.k),
-                    K_AXIS,
+                    self.axes.k(),
                     self.group_size,
                     &self.segments,
                 ))
@@ -292,7 +297,7 @@ impl<'a, 'b> Workload<'a, 'b> {
             Operation::EncodeV => {
                 self.v = black_box(encode_segments(
                     black_box(self.input.v),
-                    V_AXIS,
+                    self.axes.v(),
                     self.group_size,
                     &self.segments,
                 ))
@@ -339,6 +344,7 @@ mod tests {
                     group_size,
                     bits,
                     mode: crate::protocol::Mode::Symmetric,
+                    axes: Default::default(),
                 })
             })
             .to_vec();
@@ -353,9 +359,11 @@ mod tests {
     fn input<'a>(kv: &'a Array2<f32>, reference: &'a Array2<f64>) -> Input<'a> {
         Input {
             spec: crate::plan::InputSpec {
-                seed: 1,
                 tokens: 8,
-                distribution: crate::protocol::Distribution::Clean,
+                source: crate::plan::InputSource::Drawn {
+                    seed: 1,
+                    distribution: crate::protocol::Distribution::Clean,
+                },
             },
             q: kv.slice(ndarray::s![..1, ..]),
             k: kv.view(),

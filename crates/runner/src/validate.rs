@@ -15,9 +15,10 @@ use thiserror::Error;
 
 use crate::archive::{self, MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
 use crate::format::thousands_u64 as thousands;
-use crate::plan::{K_AXIS, Storage, V_AXIS};
+use crate::plan::Storage;
 use crate::protocol::{
-    Distribution, FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS, Protocol,
+    Axes, Distribution, FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS,
+    Protocol,
 };
 
 /// Largest protocol file the runner reads (a protocol is a few hundred bytes).
@@ -224,6 +225,14 @@ pub enum ProtocolError {
         /// `None` when it overflows u64.
         padded_row_len: Option<u64>,
     },
+    /// A field that does not fit the protocol's input source (generated draws or a model).
+    #[error("protocol field `{field}`: {reason}")]
+    Source {
+        /// The field.
+        field: String,
+        /// Why it does not fit.
+        reason: String,
+    },
     /// arrays.npz would need ZIP64 for its member count.
     #[error(
         "arrays.npz would hold {} members; a plain ZIP holds at most 65,535 (fewer seeds, \
@@ -272,6 +281,7 @@ impl ProtocolError {
             | ProtocolError::MatrixTooLarge { field, .. }
             | ProtocolError::Layout { field, .. }
             | ProtocolError::WindowTooLong { field, .. }
+            | ProtocolError::Source { field, .. }
             | ProtocolError::GroupedViewTooLarge { field, .. } => field,
             ProtocolError::StudyNameLength { .. } | ProtocolError::StudyNameCharacter { .. } => {
                 "study"
@@ -310,9 +320,8 @@ impl Protocol {
 
     fn validate(&self) -> Result<(), ProtocolError> {
         self.validate_study()?;
-        non_empty_unique("seeds", &self.seeds)?;
+        self.validate_source()?;
         non_empty_unique("tokens", &self.tokens)?;
-        non_empty_unique("distributions", &self.distributions)?;
         non_empty_unique("settings", &self.settings)?;
         for (i, &n) in self.tokens.iter().enumerate() {
             positive(&format!("tokens[{i}]"), n)?;
@@ -358,11 +367,127 @@ impl Protocol {
                 });
             }
         }
-        for &seed in &self.seeds {
-            for &n in &self.tokens {
-                if self.generator.entropy.entropy(seed, n).is_none() {
-                    return Err(ProtocolError::EntropyOverflow { seed, tokens: n });
+        if let Some(generator) = &self.generator {
+            for &seed in &self.seeds {
+                for &n in &self.tokens {
+                    if generator.entropy.entropy(seed, n).is_none() {
+                        return Err(ProtocolError::EntropyOverflow { seed, tokens: n });
+                    }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Exactly one input source: a generator with its seeds and distributions (and a focus when
+    /// a distribution shifts keys), or a model with its texts, layers and KV heads, sized to the
+    /// model.
+    fn validate_source(&self) -> Result<(), ProtocolError> {
+        let source = |field: &str, reason: String| ProtocolError::Source {
+            field: field.into(),
+            reason,
+        };
+        let Some(model) = &self.model else {
+            if self.generator.is_none() {
+                return Err(source(
+                    "generator",
+                    "missing: a protocol draws its inputs with a generator or takes them from \
+                     a `model`"
+                        .into(),
+                ));
+            }
+            non_empty_unique("seeds", &self.seeds)?;
+            return non_empty_unique("distributions", &self.distributions);
+        };
+        let generated_only = [
+            ("generator", self.generator.is_some()),
+            ("seeds", !self.seeds.is_empty()),
+            ("distributions", !self.distributions.is_empty()),
+            ("focus", self.focus.is_some()),
+        ];
+        if let Some((field, _)) = generated_only.iter().find(|(_, present)| *present) {
+            return Err(source(
+                field,
+                "applies to generated inputs only; this protocol takes its inputs from a `model`"
+                    .into(),
+            ));
+        }
+        let shape = model.name.shape();
+        non_empty_unique(
+            "model.texts",
+            &model.texts.iter().map(|t| &t.name).collect::<Vec<_>>(),
+        )?;
+        for (i, text) in model.texts.iter().enumerate() {
+            let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+            if text.name.is_empty() || text.name.len() > 32 || !text.name.chars().all(plain) {
+                return Err(source(
+                    &format!("model.texts[{i}].name"),
+                    "must be 1 to 32 ASCII letters, digits, '-', '_' or '.' (it goes into tables)"
+                        .into(),
+                ));
+            }
+        }
+        non_empty_unique("model.layers", &model.layers)?;
+        non_empty_unique("model.kv_heads", &model.kv_heads)?;
+        let in_range = |field: &str, items: &[usize], count: usize, what: &str| match items
+            .iter()
+            .position(|&x| x >= count)
+        {
+            Some(i) => Err(source(
+                &format!("{field}[{i}]"),
+                format!(
+                    "{} is not one of {}'s {count} {what} (0-based)",
+                    items[i], model.name
+                ),
+            )),
+            None => Ok(()),
+        };
+        in_range("model.layers", &model.layers, shape.layers, "layers")?;
+        in_range(
+            "model.kv_heads",
+            &model.kv_heads,
+            shape.kv_heads,
+            "KV heads",
+        )?;
+        if self.features != shape.head_dim {
+            return Err(source(
+                "features",
+                format!(
+                    "{} has head_dim {}, not {}",
+                    model.name, shape.head_dim, self.features
+                ),
+            ));
+        }
+        let group = shape.group();
+        let queries_ok = if shape.causal {
+            self.queries == group
+        } else {
+            self.queries % group == 0
+        };
+        if !queries_ok {
+            let reason = if shape.causal {
+                format!(
+                    "{} is a decoder: its queries are the {group} query heads of each KV head at \
+                     the last position (the only one that sees the whole cache), so queries \
+                     must be {group}",
+                    model.name
+                )
+            } else {
+                format!("must be a multiple of {group} (query heads per KV head)")
+            };
+            return Err(source("queries", reason));
+        }
+        let shortest = if shape.causal { 1 } else { 3 };
+        for (i, &n) in self.tokens.iter().enumerate() {
+            if n > shape.max_tokens || n < shortest || n < self.queries / group {
+                return Err(source(
+                    &format!("tokens[{i}]"),
+                    format!(
+                        "{} takes {shortest} to {} tokens per pass, and at least one per query \
+                         position",
+                        model.name, shape.max_tokens
+                    ),
+                ));
             }
         }
         Ok(())
@@ -389,7 +514,8 @@ impl Protocol {
         for (i, setting) in self.settings.iter().enumerate() {
             for &tokens in &self.tokens {
                 let field = || format!("settings[{i}].group_size");
-                self.check_grouped_view(field, setting.group_size, tokens, (0, tokens))?;
+                let axes = setting.axes;
+                self.check_grouped_view(field, axes, setting.group_size, tokens, (0, tokens))?;
             }
         }
         let Some(budget) = &self.budget else {
@@ -402,6 +528,7 @@ impl Protocol {
                     if let Storage::Quantized { .. } = segment.storage {
                         self.check_grouped_view(
                             || "budget.group_size".to_string(),
+                            Axes::default(),
                             budget.group_size,
                             tokens,
                             (segment.start, segment.end),
@@ -416,11 +543,12 @@ impl Protocol {
     fn check_grouped_view(
         &self,
         field: impl Fn() -> String,
+        axes: Axes,
         group_size: usize,
         tokens: usize,
         (start, end): (usize, usize),
     ) -> Result<(), ProtocolError> {
-        for (tensor, axis) in [("K", K_AXIS), ("V", V_AXIS)] {
+        for (tensor, axis) in [("K", axes.k()), ("V", axes.v())] {
             let len = (end - start) as u64;
             let view = archive::grouped_view(axis, len, self.features as u64, group_size as u64);
             let codes = view.and_then(|v| v.codes());
@@ -463,19 +591,27 @@ impl Protocol {
     }
 
     fn validate_focus(&self) -> Result<(), ProtocolError> {
-        if !self.focus.gain.is_finite() {
-            return Err(ProtocolError::GainNotFinite {
-                gain: self.focus.gain,
-            });
-        }
         let uses_focus = self.distributions.iter().any(|d| *d != Distribution::Clean);
+        let focus = match self.focus {
+            Some(focus) => focus,
+            None if uses_focus => {
+                return Err(ProtocolError::Source {
+                    field: "focus".into(),
+                    reason: "missing: early_focus and recent_focus shift keys by it".into(),
+                });
+            }
+            None => return Ok(()),
+        };
+        if !focus.gain.is_finite() {
+            return Err(ProtocolError::GainNotFinite { gain: focus.gain });
+        }
         if uses_focus {
-            positive("focus.window", self.focus.window)?;
+            positive("focus.window", focus.window)?;
             let shortest = self.tokens.iter().copied().min().unwrap_or(0);
-            if self.focus.window > shortest {
+            if focus.window > shortest {
                 return Err(ProtocolError::WindowTooLong {
                     field: "focus.window".into(),
-                    window: self.focus.window,
+                    window: focus.window,
                     shortest,
                 });
             }
@@ -565,7 +701,10 @@ mod tests {
         let p = Protocol::frozen();
         assert_eq!(p.inputs().len(), 18);
         assert_eq!(p.comparison_count(), 144);
-        assert_eq!(p.generator.entropy.entropy(7, 128), Some(70128));
+        assert_eq!(
+            p.generator.as_ref().unwrap().entropy.entropy(7, 128),
+            Some(70128)
+        );
         assert_eq!(p.inputs()[0].id(), "s7_n128_clean");
     }
 

@@ -329,7 +329,7 @@ fn check_bounds(p: &Protocol) -> Result<(), TestCaseError> {
         let calls = comparisons as u128 * 5 * t.repeats.max(t.warmup) as u128;
         prop_assert!(calls <= MAX_TIMED_CALLS as u128);
     }
-    let e = p.generator.entropy;
+    let e = p.generator.as_ref().unwrap().entropy;
     for &seed in &p.seeds {
         for &n in &p.tokens {
             let entropy = u128::from(seed)

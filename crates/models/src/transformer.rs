@@ -1,0 +1,103 @@
+//! One interface over both models, for callers that take the model from a name (the runner's
+//! `kv` command and real-model protocols).
+
+use crate::capture::Capture;
+use crate::files::{FilesError, ModelFiles, ModelName};
+
+/// The sizes of a model that a protocol is checked against before anything is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelShape {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Query heads per layer.
+    pub query_heads: usize,
+    /// KV heads per layer (query head h reads KV head h / (query_heads / kv_heads)).
+    pub kv_heads: usize,
+    /// Features per head.
+    pub head_dim: usize,
+    /// Whether attention is causal (a decoder): position p sees tokens 0..=p only.
+    pub causal: bool,
+    /// Most tokens one pass takes.
+    pub max_tokens: usize,
+}
+
+impl ModelShape {
+    /// Query heads that read one KV head.
+    pub fn group(&self) -> usize {
+        self.query_heads / self.kv_heads
+    }
+}
+
+impl ModelName {
+    /// The model's sizes (the loaders check the files against them).
+    pub fn shape(self) -> ModelShape {
+        match self {
+            ModelName::MiniLm => ModelShape {
+                layers: 6,
+                query_heads: 12,
+                kv_heads: 12,
+                head_dim: 32,
+                causal: false,
+                max_tokens: 512,
+            },
+            ModelName::SmolLm2 => ModelShape {
+                layers: 30,
+                query_heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                causal: true,
+                max_tokens: 8192,
+            },
+        }
+    }
+}
+
+/// A loaded model: text to ids, ids to a [`Capture`].
+pub trait Transformer: Send + Sync {
+    /// Which model.
+    fn name(&self) -> ModelName;
+    /// The text's token ids as the model sees them (special tokens included).
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError>;
+    /// Exactly `tokens` ids from the start of the text, as the model would see that prefix:
+    /// for MiniLM `[CLS]`, the first `tokens - 2` word pieces and `[SEP]`; for SmolLM2 the first
+    /// `tokens` ids.
+    fn encode_prefix(&self, text: &str, tokens: usize) -> Result<Vec<u32>, ModelError>;
+    /// One forward pass.
+    fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError>;
+}
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// The files are missing or not the pinned ones.
+    #[error(transparent)]
+    Files(#[from] FilesError),
+    /// A text has fewer tokens than asked for.
+    #[error("the text has {available} tokens for {model}, fewer than the {needed} asked for")]
+    TextTooShort {
+        /// The model.
+        model: ModelName,
+        /// Tokens the text gives.
+        available: usize,
+        /// Tokens asked for.
+        needed: usize,
+    },
+    /// The model's own loader or forward pass refused.
+    #[error("{model}: {message}")]
+    Model {
+        /// The model.
+        model: ModelName,
+        /// What it said.
+        message: String,
+    },
+}
+
+/// Loads `model` from its hash-checked files.
+pub fn load(files: &ModelFiles) -> Result<Box<dyn Transformer>, ModelError> {
+    // Wired to the two forward passes in the commit that brings them in.
+    Err(ModelError::Model {
+        model: files.model,
+        message: "this build has no forward pass yet".into(),
+    })
+}
