@@ -9,7 +9,7 @@
 //!   activations), each with a fixed order of f32 operations;
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
 //! - [`tokenizer`]: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
-//! - `bert`, `llama`: the two forward passes.
+//! - [`bert`], `llama`: the two forward passes.
 //!
 //! Why by hand: the point is the per-layer K/V, exactly as a cache holds it, bit-reproducible on
 //! any machine and thread count. A general inference library hides the cache, picks its kernels
@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bert;
 pub mod capture;
 pub mod files;
 pub mod ops;
