@@ -400,33 +400,34 @@ fn split_heads(x: ArrayView2<f32>, heads: usize) -> Array3<f32> {
     Array3::from_shape_fn((heads, tokens, d), |(h, t, j)| x[[t, h * d + j]])
 }
 
+/// Head `h` of a [heads, tokens, d] array as one slice (the arrays here are built in standard
+/// layout, where a head is contiguous).
+fn head(a: &Array3<f32>, h: usize) -> &[f32] {
+    a.index_axis(Axis(0), h)
+        .to_slice()
+        .expect("built in standard layout")
+}
+
 /// Unmasked multi-head attention: q, k, v [heads, tokens, d] -> [tokens, heads * d].
 /// The 1/sqrt(d) scale divides each score after its dot product, as BERT does. Heads run on
 /// rayon's threads; each one's arithmetic is the same on any thread count.
 fn attention(q: &Array3<f32>, k: &Array3<f32>, v: &Array3<f32>) -> Array2<f32> {
     let (heads, tokens, d) = q.dim();
     let scale = (d as f32).sqrt();
-    let per_head: Vec<Array2<f32>> = (0..heads)
+    let per_head: Vec<Vec<f32>> = (0..heads)
         .into_par_iter()
         .map(|h| {
-            let (q, k, v) = (
-                q.index_axis(Axis(0), h),
-                k.index_axis(Axis(0), h),
-                v.index_axis(Axis(0), h),
-            );
-            let mut out = Array2::<f32>::zeros((tokens, d));
+            let (q, k, v) = (head(q, h), head(k, h), head(v, h));
+            let mut out = vec![0f32; tokens * d];
             let mut scores = vec![0f32; tokens];
-            for t in 0..tokens {
-                let qt = q.row(t);
-                let qt = qt.as_slice().expect("rows of a standard-layout array");
-                for (s, score) in scores.iter_mut().enumerate() {
-                    let ks = k.row(s);
-                    *score = ops::dot(qt, ks.as_slice().expect("standard layout")) / scale;
+            for (qt, row) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+                for (score, ks) in scores.iter_mut().zip(k.chunks_exact(d)) {
+                    *score = ops::dot(qt, ks) / scale;
                 }
                 ops::softmax_in_place(&mut scores);
-                let mut row = out.row_mut(t);
-                for (s, &p) in scores.iter().enumerate() {
-                    for (o, &value) in row.iter_mut().zip(v.row(s)) {
+                // Weighted sum of the values, in token order.
+                for (&p, vs) in scores.iter().zip(v.chunks_exact(d)) {
+                    for (o, &value) in row.iter_mut().zip(vs) {
                         *o += p * value;
                     }
                 }
@@ -435,10 +436,12 @@ fn attention(q: &Array3<f32>, k: &Array3<f32>, v: &Array3<f32>) -> Array2<f32> {
         })
         .collect();
     let mut context = Array2::<f32>::zeros((tokens, heads * d));
-    for (h, part) in per_head.into_iter().enumerate() {
-        context
-            .slice_mut(ndarray::s![.., h * d..(h + 1) * d])
-            .assign(&part);
+    for (h, part) in per_head.iter().enumerate() {
+        for (t, row) in part.chunks_exact(d).enumerate() {
+            for (j, &value) in row.iter().enumerate() {
+                context[[t, h * d + j]] = value;
+            }
+        }
     }
     context
 }

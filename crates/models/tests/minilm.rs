@@ -216,3 +216,25 @@ fn a_second_text_matches_an_independent_numpy_forward_pass() {
     );
     eprintln!("second text max |diff|: q/k/v {worst:.1e}, embedding {embedding_diff:.1e}");
 }
+
+/// Also the speed check: 512 tokens took 3.9 s at the test profile's opt-level 1 on 2 cores
+/// shared with other builds (load about 6).
+#[test]
+fn the_longest_input_of_512_tokens_runs_and_513_are_refused() {
+    let mut ids = model().tokenizer().encode(&long_text().repeat(25));
+    assert!(ids.len() > 512);
+    ids.truncate(512);
+    let start = std::time::Instant::now();
+    let capture = model().forward(&ids).unwrap();
+    eprintln!("512 tokens: {:.2?}", start.elapsed());
+    assert_eq!(capture.layers[5].k.dim(), (12, 512, 32));
+    assert!(capture.hidden.iter().all(|v| v.is_finite()));
+    ids.push(102);
+    assert!(matches!(
+        model().forward(&ids),
+        Err(bert::ModelError::TooManyTokens {
+            tokens: 513,
+            max: 512
+        })
+    ));
+}
