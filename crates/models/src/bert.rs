@@ -836,4 +836,49 @@ mod tests {
         let expected = 1.0 / 2f32.sqrt();
         assert!(e.iter().all(|&v| (v - expected).abs() < 1e-7), "{e:?}");
     }
+
+    #[test]
+    fn minilm_loads_config_weights_and_vocabulary_from_its_folder() {
+        let folder = tempfile::tempdir().unwrap();
+        let config = r#"{"vocab_size": 20, "hidden_size": 8, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 16,
+            "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
+            "position_embedding_type": "absolute", "model_type": "bert"}"#;
+        std::fs::write(folder.path().join("config.json"), config).unwrap();
+        let bytes = write(&tensor_shapes(&tiny_config(1)), random);
+        std::fs::write(folder.path().join("model.safetensors"), bytes).unwrap();
+        let mut vocab: Vec<String> = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello"]
+            .map(String::from)
+            .to_vec();
+        vocab.extend((5..20).map(|i| format!("w{i}")));
+        std::fs::write(folder.path().join("vocab.txt"), vocab.join("\n")).unwrap();
+        // The hash is not checked here: only `ModelFiles::locate` checks it.
+        let files = ModelFiles {
+            model: ModelName::MiniLm,
+            folder: folder.path().to_path_buf(),
+            weight_sha256: String::new(),
+        };
+        let model = MiniLm::load(&files).unwrap();
+        let capture = model.run("Hello").unwrap();
+        assert_eq!(capture.ids, [2, 4, 3]);
+        assert_eq!(capture, model.bert().forward(&[2, 4, 3]).unwrap());
+
+        // A vocabulary one token short of the embedding table.
+        std::fs::write(folder.path().join("vocab.txt"), vocab[..19].join("\n")).unwrap();
+        assert!(matches!(
+            MiniLm::load(&files),
+            Err(ModelError::VocabMismatch {
+                vocab: 19,
+                model: 20
+            })
+        ));
+        let smollm = ModelFiles {
+            model: ModelName::SmolLm2,
+            ..files
+        };
+        assert!(matches!(
+            MiniLm::load(&smollm),
+            Err(ModelError::WrongModel(ModelName::SmolLm2))
+        ));
+    }
 }
