@@ -6,8 +6,9 @@
 //!   multiple of 32.
 //! - Block (20 bytes): f16 `d`, f16 `m` (both little-endian), then 16 bytes `qs` where byte j
 //!   holds element j in its LOW nibble and element j + 16 in its HIGH nibble.
-//!   Weight = f32(d) * q + f32(m): a product, then a sum (two roundings, no FMA), as gguf-py's
-//!   `dequantize_blocks` computes it.
+//!   Weight = f32(d) * q + f32(m), as ggml's `dequantize_row_q4_1` and gguf-py's
+//!   `dequantize_blocks` compute it. The product is exact in f32 (a 4-bit code times an 11-bit
+//!   f16 significand), so whether C contracts it into an FMA cannot change a bit.
 //! - Quantizer (`quantize_row_q4_1_ref`): min and max of the block; d = (max - min) / 15 in f32;
 //!   id = 1/d from the f32 d (0 when d is 0); q = min(15, trunc((x - min) * id + 0.5)) with the
 //!   f32 min. `d` and `m = min` are stored rounded to f16 (nearest even); dequantization uses the
