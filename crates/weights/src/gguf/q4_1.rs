@@ -261,6 +261,33 @@ fn check_row_length(len: usize, cols: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bits at all (NaN and infinities included) give blocks or a typed error, never a
+        /// panic; accepted blocks survive their bytes.
+        #[test]
+        fn arbitrary_values_never_panic(bits in prop::collection::vec(any::<u32>(), 64)) {
+            let x: Vec<f32> = bits.into_iter().map(f32::from_bits).collect();
+            if let Ok(blocks) = quantize(&x, 32) {
+                prop_assert_eq!(from_bytes(&to_bytes(&blocks)).unwrap(), blocks);
+            }
+        }
+
+        /// Each weight comes back within half a step of its value, plus what rounding d and
+        /// the minimum to f16 moved (and an ulp or two of f32 arithmetic).
+        #[test]
+        fn weights_come_back_within_half_a_step(x in prop::collection::vec(-1000f32..1000.0, 32)) {
+            let block = quantize(&x, 32).unwrap()[0];
+            let (d, min) = BlockQ4_1::scale_and_min(x.as_slice().try_into().unwrap());
+            let (d16, m16) = (block.d.to_f32(), block.m.to_f32());
+            let bound = 0.5 * d * (1.0 + 1e-5) + 15.0 * (d16 - d).abs() + (m16 - min).abs();
+            for (v, w) in x.iter().zip(block.dequantize()) {
+                prop_assert!((w - v).abs() <= bound + 4.0 * f32::EPSILON * v.abs().max(w.abs()),
+                    "{} came back as {} (d {}, min {})", v, w, d, min);
+            }
+        }
+    }
 
     #[test]
     fn byte_j_holds_elements_j_and_j_plus_16_after_d_and_m() {
