@@ -8,7 +8,7 @@
 //! - [`ops`]: the numerical building blocks both models share (linear layers, norms, softmax,
 //!   activations), each with a fixed order of f32 operations;
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
-//! - `tokenizer`: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
+//! - `tokenizer`: WordPiece (MiniLM) and byte-level BPE (SmolLM2, [`tokenizer::bpe`]);
 //! - `bert`, `llama`: the two forward passes.
 //!
 //! Why by hand: the point is the per-layer K/V, exactly as a cache holds it, bit-reproducible on
@@ -22,6 +22,7 @@
 pub mod capture;
 pub mod files;
 pub mod ops;
+pub mod tokenizer;
 
 pub use capture::{Capture, LayerCapture};
 pub use files::{ModelFiles, ModelName};

@@ -1,0 +1,3 @@
+//! The models' tokenizers.
+
+pub mod bpe;
