@@ -9,7 +9,8 @@
 //!   activations), each with a fixed order of f32 operations;
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
 //! - `tokenizer`: WordPiece (MiniLM) and byte-level BPE (SmolLM2, [`tokenizer::bpe`]);
-//! - `bert`, `llama`: the two forward passes.
+//! - `bert`, `llama`: the two forward passes ([`llama`]: SmolLM2 from its GGUF, with a hook on
+//!   each layer's K/V before attention reads them).
 //!
 //! Why by hand: the point is the per-layer K/V, exactly as a cache holds it, bit-reproducible on
 //! any machine and thread count. A general inference library hides the cache, picks its kernels
@@ -21,6 +22,7 @@
 
 pub mod capture;
 pub mod files;
+pub mod llama;
 pub mod ops;
 pub mod tokenizer;
 

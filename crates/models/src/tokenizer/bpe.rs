@@ -34,7 +34,7 @@ use std::collections::HashMap;
 use thiserror::Error;
 
 /// Why a vocabulary cannot be used, or ids cannot be decoded.
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum BpeError {
     /// The vocabulary has no tokens, or more than `u32` ids can number.
@@ -95,6 +95,19 @@ pub enum BpeError {
         /// The missing token.
         token: String,
     },
+    /// The GGUF's tokenizer is not the one this module implements.
+    #[error("GGUF {key} is {found:?}; this tokenizer implements {expected:?}")]
+    Unsupported {
+        /// The metadata key.
+        key: &'static str,
+        /// Its value in the file.
+        found: String,
+        /// The value this module implements.
+        expected: &'static str,
+    },
+    /// The GGUF's tokenizer metadata is missing or of the wrong type.
+    #[error("GGUF tokenizer metadata: {0}")]
+    Gguf(#[from] gguf_file::Error),
     /// An id to decode is not in the vocabulary.
     #[error("token id {id} is not in the vocabulary of {vocabulary}")]
     UnknownId {
@@ -187,6 +200,30 @@ impl Bpe {
             merges: merge_map,
             letters: letter_ranges(),
         })
+    }
+
+    /// The tokenizer a GGUF file describes: `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`,
+    /// after checking that `tokenizer.ggml.model` is `gpt2` and `tokenizer.ggml.pre` is `smollm`
+    /// (the pre-tokenizer this module implements).
+    pub fn from_gguf(gguf: &gguf_file::GgufFile<'_>) -> Result<Bpe, BpeError> {
+        for (key, expected) in [
+            ("tokenizer.ggml.model", "gpt2"),
+            ("tokenizer.ggml.pre", "smollm"),
+        ] {
+            let found = gguf.get_str(key)?;
+            if found != expected {
+                return Err(BpeError::Unsupported {
+                    key,
+                    found: found.to_string(),
+                    expected,
+                });
+            }
+        }
+        let owned = |list: &[&str]| list.iter().map(|s| s.to_string()).collect();
+        Bpe::new(
+            owned(gguf.get_string_array("tokenizer.ggml.tokens")?),
+            owned(gguf.get_string_array("tokenizer.ggml.merges")?),
+        )
     }
 
     /// The number of tokens.
@@ -507,14 +544,14 @@ mod tests {
             .cloned()
             .collect();
         let bpe = Bpe::new(without_0x04, vec![]).unwrap();
-        assert_eq!(
-            bpe.encode("a\u{4}").unwrap_err(),
-            BpeError::Unencodable {
+        assert!(matches!(
+            bpe.encode("a\u{4}"),
+            Err(BpeError::Unencodable {
                 ch: '\u{4}',
                 offset: 1,
                 byte: 4
-            }
-        );
+            })
+        ));
         let mut dup = bytes.clone();
         dup.push("A".into());
         assert!(matches!(
@@ -531,17 +568,17 @@ mod tests {
         assert!(err.to_string().contains("\"ab\""), "{err}");
         let err = Bpe::new(bytes.clone(), vec!["ab".into()]).unwrap_err();
         assert!(matches!(err, BpeError::MalformedMerge { rank: 0, .. }));
-        assert_eq!(
-            Bpe::new(vec![], vec![]).unwrap_err(),
-            BpeError::VocabularySize(0)
-        );
+        assert!(matches!(
+            Bpe::new(vec![], vec![]),
+            Err(BpeError::VocabularySize(0))
+        ));
         let bpe = Bpe::new(bytes, vec![]).unwrap();
-        assert_eq!(
-            bpe.decode(&[256]).unwrap_err(),
-            BpeError::UnknownId {
+        assert!(matches!(
+            bpe.decode(&[256]),
+            Err(BpeError::UnknownId {
                 id: 256,
                 vocabulary: 256
-            }
-        );
+            })
+        ));
     }
 }
