@@ -418,14 +418,42 @@ impl Llama {
     where
         F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
     {
-        let c = &self.config;
         self.check_ids(ids)?;
+        let mut cache = KvCache::new(self.config.layers);
+        let (hidden, layers) = self.run(ids, &mut cache, &mut hook)?;
+        let normed = self.final_norm(&hidden);
+        let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
+        Ok(Capture {
+            ids: ids.to_vec(),
+            layers,
+            hidden,
+            logits: Some(logits),
+        })
+    }
+
+    /// Runs `ids` at the positions after those in `cache`, whose K/V attention reads first;
+    /// appends the new (hooked) K/V to it. Returns the stream after the last block and what each
+    /// layer computed. Every output row is computed exactly as in a batched pass over all
+    /// positions (each element one [`ops::dot`] of its own row, attention over positions in
+    /// order, the same RoPE table entry for a position), so decoding token by token gives the
+    /// same bits as one pass.
+    fn run<F>(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache,
+        hook: &mut F,
+    ) -> Result<(Array2<f32>, Vec<LayerCapture>), ModelError>
+    where
+        F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
+    {
+        let c = &self.config;
         let t = ids.len();
+        let start = cache.len;
         let mut x = Array2::<f32>::zeros((t, c.hidden));
         for (mut row, &id) in x.axis_iter_mut(Axis(0)).zip(ids) {
             row.assign(&self.weights.token_embd.row(id as usize));
         }
-        let (cos, sin) = rope_table(t, c.head_dim, c.rope_base);
+        let (cos, sin) = rope_table(start, t, c.head_dim, c.rope_base);
         let mut layers = Vec::with_capacity(c.layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
             let mut h = x.clone();
@@ -452,9 +480,10 @@ impl Llama {
                     ),
                 });
             }
-            let k = k.as_standard_layout().into_owned();
-            let v = v.as_standard_layout().into_owned();
-            let attended = attention(&captured.q, &k, &v);
+            let (past_k, past_v) = &mut cache.layers[l];
+            *past_k = append_positions(past_k, &k);
+            *past_v = append_positions(past_v, &v);
+            let attended = attention(&captured.q, past_k, past_v, start);
             x += &ops::linear(attended.view(), w.o.view(), None);
 
             let mut h = x.clone();
@@ -465,14 +494,8 @@ impl Llama {
             x += &ops::linear(gate.view(), w.down.view(), None);
             layers.push(captured);
         }
-        let normed = self.final_norm(&x);
-        let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
-        Ok(Capture {
-            ids: ids.to_vec(),
-            layers,
-            hidden: x,
-            logits: Some(logits),
-        })
+        cache.len += t;
+        Ok((x, layers))
     }
 
     /// The LM head's input: `output_norm` (RMSNorm) applied to the stream after the last block
@@ -484,23 +507,29 @@ impl Llama {
     }
 
     /// `n` tokens continuing `ids`, each the argmax (lowest id on a tie) of the last position's
-    /// logits. Each step reruns the whole causal pass, which is exact and fast enough for a
-    /// handful of tokens.
+    /// logits. One pass over `ids`, then one position at a time with an f32 K/V cache; the
+    /// logits are bit-identical to a batched pass over the whole sequence (see the tests).
     pub fn generate_greedy(&self, ids: &[u32], n: usize) -> Result<Vec<u32>, ModelError> {
-        let mut all = ids.to_vec();
-        self.check_ids(&all)?;
-        if all.len() + n > self.config.context {
+        self.check_ids(ids)?;
+        if ids.len() + n > self.config.context {
             return Err(ModelError::TooManyTokens {
-                tokens: all.len() + n,
+                tokens: ids.len() + n,
                 context: self.config.context,
             });
         }
+        let mut cache = KvCache::new(self.config.layers);
+        let mut out = Vec::with_capacity(n);
+        let mut next = ids;
+        let mut last;
         for _ in 0..n {
-            let capture = self.forward(&all)?;
-            let logits = capture.logits.expect("a Llama pass computes logits");
-            all.push(argmax(logits.row(all.len() - 1).as_slice().expect("row")));
+            let (hidden, _) = self.run(next, &mut cache, &mut |_, _, _| Ok(()))?;
+            let normed = self.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
+            let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
+            last = [argmax(logits.row(0).as_slice().expect("standard layout"))];
+            out.push(last[0]);
+            next = &last;
         }
-        Ok(all.split_off(ids.len()))
+        Ok(out)
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), ModelError> {
@@ -550,6 +579,34 @@ pub fn argmax(values: &[f32]) -> u32 {
     best as u32
 }
 
+/// Each layer's keys and values of the positions run so far, [kv_heads, positions, head_dim].
+struct KvCache {
+    layers: Vec<(Array3<f32>, Array3<f32>)>,
+    len: usize,
+}
+
+impl KvCache {
+    fn new(layers: usize) -> KvCache {
+        let empty = || Array3::zeros((0, 0, 0));
+        KvCache {
+            layers: (0..layers).map(|_| (empty(), empty())).collect(),
+            len: 0,
+        }
+    }
+}
+
+/// `past` followed by `new` along the positions (standard layout); `past` may be empty.
+fn append_positions(past: &Array3<f32>, new: &Array3<f32>) -> Array3<f32> {
+    if past.is_empty() {
+        return new.as_standard_layout().into_owned();
+    }
+    let (heads, p, d) = past.dim();
+    let mut out = Array3::zeros((heads, p + new.dim().1, d));
+    out.slice_mut(s![.., ..p, ..]).assign(past);
+    out.slice_mut(s![.., p.., ..]).assign(new);
+    out
+}
+
 /// [tokens, heads * head_dim] -> [heads, tokens, head_dim].
 fn split_heads(y: Array2<f32>, heads: usize) -> Array3<f32> {
     let (t, width) = y.dim();
@@ -557,14 +614,14 @@ fn split_heads(y: Array2<f32>, heads: usize) -> Array3<f32> {
     Array3::from_shape_fn((heads, t, d), |(h, i, j)| y[[i, h * d + j]])
 }
 
-/// cos and sin of pos * base^(-2i / head_dim), [tokens, head_dim / 2], computed in f64 with
-/// `libm` and rounded once to f32.
-fn rope_table(t: usize, head_dim: usize, base: f32) -> (Array2<f32>, Array2<f32>) {
+/// cos and sin of pos * base^(-2i / head_dim) for pos = start..start + t, [t, head_dim / 2],
+/// computed in f64 with `libm` and rounded once to f32.
+fn rope_table(start: usize, t: usize, head_dim: usize, base: f32) -> (Array2<f32>, Array2<f32>) {
     let half = head_dim / 2;
     let freq: Vec<f64> = (0..half)
         .map(|i| libm::pow(f64::from(base), -((2 * i) as f64) / head_dim as f64))
         .collect();
-    let angle = |pos: usize, i: usize| pos as f64 * freq[i];
+    let angle = |row: usize, i: usize| (start + row) as f64 * freq[i];
     (
         Array2::from_shape_fn((t, half), |(p, i)| libm::cos(angle(p, i)) as f32),
         Array2::from_shape_fn((t, half), |(p, i)| libm::sin(angle(p, i)) as f32),
@@ -585,9 +642,10 @@ fn rope(x: &mut Array3<f32>, cos: &Array2<f32>, sin: &Array2<f32>) {
     }
 }
 
-/// Causal grouped-query attention: q [heads, T, d], k and v [kv_heads, T, d] (standard
-/// layout) -> [T, heads * d]. Heads run in parallel; each output is computed in one fixed order.
-fn attention(q: &Array3<f32>, k: &Array3<f32>, v: &Array3<f32>) -> Array2<f32> {
+/// Causal grouped-query attention: q [heads, T, d] for positions start..start + T, k and v
+/// [kv_heads, start + T, d] (standard layout) -> [T, heads * d]. Heads run in parallel; each
+/// output is computed in one fixed order.
+fn attention(q: &Array3<f32>, k: &Array3<f32>, v: &Array3<f32>, start: usize) -> Array2<f32> {
     let (heads, t, d) = q.dim();
     let group = heads / k.dim().0;
     let scale = 1.0 / (d as f32).sqrt();
@@ -600,16 +658,17 @@ fn attention(q: &Array3<f32>, k: &Array3<f32>, v: &Array3<f32>) -> Array2<f32> {
             let k = k.to_slice().expect("standard layout");
             let v = v.to_slice().expect("standard layout");
             let mut out = Array2::<f32>::zeros((t, d));
-            let mut scores = vec![0f32; t];
+            let mut scores = vec![0f32; start + t];
             for i in 0..t {
                 let qi = q.row(i);
                 let qi = qi.as_slice().expect("standard layout");
-                for (j, score) in scores[..=i].iter_mut().enumerate() {
+                let seen = start + i + 1;
+                for (j, score) in scores[..seen].iter_mut().enumerate() {
                     *score = ops::dot(qi, &k[j * d..(j + 1) * d]) * scale;
                 }
-                ops::softmax_in_place(&mut scores[..=i]);
+                ops::softmax_in_place(&mut scores[..seen]);
                 let mut row = out.row_mut(i);
-                for (j, &p) in scores[..=i].iter().enumerate() {
+                for (j, &p) in scores[..seen].iter().enumerate() {
                     for (o, &x) in row.iter_mut().zip(&v[j * d..(j + 1) * d]) {
                         *o += p * x;
                     }
@@ -837,10 +896,10 @@ mod tests {
         let model = tiny();
         let c = model.forward(&[3, 7, 11]).unwrap();
         let l = &c.layers[0];
-        let full = attention(&l.q, &l.k, &l.v);
+        let full = attention(&l.q, &l.k, &l.v, 0);
         let mut v = l.v.clone();
         v.slice_mut(s![1, .., ..]).fill(0.0);
-        let cut = attention(&l.q, &l.k, &v);
+        let cut = attention(&l.q, &l.k, &v, 0);
         assert_eq!(full.slice(s![.., ..8]), cut.slice(s![.., ..8]));
         assert!(cut.slice(s![.., 8..]).iter().all(|&x| x == 0.0));
         assert!(full.slice(s![.., 8..]).iter().any(|&x| x != 0.0));
@@ -888,6 +947,27 @@ mod tests {
             .forward_with(&ids, |_, _, _| Err("codec refused".into()))
             .unwrap_err();
         assert!(err.to_string().contains("codec refused"), "{err}");
+    }
+
+    #[test]
+    fn decoding_token_by_token_gives_the_bits_of_one_batched_pass() {
+        let model = tiny();
+        let ids = [3, 1, 4, 1, 5, 9, 2, 6];
+        let batched = model.forward(&ids).unwrap();
+        let mut cache = KvCache::new(2);
+        let (first, _) = model
+            .run(&ids[..3], &mut cache, &mut |_, _, _| Ok(()))
+            .unwrap();
+        assert_eq!(first, batched.hidden.slice(s![..3, ..]));
+        for (pos, id) in ids.iter().enumerate().skip(3) {
+            let (row, layers) = model
+                .run(&[*id], &mut cache, &mut |_, _, _| Ok(()))
+                .unwrap();
+            assert_eq!(row, batched.hidden.slice(s![pos..pos + 1, ..]));
+            for (mine, all) in layers.iter().zip(&batched.layers) {
+                assert_eq!(mine.k, all.k.slice(s![.., pos..pos + 1, ..]));
+            }
+        }
     }
 
     #[test]
