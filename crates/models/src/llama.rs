@@ -740,7 +740,11 @@ fn read_matrix(
                 weights::gguf::from_bytes::<BlockQ4_0>(bytes).map_err(|e| data(e.to_string()))?;
             weights::gguf::dequantize_into(&blocks, &mut out).map_err(|e| data(e.to_string()))?;
         }
-        T::Q4_1 => dequantize_q4_1(bytes, &mut out).map_err(data)?,
+        T::Q4_1 => {
+            let blocks = weights::gguf::q4_1::from_bytes(bytes).map_err(|e| data(e.to_string()))?;
+            weights::gguf::q4_1::dequantize_into(&blocks, &mut out)
+                .map_err(|e| data(e.to_string()))?;
+        }
         other => {
             return Err(ModelError::TensorType {
                 tensor: name.to_string(),
@@ -749,47 +753,6 @@ fn read_matrix(
         }
     }
     Ok(Array2::from_shape_vec((rows, cols), out).expect("rows * cols values"))
-}
-
-/// Bytes per Q4_1 block: f16 d, f16 m, 16 bytes of nibbles for 32 weights.
-const Q4_1_BYTES: usize = 20;
-
-/// ggml's Q4_1 dequantization: byte j of a block holds element j (low nibble) and element
-/// j + 16 (high nibble); w = d * q + m in f32 (as gguf-py 0.19's `Q4_1.dequantize_blocks`).
-/// Refuses blocks whose d or m is not finite.
-// To be replaced by the weights crate's `BlockQ4_1` when it lands.
-fn dequantize_q4_1(bytes: &[u8], out: &mut [f32]) -> Result<(), String> {
-    if bytes.len() != out.len() / 32 * Q4_1_BYTES || !out.len().is_multiple_of(32) {
-        return Err(format!(
-            "{} bytes of Q4_1 blocks for {} weights",
-            bytes.len(),
-            out.len()
-        ));
-    }
-    out.par_chunks_mut(32 * 1024)
-        .zip(bytes.par_chunks(Q4_1_BYTES * 1024))
-        .enumerate()
-        .try_for_each(|(chunk, (out, bytes))| {
-            for (i, (w, b)) in out
-                .chunks_exact_mut(32)
-                .zip(bytes.chunks_exact(Q4_1_BYTES))
-                .enumerate()
-            {
-                let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-                let m = half::f16::from_le_bytes([b[2], b[3]]).to_f32();
-                if !(d.is_finite() && m.is_finite()) {
-                    return Err(format!(
-                        "Q4_1 block {} has d = {d}, m = {m}",
-                        chunk * 1024 + i
-                    ));
-                }
-                for (j, &q) in b[4..].iter().enumerate() {
-                    w[j] = d * f32::from(q & 0x0F) + m;
-                    w[j + 16] = d * f32::from(q >> 4) + m;
-                }
-            }
-            Ok(())
-        })
 }
 
 #[cfg(test)]
@@ -1018,24 +981,5 @@ mod tests {
                 ..
             }
         ));
-    }
-
-    #[test]
-    fn q4_1_blocks_dequantize_as_d_times_q_plus_m() {
-        let mut block = vec![0u8; Q4_1_BYTES];
-        block[..2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
-        block[2..4].copy_from_slice(&half::f16::from_f32(-1.0).to_le_bytes());
-        for j in 0..16 {
-            block[4 + j] = (j as u8) | ((15 - j as u8) << 4);
-        }
-        let mut out = [0f32; 32];
-        dequantize_q4_1(&block, &mut out).unwrap();
-        for j in 0..16 {
-            assert_eq!(out[j], 0.5 * j as f32 - 1.0);
-            assert_eq!(out[j + 16], 0.5 * (15 - j) as f32 - 1.0);
-        }
-        block[..2].copy_from_slice(&half::f16::INFINITY.to_le_bytes());
-        assert!(dequantize_q4_1(&block, &mut out).is_err());
-        assert!(dequantize_q4_1(&block[..19], &mut out).is_err());
     }
 }
