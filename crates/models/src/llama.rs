@@ -197,7 +197,7 @@ impl LlamaConfig {
 /// One block's weights in f32, matrices [out, in].
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerWeights {
-    /// RMSNorm gain before attention [hidden].
+    /// RMSNorm gain before attention `[hidden]`.
     pub attn_norm: Vec<f32>,
     /// Query projection [heads * head_dim, hidden], rows in GGUF (permuted) order.
     pub q: Array2<f32>,
@@ -207,7 +207,7 @@ pub struct LayerWeights {
     pub v: Array2<f32>,
     /// Attention output projection [hidden, heads * head_dim].
     pub o: Array2<f32>,
-    /// RMSNorm gain before the feed-forward layer [hidden].
+    /// RMSNorm gain before the feed-forward layer `[hidden]`.
     pub ffn_norm: Vec<f32>,
     /// SwiGLU gate [ffn, hidden].
     pub gate: Array2<f32>,
@@ -224,7 +224,7 @@ pub struct LlamaWeights {
     pub token_embd: Array2<f32>,
     /// The blocks, in order.
     pub layers: Vec<LayerWeights>,
-    /// Final RMSNorm gain [hidden].
+    /// Final RMSNorm gain `[hidden]`.
     pub output_norm: Vec<f32>,
 }
 
