@@ -298,6 +298,13 @@ impl Llama {
                 });
             }
         }
+        // Frequency factors (Llama 3's long-context RoPE) would change every angle.
+        if gguf.tensor("rope_freqs.weight").is_ok() {
+            return Err(ModelError::Hyperparameter {
+                key: "rope_freqs.weight",
+                problem: "RoPE frequency factors; this loader implements plain RoPE only".into(),
+            });
+        }
         if gguf.tensor("output.weight").is_ok() {
             return Err(ModelError::Hyperparameter {
                 key: "output.weight",
@@ -981,5 +988,156 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A GGUF file (v3) holding `model` as F32 tensors, written by hand from the format's layout
+    /// (see the `gguf-file` crate's docs); `edit` may change the metadata and tensors first.
+    fn gguf_of(
+        model: &Llama,
+        edit: impl FnOnce(&mut Vec<(String, u32)>, &mut Vec<Tensor>),
+    ) -> Vec<u8> {
+        let c = model.config();
+        let w = model.weights();
+        let mut counts: Vec<(String, u32)> = [
+            ("llama.block_count", c.layers),
+            ("llama.embedding_length", c.hidden),
+            ("llama.attention.head_count", c.heads),
+            ("llama.attention.head_count_kv", c.kv_heads),
+            ("llama.feed_forward_length", c.ffn),
+            ("llama.context_length", c.context),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v as u32))
+        .collect();
+        let matrix = |name: String, m: &Array2<f32>| Tensor {
+            name,
+            dims: vec![m.ncols() as u64, m.nrows() as u64],
+            ty: 0,
+            data: m.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        let vector = |name: String, v: &[f32]| Tensor {
+            name,
+            dims: vec![v.len() as u64],
+            ty: 0,
+            data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        let mut tensors = vec![
+            matrix("token_embd.weight".into(), &w.token_embd),
+            vector("output_norm.weight".into(), &w.output_norm),
+        ];
+        for (l, lw) in w.layers.iter().enumerate() {
+            let n = |part: &str| format!("blk.{l}.{part}.weight");
+            tensors.push(vector(n("attn_norm"), &lw.attn_norm));
+            tensors.push(vector(n("ffn_norm"), &lw.ffn_norm));
+            for (part, m) in [
+                ("attn_q", &lw.q),
+                ("attn_k", &lw.k),
+                ("attn_v", &lw.v),
+                ("attn_output", &lw.o),
+                ("ffn_gate", &lw.gate),
+                ("ffn_up", &lw.up),
+                ("ffn_down", &lw.down),
+            ] {
+                tensors.push(matrix(n(part), m));
+            }
+        }
+        edit(&mut counts, &mut tensors);
+
+        let mut out = Vec::new();
+        let string = |out: &mut Vec<u8>, s: &str| {
+            out.extend((s.len() as u64).to_le_bytes());
+            out.extend(s.as_bytes());
+        };
+        out.extend(b"GGUF");
+        out.extend(3u32.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
+        out.extend((counts.len() as u64 + 3).to_le_bytes());
+        string(&mut out, "general.architecture");
+        out.extend(8u32.to_le_bytes());
+        string(&mut out, "llama");
+        for (key, value) in [
+            ("llama.rope.freq_base", c.rope_base),
+            ("llama.attention.layer_norm_rms_epsilon", c.rms_eps),
+        ] {
+            string(&mut out, key);
+            out.extend(6u32.to_le_bytes());
+            out.extend(value.to_le_bytes());
+        }
+        for (key, value) in &counts {
+            string(&mut out, key);
+            out.extend(4u32.to_le_bytes());
+            out.extend(value.to_le_bytes());
+        }
+        let mut offset = 0u64;
+        for t in &tensors {
+            string(&mut out, &t.name);
+            out.extend((t.dims.len() as u32).to_le_bytes());
+            for d in &t.dims {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(t.ty.to_le_bytes());
+            out.extend(offset.to_le_bytes());
+            offset += (t.data.len() as u64).div_ceil(32) * 32;
+        }
+        for t in &tensors {
+            out.resize(out.len().div_ceil(32) * 32, 0);
+            out.extend(&t.data);
+        }
+        out
+    }
+
+    /// Changes to the metadata counts and tensors of [`gguf_of`].
+    type Edit = dyn Fn(&mut Vec<(String, u32)>, &mut Vec<Tensor>);
+
+    struct Tensor {
+        name: String,
+        dims: Vec<u64>,
+        ty: u32,
+        data: Vec<u8>,
+    }
+
+    #[test]
+    fn a_gguf_file_loads_to_the_same_model_and_bad_ones_are_refused_by_tensor_name() {
+        let model = tiny();
+        let bytes = gguf_of(&model, |_, _| {});
+        let gguf = gguf_file::GgufFile::parse(&bytes).unwrap();
+        let loaded = Llama::from_gguf(&gguf).unwrap();
+        assert_eq!(loaded.config(), model.config());
+        assert_eq!(loaded.weights(), model.weights());
+
+        let refuse = |edit: &Edit| {
+            let bytes = gguf_of(&model, edit);
+            let gguf = gguf_file::GgufFile::parse(&bytes).unwrap();
+            Llama::from_gguf(&gguf).unwrap_err().to_string()
+        };
+        // A projection of the wrong shape.
+        let err = refuse(&|_, tensors| {
+            let t = tensors
+                .iter_mut()
+                .find(|t| t.name == "blk.1.attn_k.weight")
+                .unwrap();
+            t.dims = vec![16, 4];
+            t.data.truncate(16 * 4 * 4);
+        });
+        assert!(err.contains("blk.1.attn_k.weight"), "{err}");
+        // A type this loader does not read (I32, ggml type 26).
+        let err = refuse(&|_, tensors| {
+            let t = tensors
+                .iter_mut()
+                .find(|t| t.name == "blk.0.ffn_up.weight")
+                .unwrap();
+            t.ty = 26;
+        });
+        assert!(
+            err.contains("blk.0.ffn_up.weight") && err.contains("I32"),
+            "{err}"
+        );
+        // A missing tensor, a missing key, heads that do not divide the width.
+        let err = refuse(&|_, tensors| tensors.retain(|t| t.name != "blk.1.ffn_down.weight"));
+        assert!(err.contains("blk.1.ffn_down.weight"), "{err}");
+        let err = refuse(&|counts, _| counts.retain(|(k, _)| k != "llama.context_length"));
+        assert!(err.contains("llama.context_length"), "{err}");
+        let err = refuse(&|counts, _| counts[2].1 = 5);
+        assert!(err.contains("head_dim"), "{err}");
     }
 }
