@@ -532,6 +532,16 @@ mod tests {
         assert_eq!(bpe.encode("aaa").unwrap(), [aa, u32::from(b'a')]);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn pieces_cover_the_text_and_decoding_gives_back_its_bytes(text in "\\PC{0,40}") {
+            let bpe = tiny(&["a b", "Ġ a", "Ġa b", "Ġ Ġ"]);
+            proptest::prop_assert_eq!(bpe.pre_tokenize(&text).concat(), text.clone());
+            let ids = bpe.encode(&text).unwrap();
+            proptest::prop_assert_eq!(bpe.decode(&ids).unwrap(), text.as_bytes());
+        }
+    }
+
     #[test]
     fn bad_vocabularies_and_ids_are_refused_by_name() {
         let alphabet = ByteAlphabet::new();
