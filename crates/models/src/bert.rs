@@ -195,6 +195,60 @@ struct Layer {
     output_norm: (Vec<f32>, Vec<f32>),
 }
 
+/// The six linear layers of a BERT encoder layer, in the order the forward pass runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Linear {
+    /// `attention.self.query`: input the hidden state entering the layer.
+    Query,
+    /// `attention.self.key`: the same input as the query.
+    Key,
+    /// `attention.self.value`: the same input as the query.
+    Value,
+    /// `attention.output.dense`: input the attention context (heads concatenated).
+    AttentionOutput,
+    /// `intermediate.dense` (FFN up): input the stream after the attention LayerNorm.
+    Intermediate,
+    /// `output.dense` (FFN down): input the intermediate activations after GELU.
+    Output,
+}
+
+impl Linear {
+    /// All six, in forward order.
+    pub const ALL: [Linear; 6] = [
+        Linear::Query,
+        Linear::Key,
+        Linear::Value,
+        Linear::AttentionOutput,
+        Linear::Intermediate,
+        Linear::Output,
+    ];
+
+    /// The PyTorch name under `encoder.layer.{L}.`, without `.weight`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Linear::Query => "attention.self.query",
+            Linear::Key => "attention.self.key",
+            Linear::Value => "attention.self.value",
+            Linear::AttentionOutput => "attention.output.dense",
+            Linear::Intermediate => "intermediate.dense",
+            Linear::Output => "output.dense",
+        }
+    }
+}
+
+impl Layer {
+    fn linear(&self, linear: Linear) -> &(Array2<f32>, Vec<f32>) {
+        match linear {
+            Linear::Query => &self.query,
+            Linear::Key => &self.key,
+            Linear::Value => &self.value,
+            Linear::AttentionOutput => &self.attention_out,
+            Linear::Intermediate => &self.intermediate,
+            Linear::Output => &self.output,
+        }
+    }
+}
+
 /// A BERT encoder with its weights in memory.
 #[derive(Debug, Clone)]
 pub struct Bert {
@@ -313,6 +367,23 @@ impl Bert {
     /// every token) and returns each layer's q, k, v [heads, tokens, head_dim] and the last
     /// layer's output as [`Capture::hidden`]; `logits` is `None`.
     pub fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError> {
+        self.forward_with(ids, |_, _, _| {})
+    }
+
+    /// One layer's linear weight [out, in] and bias, or `None` past the last layer.
+    pub fn linear(&self, layer: usize, linear: Linear) -> Option<(ArrayView2<'_, f32>, &[f32])> {
+        let (w, b) = self.layers.get(layer)?.linear(linear);
+        Some((w.view(), b))
+    }
+
+    /// [`Self::forward`], handing `observe` the input [tokens, in] of every linear layer as it
+    /// runs: `observe(layer, linear, x)`, in forward order (query, key and value get the same
+    /// x). Observing changes nothing: the capture is bit-identical to [`Self::forward`]'s.
+    pub fn forward_with(
+        &self,
+        ids: &[u32],
+        mut observe: impl FnMut(usize, Linear, ArrayView2<f32>),
+    ) -> Result<Capture, ModelError> {
         let c = &self.config;
         if ids.is_empty() {
             return Err(ModelError::Empty);
@@ -350,7 +421,10 @@ impl Bert {
 
         let heads = c.num_attention_heads;
         let mut captured = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
+        for (l, layer) in self.layers.iter().enumerate() {
+            for linear in [Linear::Query, Linear::Key, Linear::Value] {
+                observe(l, linear, x.view());
+            }
             let project = |(w, b): &(Array2<f32>, Vec<f32>)| {
                 split_heads(ops::linear(x.view(), w.view(), Some(b)).view(), heads)
             };
@@ -360,6 +434,7 @@ impl Bert {
                 project(&layer.value),
             );
             let context = attention(&q, &k, &v);
+            observe(l, Linear::AttentionOutput, context.view());
             let out = ops::linear(
                 context.view(),
                 layer.attention_out.0.view(),
@@ -373,12 +448,14 @@ impl Bert {
                 eps,
             );
 
+            observe(l, Linear::Intermediate, x.view());
             let mut inner = ops::linear(
                 x.view(),
                 layer.intermediate.0.view(),
                 Some(&layer.intermediate.1),
             );
             inner.mapv_inplace(ops::gelu);
+            observe(l, Linear::Output, inner.view());
             let out = ops::linear(inner.view(), layer.output.0.view(), Some(&layer.output.1));
             x += &out;
             ops::layer_norm(&mut x, &layer.output_norm.0, &layer.output_norm.1, eps);
@@ -660,6 +737,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn each_linear_layers_observed_input_times_its_weight_gives_what_the_pass_computed() {
+        let model = tiny(2);
+        let ids = [1, 5, 19, 0, 7];
+        let mut inputs = Vec::new();
+        let capture = model
+            .forward_with(&ids, |l, linear, x| inputs.push((l, linear, x.to_owned())))
+            .unwrap();
+        // Observing changes no bit of the pass.
+        assert_eq!(capture, model.forward(&ids).unwrap());
+        let order: Vec<(usize, Linear)> = inputs.iter().map(|(l, lin, _)| (*l, *lin)).collect();
+        let expected: Vec<(usize, Linear)> = (0..2)
+            .flat_map(|l| Linear::ALL.map(|lin| (l, lin)))
+            .collect();
+        assert_eq!(order, expected);
+        for (l, linear, x) in &inputs {
+            let (w, b) = model.linear(*l, *linear).unwrap();
+            assert_eq!(x.ncols(), w.ncols(), "layer {l} {}", linear.name());
+            let y = ops::linear(x.view(), w, Some(b));
+            let heads = split_heads(y.view(), 2);
+            match linear {
+                Linear::Query => assert_eq!(heads, capture.layers[*l].q),
+                Linear::Key => assert_eq!(heads, capture.layers[*l].k),
+                Linear::Value => assert_eq!(heads, capture.layers[*l].v),
+                _ => {}
+            }
+        }
+        // The FFN down input is GELU of the FFN up output.
+        let up = &inputs[4].2;
+        let (w, b) = model.linear(0, Linear::Intermediate).unwrap();
+        let gelu = ops::linear(up.view(), w, Some(b)).mapv(ops::gelu);
+        assert_eq!(gelu, inputs[5].2);
+        assert!(model.linear(2, Linear::Query).is_none());
     }
 
     #[test]

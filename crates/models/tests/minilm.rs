@@ -238,3 +238,34 @@ fn the_longest_input_of_512_tokens_runs_and_513_are_refused() {
         })
     ));
 }
+
+#[test]
+fn the_exposed_linear_inputs_reproduce_every_layers_q_k_v_bit_for_bit() {
+    let model = model();
+    let ids = model
+        .tokenizer()
+        .encode("The quick brown fox jumps over the lazy dog.");
+    let mut inputs = Vec::new();
+    let capture = model
+        .bert()
+        .forward_with(&ids, |layer, linear, x| {
+            inputs.push((layer, linear, x.to_owned()))
+        })
+        .unwrap();
+    assert_eq!(capture, model.forward(&ids).unwrap());
+    assert_eq!(inputs.len(), 6 * 6);
+    let heads = model.bert().config().num_attention_heads;
+    for (layer, linear, x) in &inputs {
+        let (w, b) = model.bert().linear(*layer, *linear).unwrap();
+        let y = models::ops::linear(x.view(), w, Some(b));
+        let d = y.ncols() / heads;
+        let split = Array3::from_shape_fn((heads, y.nrows(), d), |(h, t, j)| y[[t, h * d + j]]);
+        let captured = &capture.layers[*layer];
+        match linear {
+            bert::Linear::Query => assert_eq!(split, captured.q, "layer {layer}"),
+            bert::Linear::Key => assert_eq!(split, captured.k, "layer {layer}"),
+            bert::Linear::Value => assert_eq!(split, captured.v, "layer {layer}"),
+            _ => assert_eq!(x.nrows(), ids.len()),
+        }
+    }
+}

@@ -18,13 +18,16 @@
 //!   `quantize`/`dequantize` commands;
 //! - [`bpw_cmd`]: the `bpw` command (effective bits per weight of a layout, or the worked
 //!   example);
-//! - [`report`]: how effective bits per weight are printed.
+//! - [`report`]: how effective bits per weight are printed;
+//! - [`layer_error`]: the `layer-error` command (MiniLM's real linear layers under each format:
+//!   matmul error on the model's own activations, and bits per weight).
 //!
 //! The modules' dependencies form a DAG, each listed after everything it uses: `names`,
 //! `report`, `checkpoint` and `npy` use no other module; `metadata` uses `names`; `error` uses
 //! `checkpoint`, `npy`, `metadata` and `names`; `files` uses `error`, `checkpoint` and `npy`;
 //! `layers` uses `checkpoint`, `error` and `names`; `layer_io` adds `layers` and `metadata`;
-//! the commands sit on top.
+//! the commands sit on top (`layer_error` uses no other module: it needs `models` and `weights`
+//! only).
 
 #![warn(missing_docs)]
 
@@ -35,6 +38,7 @@ pub mod convert;
 pub mod error;
 pub mod files;
 pub mod inspect;
+pub mod layer_error;
 pub mod layer_io;
 pub mod layers;
 pub mod metadata;

@@ -1,5 +1,6 @@
 //! `repack`: converts quantized checkpoints between GPTQ, GPTQ v2 and AWQ through the logical
-//! matrix, inspects them, and quantizes float matrices to GGUF Q4_0/Q8_0 and NF4.
+//! matrix, inspects them, quantizes float matrices to GGUF Q4_0/Q8_0 and NF4, and measures
+//! each format's matmul error on MiniLM's real layers.
 
 use std::path::PathBuf;
 
@@ -65,6 +66,9 @@ enum Command {
     },
     /// Effective bits per weight of a storage layout (codes and metadata), or the worked example.
     Bpw(repack::bpw_cmd::BpwArgs),
+    /// Matmul error of MiniLM's real linear layers under each weight format, on the model's own
+    /// activations, with bits per weight (needs `scripts/fetch-models`).
+    LayerError(repack::layer_error::LayerErrorArgs),
     /// Dequantize a block file back to a float32 matrix (.npy).
     Dequantize {
         /// q4_0, q8_0 or nf4.
@@ -103,6 +107,12 @@ fn run(cli: Cli) -> Result<()> {
             let _ = std::io::Write::write_all(
                 &mut std::io::stdout().lock(),
                 repack::bpw_cmd::run(&args)?.as_bytes(),
+            );
+        }
+        Command::LayerError(args) => {
+            let _ = std::io::Write::write_all(
+                &mut std::io::stdout().lock(),
+                repack::layer_error::run(&args)?.as_bytes(),
             );
         }
         Command::Convert {

@@ -356,6 +356,24 @@ pub enum FormatError {
         value: f32,
     },
 
+    /// An RTN group whose scale (range / (2^b - 1)) rounds to infinity in f16.
+    #[error(
+        "RTN group {group} of column {col} spans {low:e}..{high:e}, whose {bits}-bit scale \
+         rounds to infinity in f16 (largest finite value 65504)"
+    )]
+    GroupScaleRoundsToInfinity {
+        /// The group.
+        group: usize,
+        /// The column (out-feature).
+        col: usize,
+        /// The group's range, 0 included.
+        low: f32,
+        /// Its top.
+        high: f32,
+        /// The code width.
+        bits: u32,
+    },
+
     /// A GGUF block whose scale rounds to infinity in f16 (ggml stores it anyway).
     #[error(
         "{0} rounds to infinity in f16 (largest finite value 65504), so the block's weights \

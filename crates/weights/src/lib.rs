@@ -11,6 +11,8 @@
 //! - [`awq`]: AutoAWQ's GEMM layout (4-bit, packed along N, interleaved slots);
 //! - [`gguf`]: GGUF Q4_0, Q8_0 and Q4_1 blocks and ggml's reference quantizers;
 //! - [`nf4`]: bitsandbytes NF4 (table codes, absmax per block, high nibble first);
+//! - [`rtn`]: round-to-nearest with min-max zero points per group, float matrix to logical
+//!   matrix (the codes GPTQ and AWQ store, without their error-feedback or scaling steps);
 //! - [`transcode`]: converting a layer between integer layouts through the logical matrix, proven
 //!   bit-identical before anything is written;
 //! - [`bpw`]: effective bits per element of any storage layout, metadata included;
@@ -34,6 +36,7 @@ pub mod gguf;
 pub mod gptq;
 pub mod logical;
 pub mod nf4;
+pub mod rtn;
 mod shape;
 pub mod transcode;
 

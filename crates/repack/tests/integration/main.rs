@@ -21,3 +21,7 @@ mod fuzz_regressions;
 
 /// `repack bpw`: the worked example and one layout part by part.
 mod bpw;
+
+/// `repack layer-error`: MiniLM's real layers under each format (fetches the model on first
+/// use).
+mod layer_error;
