@@ -462,7 +462,7 @@ impl Protocol {
         let queries_ok = if shape.causal {
             self.queries == group
         } else {
-            self.queries % group == 0
+            self.queries.is_multiple_of(group)
         };
         if !queries_ok {
             let reason = if shape.causal {
