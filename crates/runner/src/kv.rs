@@ -1,6 +1,6 @@
 //! `runner kv`: what a real model computed for one text, as an `.npz` that NumPy reads directly.
 //!
-//! Members (ndarray-npy appends `.npy`): `ids` (int64, [tokens]); per layer L `l{L}_q`
+//! Members (ndarray-npy appends `.npy`): `ids` (int64, `[tokens]`); per layer L `l{L}_q`
 //! [query heads, tokens, head_dim], `l{L}_k` and `l{L}_v` [KV heads, tokens, head_dim] (float32;
 //! q and K after RoPE for a rotary model, as a cache holds K); the last residual stream,
 //! `last_hidden` for MiniLM (after its last LayerNorm) or `hidden_final` for SmolLM2 (before
