@@ -1,19 +1,91 @@
 //! What a run of a protocol must contain, derived from the protocol alone: its inputs, its
 //! comparisons (ids, segments, array names) and the labels tables use.
 
-use crate::protocol::{Distribution, Mode, Policy, Protocol, Setting};
+use crate::decoder::GroupAxis;
+use crate::protocol::{Axes, Distribution, Mode, Policy, Protocol, Setting};
 
 /// One input the protocol calls for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputPlan {
-    /// `s7_n128_clean`.
+    /// `s7_n128_clean`, or `t0_n128_l5_h2` for a model's input.
     pub id: String,
-    /// Seed of the draw.
-    pub seed: u64,
     /// N.
     pub tokens: usize,
-    /// How K is shaped.
-    pub distribution: Distribution,
+    /// Where its q, k and v come from.
+    pub source: InputSource,
+}
+
+/// Where one input comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSource {
+    /// A (seed, length) draw of the protocol's generator, its keys shaped by a distribution.
+    Drawn {
+        /// Seed of the draw.
+        seed: u64,
+        /// How K is shaped.
+        distribution: Distribution,
+    },
+    /// One KV head of one layer of the model's cache for a text's first N tokens.
+    Model {
+        /// Index into the protocol's `model.texts`.
+        text: usize,
+        /// The layer.
+        layer: usize,
+        /// The KV head.
+        kv_head: usize,
+    },
+}
+
+impl InputPlan {
+    /// The column tables and the chart put this input's results in: its distribution, or its
+    /// layer (`l5`).
+    pub fn condition(&self) -> String {
+        match self.source {
+            InputSource::Drawn { distribution, .. } => distribution.name().to_string(),
+            InputSource::Model { layer, .. } => layer_condition(layer),
+        }
+    }
+
+    /// Whether the input counts towards the packed-KV headline ("clean mean"): a clean draw, or
+    /// any model input (a model's keys are never shaped).
+    pub fn is_clean(&self) -> bool {
+        match self.source {
+            InputSource::Drawn { distribution, .. } => distribution == Distribution::Clean,
+            InputSource::Model { .. } => true,
+        }
+    }
+
+    /// The model pass this input comes from, `t{text}_n{N}` (the manifest's key for its token
+    /// ids); None for a generated input.
+    pub fn pass(&self) -> Option<String> {
+        match self.source {
+            InputSource::Drawn { .. } => None,
+            InputSource::Model { text, .. } => Some(pass_id(text, self.tokens)),
+        }
+    }
+}
+
+/// The condition of a model layer: `l5`.
+pub fn layer_condition(layer: usize) -> String {
+    format!("l{layer}")
+}
+
+/// The name of one model pass (a text's first N tokens): `t0_n128`.
+pub fn pass_id(text: usize, tokens: usize) -> String {
+    format!("t{text}_n{tokens}")
+}
+
+/// The conditions tables break results down by, in protocol order: the distributions, or the
+/// layers (`l0`, `l29`) of a model protocol.
+pub fn conditions(p: &Protocol) -> Vec<String> {
+    match &p.model {
+        Some(m) => m.layers.iter().map(|&l| layer_condition(l)).collect(),
+        None => p
+            .distributions
+            .iter()
+            .map(|d| d.name().to_string())
+            .collect(),
+    }
 }
 
 /// Which study a comparison belongs to.
@@ -54,13 +126,18 @@ impl Config {
     }
 }
 
-/// `g8_b4`, or `g32_b2_asym` when asymmetric.
+/// `g8_b4`, `g32_b2_asym` when asymmetric, `g32_b4_swap` (or `g32_b4_asym_swap`) when K and V
+/// swap axes.
 pub fn setting_label(s: &Setting) -> String {
-    let suffix = match s.mode {
+    let mode = match s.mode {
         Mode::Symmetric => "",
         Mode::Asymmetric => "_asym",
     };
-    format!("g{}_b{}{suffix}", s.group_size, s.bits)
+    let axes = match s.axes {
+        Axes::KTokenVFeature => "",
+        Axes::KFeatureVToken => "_swap",
+    };
+    format!("g{}_b{}{mode}{axes}", s.group_size, s.bits)
 }
 
 /// One run of consecutive tokens stored one way.
@@ -141,6 +218,8 @@ pub struct ComparisonPlan {
     pub bits: u32,
     /// The setting's mode (symmetric for budget comparisons).
     pub mode: Mode,
+    /// The axes K and V are grouped along: the setting's (the default for budget comparisons).
+    pub axes: Axes,
     /// The segments K and V are each stored in.
     pub segments: Vec<Segment>,
 }
@@ -190,17 +269,38 @@ pub fn inputs_of(p: &Protocol, shard: Option<(usize, usize)>) -> Vec<InputPlan> 
     }
 }
 
-/// Inputs in run order: seeds, then lengths, then distributions.
+/// Inputs in run order: seeds, then lengths, then distributions; for a model's inputs, texts,
+/// then lengths, then layers, then KV heads (one model pass per text and length, shared by its
+/// layers and heads).
 pub fn inputs(p: &Protocol) -> Vec<InputPlan> {
     let mut out = Vec::new();
+    if let Some(m) = &p.model {
+        for text in 0..m.texts.len() {
+            for &tokens in &p.tokens {
+                for &layer in &m.layers {
+                    for &kv_head in &m.kv_heads {
+                        out.push(InputPlan {
+                            id: format!("t{text}_n{tokens}_l{layer}_h{kv_head}"),
+                            tokens,
+                            source: InputSource::Model {
+                                text,
+                                layer,
+                                kv_head,
+                            },
+                        });
+                    }
+                }
+            }
+        }
+        return out;
+    }
     for &seed in &p.seeds {
         for &tokens in &p.tokens {
             for &distribution in &p.distributions {
                 out.push(InputPlan {
                     id: format!("s{seed}_n{tokens}_{distribution}"),
-                    seed,
                     tokens,
-                    distribution,
+                    source: InputSource::Drawn { seed, distribution },
                 });
             }
         }
@@ -231,6 +331,7 @@ pub fn comparisons(p: &Protocol, inputs: &[InputPlan]) -> Vec<ComparisonPlan> {
                     group_size: s.group_size,
                     bits: s.bits,
                     mode: s.mode,
+                    axes: s.axes,
                     segments: vec![Segment::quantized(0, input.tokens, s.bits, s.mode)],
                 },
                 Config::Policy(policy) => {
@@ -243,6 +344,7 @@ pub fn comparisons(p: &Protocol, inputs: &[InputPlan]) -> Vec<ComparisonPlan> {
                         group_size: b.group_size,
                         bits: b.low_bits,
                         mode: Mode::Symmetric,
+                        axes: Axes::default(),
                         segments: policy_segments(policy, input.tokens, b.window, b.low_bits),
                     }
                 }
@@ -294,9 +396,13 @@ pub fn archive_estimate(p: &Protocol) -> Option<u64> {
                 };
                 match segment.bits {
                     Some(bits) => {
-                        let (rows, len) = match tensor {
-                            "k" => (p.features, segment.len()),
-                            _ => (segment.len(), p.features),
+                        let axis = match tensor {
+                            "k" => e.axes.k(),
+                            _ => e.axes.v(),
+                        };
+                        let (rows, len) = match axis {
+                            GroupAxis::Token => (p.features, segment.len()),
+                            GroupAxis::Feature => (segment.len(), p.features),
                         };
                         let groups_per_row = len.div_ceil(e.group_size) as u64;
                         let padded = groups_per_row.checked_mul(e.group_size as u64)?;

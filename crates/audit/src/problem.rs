@@ -111,6 +111,34 @@ pub enum Problem {
         /// The re-derived value.
         derived: f32,
     },
+    /// An archived model input (q, k or v, which the audit cannot re-derive) holding a value
+    /// that is not finite.
+    #[error("{array} holds a value that is not finite, first at [{}, {}]", first[0], first[1])]
+    NotFinite {
+        /// The array.
+        array: String,
+        /// First such index.
+        first: [usize; 2],
+    },
+    /// The manifest's `model` record contradicts the protocol, the audit's pins or the run.
+    #[error("manifest.json model.{field}: {found}, expected {expected}")]
+    ModelRecord {
+        /// The field (`ids.t0_n40` for one pass's ids).
+        field: String,
+        /// What it says.
+        found: String,
+        /// What it must say.
+        expected: String,
+    },
+    /// The model file given with `--models` is missing, unreadable or has another hash than
+    /// the one recorded.
+    #[error("model file {path}: {reason}")]
+    ModelFile {
+        /// Where the audit looked.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// An attention output (or reference) that differs from the audit's recomputation.
     #[error("{array} differs from {what} by {diff:.3e} (relative)")]
     Attention {
@@ -548,7 +576,7 @@ pub enum ChartProblem {
     Position {
         /// Its configuration.
         config: String,
-        /// Its distribution.
+        /// Its condition: a distribution, or a model's layer (`l5`).
         distribution: String,
         /// Its length.
         tokens: usize,
@@ -566,7 +594,7 @@ pub enum ChartProblem {
     Style {
         /// Its configuration.
         config: String,
-        /// Its distribution.
+        /// Its condition: a distribution, or a model's layer (`l5`).
         distribution: String,
         /// Its length.
         tokens: usize,
