@@ -9,8 +9,8 @@
 //!   activations), each with a fixed order of f32 operations;
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
 //! - [`transformer`]: one interface over both models ([`load`] by name), and their sizes;
-//! - `tokenizer`: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
-//! - `bert`, `llama`: the two forward passes.
+//! - [`tokenizer`]: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
+//! - [`bert`], `llama`: the two forward passes.
 //!
 //! Why by hand: the point is the per-layer K/V, exactly as a cache holds it, bit-reproducible on
 //! any machine and thread count. A general inference library hides the cache, picks its kernels
@@ -20,9 +20,11 @@
 
 #![warn(missing_docs)]
 
+pub mod bert;
 pub mod capture;
 pub mod files;
 pub mod ops;
+pub mod tokenizer;
 pub mod transformer;
 
 pub use capture::{Capture, LayerCapture};

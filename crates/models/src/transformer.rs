@@ -1,6 +1,7 @@
 //! One interface over both models, for callers that take the model from a name (the runner's
 //! `kv` command and real-model protocols).
 
+use crate::bert::MiniLm;
 use crate::capture::Capture;
 use crate::files::{FilesError, ModelFiles, ModelName};
 
@@ -83,21 +84,49 @@ pub enum ModelError {
         /// Tokens asked for.
         needed: usize,
     },
-    /// The model's own loader or forward pass refused.
-    #[error("{model}: {message}")]
-    Model {
-        /// The model.
-        model: ModelName,
-        /// What it said.
-        message: String,
-    },
+    /// MiniLM's loader or forward pass refused.
+    #[error("minilm")]
+    Bert(#[from] crate::bert::ModelError),
+    /// This build cannot run the model.
+    #[error("{0}: this build has no forward pass for it")]
+    Unsupported(ModelName),
 }
 
-/// Loads `model` from its hash-checked files.
+/// Loads the model whose hash-checked files these are.
 pub fn load(files: &ModelFiles) -> Result<Box<dyn Transformer>, ModelError> {
-    // Wired to the two forward passes in the commit that brings them in.
-    Err(ModelError::Model {
-        model: files.model,
-        message: "this build has no forward pass yet".into(),
-    })
+    match files.model {
+        ModelName::MiniLm => Ok(Box::new(MiniLm::load(files)?)),
+        ModelName::SmolLm2 => Err(ModelError::Unsupported(ModelName::SmolLm2)),
+    }
+}
+
+impl Transformer for MiniLm {
+    fn name(&self) -> ModelName {
+        ModelName::MiniLm
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Ok(self.tokenizer().encode(text))
+    }
+
+    fn encode_prefix(&self, text: &str, tokens: usize) -> Result<Vec<u32>, ModelError> {
+        // `[CLS] pieces... [SEP]`: keep [CLS] and the first `tokens - 2` pieces, end on [SEP],
+        // as a tokenizer truncating to `tokens` does.
+        let mut ids = self.tokenizer().encode(text);
+        if ids.len() < tokens || tokens < 2 {
+            return Err(ModelError::TextTooShort {
+                model: ModelName::MiniLm,
+                available: ids.len(),
+                needed: tokens,
+            });
+        }
+        let sep = *ids.last().expect("at least [CLS] and [SEP]");
+        ids.truncate(tokens - 1);
+        ids.push(sep);
+        Ok(ids)
+    }
+
+    fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError> {
+        Ok(MiniLm::forward(self, ids)?)
+    }
 }

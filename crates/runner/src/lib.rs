@@ -8,13 +8,15 @@
 //! - [`plan`]: what a protocol asks for: inputs, configurations, token segments, ids and labels;
 //! - [`archive`]: what arrays.npz will hold, planned from the protocol (members and size);
 //! - [`validate`]: reading and validating a protocol file;
-//! - [`inputs`]: generators and distributions; [`attention`]: reference attention and metrics;
+//! - [`inputs`]: generators and distributions, and a real model's cache; [`attention`]:
+//!   reference attention and metrics;
 //! - [`study`]: one comparison; [`timing`]: raw timings of encode, decode and attention;
 //!   [`pipeline`]: a run's passes over its inputs, comparisons in parallel, arrays streamed out;
 //! - [`summary`]: the tables; [`manifest`]: provenance and hashes; [`report`]: summary.md;
 //!   [`plot`]: error-vs-bytes.svg;
 //! - [`evidence`]: the evidence directory; [`merge`]: one directory from a protocol's shards;
-//!   [`pin`]: the root manifest that pins archived evidence.
+//!   [`pin`]: the root manifest that pins archived evidence;
+//! - [`kv`]: `runner kv`, what a real model computed for one text, as an `.npz`.
 
 pub mod archive;
 pub mod attention;
@@ -22,6 +24,7 @@ pub mod evidence;
 pub mod format;
 pub mod hashing;
 pub mod inputs;
+pub mod kv;
 pub mod manifest;
 pub mod merge;
 pub mod pin;

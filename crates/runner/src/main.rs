@@ -60,6 +60,26 @@ enum Command {
         #[arg(required = true, value_name = "SHARD_DIR")]
         shards: Vec<PathBuf>,
     },
+    /// Dump what a real model computes for one text: token ids, every layer's q, k and v (K after
+    /// RoPE, as a cache holds it), the last hidden state and (SmolLM2) the logits, as an .npz.
+    Kv {
+        /// `minilm` (all-MiniLM-L6-v2) or `smollm2` (SmolLM2-135M-Instruct).
+        #[arg(long)]
+        model: models::ModelName,
+        /// The text.
+        #[arg(
+            long,
+            required_unless_present = "text_file",
+            conflicts_with = "text_file"
+        )]
+        text: Option<String>,
+        /// A UTF-8 file holding the text.
+        #[arg(long, value_name = "FILE")]
+        text_file: Option<PathBuf>,
+        /// Output .npz; must not exist.
+        #[arg(long, value_name = "FILE.npz")]
+        out: PathBuf,
+    },
     /// Rewrite the root manifest so it pins the given evidence directories.
     Pin {
         /// Evidence directories, relative to the root manifest's directory.
@@ -125,8 +145,43 @@ fn real_main() -> Result<()> {
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
             Ok(())
         }
+        Some(Command::Kv {
+            model,
+            text,
+            text_file,
+            out,
+        }) => kv(model, text, text_file, &out),
         None => run(cli.run),
     }
+}
+
+fn kv(
+    model: models::ModelName,
+    text: Option<String>,
+    text_file: Option<PathBuf>,
+    out: &std::path::Path,
+) -> Result<()> {
+    if out.symlink_metadata().is_ok() {
+        return Err(runner::kv::KvDumpError::Exists(out.to_path_buf()).into());
+    }
+    let text = match (text, text_file) {
+        (Some(text), _) => text,
+        (None, Some(path)) => runner::kv::read_text_file(&path)?,
+        (None, None) => unreachable!("clap requires --text or --text-file"),
+    };
+    let files = models::ModelFiles::locate(model)?;
+    let loaded = models::load(&files)?;
+    let ids = loaded.encode(&text)?;
+    let capture = loaded.forward(&ids)?;
+    runner::kv::write_npz(out, model, &capture)?;
+    let message = format!(
+        "{model}: {} tokens, {} layers; wrote {}\n",
+        capture.ids.len(),
+        capture.layers.len(),
+        out.display()
+    );
+    let _ = std::io::stdout().lock().write_all(message.as_bytes());
+    Ok(())
 }
 
 fn run(args: RunArgs) -> Result<()> {

@@ -115,11 +115,18 @@ pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timin
         })
     });
     Summary {
-        about: "Mean relative L2 attention-output error (over seeds and lengths; the packed-KV \
-                table's headline is over the clean inputs), K+V payload per length (codes, f32 \
-                scales, float32 segments and two i32 shape values per stored tensor), and median \
-                timings in ns (descriptive, machine-dependent)."
-            .into(),
+        about: if protocol.model.is_some() {
+            "Mean relative L2 attention-output error (over texts, KV heads and lengths, per \
+             layer; the packed-KV table's headline is over every input), K+V payload per length \
+             (codes, f32 scales, float32 segments and two i32 shape values per stored tensor), \
+             and median timings in ns (descriptive, machine-dependent)."
+        } else {
+            "Mean relative L2 attention-output error (over seeds and lengths; the packed-KV \
+             table's headline is over the clean inputs), K+V payload per length (codes, f32 \
+             scales, float32 segments and two i32 shape values per stored tensor), and median \
+             timings in ns (descriptive, machine-dependent)."
+        }
+        .into(),
         float32_kv_bytes: protocol
             .tokens
             .iter()
@@ -400,7 +407,11 @@ pub fn render(protocol: &Protocol, summary: &Summary) -> String {
     let mut out = packed_table(protocol, summary).to_text();
     out.push('\n');
     if !summary.budget.is_empty() {
-        out.push_str("\nbudget (mean rel. error over seeds and lengths, per distribution)\n");
+        out.push_str(if protocol.model.is_some() {
+            "\nbudget (mean rel. error over texts, KV heads and lengths, per layer)\n"
+        } else {
+            "\nbudget (mean rel. error over seeds and lengths, per distribution)\n"
+        });
         out.push_str(&budget_table(protocol, summary).to_text());
         out.push('\n');
     }

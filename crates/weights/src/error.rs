@@ -370,6 +370,23 @@ pub enum FormatError {
     )]
     ScaleRoundsToZero(ScaledBlock),
 
+    /// A GGUF Q4_1 block of differing values whose scale rounds to 0 in f16 (ggml stores it
+    /// anyway).
+    #[error(
+        "{0} rounds to 0 in f16 (smallest positive value 2^-24 = 5.96e-8), so every weight of \
+         the block would dequantize to its minimum m; ggml stores it anyway, this tool refuses"
+    )]
+    RangeScaleRoundsToZero(ScaledBlock),
+
+    /// A GGUF Q4_1 block whose minimum rounds to infinity in f16 (ggml stores it anyway).
+    #[error(
+        "{0}, and its minimum m = {low:e} rounds to infinity in f16 (largest finite value \
+         65504), so the block's weights would dequantize to infinities and NaN; ggml stores it \
+         anyway, this tool refuses",
+        low = .0.low
+    )]
+    MinRoundsToInfinity(ScaledBlock),
+
     /// An NF4 block whose absmax is so small that its inverse overflows f32.
     #[error(
         "NF4 block {block} (elements {start}..{end} of the flattened matrix) has absmax \
@@ -417,7 +434,7 @@ pub enum FormatError {
 /// Printed as `Q4_0 block 3 (row 1, columns 32..64) spans 1e0 to 1e7: its scale d = -1.25e6`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScaledBlock {
-    /// The format ("Q4_0", "Q8_0").
+    /// The format ("Q4_0", "Q8_0", "Q4_1").
     pub format: &'static str,
     /// The block, counted over the whole tensor.
     pub block: usize,

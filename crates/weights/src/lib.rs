@@ -9,7 +9,7 @@
 //! - [`gptq`]: AutoGPTQ / GPTQModel qweight, qzeros, scales, g_idx at 2, 3, 4 and 8 bits, with
 //!   both zero-point conventions (`gptq` and `gptq_v2`);
 //! - [`awq`]: AutoAWQ's GEMM layout (4-bit, packed along N, interleaved slots);
-//! - [`gguf`]: GGUF Q4_0 and Q8_0 blocks and ggml's reference quantizers;
+//! - [`gguf`]: GGUF Q4_0, Q8_0 and Q4_1 blocks and ggml's reference quantizers;
 //! - [`nf4`]: bitsandbytes NF4 (table codes, absmax per block, high nibble first);
 //! - [`transcode`]: converting a layer between integer layouts through the logical matrix, proven
 //!   bit-identical before anything is written;

@@ -9,7 +9,7 @@ use ::repack::files::read_checkpoint;
 use ::repack::layer_io;
 use ::repack::layers::find_layers;
 use ndarray::Array2;
-use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
+use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock, q4_1};
 use weights::gptq::{self, ZeroConvention};
 use weights::transcode::{self, PackedLayer};
 use weights::{LogicalWeights, WeightFormat, awq, nf4};
@@ -238,6 +238,42 @@ fn gguf_quantization_matches_ggml_and_gguf_py_byte_for_byte() {
         gguf_case::<BlockQ8_0>(probe, &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Q4_1 (a scale and a minimum per block) sits outside `GgufBlock`: quantized bytes, the
+/// library's bytes read back, and both dequantizations against gguf-py's.
+#[test]
+fn gguf_q4_1_matches_ggml_and_gguf_py_byte_for_byte() {
+    for probe in ["pattern", "all15"] {
+        let stem = format!("gguf_{probe}_Q4_1");
+        let x: Array2<f32> =
+            ndarray_npy::read_npy(data(&format!("inputs/gguf_{probe}.npy"))).unwrap();
+        let flat: Vec<f32> = x.iter().copied().collect();
+        let blocks = q4_1::quantize(&flat, x.ncols()).unwrap();
+        let library = std::fs::read(data(&format!("library/{stem}.bin"))).unwrap();
+        assert_eq!(q4_1::to_bytes(&blocks), library, "{stem}: quantized bytes");
+        assert_eq!(
+            q4_1::from_bytes(&library).unwrap(),
+            blocks,
+            "{stem}: bytes read back"
+        );
+        let deq = Array2::from_shape_vec(x.dim(), q4_1::dequantize(&blocks)).unwrap();
+        assert_eq!(
+            weight_hash(&deq),
+            expected_hash(&stem),
+            "{stem}: dequantized weights"
+        );
+    }
+    // The all-15 probe: every block is constant, so d = 0, m = 15 and every code 0, and the
+    // weights come back exactly (unlike Q4_0's d = -1.875 with all-zero nibbles).
+    let library = std::fs::read(data("library/gguf_all15_Q4_1.bin")).unwrap();
+    let blocks = q4_1::from_bytes(&library).unwrap();
+    assert!(
+        blocks
+            .iter()
+            .all(|b| b.d.to_f32() == 0.0 && b.m.to_f32() == 15.0 && b.qs == [0; 16])
+    );
+    assert!(q4_1::dequantize(&blocks).iter().all(|&w| w == 15.0));
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! GGUF Q4_0 and Q8_0: blocks of 32 weights that carry their own scale, and ggml's reference
-//! quantizers for them.
+//! quantizers for them. Q4_1 (a scale and a minimum per block) lives in [`q4_1`], outside the
+//! [`GgufBlock`] machinery: it has no fixed integer zero point, no logical form and no fast
+//! kernel.
 //!
 //! Spec:
 //! - Container: a tensor of `rows` x `cols` (ggml's ne1 x ne0) is `rows * cols / 32` blocks in
@@ -59,6 +61,9 @@ use crate::logical::LogicalWeights;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod avx2;
 mod portable;
+pub mod q4_1;
+
+pub use q4_1::BlockQ4_1;
 
 /// Which implementation [`quantize_into_with`] and [`dequantize_into_with`] run. All give the
 /// same bytes and values; [`Kernel::best`] is what [`quantize`], [`quantize_into`],

@@ -99,7 +99,7 @@ def main(reference):
 
     for probe in ("pattern", "all15"):
         shutil.copyfile(inputs / f"gguf_{probe}.npy", HERE / "inputs" / f"gguf_{probe}.npy")
-        for kind in ("Q4_0", "Q8_0"):
+        for kind in ("Q4_0", "Q4_1", "Q8_0"):
             stem = f"gguf_{probe}_{kind}"
             shutil.copyfile(outputs / f"{stem}.bin", HERE / "library" / f"{stem}.bin")
             expected[stem] = [sha256(np.load(outputs / f"{stem}_deq.npy")), [f"{stem}_deq.npy"]]
