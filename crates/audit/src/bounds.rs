@@ -358,3 +358,105 @@ fn non_empty_unique<T: Ord>(field: &str, items: &[T]) -> Result<(), ProtocolErro
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use crate::protocol::Protocol;
+
+    /// A valid SmolLM2 protocol: queries are the 3 query heads of a KV head at the last position.
+    fn smollm2() -> Value {
+        json!({
+            "study": "real",
+            "tokens": [40],
+            "features": 64,
+            "queries": 3,
+            "settings": [{ "group_size": 8, "bits": 4, "axes": "k_feature_v_token" }],
+            "model": { "name": "smollm2", "texts": [{ "name": "harbour", "text": "..." }],
+                       "layers": [0, 29], "kv_heads": [0] }
+        })
+    }
+
+    /// One alteration of the valid protocol, with the field it must be refused for.
+    type Case = (&'static str, fn(&mut Value));
+
+    /// The field the audit refuses `protocol` for, or None if it accepts it.
+    fn refused(protocol: &Value) -> Option<String> {
+        let p: Protocol = serde_json::from_value(protocol.clone()).expect("the schema");
+        p.validate().err().map(|e| e.field)
+    }
+
+    #[test]
+    fn a_model_protocol_sized_to_its_model_is_accepted() {
+        assert_eq!(refused(&smollm2()), None);
+        let mut minilm = smollm2();
+        minilm["features"] = 32.into();
+        // An encoder's queries may span positions: any multiple of its one query head per KV head.
+        minilm["queries"] = 2.into();
+        minilm["model"]["name"] = "minilm".into();
+        minilm["model"]["layers"] = json!([0, 5]);
+        minilm["model"]["kv_heads"] = json!([11]);
+        assert_eq!(refused(&minilm), None);
+    }
+
+    #[test]
+    fn each_field_that_does_not_fit_the_model_is_named() {
+        let cases: [Case; 12] = [
+            ("generator", |p| {
+                p["generator"] = json!({ "name": "numpy", "entropy":
+                    { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } })
+            }),
+            ("seeds", |p| p["seeds"] = json!([1])),
+            ("focus", |p| {
+                p["focus"] = json!({ "window": 1, "gain": 1.0 })
+            }),
+            ("model.texts", |p| p["model"]["texts"] = json!([])),
+            ("model.texts[0].name", |p| {
+                p["model"]["texts"][0]["name"] = "a b".into()
+            }),
+            ("model.layers[1]", |p| p["model"]["layers"] = json!([0, 30])),
+            ("model.layers", |p| p["model"]["layers"] = json!([3, 3])),
+            ("model.kv_heads[0]", |p| p["model"]["kv_heads"] = json!([3])),
+            ("features", |p| p["features"] = 32.into()),
+            // A decoder's queries are exactly its 3 query heads at the last position.
+            ("queries", |p| p["queries"] = 6.into()),
+            ("tokens[1]", |p| p["tokens"] = json!([40, 8193])),
+            ("tokens[0]", |p| {
+                p["model"]["name"] = "minilm".into();
+                p["features"] = 32.into();
+                p["queries"] = 2.into();
+                p["model"]["layers"] = json!([0]);
+                // MiniLM's shortest pass is [CLS], one token, [SEP].
+                p["tokens"] = json!([2]);
+            }),
+        ];
+        for (field, edit) in cases {
+            let mut p = smollm2();
+            edit(&mut p);
+            assert_eq!(refused(&p).as_deref(), Some(field), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_generated_protocol_needs_its_generator_and_a_focus_only_to_shift_keys() {
+        let mut p = json!({
+            "study": "drawn",
+            "seeds": [1],
+            "tokens": [16],
+            "features": 8,
+            "queries": 2,
+            "distributions": ["clean"],
+            "settings": [{ "group_size": 8, "bits": 4 }],
+            "generator": { "name": "numpy", "entropy":
+                { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } }
+        });
+        assert_eq!(refused(&p), None);
+        p["distributions"] = json!(["clean", "early_focus"]);
+        assert_eq!(refused(&p).as_deref(), Some("focus"));
+        p["focus"] = json!({ "window": 4, "gain": 2.0 });
+        assert_eq!(refused(&p), None);
+        p.as_object_mut().unwrap().remove("generator");
+        assert_eq!(refused(&p).as_deref(), Some("generator"));
+    }
+}

@@ -435,6 +435,104 @@ pub fn archive_estimate(p: &Protocol) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// A hand-written MiniLM protocol: two texts, two lengths, two layers, two KV heads; a
+    /// default, a swapped asymmetric setting and one budget policy.
+    fn model_protocol() -> Protocol {
+        serde_json::from_value(serde_json::json!({
+            "study": "plan",
+            "tokens": [8, 16],
+            "features": 32,
+            "queries": 2,
+            "settings": [
+                { "group_size": 8, "bits": 4 },
+                { "group_size": 8, "bits": 4, "mode": "asymmetric", "axes": "k_feature_v_token" }
+            ],
+            "budget": { "group_size": 8, "low_bits": 2, "window": 4, "policies": ["recent8"] },
+            "model": { "name": "minilm",
+                       "texts": [{ "name": "a", "text": "one" }, { "name": "b", "text": "two" }],
+                       "layers": [5, 0], "kv_heads": [3, 1] }
+        }))
+        .expect("the schema")
+    }
+
+    #[test]
+    fn model_inputs_run_texts_then_lengths_then_layers_then_heads() {
+        let p = model_protocol();
+        let ids: Vec<String> = inputs(&p).into_iter().map(|i| i.id).collect();
+        assert_eq!(ids.len(), p.input_count());
+        assert_eq!(
+            ids[..5],
+            [
+                "t0_n8_l5_h3",
+                "t0_n8_l5_h1",
+                "t0_n8_l0_h3",
+                "t0_n8_l0_h1",
+                "t0_n16_l5_h3"
+            ]
+        );
+        assert_eq!(ids[8], "t1_n8_l5_h3");
+        let first = &inputs(&p)[0];
+        assert_eq!(
+            first.source,
+            InputSource::Model {
+                text: 0,
+                layer: 5,
+                kv_head: 3
+            }
+        );
+        // Layer 5 is its condition and every model input counts as clean; t0_n8 is its pass.
+        assert_eq!(first.condition(), "l5");
+        assert!(first.is_clean());
+        assert_eq!(first.pass().as_deref(), Some("t0_n8"));
+        // Conditions keep the protocol's order of layers.
+        assert_eq!(conditions(&p), ["l5", "l0"]);
+    }
+
+    #[test]
+    fn a_shard_slices_model_inputs_in_run_order() {
+        let p = model_protocol();
+        let all = inputs(&p);
+        let second = inputs_of(&p, Some((2, 3)));
+        assert_eq!(second, all[5..10]);
+    }
+
+    #[test]
+    fn swapped_settings_are_labelled_and_compared_on_their_axes() {
+        let p = model_protocol();
+        let labels: Vec<String> = configs(&p).iter().map(Config::label).collect();
+        assert_eq!(labels, ["g8_b4", "g8_b4_asym_swap", "recent8"]);
+        let inputs = inputs(&p);
+        let plan = comparisons(&p, &inputs);
+        assert_eq!(plan[1].id, "t0_n8_l5_h3_g8_b4_asym_swap");
+        assert_eq!(plan[1].axes, Axes::KFeatureVToken);
+        assert_eq!(
+            (plan[1].axes.k(), plan[1].axes.v()),
+            (GroupAxis::Feature, GroupAxis::Token)
+        );
+        // Budget policies keep the default axes: K along tokens, V along features.
+        assert_eq!(plan[2].id, "t0_n8_l5_h3_budget_recent8");
+        assert_eq!(plan[2].axes, Axes::KTokenVFeature);
+    }
+
+    #[test]
+    fn generated_inputs_keep_their_ids_and_distributions() {
+        let p: Protocol = serde_json::from_value(serde_json::json!({
+            "study": "drawn", "seeds": [7], "tokens": [16], "features": 8, "queries": 2,
+            "distributions": ["recent_focus", "clean"],
+            "focus": { "window": 4, "gain": 2.0 },
+            "settings": [{ "group_size": 8, "bits": 4 }],
+            "generator": { "name": "numpy", "entropy":
+                { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } }
+        }))
+        .expect("the schema");
+        let inputs = inputs(&p);
+        assert_eq!(inputs[0].id, "s7_n16_recent_focus");
+        assert_eq!(inputs[0].condition(), "recent_focus");
+        assert!(!inputs[0].is_clean() && inputs[1].is_clean());
+        assert_eq!(inputs[0].pass(), None);
+        assert_eq!(conditions(&p), ["recent_focus", "clean"]);
+    }
+
     #[test]
     fn policies_cut_the_cache_where_their_names_say() {
         let cut = |p| {
