@@ -10,7 +10,8 @@
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
 //! - [`transformer`]: one interface over both models ([`load`] by name), and their sizes;
 //! - [`tokenizer`]: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
-//! - [`bert`], `llama`: the two forward passes.
+//! - [`bert`], [`llama`]: the two forward passes ([`llama`]: SmolLM2 from its GGUF, with a hook
+//!   on each layer's K/V before attention reads them).
 //!
 //! Why by hand: the point is the per-layer K/V, exactly as a cache holds it, bit-reproducible on
 //! any machine and thread count. A general inference library hides the cache, picks its kernels
@@ -23,6 +24,7 @@
 pub mod bert;
 pub mod capture;
 pub mod files;
+pub mod llama;
 pub mod ops;
 pub mod tokenizer;
 pub mod transformer;

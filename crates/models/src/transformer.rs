@@ -2,6 +2,8 @@
 //! `kv` command and real-model protocols).
 
 use crate::bert::MiniLm;
+use crate::llama::Llama;
+use crate::tokenizer::bpe::Bpe;
 use crate::capture::Capture;
 use crate::files::{FilesError, ModelFiles, ModelName};
 
@@ -87,16 +89,56 @@ pub enum ModelError {
     /// MiniLM's loader or forward pass refused.
     #[error("minilm")]
     Bert(#[from] crate::bert::ModelError),
-    /// This build cannot run the model.
-    #[error("{0}: this build has no forward pass for it")]
-    Unsupported(ModelName),
+    /// SmolLM2's loader or forward pass refused.
+    #[error("smollm2")]
+    Llama(#[from] crate::llama::ModelError),
+    /// SmolLM2's tokenizer refused the text.
+    #[error("smollm2's tokenizer")]
+    Bpe(#[from] crate::tokenizer::bpe::BpeError),
 }
 
 /// Loads the model whose hash-checked files these are.
 pub fn load(files: &ModelFiles) -> Result<Box<dyn Transformer>, ModelError> {
     match files.model {
         ModelName::MiniLm => Ok(Box::new(MiniLm::load(files)?)),
-        ModelName::SmolLm2 => Err(ModelError::Unsupported(ModelName::SmolLm2)),
+        ModelName::SmolLm2 => {
+            let (llama, bpe) = crate::llama::load_with_tokenizer(files)?;
+            Ok(Box::new(SmolLm2Model { llama, bpe }))
+        }
+    }
+}
+
+/// SmolLM2 with its tokenizer (both from the GGUF file).
+struct SmolLm2Model {
+    llama: Llama,
+    bpe: Bpe,
+}
+
+impl Transformer for SmolLm2Model {
+    fn name(&self) -> ModelName {
+        ModelName::SmolLm2
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Ok(self.bpe.encode(text)?)
+    }
+
+    fn encode_prefix(&self, text: &str, tokens: usize) -> Result<Vec<u32>, ModelError> {
+        // No BOS (the GGUF says add_bos_token = false): the prefix is the first ids.
+        let mut ids = self.bpe.encode(text)?;
+        if ids.len() < tokens {
+            return Err(ModelError::TextTooShort {
+                model: ModelName::SmolLm2,
+                available: ids.len(),
+                needed: tokens,
+            });
+        }
+        ids.truncate(tokens);
+        Ok(ids)
+    }
+
+    fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError> {
+        Ok(self.llama.forward(ids)?)
     }
 }
 

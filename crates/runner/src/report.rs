@@ -139,11 +139,16 @@ pub fn summary_markdown(protocol: &Protocol, summary: &Summary, manifest: &Manif
     line("## Run");
     line(&run_table(protocol, manifest).to_markdown());
     line("## Packed KV");
-    line(
-        "Mean relative L2 error of the attention output over the clean inputs, and the K+V \
-         payload (codes, float32 scales, zero points when asymmetric, and two int32 shape values \
-         per tensor):",
-    );
+    line(&format!(
+        "Mean relative L2 error of the attention output over the {} inputs, and the K+V payload \
+         (codes, float32 scales, zero points when asymmetric, and two int32 shape values per \
+         tensor):",
+        if protocol.model.is_some() {
+            "model's"
+        } else {
+            "clean"
+        }
+    ));
     line(&packed_table(protocol, summary).to_markdown());
     line(if protocol.model.is_some() {
         "The same settings on every layer (mean over texts, KV heads and lengths):"

@@ -267,11 +267,12 @@ fn bytes_cell(value: Option<&usize>) -> String {
 /// The published table's shape: per setting, the clean mean error and the payload per length,
 /// then the float32 baseline.
 pub fn packed_table(protocol: &Protocol, summary: &Summary) -> Table {
-    let mut headers = vec![
-        "group".into(),
-        "bits".into(),
-        "rel. error (clean mean)".into(),
-    ];
+    let headline = if protocol.model.is_some() {
+        "rel. error (mean)"
+    } else {
+        "rel. error (clean mean)"
+    };
+    let mut headers = vec!["group".into(), "bits".into(), headline.into()];
     headers.extend(protocol.tokens.iter().map(|n| format!("payload N={n}")));
     let mut rows: Vec<Vec<String>> = summary
         .packed_kv
