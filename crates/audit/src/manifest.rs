@@ -172,7 +172,7 @@ pub struct ModelRecord {
 /// name the protocol's; its wheel, weight file and hash the audit's own pins
 /// ([`crate::protocol::ModelName::pin`]); its ids exactly one list per pass of the inputs in
 /// this directory (`inputs`: a shard's only its own), each of N ids below the vocabulary size,
-/// and MiniLM's opening with [CLS] and closing with [SEP].
+/// and MiniLM's opening with `[CLS]` and closing with `[SEP]`.
 ///
 /// With `models` (`audit --models DIR`), the weight file `DIR/<name>/<weight_file>` is hashed
 /// and must have the recorded SHA-256; without it a note says the file was not checked. Either

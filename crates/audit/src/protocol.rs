@@ -96,7 +96,7 @@ pub struct ModelShape {
     pub causal: bool,
     /// Most tokens per pass.
     pub max_tokens: usize,
-    /// Fewest tokens per pass (MiniLM's [CLS], one token, [SEP]).
+    /// Fewest tokens per pass (MiniLM's `[CLS]`, one token, `[SEP]`).
     pub shortest: usize,
     /// Token ids run from 0 to `vocabulary - 1`.
     pub vocabulary: u32,
@@ -172,7 +172,7 @@ impl ModelName {
         }
     }
 
-    /// MiniLM's WordPiece ids open with [CLS] and close with [SEP]; SmolLM2 adds no marker.
+    /// MiniLM's WordPiece ids open with `[CLS]` and close with `[SEP]`; SmolLM2 adds no marker.
     pub fn markers(self) -> Option<(u32, u32)> {
         match self {
             ModelName::MiniLm => Some((101, 102)),

@@ -18,7 +18,7 @@ use models::ModelName;
 
 use crate::support::{
     array, assert_pass, assert_problem, audit, copy_of, edit_arrays, edit_json, edit_text,
-    make_run, rehash, workspace,
+    make_run, make_shard, rehash, workspace,
 };
 
 /// ~300 words, long enough for either model's 40 tokens.
@@ -39,6 +39,26 @@ fn minilm_protocol() -> String {
                     "policies": ["uniform", "recent_f32"] },
         "model": { "name": "minilm", "texts": [{ "name": "harbour", "text": TEXT }],
                    "layers": [0, 5], "kv_heads": [0] }
+    })
+    .to_string()
+}
+
+/// A SmolLM2 protocol: a decoder, so its queries are the 3 query heads of the KV head at the
+/// last position; its first and last layers.
+fn smollm2_protocol() -> String {
+    serde_json::json!({
+        "study": "audit-smollm2",
+        "tokens": [40],
+        "features": 64,
+        "queries": 3,
+        "settings": [
+            { "group_size": 8, "bits": 4, "axes": "k_feature_v_token" },
+            { "group_size": 8, "bits": 3, "mode": "asymmetric" }
+        ],
+        "budget": { "group_size": 8, "low_bits": 2, "window": 8,
+                    "policies": ["uniform", "recent8"] },
+        "model": { "name": "smollm2", "texts": [{ "name": "harbour", "text": TEXT }],
+                   "layers": [0, 29], "kv_heads": [0] }
     })
     .to_string()
 }
@@ -281,4 +301,70 @@ fn a_generated_runs_marker_attribute_is_refused_on_a_model_run() {
     assert_problem(&report, "marker attributes", |p| {
         matches!(p, Problem::Chart(ChartProblem::Marker { index: 0, .. }))
     });
+}
+
+#[test]
+fn a_smollm2_run_passes_and_its_weight_file_is_checked() {
+    let cache = model_cache(ModelName::SmolLm2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("smollm2");
+    make_run(&smollm2_protocol(), &dir);
+    let report = with_models(&dir, &cache);
+    assert_pass(&report);
+    assert_eq!(report.counted(Checked::InputsArchived), 2);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| matches!(n, Note::ModelFileChecked(_)))
+    );
+
+    // SmolLM2 adds no [CLS]/[SEP]; its ids are only held to the count and the vocabulary.
+    let (_tmp, copy) = copy_of(&dir);
+    edit_json(&copy, "manifest.json", |m| {
+        m["model"]["ids"]["t0_n40"][0] = 49_152.into();
+        m["model"]["name"] = "minilm".into();
+    });
+    let report = audit(&copy);
+    assert_problem(
+        &report,
+        "vocabulary",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids.t0_n40" && found == "id 49152 at position 0"),
+    );
+    assert_problem(
+        &report,
+        "name",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "name"),
+    );
+}
+
+#[test]
+fn a_shard_records_the_ids_of_its_own_passes_only() {
+    model_cache(ModelName::MiniLm);
+    // Two lengths, so the shards' inputs come from different passes: shard 1 of 2 holds
+    // t0_n20 (layers 0 and 5), shard 2 holds t0_n40.
+    let mut protocol: serde_json::Value = serde_json::from_str(&minilm_protocol()).unwrap();
+    protocol["tokens"] = serde_json::json!([20, 40]);
+    let protocol = protocol.to_string();
+    let tmp = tempfile::tempdir().unwrap();
+    let first = tmp.path().join("first");
+    let second = tmp.path().join("second");
+    make_shard(&protocol, Some((1, 2)), &first);
+    make_shard(&protocol, Some((2, 2)), &second);
+    assert_pass(&audit(&first));
+    assert_pass(&audit(&second));
+
+    // The other shard's pass added to the first's record.
+    let other = std::fs::read_to_string(second.join("manifest.json")).unwrap();
+    let other: serde_json::Value = serde_json::from_str(&other).unwrap();
+    let (_tmp, dir) = copy_of(&first);
+    edit_json(&dir, "manifest.json", |m| {
+        m["model"]["ids"]["t0_n40"] = other["model"]["ids"]["t0_n40"].clone();
+    });
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "passes",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids" && found.contains("t0_n40")),
+    );
 }
