@@ -1,6 +1,8 @@
-//! arrays.npz against the protocol: every input re-derived and required bit for bit, every
-//! reference and output recomputed, every stored segment checked ([`crate::tensors`]), and each
-//! results row's metrics and payloads recomputed.
+//! arrays.npz against the protocol: every generated input re-derived and required bit for bit
+//! (a model's input, which the audit cannot re-derive without running the model, is read from
+//! the archive and required to be finite f32 of its shape: [`crate::inputs::archived`]), every
+//! reference and output recomputed, every stored segment checked ([`crate::tensors`]) on the
+//! axes its setting groups it along, and each results row's metrics and payloads recomputed.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -8,7 +8,10 @@
 //! - the headings and tables in the order the protocol implies, each table's header and every
 //!   cell equal to the audit's own rendering of the values it verified (the run table from the
 //!   protocol, the error and payload tables from summary.json, the platform from manifest.json,
-//!   the medians from summary.json);
+//!   the medians from summary.json). A model protocol's run table names the model, its texts,
+//!   layers and KV heads where a generated one names its generator, seeds and distributions (and
+//!   the focus rows appear only when the protocol has a focus); the per-condition tables have a
+//!   column per layer (`l5`) instead of per distribution; a swapped setting's bits read `4 swap`;
 //! - no figure in any heading or paragraph (see [`figures`]).
 
 pub use crate::problem::MarkdownProblem;

@@ -1,5 +1,7 @@
-//! What a run of a protocol must contain, derived from the protocol alone: its inputs, its
-//! comparisons (ids, segments, array names) and the labels tables use.
+//! What a run of a protocol must contain, derived from the protocol alone: its inputs (generated
+//! draws, or a model's passes cut into one input per layer and KV head), its comparisons (ids,
+//! segments, the axes K and V are grouped along, array names), the labels tables use, and the
+//! conditions (distributions, or layers `l5`) they break results down by.
 
 use crate::decoder::GroupAxis;
 use crate::protocol::{Axes, Distribution, Mode, Policy, Protocol, Setting};

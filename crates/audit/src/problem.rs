@@ -559,7 +559,7 @@ pub enum ChartProblem {
         /// What is wrong.
         what: String,
     },
-    /// Markers that are not one per configuration, distribution and length, in order.
+    /// Markers that are not one per configuration, condition and length, in order.
     #[error("marker {index}: {found}, expected {expected}")]
     Marker {
         /// Position among the markers.

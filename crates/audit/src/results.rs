@@ -1,6 +1,8 @@
 //! results.json: one row per comparison, read with the audit's own types and held to the plan.
-//! Descriptive fields must be what the protocol gives the row's id; the numbers are checked
-//! against recomputation in [`crate::comparisons`].
+//! Descriptive fields must be what the protocol gives the row's id (a generated input's `seed`
+//! and `distribution`, or a model input's `text`, `layer` and `kv_head`, each present only for
+//! its kind; `k_axis` and `v_axis` as the setting groups them); the numbers are checked against
+//! recomputation in [`crate::comparisons`].
 
 pub use crate::problem::ResultsProblem;
 use std::collections::{BTreeMap, BTreeSet};

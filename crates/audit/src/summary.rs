@@ -1,5 +1,7 @@
 //! summary.json: every table recomputed from what the audit itself recomputed, with exactly the
-//! rows and keys the protocol implies.
+//! rows and keys the protocol implies. Means are keyed by condition (the distributions, or a
+//! model's layers `l5`); the packed-KV headline is over the clean inputs, which for a model are
+//! all of them (its keys are never shaped).
 
 use std::collections::BTreeMap;
 
