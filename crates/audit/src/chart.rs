@@ -16,7 +16,9 @@
 //!   packed-KV settings, hollow for budget policies) in its configuration's legend colour;
 //! - every tick label on both axes at the pixel the same mapping gives its value, at least two
 //!   per axis, so the axes a reader sees are the mapping the markers use;
-//! - a legend entry (swatch, then label) per configuration, right of the plot;
+//! - a legend entry (swatch, then label) per configuration, right of the plot; the condition
+//!   legend's heading (`distribution`, or `layer`) and each condition's name, and the y axis's
+//!   description (mean over seeds, or over texts and heads), shown as text;
 //! - no element outside what the chart uses (no script, image, link or foreign content) and no
 //!   other marker-like shape inside the plot.
 
@@ -299,6 +301,28 @@ pub fn check(
         let label = config.label();
         if !legend.contains_key(&label) {
             fail(report, ChartProblem::Legend { config: label });
+        }
+    }
+    // What a marker's mean is over, and what its shape stands for, must be the protocol's: a
+    // model's means are over texts and KV heads and its shapes are layers.
+    let texts: Vec<&str> = root
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim())
+        .collect();
+    let (description, heading) = if p.model.is_some() {
+        (
+            "relative L2 error, mean over texts and heads (log)",
+            "layer",
+        )
+    } else {
+        ("relative L2 error, mean over seeds (log)", "distribution")
+    };
+    let mut labels = vec![description.to_string(), heading.to_string()];
+    labels.extend(shaped_conditions(p).into_iter().map(|(_, c)| c));
+    for expected in labels {
+        if !texts.contains(&expected.as_str()) {
+            fail(report, ChartProblem::Label { expected });
         }
     }
     // A model's markers name their layer as a condition; generated ones their distribution.

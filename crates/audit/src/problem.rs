@@ -611,6 +611,13 @@ pub enum ChartProblem {
         /// What is wrong.
         what: String,
     },
+    /// A text the chart must show to be read right (the y axis's description, or the
+    /// condition legend's heading or one of its entries) that it does not show.
+    #[error("the chart does not show the text {expected:?}")]
+    Label {
+        /// The text.
+        expected: String,
+    },
     /// A configuration without its legend entry.
     #[error("the legend has no swatch and label for {config}")]
     Legend {

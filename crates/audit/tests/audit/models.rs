@@ -264,6 +264,8 @@ fn a_changed_layer_condition_is_named_in_summary_markdown_and_chart() {
     });
     edit_text(&dir, "error-vs-bytes.svg", |svg| {
         svg.replacen(r#"data-condition="l5""#, r#"data-condition="l4""#, 1)
+            // The y axis would claim a mean over seeds.
+            .replace("mean over texts and heads", "mean over seeds")
     });
     rehash(&dir);
     let report = audit(&dir);
@@ -281,6 +283,11 @@ fn a_changed_layer_condition_is_named_in_summary_markdown_and_chart() {
         &report,
         "chart condition",
         |p| matches!(p, Problem::Chart(ChartProblem::Marker { found, .. }) if found.contains(" l4 ")),
+    );
+    assert_problem(
+        &report,
+        "y axis description",
+        |p| matches!(p, Problem::Chart(ChartProblem::Label { expected }) if expected.contains("texts and heads")),
     );
 }
 
