@@ -346,7 +346,7 @@ fn a_smollm2_run_passes_and_its_weight_file_is_checked() {
 }
 
 #[test]
-fn a_shard_records_the_ids_of_its_own_passes_only() {
+fn a_shard_records_the_ids_of_its_own_passes_only_and_a_merge_all() {
     model_cache(ModelName::MiniLm);
     // Two lengths, so the shards' inputs come from different passes: shard 1 of 2 holds
     // t0_n20 (layers 0 and 5), shard 2 holds t0_n40.
@@ -360,6 +360,10 @@ fn a_shard_records_the_ids_of_its_own_passes_only() {
     make_shard(&protocol, Some((2, 2)), &second);
     assert_pass(&audit(&first));
     assert_pass(&audit(&second));
+    // Their merge records both passes, and audits like a whole run.
+    let merged = tmp.path().join("merged");
+    runner::merge::merge(&merged, &[first.clone(), second.clone()]).unwrap();
+    assert_pass(&audit(&merged));
 
     // The other shard's pass added to the first's record.
     let other = std::fs::read_to_string(second.join("manifest.json")).unwrap();
