@@ -379,3 +379,25 @@ fn a_shard_records_the_ids_of_its_own_passes_only_and_a_merge_all() {
         |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids" && found.contains("t0_n40")),
     );
 }
+
+#[test]
+fn the_command_line_takes_a_model_cache_with_models() {
+    let cache = model_cache(ModelName::MiniLm);
+    let audit_cli = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_audit"))
+            .args(args)
+            .output()
+            .expect("audit starts");
+        (out.status.success(), String::from_utf8(out.stdout).unwrap())
+    };
+    let run = minilm_run().as_os_str();
+    let (passed, stdout) = audit_cli(&[run, "--models".as_ref(), cache.as_os_str()]);
+    assert!(passed, "{stdout}");
+    assert!(stdout.contains("has the recorded SHA-256"), "{stdout}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let (passed, stdout) = audit_cli(&[run, "--models".as_ref(), empty.path().as_os_str()]);
+    assert!(!passed);
+    assert!(stdout.ends_with("\nFAIL\n"), "{stdout}");
+    assert!(stdout.contains("FAIL: model file "), "{stdout}");
+}
