@@ -26,8 +26,10 @@
 //! renderer does, `roxmltree` to read the SVG, `ndarray` for arrays, `walkdir` to list source
 //! trees, `clap` and `anyhow` for the binary. It never depends on the codec or the runner, and
 //! shares no code with them: the decoder, the quantization rule, attention, the strict npz reader
-//! and every table are written here again from the evidence format's spec. (Its tests use the
-//! runner and the codec as dev-dependencies, to make runs to tamper with.)
+//! and every table are written here again from the evidence format's spec; the models' sizes and
+//! pinned hashes are its own copy too ([`protocol::ModelName`]). (Its tests use the runner, the
+//! codec and the models crate as dev-dependencies, to make runs to tamper with and to find the
+//! model files.)
 //!
 //! - [`audit_dir`]: one evidence directory (`audit DIR`);
 //! - [`audit_pins`]: everything a root manifest pins (`audit`);
