@@ -38,9 +38,10 @@ fn refuse(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError 
     }
 }
 
-/// Elements of the padded grouped view of one stored tensor: K (grouped along tokens) is
-/// `features` rows of `ceil(tokens / g) * g` codes, V (along features) `tokens` rows of
-/// `ceil(features / g) * g`. None if that overflows.
+/// Elements of the padded grouped view of one stored tensor, for each axis: grouped along tokens
+/// it is `features` rows of `ceil(tokens / g) * g` codes, along features `tokens` rows of
+/// `ceil(features / g) * g`. K and V each take one of the two (which one depends on the setting's
+/// axes), so a setting fits when both do. None if that overflows.
 pub fn padded_elements(tokens: usize, features: usize, group_size: usize) -> Option<[usize; 2]> {
     let padded = |len: usize| len.div_ceil(group_size).checked_mul(group_size);
     Some([
@@ -63,9 +64,8 @@ impl Protocol {
                 "1 to 64 ASCII letters, digits, '-', '_' or '.'",
             ));
         }
-        non_empty_unique("seeds", &self.seeds)?;
+        self.validate_source()?;
         non_empty_unique("tokens", &self.tokens)?;
-        non_empty_unique("distributions", &self.distributions)?;
         non_empty_unique("settings", &self.settings)?;
         if self.features == 0 || self.queries == 0 {
             return Err(refuse("features/queries", "must be at least 1"));
@@ -98,17 +98,27 @@ impl Protocol {
                 &self.tokens,
             )?;
         }
-        if !self.focus.gain.is_finite() {
-            return Err(refuse("focus.gain", "not finite"));
-        }
         let shortest = self.tokens.iter().copied().min().unwrap_or(0);
-        if self.distributions.iter().any(|&d| d != Distribution::Clean)
-            && !(1..=shortest).contains(&self.focus.window)
-        {
-            return Err(refuse(
-                "focus.window",
-                "0 or longer than the shortest length",
-            ));
+        let uses_focus = self.distributions.iter().any(|&d| d != Distribution::Clean);
+        match self.focus {
+            None if uses_focus => {
+                return Err(refuse(
+                    "focus",
+                    "missing: early_focus and recent_focus shift keys by it",
+                ));
+            }
+            None => {}
+            Some(focus) => {
+                if !focus.gain.is_finite() {
+                    return Err(refuse("focus.gain", "not finite"));
+                }
+                if uses_focus && !(1..=shortest).contains(&focus.window) {
+                    return Err(refuse(
+                        "focus.window",
+                        "0 or longer than the shortest length",
+                    ));
+                }
+            }
         }
         if let Some(b) = &self.budget {
             non_empty_unique("budget.policies", &b.policies)?;
@@ -159,11 +169,107 @@ impl Protocol {
                 return Err(refuse("timing", "no repeats, or over 1,000,000 calls"));
             }
         }
-        for &seed in &self.seeds {
-            for &n in &self.tokens {
-                if self.generator.entropy.entropy(seed, n).is_none() {
-                    return Err(refuse("generator.entropy", "overflows 128 bits"));
+        if let Some(generator) = &self.generator {
+            for &seed in &self.seeds {
+                for &n in &self.tokens {
+                    if generator.entropy.entropy(seed, n).is_none() {
+                        return Err(refuse("generator.entropy", "overflows 128 bits"));
+                    }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Exactly one input source, as the runner requires: a generator with its seeds and
+    /// distributions, or a model with its texts, layers and KV heads, sized to the model (the
+    /// audit's own table of sizes, [`crate::protocol::ModelName::shape`]).
+    fn validate_source(&self) -> Result<(), ProtocolError> {
+        let Some(model) = &self.model else {
+            if self.generator.is_none() {
+                return Err(refuse(
+                    "generator",
+                    "missing: a protocol draws its inputs with a generator or takes them from a \
+                     model",
+                ));
+            }
+            non_empty_unique("seeds", &self.seeds)?;
+            return non_empty_unique("distributions", &self.distributions);
+        };
+        let generated_only = [
+            ("generator", self.generator.is_some()),
+            ("seeds", !self.seeds.is_empty()),
+            ("distributions", !self.distributions.is_empty()),
+            ("focus", self.focus.is_some()),
+        ];
+        if let Some((field, _)) = generated_only.iter().find(|(_, present)| *present) {
+            return Err(refuse(
+                *field,
+                "applies to generated inputs only; this protocol takes its inputs from a model",
+            ));
+        }
+        let shape = model.name.shape();
+        let names: Vec<&String> = model.texts.iter().map(|t| &t.name).collect();
+        non_empty_unique("model.texts", &names)?;
+        for (i, text) in model.texts.iter().enumerate() {
+            let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+            if text.name.is_empty() || text.name.len() > 32 || !text.name.chars().all(plain) {
+                return Err(refuse(
+                    format!("model.texts[{i}].name"),
+                    "must be 1 to 32 ASCII letters, digits, '-', '_' or '.'",
+                ));
+            }
+        }
+        non_empty_unique("model.layers", &model.layers)?;
+        non_empty_unique("model.kv_heads", &model.kv_heads)?;
+        for (field, items, count) in [
+            ("model.layers", &model.layers, shape.layers),
+            ("model.kv_heads", &model.kv_heads, shape.kv_heads),
+        ] {
+            if let Some(i) = items.iter().position(|&x| x >= count) {
+                return Err(refuse(
+                    format!("{field}[{i}]"),
+                    format!("{} is not below {}'s {count}", items[i], model.name),
+                ));
+            }
+        }
+        if self.features != shape.head_dim {
+            return Err(refuse(
+                "features",
+                format!("{} has head_dim {}", model.name, shape.head_dim),
+            ));
+        }
+        let group = shape.group();
+        // A decoder's queries are its query heads at the last position only (the one position
+        // whose causal attention reads the whole cache); an encoder's may span positions.
+        let queries_ok = if shape.causal {
+            self.queries == group
+        } else {
+            self.queries.is_multiple_of(group)
+        };
+        if !queries_ok {
+            return Err(refuse(
+                "queries",
+                format!(
+                    "{} needs {} {group} (query heads per KV head)",
+                    model.name,
+                    if shape.causal {
+                        "exactly"
+                    } else {
+                        "a multiple of"
+                    }
+                ),
+            ));
+        }
+        for (i, &n) in self.tokens.iter().enumerate() {
+            if n > shape.max_tokens || n < shape.shortest || n < self.queries / group {
+                return Err(refuse(
+                    format!("tokens[{i}]"),
+                    format!(
+                        "{} takes {} to {} tokens per pass, and at least one per query position",
+                        model.name, shape.shortest, shape.max_tokens
+                    ),
+                ));
             }
         }
         Ok(())
@@ -188,9 +294,17 @@ impl Protocol {
         Ok(())
     }
 
-    /// Inputs: seeds x lengths x distributions.
+    /// Inputs of one length: seeds x distributions, or texts x layers x KV heads.
+    pub fn inputs_per_length(&self) -> usize {
+        match &self.model {
+            Some(m) => m.texts.len() * m.layers.len() * m.kv_heads.len(),
+            None => self.seeds.len() * self.distributions.len(),
+        }
+    }
+
+    /// Inputs: seeds x lengths x distributions, or texts x lengths x layers x KV heads.
     pub fn input_count(&self) -> usize {
-        self.seeds.len() * self.tokens.len() * self.distributions.len()
+        self.inputs_per_length() * self.tokens.len()
     }
 
     /// Packed-KV settings and budget policies, per input.
@@ -228,7 +342,7 @@ impl Protocol {
                     .sum()
             });
             let per_input = 4 + packed + budget;
-            let inputs = self.seeds.len() * self.distributions.len();
+            let inputs = self.inputs_per_length();
             total = total.checked_add(inputs.checked_mul(per_input)?)?;
         }
         Some(total)
@@ -243,4 +357,106 @@ fn non_empty_unique<T: Ord>(field: &str, items: &[T]) -> Result<(), ProtocolErro
         return Err(refuse(field, "lists an entry twice"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use crate::protocol::Protocol;
+
+    /// A valid SmolLM2 protocol: queries are the 3 query heads of a KV head at the last position.
+    fn smollm2() -> Value {
+        json!({
+            "study": "real",
+            "tokens": [40],
+            "features": 64,
+            "queries": 3,
+            "settings": [{ "group_size": 8, "bits": 4, "axes": "k_feature_v_token" }],
+            "model": { "name": "smollm2", "texts": [{ "name": "harbour", "text": "..." }],
+                       "layers": [0, 29], "kv_heads": [0] }
+        })
+    }
+
+    /// One alteration of the valid protocol, with the field it must be refused for.
+    type Case = (&'static str, fn(&mut Value));
+
+    /// The field the audit refuses `protocol` for, or None if it accepts it.
+    fn refused(protocol: &Value) -> Option<String> {
+        let p: Protocol = serde_json::from_value(protocol.clone()).expect("the schema");
+        p.validate().err().map(|e| e.field)
+    }
+
+    #[test]
+    fn a_model_protocol_sized_to_its_model_is_accepted() {
+        assert_eq!(refused(&smollm2()), None);
+        let mut minilm = smollm2();
+        minilm["features"] = 32.into();
+        // An encoder's queries may span positions: any multiple of its one query head per KV head.
+        minilm["queries"] = 2.into();
+        minilm["model"]["name"] = "minilm".into();
+        minilm["model"]["layers"] = json!([0, 5]);
+        minilm["model"]["kv_heads"] = json!([11]);
+        assert_eq!(refused(&minilm), None);
+    }
+
+    #[test]
+    fn each_field_that_does_not_fit_the_model_is_named() {
+        let cases: [Case; 12] = [
+            ("generator", |p| {
+                p["generator"] = json!({ "name": "numpy", "entropy":
+                    { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } })
+            }),
+            ("seeds", |p| p["seeds"] = json!([1])),
+            ("focus", |p| {
+                p["focus"] = json!({ "window": 1, "gain": 1.0 })
+            }),
+            ("model.texts", |p| p["model"]["texts"] = json!([])),
+            ("model.texts[0].name", |p| {
+                p["model"]["texts"][0]["name"] = "a b".into()
+            }),
+            ("model.layers[1]", |p| p["model"]["layers"] = json!([0, 30])),
+            ("model.layers", |p| p["model"]["layers"] = json!([3, 3])),
+            ("model.kv_heads[0]", |p| p["model"]["kv_heads"] = json!([3])),
+            ("features", |p| p["features"] = 32.into()),
+            // A decoder's queries are exactly its 3 query heads at the last position.
+            ("queries", |p| p["queries"] = 6.into()),
+            ("tokens[1]", |p| p["tokens"] = json!([40, 8193])),
+            ("tokens[0]", |p| {
+                p["model"]["name"] = "minilm".into();
+                p["features"] = 32.into();
+                p["queries"] = 2.into();
+                p["model"]["layers"] = json!([0]);
+                // MiniLM's shortest pass is [CLS], one token, [SEP].
+                p["tokens"] = json!([2]);
+            }),
+        ];
+        for (field, edit) in cases {
+            let mut p = smollm2();
+            edit(&mut p);
+            assert_eq!(refused(&p).as_deref(), Some(field), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_generated_protocol_needs_its_generator_and_a_focus_only_to_shift_keys() {
+        let mut p = json!({
+            "study": "drawn",
+            "seeds": [1],
+            "tokens": [16],
+            "features": 8,
+            "queries": 2,
+            "distributions": ["clean"],
+            "settings": [{ "group_size": 8, "bits": 4 }],
+            "generator": { "name": "numpy", "entropy":
+                { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } }
+        });
+        assert_eq!(refused(&p), None);
+        p["distributions"] = json!(["clean", "early_focus"]);
+        assert_eq!(refused(&p).as_deref(), Some("focus"));
+        p["focus"] = json!({ "window": 4, "gain": 2.0 });
+        assert_eq!(refused(&p), None);
+        p.as_object_mut().unwrap().remove("generator");
+        assert_eq!(refused(&p).as_deref(), Some("generator"));
+    }
 }

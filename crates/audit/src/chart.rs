@@ -1,18 +1,24 @@
 //! error-vs-bytes.svg: every marker tied to its numbers and placed where the axes say.
 //!
 //! The runner writes each marker as `<g class="marker" data-config data-distribution
-//! data-tokens data-payload-bytes data-relative-l2 transform="translate(X,Y)">` around one shape,
+//! data-tokens data-payload-bytes data-relative-l2 transform="translate(X,Y)">` (for a model's
+//! inputs `data-condition="l5"` in place of `data-distribution`) around one shape,
 //! inside `<g id="markers">`, which declares the log-log axis mapping (`data-x-range`,
 //! `data-y-range`: the value range; `data-x-pixels`, `data-y-pixels`: where its ends land). The
 //! audit requires:
-//! - exactly one marker per configuration, distribution and length with a positive mean error,
-//!   in run order, whose data equal the audit's own mean over seeds and payload;
+//! - exactly one marker per configuration, condition (distribution, or a model's layer) and
+//!   length with a positive mean error, in run order, whose data equal the audit's own mean over
+//!   seeds (or texts and KV heads) and payload;
 //! - each marker at the pixel the declared mapping gives its data (within one pixel, plotters'
-//!   rounding), with the shape of its distribution and the paint of its study (filled for
+//!   rounding), with the shape of its condition (a distribution's own: circle `clean`, triangle
+//!   `early_focus`, diamond `recent_focus`; a layer's by its position in the protocol: circle,
+//!   triangle, diamond, square, then again) and the paint of its study (filled for
 //!   packed-KV settings, hollow for budget policies) in its configuration's legend colour;
 //! - every tick label on both axes at the pixel the same mapping gives its value, at least two
 //!   per axis, so the axes a reader sees are the mapping the markers use;
-//! - a legend entry (swatch, then label) per configuration, right of the plot;
+//! - a legend entry (swatch, then label) per configuration, right of the plot; the condition
+//!   legend's heading (`distribution`, or `layer`) and each condition's name, and the y axis's
+//!   description (mean over seeds, or over texts and heads), shown as text;
 //! - no element outside what the chart uses (no script, image, link or foreign content) and no
 //!   other marker-like shape inside the plot.
 
@@ -22,7 +28,7 @@ use std::collections::BTreeMap;
 use roxmltree::{Document, Node};
 
 use crate::comparisons::{Recomputed, close};
-use crate::plan::{ComparisonPlan, Config, InputPlan, Study};
+use crate::plan::{ComparisonPlan, Config, InputPlan, Study, layer_condition};
 use crate::protocol::{Distribution, Protocol};
 use crate::report::{Checked, Problem, Report};
 
@@ -68,10 +74,14 @@ impl Axis {
     }
 }
 
-/// A marker the audit expects: (config label, distribution, tokens, payload, mean error, budget).
+/// A marker the audit expects: (config label, condition, shape, tokens, payload, mean error,
+/// budget).
 struct ExpectedMarker {
     config: String,
-    distribution: Distribution,
+    /// The distribution's name, or the layer's (`l5`).
+    condition: String,
+    /// Index into [`SHAPES`].
+    shape: usize,
     tokens: usize,
     payload_bytes: usize,
     relative_l2: f64,
@@ -87,13 +97,13 @@ fn expected_markers(
 ) -> Vec<ExpectedMarker> {
     let mut out = Vec::new();
     for config in configs {
-        for &distribution in &p.distributions {
+        for (shape, condition) in shaped_conditions(p) {
             for &n in &p.tokens {
                 let mine: Vec<(&ComparisonPlan, &Recomputed)> = plan
                     .iter()
                     .filter(|e| e.config == *config)
                     .filter(|e| {
-                        inputs[e.input].distribution == distribution && inputs[e.input].tokens == n
+                        inputs[e.input].condition() == condition && inputs[e.input].tokens == n
                     })
                     .filter_map(|e| Some((e, recomputed.get(&e.id)?)))
                     .collect();
@@ -104,7 +114,8 @@ fn expected_markers(
                 if mean > 0.0 {
                     out.push(ExpectedMarker {
                         config: config.label(),
-                        distribution,
+                        condition: condition.clone(),
+                        shape,
                         tokens: n,
                         payload_bytes: r.payload_bytes,
                         relative_l2: mean,
@@ -117,12 +128,37 @@ fn expected_markers(
     out
 }
 
-/// The marker shape of a distribution, centred on (0, 0): element name and geometry attribute.
-fn shape(distribution: Distribution) -> (&'static str, &'static str, &'static str) {
-    match distribution {
-        Distribution::Clean => ("circle", "r", "5"),
-        Distribution::EarlyFocus => ("polygon", "points", "0,-6 5.2,3 -5.2,3"),
-        Distribution::RecentFocus => ("polygon", "points", "0,-6 6,0 0,6 -6,0"),
+/// The marker shapes, centred on (0, 0): element name, geometry attribute and its value.
+const SHAPES: [(&str, &str, &str); 4] = [
+    ("circle", "r", "5"),
+    ("polygon", "points", "0,-6 5.2,3 -5.2,3"),
+    ("polygon", "points", "0,-6 6,0 0,6 -6,0"),
+    ("polygon", "points", "-4.5,-4.5 4.5,-4.5 4.5,4.5 -4.5,4.5"),
+];
+
+/// The conditions markers are drawn for, in protocol order, each with its index into
+/// [`SHAPES`]: a distribution keeps its own shape whatever its position; a model's layers take
+/// the shapes in turn.
+fn shaped_conditions(p: &Protocol) -> Vec<(usize, String)> {
+    match &p.model {
+        Some(m) => m
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, &layer)| (i % SHAPES.len(), layer_condition(layer)))
+            .collect(),
+        None => p
+            .distributions
+            .iter()
+            .map(|&d| {
+                let shape = match d {
+                    Distribution::Clean => 0,
+                    Distribution::EarlyFocus => 1,
+                    Distribution::RecentFocus => 2,
+                };
+                (shape, d.name().to_string())
+            })
+            .collect(),
     }
 }
 
@@ -267,6 +303,34 @@ pub fn check(
             fail(report, ChartProblem::Legend { config: label });
         }
     }
+    // What a marker's mean is over, and what its shape stands for, must be the protocol's: a
+    // model's means are over texts and KV heads and its shapes are layers.
+    let texts: Vec<&str> = root
+        .descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim())
+        .collect();
+    let (description, heading) = if p.model.is_some() {
+        (
+            "relative L2 error, mean over texts and heads (log)",
+            "layer",
+        )
+    } else {
+        ("relative L2 error, mean over seeds (log)", "distribution")
+    };
+    let mut labels = vec![description.to_string(), heading.to_string()];
+    labels.extend(shaped_conditions(p).into_iter().map(|(_, c)| c));
+    for expected in labels {
+        if !texts.contains(&expected.as_str()) {
+            fail(report, ChartProblem::Label { expected });
+        }
+    }
+    // A model's markers name their layer as a condition; generated ones their distribution.
+    let (condition_attribute, other_attribute) = if p.model.is_some() {
+        ("data-condition", "data-distribution")
+    } else {
+        ("data-distribution", "data-condition")
+    };
     let mut placed = 0;
     for (index, (node, want)) in found.iter().zip(&expected).enumerate() {
         let data = |name: &str| node.attribute(name).unwrap_or("");
@@ -274,7 +338,8 @@ pub fn check(
         let same = node.has_tag_name("g")
             && node.attribute("class") == Some("marker")
             && data("data-config") == want.config
-            && data("data-distribution") == want.distribution.name()
+            && data(condition_attribute) == want.condition
+            && node.attribute(other_attribute).is_none()
             && data("data-tokens") == want.tokens.to_string()
             && data("data-payload-bytes") == want.payload_bytes.to_string()
             && relative_l2.is_some_and(|v| close(v, want.relative_l2));
@@ -286,7 +351,7 @@ pub fn check(
                     found: format!(
                         "{} {} N={} {} B error {}",
                         data("data-config"),
-                        data("data-distribution"),
+                        data(condition_attribute),
                         data("data-tokens"),
                         data("data-payload-bytes"),
                         data("data-relative-l2")
@@ -294,7 +359,7 @@ pub fn check(
                     expected: format!(
                         "{} {} N={} {} B error {:?}",
                         want.config,
-                        want.distribution,
+                        want.condition,
                         want.tokens,
                         want.payload_bytes,
                         want.relative_l2
@@ -305,7 +370,7 @@ pub fn check(
         }
         let style = |what: String| ChartProblem::Style {
             config: want.config.clone(),
-            distribution: want.distribution.name().into(),
+            distribution: want.condition.clone(),
             tokens: want.tokens,
             what,
         };
@@ -322,7 +387,7 @@ pub fn check(
                 report,
                 ChartProblem::Position {
                     config: want.config.clone(),
-                    distribution: want.distribution.name().into(),
+                    distribution: want.condition.clone(),
                     tokens: want.tokens,
                     x,
                     y,
@@ -332,7 +397,7 @@ pub fn check(
             );
         }
         let children: Vec<Node> = element_children(*node).collect();
-        let (element, attribute, geometry) = shape(want.distribution);
+        let (element, attribute, geometry) = SHAPES[want.shape];
         let shape_ok = matches!(children.as_slice(), [c] if c.has_tag_name(element)
             && c.attribute(attribute) == Some(geometry)
             && c.attribute("transform").is_none()
@@ -472,6 +537,7 @@ fn check_moves(root: Node) -> Result<(), ChartProblem> {
                         | "transform"
                         | "data-config"
                         | "data-distribution"
+                        | "data-condition"
                         | "data-tokens"
                         | "data-payload-bytes"
                         | "data-relative-l2"

@@ -1,16 +1,18 @@
-//! arrays.npz against the protocol: every input re-derived and required bit for bit, every
-//! reference and output recomputed, every stored segment checked ([`crate::tensors`]), and each
-//! results row's metrics and payloads recomputed.
+//! arrays.npz against the protocol: every generated input re-derived and required bit for bit
+//! (a model's input, which the audit cannot re-derive without running the model, is read from
+//! the archive and required to be finite f32 of its shape: [`crate::inputs::archived`]), every
+//! reference and output recomputed, every stored segment checked ([`crate::tensors`]) on the
+//! axes its setting groups it along, and each results row's metrics and payloads recomputed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use ndarray::{Array2, s};
 
 use crate::attention::{Rows, attention, relative_max_diff};
-use crate::decoder::{Grid, GroupAxis};
+use crate::decoder::Grid;
 use crate::inputs::{self, Draw};
 use crate::npz::Archive;
-use crate::plan::{ComparisonPlan, InputPlan};
+use crate::plan::{ComparisonPlan, InputPlan, InputSource};
 use crate::protocol::Protocol;
 use crate::report::{Checked, Problem, Report};
 use crate::results::ResultRow;
@@ -39,7 +41,8 @@ pub fn close(recorded: f64, actual: f64) -> bool {
 
 /// Checks arrays.npz and the rows' numbers; returns what it recomputed, by comparison id.
 ///
-/// Inputs are checked in run order (the archive's order), each followed by its comparisons. One
+/// Inputs are checked in run order (the archive's order), each followed by its comparisons; a
+/// model's input is read from the archive ([`inputs::archived`]) instead of drawn. One
 /// draw is held at a time (the inputs of one seed and length are consecutive, so each is drawn
 /// once), its keys shaped in place for each distribution; besides it, one comparison's stored
 /// arrays at a time. Archived inputs are compared a chunk at a time, never loaded.
@@ -57,11 +60,34 @@ pub fn check(
     }
     let mut draw: Option<((u64, usize), Draw)> = None;
     for (index, input) in inputs.iter().enumerate() {
-        let key = (input.seed, input.tokens);
+        let (seed, distribution) = match input.source {
+            InputSource::Drawn { seed, distribution } => (seed, distribution),
+            InputSource::Model { .. } => {
+                // The audit does not run the model: q, k and v are the archive's (checked for
+                // dtype, shape and finiteness), and everything downstream is recomputed.
+                drop(draw.take());
+                match inputs::archived(p, &input.id, input.tokens, archive) {
+                    Ok(d) => check_input_and_comparisons(
+                        p,
+                        index,
+                        input,
+                        plan,
+                        &d,
+                        rows,
+                        archive,
+                        report,
+                        &mut recomputed,
+                    ),
+                    Err(problem) => report.fail(problem),
+                }
+                continue;
+            }
+        };
+        let key = (seed, input.tokens);
         if draw.as_ref().is_none_or(|(k, _)| *k != key) {
             // The last draw goes before the next is made, so two are never held.
             drop(draw.take());
-            let Some(d) = inputs::draw(p, input.seed, input.tokens) else {
+            let Some(d) = inputs::draw(p, seed, input.tokens) else {
                 return recomputed;
             };
             draw = Some((key, d));
@@ -69,9 +95,9 @@ pub fn check(
         let (_, d) = draw.as_mut().expect("just drawn");
         // This input's keys are the draw's, shifted in place; the shifted rows are put back
         // for the next distribution.
-        let focus = inputs::focus_rows(p, input.tokens, input.distribution);
+        let focus = inputs::focus_rows(p, input.tokens, distribution);
         let unshifted = d.k.slice(s![focus.clone(), ..]).to_owned();
-        inputs::shift_keys(p, &d.q, &mut d.k, input.distribution);
+        inputs::shift_keys(p, &d.q, &mut d.k, distribution);
         check_input_and_comparisons(
             p,
             index,
@@ -157,8 +183,8 @@ fn check_names(
     missing.is_empty()
 }
 
-/// The archived q, k, v must be the re-derived ones, and the reference their attention. Returns
-/// the archived reference.
+/// The archived q, k, v must be the re-derived ones (for a generated input; a model's are the
+/// archived ones themselves), and the reference their attention. Returns the archived reference.
 fn check_input(
     p: &Protocol,
     input: &InputPlan,
@@ -170,7 +196,16 @@ fn check_input(
 ) -> Option<Array2<f64>> {
     let id = &input.id;
     let mut all_same = true;
-    for (part, derived) in [("q", q), ("k", k), ("v", v)] {
+    let parts: &[(&str, &Array2<f32>)] = match input.source {
+        InputSource::Drawn { .. } => &[("q", q), ("k", k), ("v", v)],
+        // Read from the archive by `inputs::archived`: comparing them with themselves says
+        // nothing.
+        InputSource::Model { .. } => {
+            report.count(Checked::InputsArchived, 1);
+            &[]
+        }
+    };
+    for &(part, derived) in parts {
         let array = format!("{id}_{part}");
         let derived = derived.as_standard_layout();
         let flat = derived
@@ -207,7 +242,7 @@ fn check_input(
             }
         }
     }
-    if all_same {
+    if all_same && !parts.is_empty() {
         report.count(Checked::InputsRederived, 1);
     }
     let array = format!("{id}_ref");
@@ -247,7 +282,7 @@ fn check_comparison(
     let id = &e.id;
     let mut caches = Vec::new();
     let mut payloads = Vec::new();
-    for (tensor, original, axis) in [("k", k, GroupAxis::Token), ("v", v, GroupAxis::Feature)] {
+    for (tensor, original, axis) in [("k", k, e.axes.k()), ("v", v, e.axes.v())] {
         let mut parts: Vec<(usize, Stored)> = Vec::new();
         for (index, segment) in e.segments.iter().enumerate() {
             let suffix = e.suffix(index);

@@ -1,5 +1,11 @@
-//! The study's inputs, re-derived from the protocol: the audit draws q, k and v itself and
-//! requires the archived arrays to hold exactly these bits.
+//! The study's inputs. Generated inputs are re-derived from the protocol: the audit draws q, k
+//! and v itself and requires the archived arrays to hold exactly these bits. A model's inputs
+//! cannot be re-derived without running the model, which the audit does not do: their q, k and
+//! v are taken from arrays.npz ([`archived`]: dtype f32, exact shape, every value finite), and
+//! everything computed from them is checked as for generated inputs. What vouches for these
+//! arrays is the model's weight hash and the token ids the manifest records
+//! ([`crate::manifest::check_model`]) together with the runner's own test that a model run is
+//! byte-reproducible; the audit says so in its report.
 //!
 //! Per (seed, length): one generator seeded with the protocol's entropy draws q (queries x D),
 //! then k (N x D), then v (N x D), standard normal, each value rounded to f32, row-major.
@@ -19,6 +25,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use rand_distr::{Distribution as _, StandardNormal};
 
+use crate::npz::Archive;
+use crate::problem::Problem;
 use crate::protocol::{Distribution, GeneratorName, Protocol};
 
 /// One (seed, length) draw.
@@ -35,13 +43,14 @@ pub struct Draw {
 /// Draws q, k and v for one (seed, length), or None if the entropy overflows (a validated
 /// protocol never does).
 pub fn draw(p: &Protocol, seed: u64, tokens: usize) -> Option<Draw> {
-    let entropy = p.generator.entropy.entropy(seed, tokens)?;
+    let generator = p.generator.as_ref()?;
+    let entropy = generator.entropy.entropy(seed, tokens)?;
     let shapes = [
         (p.queries, p.features),
         (tokens, p.features),
         (tokens, p.features),
     ];
-    let [q, k, v] = match p.generator.name {
+    let [q, k, v] = match generator.name {
         GeneratorName::Numpy => {
             let mut rng = nprand::NumpyRng::default_rng(entropy);
             shapes.map(|shape| rng.normal_array_f32(shape))
@@ -72,7 +81,8 @@ pub fn keys(p: &Protocol, draw: &Draw, distribution: Distribution) -> Array2<f32
 
 /// The rows of k that `distribution` shifts (none for `clean`).
 pub fn focus_rows(p: &Protocol, tokens: usize, distribution: Distribution) -> Range<usize> {
-    let window = p.focus.window.min(tokens);
+    // A validated protocol has a focus whenever a distribution shifts keys.
+    let window = p.focus.map_or(0, |f| f.window).min(tokens);
     match distribution {
         Distribution::Clean => 0..0,
         Distribution::EarlyFocus => 0..window,
@@ -85,9 +95,9 @@ pub fn focus_rows(p: &Protocol, tokens: usize, distribution: Distribution) -> Ra
 /// [`focus_rows`] back afterwards.
 pub fn shift_keys(p: &Protocol, q: &Array2<f32>, k: &mut Array2<f32>, distribution: Distribution) {
     let shifted = focus_rows(p, k.nrows(), distribution);
-    if shifted.is_empty() {
+    let Some(focus) = p.focus.filter(|_| !shifted.is_empty()) else {
         return;
-    }
+    };
     let mut mean = Array1::<f32>::zeros(p.features);
     for row in q.rows() {
         for (m, &x) in mean.iter_mut().zip(row) {
@@ -98,7 +108,31 @@ pub fn shift_keys(p: &Protocol, q: &Array2<f32>, k: &mut Array2<f32>, distributi
     mean.mapv_inplace(|m| m / count);
     for t in shifted {
         for (x, &m) in k.row_mut(t).iter_mut().zip(&mean) {
-            *x += p.focus.gain * m;
+            *x += focus.gain * m;
         }
     }
+}
+
+/// A model input's q, k and v as archived: `<id>_q` [queries, D], `<id>_k` and `<id>_v` [N, D],
+/// each f32 of exactly that shape (checked before anything is allocated: the protocol bounds
+/// N x D) with every value finite. The first array that is not names the problem.
+pub fn archived(p: &Protocol, id: &str, tokens: usize, archive: &Archive) -> Result<Draw, Problem> {
+    let read = |part: &str, rows: usize| -> Result<Array2<f32>, Problem> {
+        let array = format!("{id}_{part}");
+        let m = archive
+            .matrix::<f32>(&array, [rows, p.features])
+            .map_err(Problem::Array)?;
+        if let Some(at) = m.iter().position(|x| !x.is_finite()) {
+            return Err(Problem::NotFinite {
+                array,
+                first: [at / p.features.max(1), at % p.features.max(1)],
+            });
+        }
+        Ok(m)
+    };
+    Ok(Draw {
+        q: read("q", p.queries)?,
+        k: read("k", tokens)?,
+        v: read("v", tokens)?,
+    })
 }

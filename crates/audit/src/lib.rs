@@ -1,13 +1,24 @@
 //! Independent audit of packed-KV evidence.
 //!
 //! The audit trusts nothing the runner wrote. From the protocol recorded in `manifest.json` it
-//! re-derives every input (q, k and v of every seed, length and distribution, bit for bit),
-//! re-decodes every code with its own decoder and holds it to the quantization rule, recomputes
-//! every scale, attention output, metric, payload, summary figure, table cell and chart marker,
-//! checks every hash, and requires the run's sources to be exactly the runner's own, matching the
-//! tree it is given. It reads arrays.npz only in the canonical layout on which NumPy and it cannot
-//! disagree, and it opens only regular files inside the directory and tree it was given, with
-//! size caps.
+//! re-derives every generated input (q, k and v of every seed, length and distribution, bit for
+//! bit), re-decodes every code with its own decoder and holds it to the quantization rule,
+//! recomputes every scale, attention output, metric, payload, summary figure, table cell and
+//! chart marker, checks every hash, and requires the run's sources to be exactly the runner's
+//! own, matching the tree it is given. It reads arrays.npz only in the canonical layout on which
+//! NumPy and it cannot disagree, and it opens only regular files inside the directory and tree it
+//! was given, with size caps.
+//!
+//! Inputs from a real model (a protocol with `model`: one input per text, length, layer and KV
+//! head) are the one thing it does not re-derive: **the audit does not re-run the model.** It
+//! takes their q, k and v from arrays.npz (f32, exact shapes, every value finite) and checks
+//! everything downstream exactly as for generated inputs (reference attention, codes, scales,
+//! outputs, metrics, payloads, tables, chart). What the recorded q, k and v rest on is the
+//! model's weight hash (the manifest's `model` record, held to the audit's own pins, and with
+//! `--models DIR` ([`Options::models`]) the file itself hashed), the token ids the manifest
+//! records for each pass (one list per text and length, of the right length and range), and the
+//! runner's own test that a model run is byte-reproducible. Every report on a model run says so
+//! in a note ([`report::Note::ModelNotRerun`]).
 //!
 //! What it depends on, and why it may: `nprand` (NumPy's generator, pinned to NumPy's own vectors
 //! by its tests) and `rand_chacha`/`rand_distr` to re-derive inputs; `serde_json` to parse JSON,
@@ -15,11 +26,14 @@
 //! renderer does, `roxmltree` to read the SVG, `ndarray` for arrays, `walkdir` to list source
 //! trees, `clap` and `anyhow` for the binary. It never depends on the codec or the runner, and
 //! shares no code with them: the decoder, the quantization rule, attention, the strict npz reader
-//! and every table are written here again from the evidence format's spec. (Its tests use the
-//! runner and the codec as dev-dependencies, to make runs to tamper with.)
+//! and every table are written here again from the evidence format's spec; the models' sizes and
+//! pinned hashes are its own copy too ([`protocol::ModelName`]). (Its tests use the runner, the
+//! codec and the models crate as dev-dependencies, to make runs to tamper with and to find the
+//! model files.)
 //!
 //! - [`audit_dir`]: one evidence directory (`audit DIR`);
-//! - [`audit_pins`]: everything a root manifest pins (`audit`).
+//! - [`audit_pins`]: everything a root manifest pins (`audit`);
+//! - [`audit_dir_with`], [`audit_pins_with`]: the same with [`Options`] (`audit --models DIR`).
 
 pub mod attention;
 pub mod bounds;
@@ -78,8 +92,22 @@ fn parse_json<T: DeserializeOwned>(file: &str, bytes: &[u8]) -> Result<T, Proble
     })
 }
 
+/// What an audit may use besides the evidence and the tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// A model cache (`audit --models DIR`): for a model run, `DIR/<name>/<weight file>` is
+    /// hashed and must have the SHA-256 the manifest records. None (the default): the file is
+    /// not checked, and the report says so in a note; the audit never needs the model itself.
+    pub models: Option<PathBuf>,
+}
+
 /// Audits one evidence directory; source hashes are compared with the files in `tree`.
 pub fn audit_dir(dir: &Path, tree: &Path) -> Report {
+    audit_dir_with(dir, tree, &Options::default())
+}
+
+/// [`audit_dir`] with [`Options`].
+pub fn audit_dir_with(dir: &Path, tree: &Path, options: &Options) -> Report {
     let mut report = Report::new(dir.display().to_string());
     let dir = match dir.canonicalize() {
         Ok(d) if d.is_dir() => d,
@@ -127,6 +155,12 @@ pub fn audit_dir(dir: &Path, tree: &Path) -> Report {
     let (outputs, archive) = read_outputs(&dir, &manifest, &mut report);
     sources::check(&tree, &manifest, &mut report);
     check_manifest_fields(&tree, &manifest, scope, &mut report);
+    manifest::check_model(
+        &manifest,
+        &plan::inputs_of(&manifest.protocol, scope.shard),
+        options.models.as_deref(),
+        &mut report,
+    );
     check_contents(&manifest, scope, outputs, archive, &mut report);
     report
 }
@@ -490,6 +524,11 @@ fn check_contents(
 
 /// Audits what a root manifest pins: each pinned file's hash, then each directory in full.
 pub fn audit_pins(root_manifest: &Path, tree: &Path) -> Vec<Report> {
+    audit_pins_with(root_manifest, tree, &Options::default())
+}
+
+/// [`audit_pins`] with [`Options`] (used for every pinned directory).
+pub fn audit_pins_with(root_manifest: &Path, tree: &Path, options: &Options) -> Vec<Report> {
     let mut pins = Report::new(root_manifest.display().to_string());
     let root: RootManifest = match files::read_regular(root_manifest, MAX_TEXT_BYTES) {
         Ok(bytes) => {
@@ -569,7 +608,7 @@ pub fn audit_pins(root_manifest: &Path, tree: &Path) -> Vec<Report> {
             }
             pins.count(Checked::PinnedFiles, 1);
         }
-        reports.push(audit_dir(&path, tree));
+        reports.push(audit_dir_with(&path, tree, options));
     }
     reports.insert(0, pins);
     reports

@@ -1,5 +1,6 @@
 //! `audit [DIR]`: PASS or FAIL for an evidence directory, or for everything the root manifest
-//! pins when no directory is given. Exit status 0 only for PASS.
+//! pins when no directory is given; `--models DIR` also hashes a model run's weight file. Exit
+//! status 0 only for PASS.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,14 +20,20 @@ struct Cli {
     /// from].
     #[arg(long, value_name = "DIR")]
     tree: Option<PathBuf>,
+    /// Model cache holding `<model>/<weight file>`: a model run's weight file is hashed and
+    /// must have the recorded SHA-256. Without it, that file is not checked (the audit never
+    /// runs the model).
+    #[arg(long, value_name = "DIR")]
+    models: Option<PathBuf>,
 }
 
 fn main() {
     let cli = Cli::parse();
     let tree = cli.tree.unwrap_or_else(audit::default_tree);
+    let options = audit::Options { models: cli.models };
     let reports = match &cli.dir {
-        Some(dir) => vec![audit::audit_dir(dir, &tree)],
-        None => audit::audit_pins(&cli.manifest, &tree),
+        Some(dir) => vec![audit::audit_dir_with(dir, &tree, &options)],
+        None => audit::audit_pins_with(&cli.manifest, &tree, &options),
     };
     let passed = reports.iter().all(|r| r.passed());
     let mut text: String = reports.iter().map(|r| r.render()).collect();

@@ -8,7 +8,10 @@
 //! - the headings and tables in the order the protocol implies, each table's header and every
 //!   cell equal to the audit's own rendering of the values it verified (the run table from the
 //!   protocol, the error and payload tables from summary.json, the platform from manifest.json,
-//!   the medians from summary.json);
+//!   the medians from summary.json). A model protocol's run table names the model, its texts,
+//!   layers and KV heads where a generated one names its generator, seeds and distributions (and
+//!   the focus rows appear only when the protocol has a focus); the per-condition tables have a
+//!   column per layer (`l5`) instead of per distribution; a swapped setting's bits read `4 swap`;
 //! - no figure in any heading or paragraph (see [`figures`]).
 
 pub use crate::problem::MarkdownProblem;
@@ -17,7 +20,7 @@ use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 use crate::Scope;
 use crate::manifest::Manifest;
 use crate::plan::setting_label;
-use crate::protocol::{Mode, Protocol};
+use crate::protocol::{Axes, Mode, Protocol};
 use crate::report::{Checked, Problem, Report};
 use crate::summary::Summary;
 pub use crate::text::figures;
@@ -27,7 +30,7 @@ use crate::timings::OPERATIONS;
 /// The chart summary.md shows, the last thing in it.
 pub const CHART: &str = "error-vs-bytes.svg";
 
-/// A configuration's label with its means by distribution and payloads by length.
+/// A configuration's label with its means by condition and payloads by length.
 type DistributionRow<'a> = (
     String,
     &'a std::collections::BTreeMap<String, f64>,
@@ -84,22 +87,49 @@ pub fn expected_tables(
     manifest: &Manifest,
 ) -> Vec<(Option<&'static str>, Table)> {
     let join = |items: Vec<String>| items.join(", ");
-    let mut run = vec![
-        ("generator", p.generator.name.name().to_string()),
-        ("seeds", join(p.seeds.iter().map(u64::to_string).collect())),
+    let mut run = Vec::new();
+    // The source's rows first: the model and what it read, or the generator and its seeds.
+    match (&p.model, &p.generator) {
+        (Some(m), _) => {
+            run.push(("model", m.name.to_string()));
+            run.push((
+                "texts",
+                join(m.texts.iter().map(|t| t.name.clone()).collect()),
+            ));
+            run.push((
+                "layers",
+                join(m.layers.iter().map(usize::to_string).collect()),
+            ));
+            run.push((
+                "KV heads",
+                join(m.kv_heads.iter().map(usize::to_string).collect()),
+            ));
+        }
+        (None, Some(g)) => {
+            run.push(("generator", g.name.name().to_string()));
+            run.push(("seeds", join(p.seeds.iter().map(u64::to_string).collect())));
+        }
+        // A validated protocol has one source or the other.
+        (None, None) => {}
+    }
+    run.extend([
         (
             "lengths (N)",
             join(p.tokens.iter().map(usize::to_string).collect()),
         ),
         ("features (D)", p.features.to_string()),
         ("queries", p.queries.to_string()),
-        (
+    ]);
+    if p.model.is_none() {
+        run.push((
             "distributions",
             join(p.distributions.iter().map(|d| d.to_string()).collect()),
-        ),
-        ("focus window (tokens)", p.focus.window.to_string()),
-        ("focus gain", p.focus.gain.to_string()),
-    ];
+        ));
+    }
+    if let Some(focus) = p.focus {
+        run.push(("focus window (tokens)", focus.window.to_string()));
+        run.push(("focus gain", focus.gain.to_string()));
+    }
     if let Some((index, count)) = scope.shard {
         run.push(("shard", format!("{index} of {count}")));
     }
@@ -135,11 +165,14 @@ pub fn expected_tables(
     )];
 
     let payload_headers = p.tokens.iter().map(|n| format!("payload N={n}"));
-    let mut header = vec![
-        "group".to_string(),
-        "bits".into(),
-        "rel. error (clean mean)".into(),
-    ];
+    // Every input of a model counts towards the headline (its keys are never shaped), so its
+    // column is the plain mean.
+    let headline = if p.model.is_some() {
+        "rel. error (mean)"
+    } else {
+        "rel. error (clean mean)"
+    };
+    let mut header = vec!["group".to_string(), "bits".into(), headline.into()];
     header.extend(payload_headers.clone());
     let mut rows: Vec<Vec<String>> = summary
         .packed_kv
@@ -150,9 +183,14 @@ pub fn expected_tables(
             } else {
                 ""
             };
+            let swap = if r.axes == Some(Axes::KFeatureVToken) {
+                " swap"
+            } else {
+                ""
+            };
             let mut cells = vec![
                 r.group_size.to_string(),
-                format!("{}{asym}", r.bits),
+                format!("{}{asym}{swap}", r.bits),
                 percent_cell(r.mean_relative_l2_clean),
             ];
             cells.extend(
@@ -179,18 +217,20 @@ pub fn expected_tables(
         },
     ));
 
+    // Columns by condition: the distributions, or a model's layers (`l5`).
+    let conditions = crate::plan::conditions(p);
     let by_distribution = |first: &str, rows: Vec<DistributionRow>| {
         let mut header = vec![first.to_string()];
-        header.extend(p.distributions.iter().map(|d| d.to_string()));
+        header.extend(conditions.iter().cloned());
         header.extend(payload_headers.clone());
         let rows = rows
             .into_iter()
             .map(|(label, means, payloads)| {
                 let mut cells = vec![label];
                 cells.extend(
-                    p.distributions
+                    conditions
                         .iter()
-                        .map(|d| percent_cell(means.get(d.name()).copied())),
+                        .map(|c| percent_cell(means.get(c).copied())),
                 );
                 cells.extend(
                     p.tokens
@@ -212,6 +252,7 @@ pub fn expected_tables(
                     group_size: r.group_size,
                     bits: r.bits,
                     mode: r.mode.unwrap_or_default(),
+                    axes: r.axes.unwrap_or_default(),
                 };
                 (
                     setting_label(&setting),

@@ -1,19 +1,93 @@
-//! What a run of a protocol must contain, derived from the protocol alone: its inputs, its
-//! comparisons (ids, segments, array names) and the labels tables use.
+//! What a run of a protocol must contain, derived from the protocol alone: its inputs (generated
+//! draws, or a model's passes cut into one input per layer and KV head), its comparisons (ids,
+//! segments, the axes K and V are grouped along, array names), the labels tables use, and the
+//! conditions (distributions, or layers `l5`) they break results down by.
 
-use crate::protocol::{Distribution, Mode, Policy, Protocol, Setting};
+use crate::decoder::GroupAxis;
+use crate::protocol::{Axes, Distribution, Mode, Policy, Protocol, Setting};
 
 /// One input the protocol calls for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputPlan {
-    /// `s7_n128_clean`.
+    /// `s7_n128_clean`, or `t0_n128_l5_h2` for a model's input.
     pub id: String,
-    /// Seed of the draw.
-    pub seed: u64,
     /// N.
     pub tokens: usize,
-    /// How K is shaped.
-    pub distribution: Distribution,
+    /// Where its q, k and v come from.
+    pub source: InputSource,
+}
+
+/// Where one input comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputSource {
+    /// A (seed, length) draw of the protocol's generator, its keys shaped by a distribution.
+    Drawn {
+        /// Seed of the draw.
+        seed: u64,
+        /// How K is shaped.
+        distribution: Distribution,
+    },
+    /// One KV head of one layer of the model's cache for a text's first N tokens.
+    Model {
+        /// Index into the protocol's `model.texts`.
+        text: usize,
+        /// The layer.
+        layer: usize,
+        /// The KV head.
+        kv_head: usize,
+    },
+}
+
+impl InputPlan {
+    /// The column tables and the chart put this input's results in: its distribution, or its
+    /// layer (`l5`).
+    pub fn condition(&self) -> String {
+        match self.source {
+            InputSource::Drawn { distribution, .. } => distribution.name().to_string(),
+            InputSource::Model { layer, .. } => layer_condition(layer),
+        }
+    }
+
+    /// Whether the input counts towards the packed-KV headline ("clean mean"): a clean draw, or
+    /// any model input (a model's keys are never shaped).
+    pub fn is_clean(&self) -> bool {
+        match self.source {
+            InputSource::Drawn { distribution, .. } => distribution == Distribution::Clean,
+            InputSource::Model { .. } => true,
+        }
+    }
+
+    /// The model pass this input comes from, `t{text}_n{N}` (the manifest's key for its token
+    /// ids); None for a generated input.
+    pub fn pass(&self) -> Option<String> {
+        match self.source {
+            InputSource::Drawn { .. } => None,
+            InputSource::Model { text, .. } => Some(pass_id(text, self.tokens)),
+        }
+    }
+}
+
+/// The condition of a model layer: `l5`.
+pub fn layer_condition(layer: usize) -> String {
+    format!("l{layer}")
+}
+
+/// The name of one model pass (a text's first N tokens): `t0_n128`.
+pub fn pass_id(text: usize, tokens: usize) -> String {
+    format!("t{text}_n{tokens}")
+}
+
+/// The conditions tables break results down by, in protocol order: the distributions, or the
+/// layers (`l0`, `l29`) of a model protocol.
+pub fn conditions(p: &Protocol) -> Vec<String> {
+    match &p.model {
+        Some(m) => m.layers.iter().map(|&l| layer_condition(l)).collect(),
+        None => p
+            .distributions
+            .iter()
+            .map(|d| d.name().to_string())
+            .collect(),
+    }
 }
 
 /// Which study a comparison belongs to.
@@ -54,13 +128,18 @@ impl Config {
     }
 }
 
-/// `g8_b4`, or `g32_b2_asym` when asymmetric.
+/// `g8_b4`, `g32_b2_asym` when asymmetric, `g32_b4_swap` (or `g32_b4_asym_swap`) when K and V
+/// swap axes.
 pub fn setting_label(s: &Setting) -> String {
-    let suffix = match s.mode {
+    let mode = match s.mode {
         Mode::Symmetric => "",
         Mode::Asymmetric => "_asym",
     };
-    format!("g{}_b{}{suffix}", s.group_size, s.bits)
+    let axes = match s.axes {
+        Axes::KTokenVFeature => "",
+        Axes::KFeatureVToken => "_swap",
+    };
+    format!("g{}_b{}{mode}{axes}", s.group_size, s.bits)
 }
 
 /// One run of consecutive tokens stored one way.
@@ -141,6 +220,8 @@ pub struct ComparisonPlan {
     pub bits: u32,
     /// The setting's mode (symmetric for budget comparisons).
     pub mode: Mode,
+    /// The axes K and V are grouped along: the setting's (the default for budget comparisons).
+    pub axes: Axes,
     /// The segments K and V are each stored in.
     pub segments: Vec<Segment>,
 }
@@ -190,17 +271,38 @@ pub fn inputs_of(p: &Protocol, shard: Option<(usize, usize)>) -> Vec<InputPlan> 
     }
 }
 
-/// Inputs in run order: seeds, then lengths, then distributions.
+/// Inputs in run order: seeds, then lengths, then distributions; for a model's inputs, texts,
+/// then lengths, then layers, then KV heads (one model pass per text and length, shared by its
+/// layers and heads).
 pub fn inputs(p: &Protocol) -> Vec<InputPlan> {
     let mut out = Vec::new();
+    if let Some(m) = &p.model {
+        for text in 0..m.texts.len() {
+            for &tokens in &p.tokens {
+                for &layer in &m.layers {
+                    for &kv_head in &m.kv_heads {
+                        out.push(InputPlan {
+                            id: format!("t{text}_n{tokens}_l{layer}_h{kv_head}"),
+                            tokens,
+                            source: InputSource::Model {
+                                text,
+                                layer,
+                                kv_head,
+                            },
+                        });
+                    }
+                }
+            }
+        }
+        return out;
+    }
     for &seed in &p.seeds {
         for &tokens in &p.tokens {
             for &distribution in &p.distributions {
                 out.push(InputPlan {
                     id: format!("s{seed}_n{tokens}_{distribution}"),
-                    seed,
                     tokens,
-                    distribution,
+                    source: InputSource::Drawn { seed, distribution },
                 });
             }
         }
@@ -231,6 +333,7 @@ pub fn comparisons(p: &Protocol, inputs: &[InputPlan]) -> Vec<ComparisonPlan> {
                     group_size: s.group_size,
                     bits: s.bits,
                     mode: s.mode,
+                    axes: s.axes,
                     segments: vec![Segment::quantized(0, input.tokens, s.bits, s.mode)],
                 },
                 Config::Policy(policy) => {
@@ -243,6 +346,7 @@ pub fn comparisons(p: &Protocol, inputs: &[InputPlan]) -> Vec<ComparisonPlan> {
                         group_size: b.group_size,
                         bits: b.low_bits,
                         mode: Mode::Symmetric,
+                        axes: Axes::default(),
                         segments: policy_segments(policy, input.tokens, b.window, b.low_bits),
                     }
                 }
@@ -294,9 +398,13 @@ pub fn archive_estimate(p: &Protocol) -> Option<u64> {
                 };
                 match segment.bits {
                     Some(bits) => {
-                        let (rows, len) = match tensor {
-                            "k" => (p.features, segment.len()),
-                            _ => (segment.len(), p.features),
+                        let axis = match tensor {
+                            "k" => e.axes.k(),
+                            _ => e.axes.v(),
+                        };
+                        let (rows, len) = match axis {
+                            GroupAxis::Token => (p.features, segment.len()),
+                            GroupAxis::Feature => (segment.len(), p.features),
                         };
                         let groups_per_row = len.div_ceil(e.group_size) as u64;
                         let padded = groups_per_row.checked_mul(e.group_size as u64)?;
@@ -328,6 +436,104 @@ pub fn archive_estimate(p: &Protocol) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hand-written MiniLM protocol: two texts, two lengths, two layers, two KV heads; a
+    /// default, a swapped asymmetric setting and one budget policy.
+    fn model_protocol() -> Protocol {
+        serde_json::from_value(serde_json::json!({
+            "study": "plan",
+            "tokens": [8, 16],
+            "features": 32,
+            "queries": 2,
+            "settings": [
+                { "group_size": 8, "bits": 4 },
+                { "group_size": 8, "bits": 4, "mode": "asymmetric", "axes": "k_feature_v_token" }
+            ],
+            "budget": { "group_size": 8, "low_bits": 2, "window": 4, "policies": ["recent8"] },
+            "model": { "name": "minilm",
+                       "texts": [{ "name": "a", "text": "one" }, { "name": "b", "text": "two" }],
+                       "layers": [5, 0], "kv_heads": [3, 1] }
+        }))
+        .expect("the schema")
+    }
+
+    #[test]
+    fn model_inputs_run_texts_then_lengths_then_layers_then_heads() {
+        let p = model_protocol();
+        let ids: Vec<String> = inputs(&p).into_iter().map(|i| i.id).collect();
+        assert_eq!(ids.len(), p.input_count());
+        assert_eq!(
+            ids[..5],
+            [
+                "t0_n8_l5_h3",
+                "t0_n8_l5_h1",
+                "t0_n8_l0_h3",
+                "t0_n8_l0_h1",
+                "t0_n16_l5_h3"
+            ]
+        );
+        assert_eq!(ids[8], "t1_n8_l5_h3");
+        let first = &inputs(&p)[0];
+        assert_eq!(
+            first.source,
+            InputSource::Model {
+                text: 0,
+                layer: 5,
+                kv_head: 3
+            }
+        );
+        // Layer 5 is its condition and every model input counts as clean; t0_n8 is its pass.
+        assert_eq!(first.condition(), "l5");
+        assert!(first.is_clean());
+        assert_eq!(first.pass().as_deref(), Some("t0_n8"));
+        // Conditions keep the protocol's order of layers.
+        assert_eq!(conditions(&p), ["l5", "l0"]);
+    }
+
+    #[test]
+    fn a_shard_slices_model_inputs_in_run_order() {
+        let p = model_protocol();
+        let all = inputs(&p);
+        let second = inputs_of(&p, Some((2, 3)));
+        assert_eq!(second, all[5..10]);
+    }
+
+    #[test]
+    fn swapped_settings_are_labelled_and_compared_on_their_axes() {
+        let p = model_protocol();
+        let labels: Vec<String> = configs(&p).iter().map(Config::label).collect();
+        assert_eq!(labels, ["g8_b4", "g8_b4_asym_swap", "recent8"]);
+        let inputs = inputs(&p);
+        let plan = comparisons(&p, &inputs);
+        assert_eq!(plan[1].id, "t0_n8_l5_h3_g8_b4_asym_swap");
+        assert_eq!(plan[1].axes, Axes::KFeatureVToken);
+        assert_eq!(
+            (plan[1].axes.k(), plan[1].axes.v()),
+            (GroupAxis::Feature, GroupAxis::Token)
+        );
+        // Budget policies keep the default axes: K along tokens, V along features.
+        assert_eq!(plan[2].id, "t0_n8_l5_h3_budget_recent8");
+        assert_eq!(plan[2].axes, Axes::KTokenVFeature);
+    }
+
+    #[test]
+    fn generated_inputs_keep_their_ids_and_distributions() {
+        let p: Protocol = serde_json::from_value(serde_json::json!({
+            "study": "drawn", "seeds": [7], "tokens": [16], "features": 8, "queries": 2,
+            "distributions": ["recent_focus", "clean"],
+            "focus": { "window": 4, "gain": 2.0 },
+            "settings": [{ "group_size": 8, "bits": 4 }],
+            "generator": { "name": "numpy", "entropy":
+                { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } }
+        }))
+        .expect("the schema");
+        let inputs = inputs(&p);
+        assert_eq!(inputs[0].id, "s7_n16_recent_focus");
+        assert_eq!(inputs[0].condition(), "recent_focus");
+        assert!(!inputs[0].is_clean() && inputs[1].is_clean());
+        assert_eq!(inputs[0].pass(), None);
+        assert_eq!(conditions(&p), ["recent_focus", "clean"]);
+    }
 
     #[test]
     fn policies_cut_the_cache_where_their_names_say() {

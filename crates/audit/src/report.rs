@@ -21,6 +21,8 @@ pub enum Checked {
     ArchiveMembers,
     /// Inputs whose q, k and v were re-derived from the protocol.
     InputsRederived,
+    /// A model's inputs, whose q, k and v were read from the archive (not re-derived).
+    InputsArchived,
     /// Reference outputs recomputed.
     References,
     /// Result rows.
@@ -52,6 +54,9 @@ impl Checked {
             Checked::SourcesAtCommit => "source hashes (against the recorded commit)",
             Checked::ArchiveMembers => "archive members (canonical zip and .npy)",
             Checked::InputsRederived => "inputs re-derived from the protocol (q, k, v bit for bit)",
+            Checked::InputsArchived => {
+                "model inputs taken from the archive (q, k, v finite; the model not re-run)"
+            }
             Checked::References => "references (attention recomputed)",
             Checked::ResultRows => "result rows",
             Checked::Comparisons => "comparisons (outputs recomputed from decoded codes)",
@@ -76,6 +81,12 @@ pub enum Note {
     TimingsForm,
     /// The recorded commit could not be looked up, and why.
     CommitNotChecked(String),
+    /// A model run's q, k and v were not re-derived: the audit does not run the model.
+    ModelNotRerun,
+    /// No model directory was given (`--models`), so the model file's hash was not checked.
+    ModelFileNotChecked(String),
+    /// The model file's hash was checked against the recorded one.
+    ModelFileChecked(String),
 }
 
 impl fmt::Display for Note {
@@ -88,6 +99,18 @@ impl fmt::Display for Note {
             ),
             Note::CommitNotChecked(why) => {
                 write!(f, "the recorded git commit was not checked: {why}")
+            }
+            Note::ModelNotRerun => f.write_str(
+                "the model was not re-run: its inputs (q, k, v) were taken from arrays.npz and \
+                 rest on the recorded model hash, the recorded token ids and the runner's \
+                 byte-reproducibility test; everything computed from them was checked",
+            ),
+            Note::ModelFileNotChecked(file) => write!(
+                f,
+                "the model file {file} was not checked (no --models directory given)"
+            ),
+            Note::ModelFileChecked(path) => {
+                write!(f, "the model file {path} has the recorded SHA-256")
             }
         }
     }

@@ -1,13 +1,16 @@
 //! results.json: one row per comparison, read with the audit's own types and held to the plan.
-//! Descriptive fields must be what the protocol gives the row's id; the numbers are checked
-//! against recomputation in [`crate::comparisons`].
+//! Descriptive fields must be what the protocol gives the row's id (a generated input's `seed`
+//! and `distribution`, or a model input's `text`, `layer` and `kv_head`, each present only for
+//! its kind; `k_axis` and `v_axis` as the setting groups them); the numbers are checked against
+//! recomputation in [`crate::comparisons`].
 
 pub use crate::problem::ResultsProblem;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use crate::plan::{ComparisonPlan, Config, InputPlan, Segment};
+use crate::decoder::GroupAxis;
+use crate::plan::{ComparisonPlan, Config, InputPlan, InputSource, Segment};
 use crate::protocol::{Distribution, Mode, Policy, Protocol};
 use crate::report::{Checked, Problem, Report};
 
@@ -21,16 +24,27 @@ pub struct ResultRow {
     pub study: String,
     /// Input id.
     pub input: String,
-    /// Seed.
-    pub seed: u64,
+    /// Seed; absent for a model's input.
+    #[serde(default)]
+    pub seed: Option<u64>,
     /// N.
     pub tokens: usize,
     /// D.
     pub features: usize,
     /// Query rows.
     pub queries: usize,
-    /// Distribution.
-    pub distribution: Distribution,
+    /// Distribution; absent for a model's input.
+    #[serde(default)]
+    pub distribution: Option<Distribution>,
+    /// A model's input: index of its text; absent otherwise.
+    #[serde(default)]
+    pub text: Option<usize>,
+    /// A model's input: the layer; absent otherwise.
+    #[serde(default)]
+    pub layer: Option<usize>,
+    /// A model's input: the KV head; absent otherwise.
+    #[serde(default)]
+    pub kv_head: Option<usize>,
     /// Group size.
     pub group_size: usize,
     /// Width (the low width for budget rows).
@@ -44,9 +58,9 @@ pub struct ResultRow {
     pub window: Option<usize>,
     /// The token segments.
     pub segments: Vec<SegmentRow>,
-    /// `token`.
+    /// `token`, or `feature` when the setting swaps axes.
     pub k_axis: String,
-    /// `feature`.
+    /// `feature`, or `token` when the setting swaps axes.
     pub v_axis: String,
     /// ||out - ref||_F / ||ref||_F.
     pub relative_l2: f64,
@@ -102,10 +116,36 @@ impl SegmentRow {
     }
 }
 
-/// The axis names every row carries.
-pub const K_AXIS: &str = "token";
-/// See [`K_AXIS`].
-pub const V_AXIS: &str = "feature";
+/// An axis as results.json spells it.
+pub fn axis_name(axis: GroupAxis) -> &'static str {
+    match axis {
+        GroupAxis::Token => "token",
+        GroupAxis::Feature => "feature",
+    }
+}
+
+/// The input fields of a row, as the input's source gives them: (seed, distribution, text,
+/// layer, KV head), each absent where the source has none.
+type SourceFields = (
+    Option<u64>,
+    Option<Distribution>,
+    Option<usize>,
+    Option<usize>,
+    Option<usize>,
+);
+
+fn source_fields(source: InputSource) -> SourceFields {
+    match source {
+        InputSource::Drawn { seed, distribution } => {
+            (Some(seed), Some(distribution), None, None, None)
+        }
+        InputSource::Model {
+            text,
+            layer,
+            kv_head,
+        } => (None, None, Some(text), Some(layer), Some(kv_head)),
+    }
+}
 
 /// Checks the rows against the plan and returns them by id (first occurrence kept).
 pub fn check(
@@ -167,9 +207,9 @@ pub fn check(
                 .all(|(r, s)| r.describes(s));
         let consistent = row.study == e.study.name()
             && row.input == input.id
-            && row.seed == input.seed
+            && (row.seed, row.distribution, row.text, row.layer, row.kv_head)
+                == source_fields(input.source)
             && row.tokens == input.tokens
-            && row.distribution == input.distribution
             && row.group_size == e.group_size
             && row.bits == e.bits
             && row.mode == mode
@@ -178,8 +218,8 @@ pub fn check(
             && segments_ok
             && row.features == p.features
             && row.queries == p.queries
-            && row.k_axis == K_AXIS
-            && row.v_axis == V_AXIS;
+            && row.k_axis == axis_name(e.axes.k())
+            && row.v_axis == axis_name(e.axes.v());
         if !consistent {
             fail(report, ResultsProblem::Description { id: e.id.clone() });
         }

@@ -1,13 +1,15 @@
 //! summary.json: every table recomputed from what the audit itself recomputed, with exactly the
-//! rows and keys the protocol implies.
+//! rows and keys the protocol implies. Means are keyed by condition (the distributions, or a
+//! model's layers `l5`); the packed-KV headline is over the clean inputs, which for a model are
+//! all of them (its keys are never shaped).
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
 use crate::comparisons::{Recomputed, close};
-use crate::plan::{ComparisonPlan, Config, InputPlan, setting_label};
-use crate::protocol::{Distribution, Mode, Policy, Protocol};
+use crate::plan::{ComparisonPlan, Config, InputPlan, conditions, setting_label};
+use crate::protocol::{Axes, Mode, Policy, Protocol};
 use crate::report::{Checked, Problem, Report};
 use crate::text::{figures, percent};
 
@@ -38,13 +40,16 @@ pub struct PackedRow {
     /// Absent when symmetric.
     #[serde(default)]
     pub mode: Option<Mode>,
-    /// Clean inputs averaged.
+    /// Absent for the default axes (K on tokens, V on features).
+    #[serde(default)]
+    pub axes: Option<Axes>,
+    /// Clean inputs averaged (every input of a model: its keys are never shaped).
     pub clean_inputs: usize,
     /// Mean relative L2 over the clean inputs.
     pub mean_relative_l2_clean: Option<f64>,
     /// The same in percent with three decimals.
     pub mean_relative_l2_clean_percent: Option<String>,
-    /// Mean relative L2 by distribution.
+    /// Mean relative L2 by condition (distribution, or layer `l5`).
     pub mean_relative_l2: BTreeMap<String, f64>,
     /// K + V payload by length.
     pub payload_bytes: BTreeMap<String, usize>,
@@ -62,7 +67,7 @@ pub struct BudgetRow {
     pub low_bits: u32,
     /// Window W.
     pub window: usize,
-    /// Mean relative L2 by distribution.
+    /// Mean relative L2 by condition (distribution, or layer `l5`).
     pub mean_relative_l2: BTreeMap<String, f64>,
     /// K + V payload by length.
     pub payload_bytes: BTreeMap<String, usize>,
@@ -137,14 +142,14 @@ impl<'a> Tables<'a> {
         mean(&values).map(|m| (m, values.len()))
     }
 
-    /// Mean relative L2 by distribution (only distributions with comparisons).
+    /// Mean relative L2 by condition (only conditions with comparisons): by distribution, or
+    /// by layer for a model's inputs.
     pub fn means(&self, config: Config) -> BTreeMap<String, f64> {
-        self.p
-            .distributions
-            .iter()
-            .filter_map(|&d| {
-                self.mean_where(config, |i| i.distribution == d)
-                    .map(|(m, _)| (d.name().to_string(), m))
+        conditions(self.p)
+            .into_iter()
+            .filter_map(|c| {
+                self.mean_where(config, |i| i.condition() == c)
+                    .map(|(m, _)| (c, m))
             })
             .collect()
     }
@@ -163,7 +168,7 @@ impl<'a> Tables<'a> {
             .collect()
     }
 
-    /// Payloads must not depend on seed or distribution: the first one stands for all.
+    /// Payloads must not depend on the input beyond its length: the first one stands for all.
     pub fn payloads_agree(&self, config: Config) -> bool {
         let rows = self.of(config);
         rows.iter().all(|(i, r)| {
@@ -244,17 +249,23 @@ pub fn check(p: &Protocol, tables: &Tables, summary: &Summary, report: &mut Repo
     for (setting, row) in p.settings.iter().zip(&summary.packed_kv) {
         let label = setting_label(setting);
         let mode = (setting.mode == Mode::Asymmetric).then_some(Mode::Asymmetric);
-        if (row.group_size, row.bits, row.mode) != (setting.group_size, setting.bits, mode) {
+        let axes = (setting.axes != Axes::default()).then_some(setting.axes);
+        if (row.group_size, row.bits, row.mode, row.axes)
+            != (setting.group_size, setting.bits, mode, axes)
+        {
             fail(
                 report,
                 format!("packed_kv {label}"),
-                format!("row for g{} b{} {:?}", row.group_size, row.bits, row.mode),
+                format!(
+                    "row for g{} b{} {:?} {:?}",
+                    row.group_size, row.bits, row.mode, row.axes
+                ),
                 label.clone(),
             );
             continue;
         }
         let config = Config::Setting(*setting);
-        let clean = tables.mean_where(config, |i| i.distribution == Distribution::Clean);
+        let clean = tables.mean_where(config, InputPlan::is_clean);
         let mean_ok = match (row.mean_relative_l2_clean, clean) {
             (Some(recorded), Some((m, _))) => close(recorded, m),
             (None, None) => true,

@@ -4,6 +4,7 @@
 //! - `tampering`: a small run, made once, altered the ways a forger would (every manifest hash
 //!   rewritten to match), several alterations per audit, each a FAIL naming the problem;
 //! - `adversary`: the nine attacks of the "audit that trusts nothing" issue, one test each;
+//! - `models`: a run on a real model's cache (MiniLM), altered as a forger would, and `--models`;
 //! - `archives`: hostile npz archives (made by `tests/data/npz/make_hostile.py`) refused by rule,
 //!   and every archive the audit accepts read exactly as NumPy reads it;
 //! - `properties`: the npz reader and the decoder under generated inputs;
@@ -13,6 +14,7 @@
 mod adversary;
 mod archived;
 mod archives;
+mod models;
 mod properties;
 mod protocols;
 mod shards;

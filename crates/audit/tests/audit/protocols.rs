@@ -1,5 +1,7 @@
 //! The audit reads a protocol as the runner does: for generated protocols mixing valid and
-//! extreme values, the audit's validator accepts exactly those the runner's accepts.
+//! extreme values, the audit's validator accepts exactly those the runner's accepts; the same for
+//! model protocols (sizes near each model's limits, names and lists both valid and not, fields of
+//! generated protocols mixed in, swapped axes).
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -86,6 +88,92 @@ fn any_protocol() -> impl Strategy<Value = Value> {
         )
 }
 
+/// A model protocol around both models' sizes (MiniLM: 6 layers, 12 KV heads, head_dim 32,
+/// 3 to 512 tokens; SmolLM2: 30 layers, 3 KV heads, head_dim 64, queries exactly 3, 1 to 8192).
+fn any_model_protocol() -> impl Strategy<Value = Value> {
+    let name = prop_oneof![
+        24 => "[a-z0-9._-]{1,8}",
+        1 => Just(String::new()),
+        1 => Just("x".repeat(33)),
+        1 => Just("a b".to_string()),
+    ];
+    let texts = prop_oneof![
+        8 => prop::collection::vec(name, 1..=2),
+        1 => Just(Vec::new()),
+    ];
+    let index = |max: usize| {
+        prop_oneof![
+            8 => prop::collection::btree_set(0..max, 1..=3).prop_map(|s| s.into_iter().collect::<Vec<_>>()),
+            1 => Just(Vec::new()),
+            1 => (0..max).prop_map(|x| vec![x, x]),
+        ]
+    };
+    let setting = (
+        prop_oneof![8 => prop::sample::select(vec![8u64, 16, 32, 64]), 1 => Just(0u64)],
+        prop_oneof![8 => 2u32..=8, 1 => Just(1u32)],
+        prop::sample::select(vec![None, Some("asymmetric")]),
+        prop::sample::select(vec![
+            None,
+            Some("k_token_v_feature"),
+            Some("k_feature_v_token"),
+        ]),
+    )
+        .prop_map(|(g, bits, mode, axes)| {
+            let mut s = json!({ "group_size": g, "bits": bits });
+            if let Some(mode) = mode {
+                s["mode"] = mode.into();
+            }
+            if let Some(axes) = axes {
+                s["axes"] = axes.into();
+            }
+            s
+        });
+    (
+        prop::sample::select(vec!["minilm", "smollm2"]),
+        texts,
+        prop_oneof![4 => index(6), 1 => index(31)],
+        prop_oneof![4 => index(3), 1 => index(13)],
+        prop_oneof![4 => prop::sample::select(vec![32usize, 64]), 1 => Just(16usize)],
+        prop_oneof![4 => Just(3usize), 2 => prop::sample::select(vec![1usize, 2, 4, 6, 12, 80])],
+        prop::collection::vec(
+            prop_oneof![
+                6 => prop::sample::select(vec![3usize, 40, 100]),
+                1 => prop::sample::select(vec![1usize, 2, 512, 513, 8192, 8193])
+            ],
+            1..=2,
+        ),
+        prop::collection::vec(setting, 1..=2),
+        prop_oneof![
+            8 => Just(None),
+            1 => prop::sample::select(vec![Some("seeds"), Some("distributions"), Some("focus"), Some("generator")])
+        ],
+    )
+        .prop_map(
+            |(model, texts, layers, kv_heads, features, queries, tokens, settings, extra)| {
+                let texts: Vec<Value> = texts
+                    .into_iter()
+                    .map(|name| json!({ "name": name, "text": "a text" }))
+                    .collect();
+                let mut p = json!({
+                    "study": "m", "tokens": tokens, "features": features, "queries": queries,
+                    "settings": settings,
+                    "model": { "name": model, "texts": texts, "layers": layers, "kv_heads": kv_heads }
+                });
+                match extra {
+                    Some("seeds") => p["seeds"] = json!([1]),
+                    Some("distributions") => p["distributions"] = json!(["clean"]),
+                    Some("focus") => p["focus"] = json!({ "window": 1, "gain": 1.0 }),
+                    Some("generator") => {
+                        p["generator"] = json!({ "name": "numpy", "entropy":
+                            { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } })
+                    }
+                    _ => {}
+                }
+                p
+            },
+        )
+}
+
 fn audit_accepts(text: &str) -> bool {
     serde_json::from_str::<audit::protocol::Protocol>(text).is_ok_and(|p| p.validate().is_ok())
 }
@@ -99,6 +187,13 @@ proptest! {
         let runner = runner::protocol::Protocol::from_json(&text);
         prop_assert_eq!(runner.is_ok(), audit_accepts(&text), "runner: {:?}\n{}", runner.err(), text);
     }
+
+    #[test]
+    fn the_audit_accepts_exactly_the_model_protocols_the_runner_accepts(protocol in any_model_protocol()) {
+        let text = protocol.to_string();
+        let runner = runner::protocol::Protocol::from_json(&text);
+        prop_assert_eq!(runner.is_ok(), audit_accepts(&text), "runner: {:?}\n{}", runner.err(), text);
+    }
 }
 
 #[test]
@@ -106,6 +201,8 @@ fn the_frozen_and_archived_protocols_are_accepted_by_both() {
     for path in [
         "experiments/packed-kv/protocol.json",
         "experiments/widths-and-modes/protocol.json",
+        "experiments/real-models/minilm.json",
+        "experiments/real-models/smollm2.json",
     ] {
         let text = std::fs::read_to_string(crate::support::workspace().join(path)).unwrap();
         assert!(

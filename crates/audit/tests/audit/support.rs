@@ -45,7 +45,7 @@ pub fn make_run(protocol: &str, out: &Path) {
 
 /// Runs `protocol`, or the shard `(index, count)` of it, into `out`, as `runner --shard` does.
 pub fn make_shard(protocol: &str, shard: Option<(usize, usize)>, out: &Path) {
-    use runner::manifest::{Counts, Manifest, ShardRecord, protocol_sha256};
+    use runner::manifest::{Counts, Manifest, ModelRecord, ShardRecord, protocol_sha256};
     let protocol = runner::protocol::Protocol::from_json(protocol).expect("a valid protocol");
     let inputs = match shard {
         Some((index, count)) => runner::plan::Shard { index, count }
@@ -57,7 +57,7 @@ pub fn make_shard(protocol: &str, shard: Option<(usize, usize)>, out: &Path) {
     let threads = 2;
     let record = runner::pipeline::run(&protocol, &inputs, threads, &mut writer, |_| {})
         .expect("the run succeeds");
-    let (rows, timings) = (record.rows, record.timings);
+    let (rows, timings, ids) = (record.rows, record.timings, record.ids);
     let summary = runner::summary::summarize(&protocol, &rows, timings.as_ref());
     let counts = Counts {
         inputs: inputs.len(),
@@ -66,6 +66,10 @@ pub fn make_shard(protocol: &str, shard: Option<(usize, usize)>, out: &Path) {
     };
     let mut manifest = Manifest::new("a test protocol".into(), protocol.clone(), counts);
     manifest.threads = Some(threads);
+    manifest.model = protocol
+        .model
+        .as_ref()
+        .map(|m| ModelRecord::new(m.name, ids.clone()));
     manifest.shard = shard.map(|(index, count)| ShardRecord {
         index,
         count,

@@ -1,0 +1,403 @@
+//! Runs whose inputs come from a real model's K/V cache. The audit does not run the model: it
+//! takes q, k and v from arrays.npz and checks everything computed from them, and it holds the
+//! manifest's model record (weight hash, token ids) to its own pins and to the run. A small
+//! MiniLM run (one text, N = 40, layers 0 and 5, one KV head, a swapped and an asymmetric
+//! setting, two budget policies), made once with the runner's library, altered as a forger would.
+//!
+//! The model is found as the runner finds it (`$KVPACK_MODELS`, else `model-cache/` at the
+//! workspace root) and fetched on first use.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use audit::chart::ChartProblem;
+use audit::markdown::MarkdownProblem;
+use audit::report::{Checked, Note};
+use audit::{Options, Problem};
+use models::ModelName;
+
+use crate::support::{
+    array, assert_pass, assert_problem, audit, copy_of, edit_arrays, edit_json, edit_text,
+    make_run, make_shard, rehash, workspace,
+};
+
+/// ~300 words, long enough for either model's 40 tokens.
+const TEXT: &str = include_str!("../data/models/harbour.txt");
+
+/// A MiniLM protocol: an encoder, so two query positions of the head's own query head.
+fn minilm_protocol() -> String {
+    serde_json::json!({
+        "study": "audit-minilm",
+        "tokens": [40],
+        "features": 32,
+        "queries": 2,
+        "settings": [
+            { "group_size": 8, "bits": 4, "axes": "k_feature_v_token" },
+            { "group_size": 8, "bits": 3, "mode": "asymmetric" }
+        ],
+        "budget": { "group_size": 8, "low_bits": 2, "window": 8,
+                    "policies": ["uniform", "recent_f32"] },
+        "model": { "name": "minilm", "texts": [{ "name": "harbour", "text": TEXT }],
+                   "layers": [0, 5], "kv_heads": [0] }
+    })
+    .to_string()
+}
+
+/// A SmolLM2 protocol: a decoder, so its queries are the 3 query heads of the KV head at the
+/// last position; its first and last layers.
+fn smollm2_protocol() -> String {
+    serde_json::json!({
+        "study": "audit-smollm2",
+        "tokens": [40],
+        "features": 64,
+        "queries": 3,
+        "settings": [
+            { "group_size": 8, "bits": 4, "axes": "k_feature_v_token" },
+            { "group_size": 8, "bits": 3, "mode": "asymmetric" }
+        ],
+        "budget": { "group_size": 8, "low_bits": 2, "window": 8,
+                    "policies": ["uniform", "recent8"] },
+        "model": { "name": "smollm2", "texts": [{ "name": "harbour", "text": TEXT }],
+                   "layers": [0, 29], "kv_heads": [0] }
+    })
+    .to_string()
+}
+
+/// The folder holding `<model>/<weight file>`, the model fetched if it is missing.
+fn model_cache(model: ModelName) -> PathBuf {
+    let files = models::files::locate_or_fetch(model).expect("the model is available");
+    files
+        .folder
+        .parent()
+        .expect("a model folder sits in the cache")
+        .to_path_buf()
+}
+
+/// The MiniLM run, made once per test binary.
+fn minilm_run() -> &'static Path {
+    static RUN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, dir) = RUN.get_or_init(|| {
+        model_cache(ModelName::MiniLm);
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("minilm");
+        make_run(&minilm_protocol(), &dir);
+        (tmp, dir)
+    });
+    dir
+}
+
+fn with_models(dir: &Path, models: &Path) -> audit::Report {
+    let options = Options {
+        models: Some(models.to_path_buf()),
+    };
+    audit::audit_dir_with(dir, &workspace(), &options)
+}
+
+#[test]
+fn a_model_run_passes_and_says_its_inputs_were_taken_not_rederived() {
+    let report = audit(minilm_run());
+    assert_pass(&report);
+    // Two inputs (layers 0 and 5), read from the archive; nothing drawn.
+    assert_eq!(report.counted(Checked::InputsArchived), 2);
+    assert_eq!(report.counted(Checked::InputsRederived), 0);
+    assert_eq!(report.counted(Checked::Comparisons), 8);
+    assert!(report.notes.contains(&Note::ModelNotRerun));
+    assert!(report.notes.contains(&Note::ModelFileNotChecked(
+        "minilm/model.safetensors".into()
+    )));
+}
+
+#[test]
+fn with_models_the_weight_file_is_hashed() {
+    let cache = model_cache(ModelName::MiniLm);
+    let report = with_models(minilm_run(), &cache);
+    assert_pass(&report);
+    assert!(report.notes.iter().any(
+        |n| matches!(n, Note::ModelFileChecked(path) if path.ends_with("minilm/model.safetensors"))
+    ));
+
+    // Another file under the pinned name, and no file at all.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::create_dir(other.path().join("minilm")).unwrap();
+    std::fs::write(
+        other.path().join("minilm/model.safetensors"),
+        b"not the weights",
+    )
+    .unwrap();
+    let report = with_models(minilm_run(), other.path());
+    assert_problem(
+        &report,
+        "model file hash",
+        |p| matches!(p, Problem::ModelFile { reason, .. } if reason.starts_with("SHA-256 ")),
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let report = with_models(minilm_run(), empty.path());
+    assert_problem(
+        &report,
+        "missing model file",
+        |p| matches!(p, Problem::ModelFile { path, .. } if path.ends_with("minilm/model.safetensors")),
+    );
+}
+
+#[test]
+fn a_flipped_code_and_altered_inputs_are_caught_downstream() {
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_arrays(&dir, |arrays| {
+        // A 4-bit code of the swapped setting (K grouped along features) one step off.
+        let codes = array(arrays, "t0_n40_l5_h0_g8_b4_swap_k_codes").u8();
+        let low = codes[[5]] & 0x0F;
+        codes[[5]] = (codes[[5]] & 0xF0) | if low < 14 { low + 1 } else { low - 1 };
+        // A model input cannot be re-derived, but its reference must still be its attention.
+        array(arrays, "t0_n40_l0_h0_v").f32()[[10, 7]] += 0.5;
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "code rule",
+        |p| matches!(p, Problem::Code { array, .. } if array == "t0_n40_l5_h0_g8_b4_swap_k_codes"),
+    );
+    assert_problem(
+        &report,
+        "reference",
+        |p| matches!(p, Problem::Attention { array, .. } if array == "t0_n40_l0_h0_ref"),
+    );
+
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_arrays(&dir, |arrays| {
+        array(arrays, "t0_n40_l5_h0_q").f32()[[1, 3]] = f32::NAN;
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "non-finite input",
+        |p| matches!(p, Problem::NotFinite { array, first: [1, 3] } if array == "t0_n40_l5_h0_q"),
+    );
+}
+
+#[test]
+fn the_model_record_is_held_to_the_pins_and_the_run() {
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_json(&dir, "manifest.json", |m| {
+        let model = &mut m["model"];
+        model["weight_sha256"] = "0".repeat(64).into();
+        // One id dropped: the pass no longer has N ids.
+        model["ids"]["t0_n40"].as_array_mut().unwrap().pop();
+    });
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "weight hash",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "weight_sha256"),
+    );
+    assert_problem(
+        &report,
+        "id count",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids.t0_n40" && found == "39 ids"),
+    );
+
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_json(&dir, "manifest.json", |m| {
+        let ids = m["model"]["ids"]["t0_n40"].as_array_mut().unwrap();
+        // [SEP] no longer last, and an id past MiniLM's vocabulary.
+        ids[39] = 2000.into();
+        ids[7] = 30_522.into();
+    });
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "vocabulary",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids.t0_n40" && found == "id 30522 at position 7"),
+    );
+    assert_problem(
+        &report,
+        "markers",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids.t0_n40" && found.contains("last Some(2000)")),
+    );
+
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_json(&dir, "manifest.json", |m| {
+        let ids = m["model"]["ids"].as_object_mut().unwrap();
+        let list = ids.remove("t0_n40").unwrap();
+        ids.insert("t1_n40".into(), list);
+    });
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "passes",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "ids"),
+    );
+
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_json(&dir, "manifest.json", |m| {
+        m.as_object_mut().unwrap().remove("model");
+    });
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "absent record",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "(record)" && found == "absent"),
+    );
+}
+
+#[test]
+fn a_changed_layer_condition_is_named_in_summary_markdown_and_chart() {
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_json(&dir, "summary.json", |s| {
+        let means = s["packed_kv"][0]["mean_relative_l2"]
+            .as_object_mut()
+            .unwrap();
+        let l5 = means.remove("l5").unwrap();
+        means.insert("l4".into(), l5);
+    });
+    // The per-layer table's header: `| setting | l0 | l5 | payload N=40 |`, padded.
+    edit_text(&dir, "summary.md", |md| {
+        md.lines()
+            .map(|line| match line.starts_with("| setting") {
+                true => line.replacen(" l5 ", " l4 ", 1),
+                false => line.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    });
+    edit_text(&dir, "error-vs-bytes.svg", |svg| {
+        svg.replacen(r#"data-condition="l5""#, r#"data-condition="l4""#, 1)
+            // The y axis would claim a mean over seeds.
+            .replace("mean over texts and heads", "mean over seeds")
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "summary condition",
+        |p| matches!(p, Problem::Summary { place, found, .. } if place == "packed_kv g8_b4_swap mean_relative_l2" && found.contains("\"l4\"")),
+    );
+    assert_problem(
+        &report,
+        "markdown condition",
+        |p| matches!(p, Problem::Markdown(MarkdownProblem::Cell { found, expected, .. }) if found == "l4" && expected == "l5"),
+    );
+    assert_problem(
+        &report,
+        "chart condition",
+        |p| matches!(p, Problem::Chart(ChartProblem::Marker { found, .. }) if found.contains(" l4 ")),
+    );
+    assert_problem(
+        &report,
+        "y axis description",
+        |p| matches!(p, Problem::Chart(ChartProblem::Label { expected }) if expected.contains("texts and heads")),
+    );
+}
+
+#[test]
+fn a_generated_runs_marker_attribute_is_refused_on_a_model_run() {
+    // A model run's markers name their layer; a marker naming a distribution as well is not
+    // what the runner writes.
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_text(&dir, "error-vs-bytes.svg", |svg| {
+        svg.replacen(
+            r#"data-condition="l0""#,
+            r#"data-condition="l0" data-distribution="clean""#,
+            1,
+        )
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    assert_problem(&report, "marker attributes", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Marker { index: 0, .. }))
+    });
+}
+
+#[test]
+fn a_smollm2_run_passes_and_its_weight_file_is_checked() {
+    let cache = model_cache(ModelName::SmolLm2);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("smollm2");
+    make_run(&smollm2_protocol(), &dir);
+    let report = with_models(&dir, &cache);
+    assert_pass(&report);
+    assert_eq!(report.counted(Checked::InputsArchived), 2);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| matches!(n, Note::ModelFileChecked(_)))
+    );
+
+    // SmolLM2 adds no [CLS]/[SEP]; its ids are only held to the count and the vocabulary.
+    let (_tmp, copy) = copy_of(&dir);
+    edit_json(&copy, "manifest.json", |m| {
+        m["model"]["ids"]["t0_n40"][0] = 49_152.into();
+        m["model"]["name"] = "minilm".into();
+    });
+    let report = audit(&copy);
+    assert_problem(
+        &report,
+        "vocabulary",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids.t0_n40" && found == "id 49152 at position 0"),
+    );
+    assert_problem(
+        &report,
+        "name",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "name"),
+    );
+}
+
+#[test]
+fn a_shard_records_the_ids_of_its_own_passes_only_and_a_merge_all() {
+    model_cache(ModelName::MiniLm);
+    // Two lengths, so the shards' inputs come from different passes: shard 1 of 2 holds
+    // t0_n20 (layers 0 and 5), shard 2 holds t0_n40.
+    let mut protocol: serde_json::Value = serde_json::from_str(&minilm_protocol()).unwrap();
+    protocol["tokens"] = serde_json::json!([20, 40]);
+    let protocol = protocol.to_string();
+    let tmp = tempfile::tempdir().unwrap();
+    let first = tmp.path().join("first");
+    let second = tmp.path().join("second");
+    make_shard(&protocol, Some((1, 2)), &first);
+    make_shard(&protocol, Some((2, 2)), &second);
+    assert_pass(&audit(&first));
+    assert_pass(&audit(&second));
+    // Their merge records both passes, and audits like a whole run.
+    let merged = tmp.path().join("merged");
+    runner::merge::merge(&merged, &[first.clone(), second.clone()]).unwrap();
+    assert_pass(&audit(&merged));
+
+    // The other shard's pass added to the first's record.
+    let other = std::fs::read_to_string(second.join("manifest.json")).unwrap();
+    let other: serde_json::Value = serde_json::from_str(&other).unwrap();
+    let (_tmp, dir) = copy_of(&first);
+    edit_json(&dir, "manifest.json", |m| {
+        m["model"]["ids"]["t0_n40"] = other["model"]["ids"]["t0_n40"].clone();
+    });
+    let report = audit(&dir);
+    assert_problem(
+        &report,
+        "passes",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids" && found.contains("t0_n40")),
+    );
+}
+
+#[test]
+fn the_command_line_takes_a_model_cache_with_models() {
+    let cache = model_cache(ModelName::MiniLm);
+    let audit_cli = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_audit"))
+            .args(args)
+            .output()
+            .expect("audit starts");
+        (out.status.success(), String::from_utf8(out.stdout).unwrap())
+    };
+    let run = minilm_run().as_os_str();
+    let (passed, stdout) = audit_cli(&[run, "--models".as_ref(), cache.as_os_str()]);
+    assert!(passed, "{stdout}");
+    assert!(stdout.contains("has the recorded SHA-256"), "{stdout}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let (passed, stdout) = audit_cli(&[run, "--models".as_ref(), empty.path().as_os_str()]);
+    assert!(!passed);
+    assert!(stdout.ends_with("\nFAIL\n"), "{stdout}");
+    assert!(stdout.contains("FAIL: model file "), "{stdout}");
+}
