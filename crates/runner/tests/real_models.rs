@@ -51,6 +51,16 @@ fn max_abs_diff(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// How close a member must be to the reference.
+#[derive(Clone, Copy)]
+enum Tolerance {
+    /// Within this of every value.
+    Absolute(f32),
+    /// Within this fraction of the largest magnitude in the reference (for a residual stream
+    /// whose values reach thousands, where f32 rounding alone is about 1e-3).
+    OfLargest(f32),
+}
+
 /// Runs `runner kv` into a temporary file and compares it with a reference `.npz`: the ids
 /// exactly, every q/k/v within `qkv_tolerance`, and the other named members within theirs.
 fn check_kv_against(
@@ -59,7 +69,7 @@ fn check_kv_against(
     reference: &Path,
     layers: usize,
     qkv_tolerance: f32,
-    others: &[(&str, f32)],
+    others: &[(&str, Tolerance)],
 ) {
     fetched(model);
     let tmp = tempfile::tempdir().unwrap();
@@ -86,8 +96,13 @@ fn check_kv_against(
         }
     }
     for &(name, tolerance) in others {
-        let diff = max_abs_diff(&f32_array(&mut mine, name), &f32_array(&mut want, name));
-        assert!(diff <= tolerance, "{model} {name}: max |diff| {diff}");
+        let reference = f32_array(&mut want, name);
+        let diff = max_abs_diff(&f32_array(&mut mine, name), &reference);
+        let bound = match tolerance {
+            Tolerance::Absolute(t) => t,
+            Tolerance::OfLargest(t) => t * reference.iter().fold(0f32, |m, x| m.max(x.abs())),
+        };
+        assert!(diff <= bound, "{model} {name}: max |diff| {diff} > {bound}");
     }
 }
 
@@ -102,12 +117,14 @@ fn runner_kv_reproduces_the_minilm_reference() {
         &workspace().join("crates/models/tests/data/minilm_public.npz"),
         6,
         5e-5,
-        &[("last_hidden", 5e-5)],
+        &[("last_hidden", Tolerance::Absolute(5e-5))],
     );
 }
 
 /// SmolLM2: the README's suggested f32 tolerances: 1e-4 on q/k/v, 5e-4 on the logits; the
-/// f64 reference and a plain f32 NumPy pass differ by 1.2e-5 and 3.4e-5.
+/// f64 reference and a plain f32 NumPy pass differ by 1.2e-5 and 3.4e-5. The stream after the
+/// last block reaches 2,531 (measured max |diff| 7.3e-3, 3e-6 of that), so it is held to 1e-5
+/// of its largest value.
 #[test]
 fn runner_kv_reproduces_the_smollm2_reference() {
     check_kv_against(
@@ -116,7 +133,10 @@ fn runner_kv_reproduces_the_smollm2_reference() {
         &workspace().join("crates/models/tests/data/smollm2/smollm2_public.npz"),
         30,
         1e-4,
-        &[("hidden_final", 5e-4), ("logits", 5e-4)],
+        &[
+            ("hidden_final", Tolerance::OfLargest(1e-5)),
+            ("logits", Tolerance::Absolute(5e-4)),
+        ],
     );
 }
 
