@@ -2,10 +2,10 @@
 //! `kv` command and real-model protocols).
 
 use crate::bert::MiniLm;
-use crate::llama::Llama;
-use crate::tokenizer::bpe::Bpe;
 use crate::capture::Capture;
 use crate::files::{FilesError, ModelFiles, ModelName};
+use crate::llama::Llama;
+use crate::tokenizer::bpe::Bpe;
 
 /// The sizes of a model that a protocol is checked against before anything is loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
