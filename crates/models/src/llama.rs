@@ -1440,4 +1440,44 @@ mod tests {
         let err = refuse(&|counts, _| counts[2].1 = 5);
         assert!(err.contains("head_dim"), "{err}");
     }
+
+    /// FNV-1a over the bits of everything a capture holds.
+    fn digest(c: &Capture) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut eat = |x: f32| {
+            for b in x.to_bits().to_le_bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x100_0000_01b3);
+            }
+        };
+        for l in &c.layers {
+            l.q.iter().chain(&l.k).chain(&l.v).for_each(|&x| eat(x));
+        }
+        c.hidden.iter().for_each(|&x| eat(x));
+        c.logits.iter().flatten().for_each(|&x| eat(x));
+        h
+    }
+
+    #[test]
+    fn forward_and_forward_with_keep_the_bits_they_had_before_the_source_api() {
+        let model = tiny();
+        let ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3];
+        let plain = digest(&model.forward(&ids).unwrap());
+        let halved = digest(
+            &model
+                .forward_with(&ids, |_, _, v| {
+                    v.mapv_inplace(|x| x * 0.5);
+                    Ok(())
+                })
+                .unwrap(),
+        );
+        // Printed by this test run on the code before `forward_with_source` and `step` were
+        // added (commit 3f209b0): the refactor into `layer_qkv` / `layer_rest` changed no bit.
+        assert_eq!(plain, 0xbbc9_f82b_fc91_6e29);
+        assert_eq!(halved, 0xd91f_465b_8df9_3d2e);
+        let sourced = model
+            .forward_with_source(&ids, |_, k, v| Ok(Box::new(OwnKv::new(k, v))))
+            .unwrap();
+        assert_eq!(digest(&sourced), plain);
+    }
 }
