@@ -33,6 +33,10 @@ impl Npz {
         let x = self.0.by_name::<OwnedRepr<f64>, Ix0>(name).unwrap();
         x.into_scalar()
     }
+    fn vector(&mut self, name: &str) -> Vec<f64> {
+        let x = self.0.by_name::<OwnedRepr<f64>, Ix1>(name).unwrap();
+        x.to_vec()
+    }
     fn ids(&mut self) -> Vec<u32> {
         let ids: Array1<i64> = self.0.by_name::<OwnedRepr<i64>, Ix1>("ids").unwrap();
         ids.iter().map(|&id| u32::try_from(id).unwrap()).collect()
@@ -72,7 +76,25 @@ fn the_reference_text_gives_the_public_nll_and_kl() {
         "{} vs {kl}",
         prefill.kl_mean
     );
+    // Per position too (i predicts t_(i+1)).
+    let close = |mine: Vec<f64>, name: &str, npz: &mut Npz| {
+        let reference = npz.vector(name);
+        assert_eq!(mine.len(), reference.len());
+        for (a, b) in mine.iter().zip(&reference) {
+            assert!((a - b).abs() < 2e-3, "{name}: {mine:?} vs {reference:?}");
+        }
+    };
+    let minus = |xs: &[f64]| xs.iter().map(|x| -x).collect::<Vec<_>>();
+    close(minus(&prefill.positions.logp_f32), "nll_full_pos", &mut npz);
+    close(
+        minus(&prefill.positions.logp),
+        "nll_q4_prefill_pos",
+        &mut npz,
+    );
+    close(prefill.positions.kl.clone(), "kl_q4_prefill_pos", &mut npz);
     let causal = run(&ids, "g32_b4", Schedule::Causal);
+    close(minus(&causal.positions.logp), "nll_q4_causal_pos", &mut npz);
+    close(causal.positions.kl.clone(), "kl_q4_causal_pos", &mut npz);
     let (nll, kl) = (npz.scalar("nll_q4_causal"), npz.scalar("kl_q4_causal"));
     assert!((causal.nll - nll).abs() < 2e-3, "{} vs {nll}", causal.nll);
     assert!(

@@ -110,7 +110,7 @@ enum Command {
         /// Greedy tokens to generate after the prompt with both caches (0: none).
         #[arg(long, default_value_t = 16)]
         generate: usize,
-        /// The prompt for generation (default: the text).
+        /// The prompt for generation (default: the text's first 32 tokens).
         #[arg(long)]
         prompt: Option<String>,
         /// Print one JSON object instead of a table.

@@ -51,7 +51,7 @@ pub struct Request<'a> {
     pub schedule: &'a str,
     /// The text (teacher forcing).
     pub text: &'a str,
-    /// The generation prompt; the text when `None`.
+    /// The generation prompt; the text's first [`DEFAULT_PROMPT_TOKENS`] tokens when `None`.
     pub prompt: Option<&'a str>,
     /// Greedy tokens to generate.
     pub generate: usize,
@@ -78,6 +78,10 @@ pub struct GenerationReport {
     /// The packed cache's generated text.
     pub text: String,
 }
+
+/// Without `--prompt`, generation continues the text's first tokens, at most this many: each
+/// generated token is one pass over the prompt and what came before (`quality::generate`).
+pub const DEFAULT_PROMPT_TOKENS: usize = 32;
 
 /// The layers of SmolLM2-135M, for the progress count before the model is loaded.
 const SMOLLM2_LAYERS: usize = 30;
@@ -125,7 +129,7 @@ pub fn measure(
     } else {
         let prompt = match request.prompt {
             Some(prompt) => bpe.encode(prompt)?,
-            None => ids.clone(),
+            None => ids[..ids.len().min(DEFAULT_PROMPT_TOKENS)].to_vec(),
         };
         let ids = generate::compare(model, &prompt, request.generate, spec, |n| {
             progress(2 * layers + n)
