@@ -28,6 +28,8 @@ const SOURCE_ROOTS: &[&str] = &[
     "crates/models/src",
     "crates/nprand/Cargo.toml",
     "crates/nprand/src",
+    "crates/quality/Cargo.toml",
+    "crates/quality/src",
     "crates/runner/Cargo.toml",
     "crates/runner/build.rs",
     "crates/runner/src",

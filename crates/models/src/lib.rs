@@ -11,7 +11,8 @@
 //! - [`transformer`]: one interface over both models ([`load`] by name), and their sizes;
 //! - [`tokenizer`]: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
 //! - [`bert`], [`llama`]: the two forward passes ([`llama`]: SmolLM2 from its GGUF, with a hook
-//!   on each layer's K/V before attention reads them).
+//!   on each layer's K/V before attention reads them, a [`llama::KvSource`] that decides per
+//!   query position what attention reads, and [`llama::Llama::step`] for a caller-held cache).
 //!
 //! Why by hand: the point is the per-layer K/V, exactly as a cache holds it, bit-reproducible on
 //! any machine and thread count. A general inference library hides the cache, picks its kernels

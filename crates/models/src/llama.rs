@@ -28,6 +28,11 @@
 //!
 //! [`Llama::forward_with`] lets a caller transform each layer's K and V (after RoPE, as a cache
 //! holds them) before attention reads them, e.g. to store the cache through a quantization codec.
+//! Two more general entry points let a cache change as tokens arrive: [`Llama::forward_with_source`]
+//! (one teacher-forced pass in which attention at query position i reads, at each position
+//! j <= i, the rows a [`KvSource`] hands back for (i, j)) and [`Llama::step`] (one token at a
+//! time, the caller holding the whole cache). Both compute every score, softmax and weighted sum
+//! as [`Llama::forward`] does, so an unchanged cache gives its bits (see the tests).
 
 use ndarray::{Array2, Array3, Axis, s};
 use rayon::prelude::*;
@@ -240,6 +245,56 @@ pub type SmolLm2 = Llama;
 
 /// What a K/V hook may fail with.
 pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What attention reads at one layer in [`Llama::forward_with_source`]: for query position
+/// `query` and key position `position <= query`, the key and value rows (`head_dim` values each)
+/// of KV head `head`. Attention asks for every (head, query, position) in order.
+pub trait KvSource: Sync {
+    /// The key row query `query` reads at `position`.
+    fn key(&self, head: usize, query: usize, position: usize) -> &[f32];
+    /// The value row query `query` reads at `position`.
+    fn value(&self, head: usize, query: usize, position: usize) -> &[f32];
+}
+
+/// The layer's own keys and values, [kv_heads, tokens, head_dim] (standard layout): the source
+/// that makes [`Llama::forward_with_source`] [`Llama::forward`].
+#[derive(Debug, Clone)]
+pub struct OwnKv {
+    k: Array3<f32>,
+    v: Array3<f32>,
+}
+
+impl OwnKv {
+    /// Keys and values as attention reads them in a plain pass.
+    pub fn new(k: &Array3<f32>, v: &Array3<f32>) -> OwnKv {
+        OwnKv {
+            k: k.as_standard_layout().into_owned(),
+            v: v.as_standard_layout().into_owned(),
+        }
+    }
+}
+
+impl KvSource for OwnKv {
+    fn key(&self, head: usize, _query: usize, position: usize) -> &[f32] {
+        row_of(&self.k, head, position)
+    }
+    fn value(&self, head: usize, _query: usize, position: usize) -> &[f32] {
+        row_of(&self.v, head, position)
+    }
+}
+
+/// Row `position` of head `head` of a standard-layout [heads, positions, d] array; empty when
+/// out of range (attention then reports the length mismatch).
+pub fn row_of(x: &Array3<f32>, head: usize, position: usize) -> &[f32] {
+    let (heads, positions, d) = x.dim();
+    match x.as_slice() {
+        Some(all) if head < heads && position < positions => {
+            let start = (head * positions + position) * d;
+            &all[start..start + d]
+        }
+        _ => &[],
+    }
+}
 
 impl Llama {
     /// Loads a fetched, hash-checked Llama model (SmolLM2) from its GGUF file.
@@ -456,53 +511,176 @@ impl Llama {
         let c = &self.config;
         let t = ids.len();
         let start = cache.len;
-        let mut x = Array2::<f32>::zeros((t, c.hidden));
-        for (mut row, &id) in x.axis_iter_mut(Axis(0)).zip(ids) {
-            row.assign(&self.weights.token_embd.row(id as usize));
-        }
+        let mut x = self.embed(ids);
         let (cos, sin) = rope_table(start, t, c.head_dim, c.rope_base);
         let mut layers = Vec::with_capacity(c.layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
-            let mut h = x.clone();
-            ops::rms_norm(&mut h, &w.attn_norm, c.rms_eps);
-            let mut q = split_heads(ops::linear(h.view(), w.q.view(), None), c.heads);
-            let mut k = split_heads(ops::linear(h.view(), w.k.view(), None), c.kv_heads);
-            let v = split_heads(ops::linear(h.view(), w.v.view(), None), c.kv_heads);
-            rope(&mut q, &cos, &sin);
-            rope(&mut k, &cos, &sin);
-            let captured = LayerCapture { q, k, v };
+            let captured = self.layer_qkv(w, &x, &cos, &sin);
             let (mut k, mut v) = (captured.k.clone(), captured.v.clone());
             hook(l, &mut k, &mut v).map_err(|e| ModelError::Hook {
                 layer: l,
                 problem: e.to_string(),
             })?;
-            if k.dim() != captured.k.dim() || v.dim() != captured.v.dim() {
+            check_hooked_shapes(l, &captured, &k, &v)?;
+            let (past_k, past_v) = &mut cache.layers[l];
+            *past_k = append_positions(past_k, &k);
+            *past_v = append_positions(past_v, &v);
+            let attended = attention(&captured.q, past_k, past_v, start);
+            self.layer_rest(w, &mut x, &attended);
+            layers.push(captured);
+        }
+        cache.len += t;
+        Ok((x, layers))
+    }
+
+    /// The causal pass over `ids` where attention reads what `source(layer, k, v)` hands back
+    /// instead of the layer's own K/V: `k` (after RoPE) and `v` are [kv_heads, tokens,
+    /// head_dim], and the returned [`KvSource`] says, for each query position i and key position
+    /// j <= i, which key and value rows attention reads. A cache that changes as tokens arrive
+    /// (e.g. a group quantized once it fills) is a source whose rows depend on i. Attention is
+    /// [`Llama::forward`]'s, one [`ops::dot`] per score in the same order, so a source that
+    /// returns the layer's own rows gives the bits of [`Llama::forward`]. The capture keeps what
+    /// each layer computed.
+    pub fn forward_with_source<F>(&self, ids: &[u32], source: F) -> Result<Capture, ModelError>
+    where
+        F: FnMut(usize, &Array3<f32>, &Array3<f32>) -> Result<Box<dyn KvSource>, HookError>,
+    {
+        let (hidden, layers) = self.hidden_with_source(ids, source)?;
+        let normed = self.final_norm(&hidden);
+        let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
+        Ok(Capture {
+            ids: ids.to_vec(),
+            layers,
+            hidden,
+            logits: Some(logits),
+        })
+    }
+
+    /// [`Llama::forward_with_source`] without the LM head: the stream after the last block
+    /// [tokens, hidden] and what each layer computed.
+    pub fn hidden_with_source<F>(
+        &self,
+        ids: &[u32],
+        mut source: F,
+    ) -> Result<(Array2<f32>, Vec<LayerCapture>), ModelError>
+    where
+        F: FnMut(usize, &Array3<f32>, &Array3<f32>) -> Result<Box<dyn KvSource>, HookError>,
+    {
+        self.check_ids(ids)?;
+        let c = &self.config;
+        let mut x = self.embed(ids);
+        let (cos, sin) = rope_table(0, ids.len(), c.head_dim, c.rope_base);
+        let mut layers = Vec::with_capacity(c.layers);
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let captured = self.layer_qkv(w, &x, &cos, &sin);
+            let hook = |e: HookError| ModelError::Hook {
+                layer: l,
+                problem: e.to_string(),
+            };
+            let read = source(l, &captured.k, &captured.v).map_err(hook)?;
+            let attended = attention_from(&captured.q, read.as_ref(), c.kv_heads)
+                .map_err(|problem| ModelError::Hook { layer: l, problem })?;
+            self.layer_rest(w, &mut x, &attended);
+            layers.push(captured);
+        }
+        Ok((x, layers))
+    }
+
+    /// One decoding step with a cache the caller holds: runs token `id` at `position` (the
+    /// number of positions before it). `cache(layer, k, v)` receives the new token's key (after
+    /// RoPE) and value, [kv_heads, 1, head_dim], and returns the whole cache attention reads
+    /// for this step, keys and values [kv_heads, position + 1, head_dim] (this token last).
+    /// Returns the stream after the last block [1, hidden]. With a cache that keeps every row as
+    /// given, the steps give the bits of one [`Llama::forward`] pass.
+    pub fn step<F>(&self, id: u32, position: usize, mut cache: F) -> Result<Array2<f32>, ModelError>
+    where
+        F: FnMut(
+            usize,
+            &Array3<f32>,
+            &Array3<f32>,
+        ) -> Result<(Array3<f32>, Array3<f32>), HookError>,
+    {
+        let c = &self.config;
+        if position >= c.context {
+            return Err(ModelError::TooManyTokens {
+                tokens: position + 1,
+                context: c.context,
+            });
+        }
+        if id as usize >= c.vocab {
+            return Err(ModelError::UnknownToken {
+                id,
+                position,
+                vocabulary: c.vocab,
+            });
+        }
+        let mut x = self.embed(&[id]);
+        let (cos, sin) = rope_table(position, 1, c.head_dim, c.rope_base);
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let captured = self.layer_qkv(w, &x, &cos, &sin);
+            let (k, v) = cache(l, &captured.k, &captured.v).map_err(|e| ModelError::Hook {
+                layer: l,
+                problem: e.to_string(),
+            })?;
+            let expected = (c.kv_heads, position + 1, c.head_dim);
+            if k.dim() != expected || v.dim() != expected {
                 return Err(ModelError::Hook {
                     layer: l,
                     problem: format!(
-                        "changed the shapes of k and v from {:?} to {:?} and {:?}",
-                        captured.k.dim(),
+                        "returned k {:?} and v {:?}, expected {expected:?}",
                         k.dim(),
                         v.dim()
                     ),
                 });
             }
-            let (past_k, past_v) = &mut cache.layers[l];
-            *past_k = append_positions(past_k, &k);
-            *past_v = append_positions(past_v, &v);
-            let attended = attention(&captured.q, past_k, past_v, start);
-            x += &ops::linear(attended.view(), w.o.view(), None);
-
-            let mut h = x.clone();
-            ops::rms_norm(&mut h, &w.ffn_norm, c.rms_eps);
-            let mut gate = ops::linear(h.view(), w.gate.view(), None);
-            let up = ops::linear(h.view(), w.up.view(), None);
-            gate.zip_mut_with(&up, |g, &u| *g = ops::silu(*g) * u);
-            x += &ops::linear(gate.view(), w.down.view(), None);
-            layers.push(captured);
+            let (k, v) = (
+                k.as_standard_layout().into_owned(),
+                v.as_standard_layout().into_owned(),
+            );
+            let attended = attention(&captured.q, &k, &v, position);
+            self.layer_rest(w, &mut x, &attended);
         }
-        cache.len += t;
-        Ok((x, layers))
+        Ok(x)
+    }
+
+    /// The token embeddings of `ids` (checked), [tokens, hidden].
+    fn embed(&self, ids: &[u32]) -> Array2<f32> {
+        let mut x = Array2::<f32>::zeros((ids.len(), self.config.hidden));
+        for (mut row, &id) in x.axis_iter_mut(Axis(0)).zip(ids) {
+            row.assign(&self.weights.token_embd.row(id as usize));
+        }
+        x
+    }
+
+    /// A block's q, k (both after RoPE) and v for the stream `x`.
+    fn layer_qkv(
+        &self,
+        w: &LayerWeights,
+        x: &Array2<f32>,
+        cos: &Array2<f32>,
+        sin: &Array2<f32>,
+    ) -> LayerCapture {
+        let c = &self.config;
+        let mut h = x.clone();
+        ops::rms_norm(&mut h, &w.attn_norm, c.rms_eps);
+        let mut q = split_heads(ops::linear(h.view(), w.q.view(), None), c.heads);
+        let mut k = split_heads(ops::linear(h.view(), w.k.view(), None), c.kv_heads);
+        let v = split_heads(ops::linear(h.view(), w.v.view(), None), c.kv_heads);
+        rope(&mut q, cos, sin);
+        rope(&mut k, cos, sin);
+        LayerCapture { q, k, v }
+    }
+
+    /// The rest of a block after attention: the output projection and the feed-forward layer,
+    /// both added to the stream `x`.
+    fn layer_rest(&self, w: &LayerWeights, x: &mut Array2<f32>, attended: &Array2<f32>) {
+        *x += &ops::linear(attended.view(), w.o.view(), None);
+        let mut h = x.clone();
+        ops::rms_norm(&mut h, &w.ffn_norm, self.config.rms_eps);
+        let mut gate = ops::linear(h.view(), w.gate.view(), None);
+        let up = ops::linear(h.view(), w.up.view(), None);
+        gate.zip_mut_with(&up, |g, &u| *g = ops::silu(*g) * u);
+        *x += &ops::linear(gate.view(), w.down.view(), None);
     }
 
     /// The LM head's input: `output_norm` (RMSNorm) applied to the stream after the last block
@@ -689,6 +867,85 @@ fn attention(q: &Array3<f32>, k: &Array3<f32>, v: &Array3<f32>, start: usize) ->
         out.slice_mut(s![.., h * d..(h + 1) * d]).assign(part);
     }
     out
+}
+
+/// The K/V hook of [`Llama::forward_with`] may change values, not shapes.
+fn check_hooked_shapes(
+    layer: usize,
+    captured: &LayerCapture,
+    k: &Array3<f32>,
+    v: &Array3<f32>,
+) -> Result<(), ModelError> {
+    if k.dim() != captured.k.dim() || v.dim() != captured.v.dim() {
+        return Err(ModelError::Hook {
+            layer,
+            problem: format!(
+                "changed the shapes of k and v from {:?} to {:?} and {:?}",
+                captured.k.dim(),
+                k.dim(),
+                v.dim()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// [`attention`] over positions 0..T with rows from `source`: the same scores, softmax and
+/// weighted sums in the same order. A row that is not `head_dim` long is refused.
+fn attention_from(
+    q: &Array3<f32>,
+    source: &dyn KvSource,
+    kv_heads: usize,
+) -> Result<Array2<f32>, String> {
+    let (heads, t, d) = q.dim();
+    let group = heads / kv_heads;
+    let scale = 1.0 / (d as f32).sqrt();
+    let per_head: Vec<Result<Array2<f32>, String>> = (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let q = q.index_axis(Axis(0), h);
+            let kv = h / group;
+            let mut out = Array2::<f32>::zeros((t, d));
+            let mut scores = vec![0f32; t];
+            for i in 0..t {
+                let qi = q.row(i);
+                let qi = qi.as_slice().expect("standard layout");
+                let seen = i + 1;
+                for (j, score) in scores[..seen].iter_mut().enumerate() {
+                    let k = source.key(kv, i, j);
+                    if k.len() != d {
+                        return Err(format!(
+                            "the key of head {kv} at position {j} for query {i} has {} values, \
+                             not {d}",
+                            k.len()
+                        ));
+                    }
+                    *score = ops::dot(qi, k) * scale;
+                }
+                ops::softmax_in_place(&mut scores[..seen]);
+                let mut row = out.row_mut(i);
+                for (j, &p) in scores[..seen].iter().enumerate() {
+                    let v = source.value(kv, i, j);
+                    if v.len() != d {
+                        return Err(format!(
+                            "the value of head {kv} at position {j} for query {i} has {} \
+                             values, not {d}",
+                            v.len()
+                        ));
+                    }
+                    for (o, &x) in row.iter_mut().zip(v) {
+                        *o += p * x;
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .collect();
+    let mut out = Array2::<f32>::zeros((t, heads * d));
+    for (h, part) in per_head.into_iter().enumerate() {
+        out.slice_mut(s![.., h * d..(h + 1) * d]).assign(&part?);
+    }
+    Ok(out)
 }
 
 /// A GGUF tensor as an f32 matrix [rows, cols] (a 1-D tensor as [1, cols]), after checking its
@@ -941,6 +1198,49 @@ mod tests {
     }
 
     #[test]
+    fn a_source_of_the_layers_own_rows_and_a_step_loop_give_the_bits_of_forward() {
+        let model = tiny();
+        let ids = [3, 1, 4, 1, 5, 9, 2, 6];
+        let plain = model.forward(&ids).unwrap();
+        let sourced = model
+            .forward_with_source(&ids, |_, k, v| Ok(Box::new(OwnKv::new(k, v))))
+            .unwrap();
+        assert_eq!(sourced, plain);
+        // A caller-held cache that keeps every row as given.
+        let mut cache: Vec<(Array3<f32>, Array3<f32>)> =
+            vec![(Array3::zeros((2, 0, 4)), Array3::zeros((2, 0, 4))); 2];
+        for (pos, &id) in ids.iter().enumerate() {
+            let row = model
+                .step(id, pos, |l, k, v| {
+                    let (past_k, past_v) = &mut cache[l];
+                    *past_k = append_positions(past_k, k);
+                    *past_v = append_positions(past_v, v);
+                    Ok((past_k.clone(), past_v.clone()))
+                })
+                .unwrap();
+            assert_eq!(row, plain.hidden.slice(s![pos..pos + 1, ..]));
+        }
+    }
+
+    #[test]
+    fn a_source_or_step_cache_of_the_wrong_shape_is_refused() {
+        let model = tiny();
+        let short = Array3::<f32>::zeros((2, 1, 3));
+        let err = model
+            .forward_with_source(&[1, 2], |_, _, _| Ok(Box::new(OwnKv::new(&short, &short))))
+            .unwrap_err();
+        assert!(matches!(err, ModelError::Hook { layer: 0, .. }), "{err}");
+        let err = model
+            .step(1, 0, |_, _, _| Ok((short.clone(), short.clone())))
+            .unwrap_err();
+        assert!(err.to_string().contains("expected (2, 1, 4)"), "{err}");
+        assert!(matches!(
+            model.step(1, 64, |_, k, v| Ok((k.clone(), v.clone()))),
+            Err(ModelError::TooManyTokens { .. })
+        ));
+    }
+
+    #[test]
     fn greedy_generation_extends_with_the_argmax_of_a_full_pass() {
         let model = tiny();
         let out = model.generate_greedy(&[1, 2], 3).unwrap();
@@ -1139,5 +1439,45 @@ mod tests {
         assert!(err.contains("llama.context_length"), "{err}");
         let err = refuse(&|counts, _| counts[2].1 = 5);
         assert!(err.contains("head_dim"), "{err}");
+    }
+
+    /// FNV-1a over the bits of everything a capture holds.
+    fn digest(c: &Capture) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut eat = |x: f32| {
+            for b in x.to_bits().to_le_bytes() {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x100_0000_01b3);
+            }
+        };
+        for l in &c.layers {
+            l.q.iter().chain(&l.k).chain(&l.v).for_each(|&x| eat(x));
+        }
+        c.hidden.iter().for_each(|&x| eat(x));
+        c.logits.iter().flatten().for_each(|&x| eat(x));
+        h
+    }
+
+    #[test]
+    fn forward_and_forward_with_keep_the_bits_they_had_before_the_source_api() {
+        let model = tiny();
+        let ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3];
+        let plain = digest(&model.forward(&ids).unwrap());
+        let halved = digest(
+            &model
+                .forward_with(&ids, |_, _, v| {
+                    v.mapv_inplace(|x| x * 0.5);
+                    Ok(())
+                })
+                .unwrap(),
+        );
+        // Printed by this test run on the code before `forward_with_source` and `step` were
+        // added (commit 3f209b0): the refactor into `layer_qkv` / `layer_rest` changed no bit.
+        assert_eq!(plain, 0xbbc9_f82b_fc91_6e29);
+        assert_eq!(halved, 0xd91f_465b_8df9_3d2e);
+        let sourced = model
+            .forward_with_source(&ids, |_, k, v| Ok(Box::new(OwnKv::new(k, v))))
+            .unwrap();
+        assert_eq!(digest(&sourced), plain);
     }
 }

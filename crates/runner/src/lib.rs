@@ -16,7 +16,9 @@
 //!   [`plot`]: error-vs-bytes.svg;
 //! - [`evidence`]: the evidence directory; [`merge`]: one directory from a protocol's shards;
 //!   [`pin`]: the root manifest that pins archived evidence;
-//! - [`kv`]: `runner kv`, what a real model computed for one text, as an `.npz`.
+//! - [`kv`]: `runner kv`, what a real model computed for one text, as an `.npz`;
+//!   [`quality`](mod@quality): `runner quality`, what a packed cache does to SmolLM2 on one text
+//!   (the measurements are the `quality` crate's).
 
 pub mod archive;
 pub mod attention;
@@ -32,6 +34,7 @@ pub mod pipeline;
 pub mod plan;
 pub mod plot;
 pub mod protocol;
+pub mod quality;
 pub mod report;
 pub mod study;
 pub mod summary;

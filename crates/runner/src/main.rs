@@ -80,6 +80,43 @@ enum Command {
         #[arg(long, value_name = "FILE.npz")]
         out: PathBuf,
     },
+    /// Measure what a packed KV cache does to SmolLM2 on one text (teacher forcing): NLL and
+    /// perplexity with the float32 and the packed cache, KL, top-1 agreement, cache bytes per
+    /// token, and greedy text from a prompt with both caches.
+    Quality {
+        /// `smollm2` (an encoder such as `minilm` has no next-token distribution).
+        #[arg(long)]
+        model: models::ModelName,
+        /// The text.
+        #[arg(
+            long,
+            required_unless_present = "text_file",
+            conflicts_with = "text_file"
+        )]
+        text: Option<String>,
+        /// A UTF-8 file holding the text.
+        #[arg(long, value_name = "FILE")]
+        text_file: Option<PathBuf>,
+        /// Codec setting, g<GROUP>_b<BITS>[_asym][_swap] (K along tokens and V along features;
+        /// `_swap`: K along features, V along tokens).
+        #[arg(long, default_value = "g32_b4")]
+        setting: String,
+        /// Budget policy: uniform, recent8:W, early8:W or recent_f32:W.
+        #[arg(long, default_value = "uniform")]
+        policy: String,
+        /// When the cache is quantized: prefill, streaming or causal.
+        #[arg(long, default_value = "prefill")]
+        schedule: String,
+        /// Greedy tokens to generate after the prompt with both caches (0: none).
+        #[arg(long, default_value_t = 16)]
+        generate: usize,
+        /// The prompt for generation (default: the text's first 32 tokens).
+        #[arg(long)]
+        prompt: Option<String>,
+        /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Rewrite the root manifest so it pins the given evidence directories.
     Pin {
         /// Evidence directories, relative to the root manifest's directory.
@@ -151,6 +188,48 @@ fn real_main() -> Result<()> {
             text_file,
             out,
         }) => kv(model, text, text_file, &out),
+        Some(Command::Quality {
+            model,
+            text,
+            text_file,
+            setting,
+            policy,
+            schedule,
+            generate,
+            prompt,
+            json,
+        }) => {
+            let text = match (text, text_file) {
+                (Some(text), _) => text,
+                (None, Some(path)) => runner::kv::read_text_file(&path)?,
+                (None, None) => unreachable!("clap requires --text or --text-file"),
+            };
+            let request = runner::quality::Request {
+                model,
+                setting: &setting,
+                policy: &policy,
+                schedule: &schedule,
+                text: &text,
+                prompt: prompt.as_deref(),
+                generate,
+            };
+            let steps = runner::quality::steps(&request);
+            let bar = progress_bar(steps as u64, "passes");
+            let start = std::time::Instant::now();
+            let report = runner::quality::run(&request, |done| bar.set_position(done as u64))?;
+            bar.finish_and_clear();
+            let out = if json {
+                format!("{}\n", serde_json::to_string(&report)?)
+            } else {
+                runner::quality::render(&report)
+            };
+            let _ = std::io::stdout().lock().write_all(out.as_bytes());
+            eprintln!(
+                "runner: quality took {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
         None => run(cli.run),
     }
 }

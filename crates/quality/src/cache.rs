@@ -1,0 +1,351 @@
+//! The packed cache of one layer and what attention reads from it, per schedule and policy.
+//!
+//! Each layer's K and V are [kv_heads, tokens, head_dim]; each KV head's [tokens, head_dim]
+//! matrix is one codec tensor (`kvcodec::encode`). A *unit* is the smallest piece the codec
+//! quantizes on its own: under `GroupAxis::Token`, the tokens s..e of one group (s = G*floor(j/G),
+//! e = s + G for token j and group size G); under `GroupAxis::Feature`, the single token j
+//! (s = j, e = j + 1), whose feature groups are complete as soon as it is appended.
+//!
+//! With n the number of tokens in the cache and W a policy's window, a unit is *complete* when
+//! e <= n (always, in the `prefill` and `causal` schedules), and is held as:
+//!
+//! | policy         | low bits (the setting's)   | 8 bits                      | float32            |
+//! |----------------|----------------------------|-----------------------------|--------------------|
+//! | `uniform`      | complete                   | -                           | not complete       |
+//! | `recent_f32:W` | complete and e + W <= n    | -                           | otherwise          |
+//! | `recent8:W`    | e + W <= n                 | complete, e + W > n         | not complete       |
+//! | `early8:W`     | complete and s >= W        | complete and s < W (sinks)  | not complete       |
+//!
+//! So `recent_f32:W` is a float32 residual window of the last W tokens (W to W + G - 1 under the
+//! token axis, since a group leaves the window whole), everything older at low bits; `recent8:W`
+//! holds that window at 8 bits (a group still filling stays float32); `early8:W` keeps the first
+//! W tokens at 8 bits forever and the rest at low bits. W is a multiple of G.
+//!
+//! Schedules (query position i reads key positions j <= i):
+//! - `prefill`: n = tokens for every query: each layer's K/V for the whole text quantized once
+//!   (a token-axis group's scale also sees later tokens; a partial group is zero-padded); then
+//!   causal attention on the decoded cache. Uniform low bits is the reference's `prefill`.
+//! - `streaming`: n = i + 1 for query i, as if tokens were appended one at a time: a unit is
+//!   quantized once it is complete and keeps its codes (a full group's codes depend only on its
+//!   own tokens, so they are those of the whole-text encoding); until then its tokens stay in the
+//!   float32 residual (KIVI's residual window). Under `recent8` a unit leaving the window is
+//!   re-quantized to low bits from its 8-bit values (what the cache holds); in `prefill` the low
+//!   tier is quantized from float32 once. `tests/streaming.rs` checks this single pass against a
+//!   literal token-by-token loop.
+//! - `causal` (uniform only): n = i + 1 and every unit complete: before step i the whole cache of
+//!   tokens 0..=i is packed and decoded, so the partial group holding i is quantized from tokens
+//!   s..=i only (the reference's `causal`).
+//!
+//! Bytes per token (the end state, n = tokens, the same for every schedule): per layer, per KV
+//! head, for K and for V, each run of consecutive positions in one tier is one codec tensor —
+//! its codes, f32 scales, zero points (asymmetric) and 8-byte shape, as
+//! `PackedTensor::payload_bytes` counts them — and float32 positions cost 4 bytes per value;
+//! the sum is divided by the tokens. The float32 cache costs 2 * layers * kv_heads * head_dim * 4.
+
+use kvcodec::{GroupAxis, Layout, Mode, SHAPE_BYTES};
+use models::llama::{HookError, KvSource, row_of};
+use ndarray::{Array3, Axis, s};
+
+use crate::error::QualityError;
+use crate::setting::{Policy, Schedule, Setting};
+
+/// One cache configuration: a setting, a policy and a schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheSpec {
+    /// The codec setting (low tier).
+    pub setting: Setting,
+    /// How bytes are spent over positions.
+    pub policy: Policy,
+    /// When the cache is quantized.
+    pub schedule: Schedule,
+}
+
+impl CacheSpec {
+    /// Checks that the combination exists (`causal` is defined for `uniform` only) and that the
+    /// codec accepts its layouts.
+    pub fn new(
+        setting: Setting,
+        policy: Policy,
+        schedule: Schedule,
+    ) -> Result<CacheSpec, QualityError> {
+        if schedule == Schedule::Causal && policy != Policy::Uniform {
+            return Err(QualityError::CausalPolicy(policy.to_string()));
+        }
+        setting.layout(GroupAxis::Token, setting.bits)?;
+        setting.layout(GroupAxis::Token, 8)?;
+        Ok(CacheSpec {
+            setting,
+            policy,
+            schedule,
+        })
+    }
+}
+
+/// Where a unit of the cache is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The setting's width.
+    Low,
+    /// 8 bits.
+    High,
+    /// float32.
+    F32,
+}
+
+/// The tier of the unit s..e when the cache holds n tokens (the table in the module docs).
+pub fn tier(policy: Policy, start: usize, end: usize, n: usize, complete: bool) -> Tier {
+    if !complete {
+        return Tier::F32;
+    }
+    match policy {
+        Policy::Uniform => Tier::Low,
+        Policy::RecentF32 { window } if end + window <= n => Tier::Low,
+        Policy::RecentF32 { .. } => Tier::F32,
+        Policy::Recent8 { window } if end + window <= n => Tier::Low,
+        Policy::Recent8 { .. } => Tier::High,
+        Policy::Early8 { window } if start < window => Tier::High,
+        Policy::Early8 { .. } => Tier::Low,
+    }
+}
+
+/// The unit (s, e) holding token j under `axis` with group size `group`.
+fn unit(axis: GroupAxis, group: usize, j: usize) -> (usize, usize) {
+    match axis {
+        GroupAxis::Token => {
+            let s = j / group * group;
+            (s, s + group)
+        }
+        GroupAxis::Feature => (j, j + 1),
+    }
+}
+
+/// One of K or V at one layer: its float32 rows and the decoded tiers.
+#[derive(Debug, Clone)]
+struct Side {
+    axis: GroupAxis,
+    raw: Array3<f32>,
+    low: Array3<f32>,
+    high: Option<Array3<f32>>,
+    /// `causal`, token axis: for query i, the partial group holding i packed from s..=i alone.
+    partial: Vec<Array3<f32>>,
+}
+
+/// What attention reads at one layer under a [`CacheSpec`]: a [`KvSource`].
+#[derive(Debug, Clone)]
+pub struct PackedLayer {
+    spec: CacheSpec,
+    tokens: usize,
+    k: Side,
+    v: Side,
+}
+
+/// `x` [heads, tokens, d] quantized under `layout` per head and decoded back.
+fn round_trip(x: &Array3<f32>, layout: Layout) -> Result<Array3<f32>, QualityError> {
+    let mut out = Array3::<f32>::zeros(x.dim());
+    for (h, head) in x.axis_iter(Axis(0)).enumerate() {
+        let packed = kvcodec::encode(head, layout)?;
+        out.index_axis_mut(Axis(0), h)
+            .assign(&kvcodec::decode(&packed));
+    }
+    Ok(out)
+}
+
+impl Side {
+    fn new(raw: &Array3<f32>, axis: GroupAxis, spec: &CacheSpec) -> Result<Side, QualityError> {
+        let raw = raw.as_standard_layout().into_owned();
+        let low_layout = spec.setting.layout(axis, spec.setting.bits)?;
+        let high = match spec.policy {
+            Policy::Recent8 { .. } | Policy::Early8 { .. } => {
+                Some(round_trip(&raw, spec.setting.layout(axis, 8)?)?)
+            }
+            Policy::Uniform | Policy::RecentF32 { .. } => None,
+        };
+        let low = match (&high, spec.policy, spec.schedule) {
+            // Streaming re-quantizes a unit leaving the 8-bit window from its 8-bit values.
+            (Some(high), Policy::Recent8 { .. }, Schedule::Streaming) => {
+                round_trip(high, low_layout)?
+            }
+            _ => round_trip(&raw, low_layout)?,
+        };
+        let mut partial = Vec::new();
+        if spec.schedule == Schedule::Causal && axis == GroupAxis::Token {
+            let group = spec.setting.group_size;
+            for i in 0..raw.dim().1 {
+                let start = i / group * group;
+                partial.push(round_trip(
+                    &raw.slice(s![.., start..=i, ..]).to_owned(),
+                    low_layout,
+                )?);
+            }
+        }
+        Ok(Side {
+            axis,
+            raw,
+            low,
+            high,
+            partial,
+        })
+    }
+
+    fn row(&self, spec: &CacheSpec, tokens: usize, head: usize, i: usize, j: usize) -> &[f32] {
+        let (start, end) = unit(self.axis, spec.setting.group_size, j);
+        let n = match spec.schedule {
+            Schedule::Prefill => tokens,
+            Schedule::Streaming | Schedule::Causal => i + 1,
+        };
+        let complete = spec.schedule != Schedule::Streaming || end <= n;
+        match tier(spec.policy, start, end, n, complete) {
+            Tier::F32 => row_of(&self.raw, head, j),
+            Tier::Low if spec.schedule == Schedule::Causal && end > n => self
+                .partial
+                .get(i)
+                .map_or(&[], |p| row_of(p, head, j - start)),
+            Tier::Low => row_of(&self.low, head, j),
+            Tier::High => self.high.as_ref().map_or(&[], |h| row_of(h, head, j)),
+        }
+    }
+}
+
+impl PackedLayer {
+    /// The cache of one layer's K (after RoPE) and V, [kv_heads, tokens, head_dim].
+    pub fn new(
+        spec: CacheSpec,
+        k: &Array3<f32>,
+        v: &Array3<f32>,
+    ) -> Result<PackedLayer, QualityError> {
+        Ok(PackedLayer {
+            spec,
+            tokens: k.dim().1,
+            k: Side::new(k, spec.setting.k_axis(), &spec)?,
+            v: Side::new(v, spec.setting.v_axis(), &spec)?,
+        })
+    }
+
+    /// The same as a boxed source for `Llama::forward_with_source`.
+    pub fn boxed(
+        spec: CacheSpec,
+        k: &Array3<f32>,
+        v: &Array3<f32>,
+    ) -> Result<Box<dyn KvSource>, HookError> {
+        Ok(Box::new(PackedLayer::new(spec, k, v)?))
+    }
+}
+
+impl KvSource for PackedLayer {
+    fn key(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        self.k.row(&self.spec, self.tokens, head, query, position)
+    }
+    fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        self.v.row(&self.spec, self.tokens, head, query, position)
+    }
+}
+
+/// Bytes of one codec tensor of `tokens` x `features` under `layout`, as
+/// `PackedTensor::payload_bytes` counts them.
+pub fn tensor_bytes(layout: Layout, tokens: usize, features: usize) -> usize {
+    let g = layout.geometry(tokens, features);
+    let zero_points = match layout.mode {
+        Mode::Symmetric => 0,
+        Mode::Asymmetric => layout.bits.byte_count(g.scale_count()),
+    };
+    layout.bits.byte_count(g.code_count()) + 4 * g.scale_count() + zero_points + SHAPE_BYTES
+}
+
+/// Bytes of one KV head's K or V of `tokens` x `head_dim` at the end state (module docs).
+fn side_bytes(
+    spec: &CacheSpec,
+    axis: GroupAxis,
+    tokens: usize,
+    head_dim: usize,
+) -> Result<usize, QualityError> {
+    let complete = |end: usize| spec.schedule != Schedule::Streaming || end <= tokens;
+    let tier_of = |j: usize| {
+        let (start, end) = unit(axis, spec.setting.group_size, j);
+        tier(spec.policy, start, end, tokens, complete(end))
+    };
+    let mut bytes = 0;
+    let mut run_start = 0;
+    while run_start < tokens {
+        let t = tier_of(run_start);
+        let mut run_end = run_start + 1;
+        while run_end < tokens && tier_of(run_end) == t {
+            run_end += 1;
+        }
+        let len = run_end - run_start;
+        bytes += match t {
+            Tier::F32 => len * head_dim * 4,
+            Tier::Low => tensor_bytes(spec.setting.layout(axis, spec.setting.bits)?, len, head_dim),
+            Tier::High => tensor_bytes(spec.setting.layout(axis, 8)?, len, head_dim),
+        };
+        run_start = run_end;
+    }
+    Ok(bytes)
+}
+
+/// Cache bytes for `tokens` tokens of a model with `layers` layers of `kv_heads` heads of
+/// `head_dim`, under `spec` (module docs).
+pub fn cache_bytes(
+    spec: &CacheSpec,
+    layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    tokens: usize,
+) -> Result<usize, QualityError> {
+    let per_head = side_bytes(spec, spec.setting.k_axis(), tokens, head_dim)?
+        + side_bytes(spec, spec.setting.v_axis(), tokens, head_dim)?;
+    Ok(layers * kv_heads * per_head)
+}
+
+/// The float32 cache's bytes per token: 2 * layers * kv_heads * head_dim * 4.
+pub fn f32_bytes_per_token(layers: usize, kv_heads: usize, head_dim: usize) -> usize {
+    2 * layers * kv_heads * head_dim * 4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(setting: &str, policy: &str, schedule: Schedule) -> CacheSpec {
+        let setting: Setting = setting.parse().unwrap();
+        CacheSpec::new(setting, Policy::parse(policy, &setting).unwrap(), schedule).unwrap()
+    }
+
+    #[test]
+    fn counted_bytes_are_the_codecs_payload_bytes() {
+        let x = ndarray::Array2::from_shape_fn((37, 64), |(t, f)| (t * 7 + f) as f32 * 0.01);
+        for label in ["g32_b4", "g32_b3_asym", "g16_b2_swap"] {
+            let setting: Setting = label.parse().unwrap();
+            for axis in [GroupAxis::Token, GroupAxis::Feature] {
+                let layout = setting.layout(axis, setting.bits).unwrap();
+                let packed = kvcodec::encode(x.view(), layout).unwrap();
+                assert_eq!(tensor_bytes(layout, 37, 64), packed.payload_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn recent_f32_keeps_a_float32_window_that_drops_whole_groups() {
+        // Group 4, window 8, token axis: at n = 13 the groups ending at 4 (4 + 8 <= 13) are low
+        // bits; the group 4..8 ends at 8 and 8 + 8 > 13, so it and everything later is float32.
+        let policy = Policy::RecentF32 { window: 8 };
+        assert_eq!(tier(policy, 0, 4, 13, true), Tier::Low);
+        assert_eq!(tier(policy, 4, 8, 13, true), Tier::F32);
+        assert_eq!(tier(policy, 4, 8, 16, true), Tier::Low);
+        let early = Policy::Early8 { window: 8 };
+        assert_eq!(tier(early, 4, 8, 100, true), Tier::High);
+        assert_eq!(tier(early, 8, 12, 100, true), Tier::Low);
+        assert_eq!(tier(early, 8, 12, 100, false), Tier::F32);
+        let recent = Policy::Recent8 { window: 8 };
+        assert_eq!(tier(recent, 4, 8, 13, true), Tier::High);
+        assert_eq!(tier(recent, 12, 16, 13, false), Tier::F32);
+        assert_eq!(tier(recent, 0, 4, 13, true), Tier::Low);
+    }
+
+    #[test]
+    fn causal_is_refused_with_a_budget_policy() {
+        let setting: Setting = "g32_b4".parse().unwrap();
+        let err = CacheSpec::new(setting, Policy::Early8 { window: 32 }, Schedule::Causal);
+        assert!(matches!(err, Err(QualityError::CausalPolicy(_))));
+        let _ = spec("g32_b4", "uniform", Schedule::Causal);
+    }
+}

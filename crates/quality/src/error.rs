@@ -1,0 +1,40 @@
+//! Typed errors of the quality measurements.
+
+use thiserror::Error;
+
+/// Why a measurement cannot be made.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum QualityError {
+    /// A setting label that is not of the form the runner uses.
+    #[error(
+        "setting {0:?} is not of the form g<GROUP>_b<BITS>[_asym][_swap] (e.g. g32_b4, \
+         g32_b4_asym, g32_b4_swap; symmetric widths 2-8, asymmetric 1-8, group size >= 1)"
+    )]
+    Setting(String),
+    /// A budget policy label that is not one of the known forms.
+    #[error(
+        "policy {0:?} is not one of uniform, recent8:W, early8:W, recent_f32:W (W a positive \
+         multiple of the group size)"
+    )]
+    Policy(String),
+    /// A schedule label that is not one of the known ones.
+    #[error("schedule {0:?} is not one of prefill, streaming, causal")]
+    Schedule(String),
+    /// The `causal` schedule re-packs the whole cache at every step; it is defined for the
+    /// uniform policy only.
+    #[error("the causal schedule is defined for the uniform policy only, not {0}")]
+    CausalPolicy(String),
+    /// The codec refused a layout or a tensor.
+    #[error("KV codec: {0}")]
+    Codec(#[from] kvcodec::KvError),
+    /// The model refused the input or the cache.
+    #[error(transparent)]
+    Model(#[from] models::llama::ModelError),
+    /// Fewer than two tokens: no next token to predict.
+    #[error("{0} tokens: teacher forcing needs at least 2")]
+    TooFewTokens(usize),
+    /// Two logit matrices of different shapes.
+    #[error("logits of shapes {0:?} and {1:?} cannot be compared")]
+    Shapes((usize, usize), (usize, usize)),
+}

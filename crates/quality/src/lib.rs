@@ -1,0 +1,109 @@
+//! What a packed cache does to a real model: SmolLM2's forward pass with every layer's K and V
+//! cache held by the KV codec (`kvcodec`), measured against the float32 cache by teacher
+//! forcing (NLL, perplexity, KL, top-1 agreement), by cache bytes per token and by greedy text.
+//!
+//! Where things live:
+//! - [`setting`]: the codec setting (`g32_b4`, `g32_b4_asym`, `g32_b4_swap`, ...), the budget
+//!   policy and the schedule, parsed into types;
+//! - [`cache`]: the packed cache of one layer, what attention reads from it per schedule and
+//!   policy (the rules, written once), and its bytes;
+//! - [`metrics`]: log-softmax, NLL, KL and top-1 agreement in f64;
+//! - [`generate`]: greedy generation with a packed cache;
+//! - [`error`]: typed errors.
+//!
+//! [`measure`] runs one text under one [`CacheSpec`]: one plain pass (the float32 cache) and
+//! one pass on the packed cache (`Llama::forward_with_source`). With a float32 "packed" cache
+//! (every unit in the float32 tier) the second pass gives the bits of the first (see the tests).
+
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod error;
+pub mod generate;
+pub mod metrics;
+pub mod setting;
+
+pub use cache::{CacheSpec, PackedLayer};
+pub use error::QualityError;
+pub use setting::{Policy, Schedule, Setting};
+
+use models::llama::Llama;
+use serde::Serialize;
+
+/// One text under one cache configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Measurement {
+    /// The setting's label.
+    pub setting: String,
+    /// The policy's label.
+    pub policy: String,
+    /// The schedule's label.
+    pub schedule: String,
+    /// Tokens in the text (T; T - 1 positions are scored).
+    pub tokens: usize,
+    /// NLL per token with the float32 cache (nats).
+    pub nll_f32: f64,
+    /// exp(nll_f32).
+    pub perplexity_f32: f64,
+    /// NLL per token with the packed cache (nats).
+    pub nll: f64,
+    /// exp(nll).
+    pub perplexity: f64,
+    /// Mean KL(p_f32 || p_packed).
+    pub kl_mean: f64,
+    /// Largest KL(p_f32 || p_packed).
+    pub kl_max: f64,
+    /// Share of positions whose argmax agrees with the float32 cache's.
+    pub top1_agreement: f64,
+    /// Packed cache bytes per token at the end of the text ([`cache`] docs).
+    pub bytes_per_token: f64,
+    /// The float32 cache's bytes per token.
+    pub f32_bytes_per_token: usize,
+    /// Per position numbers (not serialized: the summary above is what a report prints).
+    #[serde(skip)]
+    pub positions: metrics::Comparison,
+}
+
+/// Measures `ids` under `spec`; `progress` is called with the number of layer passes done out of
+/// 2 * layers.
+pub fn measure(
+    model: &Llama,
+    ids: &[u32],
+    spec: CacheSpec,
+    mut progress: impl FnMut(usize),
+) -> Result<Measurement, QualityError> {
+    if ids.len() < 2 {
+        return Err(QualityError::TooFewTokens(ids.len()));
+    }
+    let layers = model.config().layers;
+    let plain = model.forward_with(ids, |l, _, _| {
+        progress(l + 1);
+        Ok(())
+    })?;
+    let packed = model.forward_with_source(ids, |l, k, v| {
+        progress(layers + l + 1);
+        PackedLayer::boxed(spec, k, v)
+    })?;
+    let (Some(f32_logits), Some(logits)) = (&plain.logits, &packed.logits) else {
+        return Err(QualityError::TooFewTokens(0));
+    };
+    let positions = metrics::compare(ids, f32_logits, logits)?;
+    let c = model.config();
+    let bytes = cache::cache_bytes(&spec, c.layers, c.kv_heads, c.head_dim, ids.len())?;
+    Ok(Measurement {
+        setting: spec.setting.to_string(),
+        policy: spec.policy.to_string(),
+        schedule: spec.schedule.to_string(),
+        tokens: ids.len(),
+        nll_f32: positions.nll_f32,
+        perplexity_f32: libm::exp(positions.nll_f32),
+        nll: positions.nll,
+        perplexity: libm::exp(positions.nll),
+        kl_mean: positions.kl_mean,
+        kl_max: positions.kl_max,
+        top1_agreement: positions.top1_agreement,
+        bytes_per_token: bytes as f64 / ids.len() as f64,
+        f32_bytes_per_token: cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim),
+        positions,
+    })
+}

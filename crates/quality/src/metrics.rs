@@ -1,0 +1,155 @@
+//! Teacher-forcing metrics of a packed cache against the float32 cache, over a text of T tokens.
+//!
+//! Position i (0 <= i < T - 1) predicts token i + 1; every number is over these T - 1 positions.
+//! - log-softmax in f64: m = max of the row, log p(v) = (x_v - m) - log(sum_u exp(x_u - m)), the
+//!   sum taken over the vocabulary in id order with `libm::exp`, then `libm::log`;
+//! - NLL = mean of -log p(t_(i+1)) (natural log, nats), perplexity = exp(NLL);
+//! - KL(p_f32 || p_packed) at a position = sum over the vocabulary, in id order, of
+//!   p_f32(v) * (log p_f32(v) - log p_packed(v)); reported as its mean and max;
+//! - top-1 agreement = the share of positions whose argmax (lowest id on a tie) equals the f32
+//!   cache's.
+//!
+//! Sums are f64 in a fixed order, so the numbers are the same bits on any machine.
+
+use models::llama::argmax;
+use ndarray::Array2;
+use serde::Serialize;
+
+use crate::error::QualityError;
+
+/// The natural-log softmax of one row of logits, in f64 (module docs).
+pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+    let mut sum = 0f64;
+    for &x in logits {
+        sum += libm::exp(f64::from(x) - max);
+    }
+    let log_sum = libm::log(sum);
+    logits
+        .iter()
+        .map(|&x| (f64::from(x) - max) - log_sum)
+        .collect()
+}
+
+/// KL(p || q) from two log-softmax rows (module docs).
+pub fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
+    let mut sum = 0f64;
+    for (&a, &b) in log_p.iter().zip(log_q) {
+        sum += libm::exp(a) * (a - b);
+    }
+    sum
+}
+
+/// Per position and summary numbers of one comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    /// log p(t_(i+1)) with the float32 cache, per position.
+    pub logp_f32: Vec<f64>,
+    /// log p(t_(i+1)) with the packed cache, per position.
+    pub logp: Vec<f64>,
+    /// KL(p_f32 || p_packed), per position.
+    pub kl: Vec<f64>,
+    /// Whether the argmaxes agree, per position.
+    pub top1_same: Vec<bool>,
+    /// Mean -log p with the float32 cache.
+    pub nll_f32: f64,
+    /// Mean -log p with the packed cache.
+    pub nll: f64,
+    /// Mean KL.
+    pub kl_mean: f64,
+    /// Largest KL.
+    pub kl_max: f64,
+    /// Share of positions whose argmaxes agree.
+    pub top1_agreement: f64,
+}
+
+/// Compares the logits [T, vocab] of the float32 cache and of a packed cache on `ids`.
+pub fn compare(
+    ids: &[u32],
+    f32_logits: &Array2<f32>,
+    logits: &Array2<f32>,
+) -> Result<Comparison, QualityError> {
+    if f32_logits.dim() != logits.dim() {
+        return Err(QualityError::Shapes(f32_logits.dim(), logits.dim()));
+    }
+    let positions = ids.len().saturating_sub(1);
+    if positions == 0 || f32_logits.nrows() < ids.len() {
+        return Err(QualityError::TooFewTokens(ids.len()));
+    }
+    let mut out = Comparison {
+        logp_f32: Vec::with_capacity(positions),
+        logp: Vec::with_capacity(positions),
+        kl: Vec::with_capacity(positions),
+        top1_same: Vec::with_capacity(positions),
+        nll_f32: 0.0,
+        nll: 0.0,
+        kl_mean: 0.0,
+        kl_max: 0.0,
+        top1_agreement: 0.0,
+    };
+    for i in 0..positions {
+        let a = f32_logits.row(i);
+        let b = logits.row(i);
+        let a = a.as_slice().ok_or(QualityError::TooFewTokens(ids.len()))?;
+        let b = b.as_slice().ok_or(QualityError::TooFewTokens(ids.len()))?;
+        let (la, lb) = (log_softmax(a), log_softmax(b));
+        let next = ids[i + 1] as usize;
+        out.logp_f32.push(la.get(next).copied().unwrap_or(f64::NAN));
+        out.logp.push(lb.get(next).copied().unwrap_or(f64::NAN));
+        out.kl.push(kl(&la, &lb));
+        out.top1_same.push(argmax(a) == argmax(b));
+    }
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / positions as f64;
+    out.nll_f32 = -mean(&out.logp_f32);
+    out.nll = -mean(&out.logp);
+    out.kl_mean = mean(&out.kl);
+    out.kl_max = out.kl.iter().fold(0f64, |m, &x| m.max(x));
+    out.top1_agreement =
+        out.top1_same.iter().filter(|&&same| same).count() as f64 / positions as f64;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    #[test]
+    fn log_softmax_of_equal_logits_is_minus_log_n_and_survives_large_values() {
+        let row = log_softmax(&[1000.0, 1000.0, 1000.0, 1000.0]);
+        for x in row {
+            assert!((x + 4f64.ln()).abs() < 1e-15);
+        }
+        let row = log_softmax(&[0.0, 2f32.ln()]);
+        assert!((row[1] - (2.0f64 / 3.0).ln()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn identical_logits_have_zero_kl_and_full_agreement() {
+        let ids = [0, 1, 2];
+        let logits = array![[1.0f32, 2.0, 0.5], [0.0, 0.0, 3.0], [1.0, 1.0, 1.0]];
+        let c = compare(&ids, &logits, &logits).unwrap();
+        assert_eq!(c.kl, [0.0, 0.0]);
+        assert_eq!((c.top1_agreement, c.nll, c.kl_max), (1.0, c.nll_f32, 0.0));
+        // Position 0 predicts id 1: log p = 2 - log(e^1 + e^2 + e^0.5).
+        let expected = 2.0 - (1f64.exp() + 2f64.exp() + 0.5f64.exp()).ln();
+        assert!((c.logp_f32[0] - expected).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_changed_argmax_counts_against_agreement_and_kl_is_positive() {
+        let ids = [0, 0, 0];
+        let a = array![[2.0f32, 1.0], [2.0, 1.0], [0.0, 0.0]];
+        let b = array![[1.0f32, 2.0], [2.0, 1.0], [0.0, 0.0]];
+        let c = compare(&ids, &a, &b).unwrap();
+        assert_eq!(c.top1_same, [false, true]);
+        assert_eq!(c.top1_agreement, 0.5);
+        assert!(c.kl[0] > 0.0 && c.kl[1] == 0.0 && c.kl_max == c.kl[0]);
+        assert!(matches!(
+            compare(&[0], &a, &b),
+            Err(QualityError::TooFewTokens(1))
+        ));
+    }
+}
