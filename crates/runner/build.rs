@@ -44,6 +44,7 @@ const RECORDED_CRATES: &[&str] = &[
     "kvcodec",
     "models",
     "nprand",
+    "quality",
     "runner",
     "weights",
     "ndarray",
