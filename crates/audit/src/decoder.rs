@@ -160,6 +160,26 @@ pub fn value_at(
     f64::from(signed) * f64::from(scales[group])
 }
 
+/// The axes of a setting, as the decoder reads them (here rather than in `protocol`, which the
+/// decoder depends on).
+impl crate::protocol::Axes {
+    /// The axis K is grouped along.
+    pub fn k(self) -> GroupAxis {
+        match self {
+            Self::KTokenVFeature => GroupAxis::Token,
+            Self::KFeatureVToken => GroupAxis::Feature,
+        }
+    }
+
+    /// The axis V is grouped along.
+    pub fn v(self) -> GroupAxis {
+        match self {
+            Self::KTokenVFeature => GroupAxis::Feature,
+            Self::KFeatureVToken => GroupAxis::Token,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

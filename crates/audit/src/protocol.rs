@@ -386,21 +386,3 @@ pub struct Timing {
     /// Seed of the shuffled call order.
     pub shuffle_seed: u64,
 }
-
-impl Axes {
-    /// The axis K is grouped along.
-    pub fn k(self) -> crate::decoder::GroupAxis {
-        match self {
-            Axes::KTokenVFeature => crate::decoder::GroupAxis::Token,
-            Axes::KFeatureVToken => crate::decoder::GroupAxis::Feature,
-        }
-    }
-
-    /// The axis V is grouped along.
-    pub fn v(self) -> crate::decoder::GroupAxis {
-        match self {
-            Axes::KTokenVFeature => crate::decoder::GroupAxis::Feature,
-            Axes::KFeatureVToken => crate::decoder::GroupAxis::Token,
-        }
-    }
-}
