@@ -5,8 +5,10 @@
 //!   of any width without changing a bit: no reassociation, no FMA), combined by a fixed tree,
 //!   then the tail of fewer than eight products added in order.
 //! - [`linear`]: y = x W^T (+ b) with W stored [out, in] as PyTorch and GGUF store it; every
-//!   output element is one [`dot`]; rows of the output are split over rayon's threads, which
-//!   changes who computes an element, never how.
+//!   output element is one [`dot`] (computed by a micro-kernel of several outputs at once that
+//!   keeps [`dot`]'s operations for each, checked bit for bit against [`linear_reference`]);
+//!   blocks of output columns are split over rayon's threads, which changes who computes an
+//!   element, never how.
 //! - [`layer_norm`], [`rms_norm`], [`softmax_in_place`], [`gelu`], [`silu`]: the textbook
 //!   formulas, sums taken in order, `exp`/`erf` from `libm` (the platform's libm may differ
 //!   between machines; `libm` is the same code everywhere).
@@ -34,8 +36,200 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// y = x W^T + b: `x` is [tokens, in], `weight` is [out, in] (standard layout), `bias` has `out`
-/// entries. Each output element is [`dot`] of a row of `x` and a row of `weight`, then `+ b`.
+/// entries. Each output element is [`dot`] of a row of `x` and a row of `weight`, then `+ b`:
+/// bit for bit the result of [`linear_reference`], only faster. A micro-kernel computes a tile of
+/// 2 tokens by 2 rows of `weight` at once, sharing the loads of both and keeping four
+/// independent dependency chains in flight, while every output element keeps its own eight lane
+/// sums, the same tree and the same tail, in the same order as [`dot`] (no FMA, no
+/// reassociation; safe Rust, vectorized by the compiler).
 pub fn linear(x: ArrayView2<f32>, weight: ArrayView2<f32>, bias: Option<&[f32]>) -> Array2<f32> {
+    linear_tiled::<TILE_TOKENS, TILE_ROWS>(x, weight, bias)
+}
+
+/// Tokens per micro-kernel tile of [`linear`].
+const TILE_TOKENS: usize = 2;
+/// Rows of the weight (outputs) per micro-kernel tile of [`linear`].
+const TILE_ROWS: usize = 2;
+
+/// [`dot`] of each of `T` rows of `x` with each of `R` rows of `W` at once; `xs` and `ws` hold the
+/// first `body` (a multiple of 8) entries of each row as chunks of 8, `x_tails` and `w_tails` the
+/// rest. Returns `out[t][r] = dot(x row t, W row r)`, with exactly [`dot`]'s operations.
+#[inline(always)]
+fn dot_tile<const T: usize, const R: usize>(
+    xs: [&[[f32; 8]]; T],
+    ws: [&[[f32; 8]]; R],
+    x_tails: [&[f32]; T],
+    w_tails: [&[f32]; R],
+) -> [[f32; R]; T] {
+    let chunks = xs.iter().chain(&ws).map(|c| c.len()).min().unwrap_or(0);
+    let xs = xs.map(|s| &s[..chunks]);
+    let ws = ws.map(|s| &s[..chunks]);
+    let mut lanes = [[[0f32; 8]; R]; T];
+    for c in 0..chunks {
+        let xc: [[f32; 8]; T] = std::array::from_fn(|t| xs[t][c]);
+        let wc: [[f32; 8]; R] = std::array::from_fn(|r| ws[r][c]);
+        for t in 0..T {
+            for r in 0..R {
+                for j in 0..8 {
+                    lanes[t][r][j] += xc[t][j] * wc[r][j];
+                }
+            }
+        }
+    }
+    // An optimisation barrier, not a change of value: without it LLVM lays the lane sums out
+    // across registers to suit the tree below, at the cost of shuffles in every iteration.
+    let lanes = std::hint::black_box(lanes);
+    let mut out = [[0f32; R]; T];
+    for t in 0..T {
+        for r in 0..R {
+            let l = &lanes[t][r];
+            let mut sum = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+            for (x, y) in x_tails[t].iter().zip(w_tails[r]) {
+                sum += x * y;
+            }
+            out[t][r] = sum;
+        }
+    }
+    out
+}
+
+/// One tile: tokens `t0..t0 + T`, weight rows `o0..o0 + R`, written to `part` ([tokens, width]
+/// row-major, columns counted from `start`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn tile<const T: usize, const R: usize>(
+    x: &[f32],
+    w: &[f32],
+    inputs: usize,
+    bias: Option<&[f32]>,
+    t0: usize,
+    o0: usize,
+    start: usize,
+    width: usize,
+    part: &mut [f32],
+) {
+    let body = inputs / 8 * 8;
+    fn split(m: &[f32], i: usize, inputs: usize, body: usize) -> (&[[f32; 8]], &[f32]) {
+        let r = &m[i * inputs..(i + 1) * inputs];
+        (r[..body].as_chunks::<8>().0, &r[body..])
+    }
+    let row = |m, i| split(m, i, inputs, body);
+    let xr: [(&[[f32; 8]], &[f32]); T] = std::array::from_fn(|t| row(x, t0 + t));
+    let wr: [(&[[f32; 8]], &[f32]); R] = std::array::from_fn(|r| row(w, o0 + r));
+    let out = dot_tile::<T, R>(
+        xr.map(|p| p.0),
+        wr.map(|p| p.0),
+        xr.map(|p| p.1),
+        wr.map(|p| p.1),
+    );
+    for (t, values) in out.iter().enumerate() {
+        for (r, &v) in values.iter().enumerate() {
+            let o = o0 + r;
+            let mut value = v;
+            if let Some(b) = bias {
+                value += b[o];
+            }
+            part[(t0 + t) * width + (o - start)] = value;
+        }
+    }
+}
+
+/// Tokens `t0..t0 + T` against weight rows `start..end`: tiles of `R` rows, then single rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn tile_row<const T: usize, const R: usize>(
+    x: &[f32],
+    w: &[f32],
+    inputs: usize,
+    bias: Option<&[f32]>,
+    t0: usize,
+    start: usize,
+    end: usize,
+    part: &mut [f32],
+) {
+    let width = end - start;
+    let mut o = start;
+    while o + R <= end {
+        tile::<T, R>(x, w, inputs, bias, t0, o, start, width, part);
+        o += R;
+    }
+    while o < end {
+        tile::<T, 1>(x, w, inputs, bias, t0, o, start, width, part);
+        o += 1;
+    }
+}
+
+/// [`linear`] with tiles of `T` tokens by `R` weight rows.
+fn linear_tiled<const T: usize, const R: usize>(
+    x: ArrayView2<f32>,
+    weight: ArrayView2<f32>,
+    bias: Option<&[f32]>,
+) -> Array2<f32> {
+    let (tokens, inputs) = x.dim();
+    let (outputs, weight_inputs) = weight.dim();
+    assert_eq!(
+        inputs, weight_inputs,
+        "linear: x has {inputs} features, W expects {weight_inputs}"
+    );
+    if let Some(b) = bias {
+        assert_eq!(
+            b.len(),
+            outputs,
+            "linear: bias of {} for {outputs} outputs",
+            b.len()
+        );
+    }
+    let x = x.as_standard_layout();
+    let weight = weight.as_standard_layout();
+    let x = x.as_slice().expect("standard layout");
+    let w = weight.as_slice().expect("standard layout");
+    let mut y = Array2::<f32>::zeros((tokens, outputs));
+    if tokens == 0 || outputs == 0 {
+        return y;
+    }
+    // Blocks of output columns, so that a block of W stays in cache across all tokens.
+    const BLOCK: usize = 64;
+    let parts: Vec<Vec<f32>> = (0..outputs.div_ceil(BLOCK))
+        .into_par_iter()
+        .map(|block| {
+            let start = block * BLOCK;
+            let end = (start + BLOCK).min(outputs);
+            let mut part = vec![0f32; tokens * (end - start)];
+            let mut t = 0;
+            while t + T <= tokens {
+                tile_row::<T, R>(x, w, inputs, bias, t, start, end, &mut part);
+                t += T;
+            }
+            while t < tokens {
+                tile_row::<1, R>(x, w, inputs, bias, t, start, end, &mut part);
+                t += 1;
+            }
+            part
+        })
+        .collect();
+    for (block, part) in parts.iter().enumerate() {
+        let start = block * BLOCK;
+        let width = part.len() / tokens;
+        for (t, values) in part.chunks_exact(width).enumerate() {
+            y.row_mut(t)
+                .as_slice_mut()
+                .expect("standard layout")
+                .get_mut(start..start + width)
+                .expect("block inside the row")
+                .copy_from_slice(values);
+        }
+    }
+    y
+}
+
+/// The oracle for [`linear`]: the same y = x W^T + b computed the plain way, one [`dot`] call per
+/// output element (then `+ b`). [`linear`] must agree with it bit for bit on every input; the
+/// tests check `to_bits()` equality. Slower, kept as the definition of the result.
+pub fn linear_reference(
+    x: ArrayView2<f32>,
+    weight: ArrayView2<f32>,
+    bias: Option<&[f32]>,
+) -> Array2<f32> {
     let (tokens, inputs) = x.dim();
     let (outputs, weight_inputs) = weight.dim();
     assert_eq!(
@@ -177,6 +371,154 @@ mod tests {
                 assert_eq!(many[[t, o]], dot(&row, &wr));
             }
         }
+    }
+
+    /// Deterministic pseudo-random bits from a 64-bit linear congruential generator.
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 32) as u32
+        }
+        fn unit(&mut self) -> f32 {
+            (self.next() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
+    /// An input pattern for [`linear`] against [`linear_reference`]: value of entry `(i, j)` of
+    /// the matrix numbered `which` (0: x, 1: W, 2: bias).
+    fn pattern(kind: usize, rng: &mut Lcg, which: usize, i: usize, j: usize) -> f32 {
+        match kind {
+            // Random values over a wide range of exponents, signs and a few subnormals.
+            0 => {
+                let scale = match rng.next() % 8 {
+                    0 => 1e-39,
+                    1 => 1e-20,
+                    2 => 1e3,
+                    3 => 1e12,
+                    _ => 1.0,
+                };
+                rng.unit() * scale
+            }
+            // Smooth patterns, as in the forward passes.
+            1 => ((i * 37 + j * 11 + which * 5) as f32 * 0.37).sin(),
+            // All at the maximum magnitude, or large enough to overflow in products and sums.
+            2 => {
+                let big = [f32::MAX, -f32::MAX, 3e38, 1.5e19, -1.5e19, 1e30];
+                big[(i * 3 + j * 7 + which + rng.next() as usize % 2) % big.len()]
+            }
+            // Exact binary values whose sums round at ties (2^24 + 1 and the like).
+            3 => {
+                let ties = [
+                    16_777_216.0,
+                    1.0,
+                    -1.0,
+                    3.0,
+                    0.5,
+                    1.5,
+                    -16_777_216.0,
+                    8_388_608.0,
+                ];
+                ties[rng.next() as usize % ties.len()]
+            }
+            // Random ordinary values.
+            _ => rng.unit(),
+        }
+    }
+
+    fn assert_same_bits(fast: &Array2<f32>, reference: &Array2<f32>, what: &str) {
+        assert_eq!(fast.dim(), reference.dim(), "{what}");
+        for ((index, a), b) in fast.indexed_iter().zip(reference) {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{what}, element {index:?}: {a} vs {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn linear_matches_linear_reference_bit_for_bit_on_odd_shapes_and_hard_values() {
+        let outputs_set = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 63, 64, 65, 67, 70];
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let mut rng = Lcg(threads as u64);
+                for tokens in 1..=9 {
+                    for inputs in 0..=40 {
+                        for (n, &outputs) in outputs_set.iter().enumerate() {
+                            // Every pattern on every shape would be slow in debug builds: the
+                            // pattern rotates over the shapes, every shape sees two of them.
+                            for kind in [(tokens + inputs + n) % 5, (tokens * 3 + n) % 5] {
+                                let x = Array2::from_shape_fn((tokens, inputs), |(i, j)| {
+                                    pattern(kind, &mut rng, 0, i, j)
+                                });
+                                let w = Array2::from_shape_fn((outputs, inputs), |(i, j)| {
+                                    pattern(kind, &mut rng, 1, i, j)
+                                });
+                                let b: Vec<f32> = (0..outputs)
+                                    .map(|o| pattern(kind, &mut rng, 2, 0, o))
+                                    .collect();
+                                for bias in [None, Some(&b[..])] {
+                                    let what = format!(
+                                        "{threads} threads, pattern {kind}, [{tokens} x {inputs}] \
+                                         x [{outputs} x {inputs}]^T, bias {}",
+                                        bias.is_some()
+                                    );
+                                    assert_same_bits(
+                                        &linear(x.view(), w.view(), bias),
+                                        &linear_reference(x.view(), w.view(), bias),
+                                        &what,
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn linear_matches_linear_reference_on_a_large_random_shape_and_transposed_views() {
+        let mut rng = Lcg(7);
+        let x = Array2::from_shape_fn((13, 200), |_| rng.unit());
+        let w = Array2::from_shape_fn((150, 200), |_| rng.unit());
+        let b: Vec<f32> = (0..150).map(|_| rng.unit()).collect();
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                assert_same_bits(
+                    &linear(x.view(), w.view(), Some(&b)),
+                    &linear_reference(x.view(), w.view(), Some(&b)),
+                    "standard layout",
+                );
+                // Column-major views go through `as_standard_layout`.
+                let xt = x.t().to_owned();
+                let wt = w.t().to_owned();
+                assert_same_bits(
+                    &linear(xt.t(), wt.t(), None),
+                    &linear_reference(x.view(), w.view(), None),
+                    "transposed views",
+                );
+            });
+        }
+        let empty = linear(
+            Array2::<f32>::zeros((0, 5)).view(),
+            w.slice(ndarray::s![.., ..5]),
+            None,
+        );
+        assert_eq!(empty.dim(), (0, 150));
     }
 
     #[test]
