@@ -49,6 +49,7 @@ pub mod npz;
 pub mod plan;
 pub mod problem;
 pub mod protocol;
+pub mod quality;
 pub mod report;
 pub mod results;
 pub mod rules;
@@ -85,7 +86,7 @@ pub fn default_tree() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn parse_json<T: DeserializeOwned>(file: &str, bytes: &[u8]) -> Result<T, Problem> {
+pub(crate) fn parse_json<T: DeserializeOwned>(file: &str, bytes: &[u8]) -> Result<T, Problem> {
     serde_json::from_slice(bytes).map_err(|e| Problem::Json {
         file: file.to_string(),
         message: e.to_string(),
@@ -130,6 +131,10 @@ pub fn audit_dir_with(dir: &Path, tree: &Path, options: &Options) -> Report {
     let format = serde_json::from_slice::<serde_json::Value>(&manifest_bytes)
         .ok()
         .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(String::from));
+    if format.as_deref() == Some(quality::QUALITY_FORMAT) {
+        quality::audit(&dir, &tree, options, &manifest_bytes, &mut report);
+        return report;
+    }
     if let Some(found) = format.filter(|f| f != MANIFEST_FORMAT) {
         report.fail(Problem::Format {
             file: MANIFEST.into(),
@@ -348,7 +353,7 @@ fn read_outputs(
 }
 
 /// Opens arrays.npz confined and makes its one pass: its hash and its reading.
-fn open_archive(dir: &Path, name: &str) -> Result<npz::Scanned, FileError> {
+pub(crate) fn open_archive(dir: &Path, name: &str) -> Result<npz::Scanned, FileError> {
     let (file, len) = files::open_confined(dir, name, npz::zip::MAX_ARCHIVE_BYTES)?;
     npz::Archive::open(file, len).map_err(|e| match e {
         npz::ScanError::Io(error) => FileError::Io {
