@@ -144,8 +144,9 @@ pub struct QualityRow {
     pub bytes_per_token: f64,
     /// 46,080.
     pub float32_bytes_per_token: f64,
-    /// When generating: the first generated token that differs, or null.
-    #[serde(default)]
+    /// When generating: the first generated token that differs, or null (kept as written, so
+    /// a null is told apart from an absent field).
+    #[serde(default, deserialize_with = "present")]
     pub first_departure: Option<serde_json::Value>,
     /// When generating: the packed cache's continuation, decoded.
     #[serde(default)]
@@ -153,6 +154,11 @@ pub struct QualityRow {
     /// When generating: the float32 cache's continuation, decoded.
     #[serde(default)]
     pub f32_generated_text: Option<String>,
+}
+
+/// A field that is present, null included.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
 }
 
 /// summary.json.
@@ -320,7 +326,7 @@ pub fn audit(
         return;
     };
     let aggregates: Vec<Aggregate> = (0..runs.len())
-        .map(|r| aggregate(&derived, p.texts.len(), runs.len(), r))
+        .map(|r| aggregate(&derived, p.texts.len(), r))
         .collect();
     if let Some(bytes) = texts.get("summary.json") {
         match parse_json::<QualitySummary>("summary.json", bytes) {
@@ -840,12 +846,7 @@ fn check_results(
 }
 
 /// Run `r`'s aggregates over the texts, in text order.
-fn aggregate(
-    derived: &BTreeMap<(usize, usize), Derived>,
-    texts: usize,
-    _runs: usize,
-    r: usize,
-) -> Aggregate {
+fn aggregate(derived: &BTreeMap<(usize, usize), Derived>, texts: usize, r: usize) -> Aggregate {
     let rows: Vec<&Derived> = (0..texts).filter_map(|i| derived.get(&(i, r))).collect();
     let n = rows.len() as f64;
     let mean = |f: fn(&Derived) -> f64| rows.iter().map(|d| f(d)).sum::<f64>() / n;
