@@ -31,6 +31,23 @@
 //! codec and the models crate as dev-dependencies, to make runs to tamper with and to find the
 //! model files.)
 //!
+//! # Model-quality evidence
+//!
+//! A directory whose manifest has format `model-quality-evidence/1` (a SmolLM2 run scoring
+//! next-token quality with a packed KV cache, `runner quality`) is checked by [`quality`]
+//! instead: [`audit_dir`] chooses the checker by the manifest's `format`, and [`audit_pins`]
+//! audits every pinned directory whatever its format.
+//!
+//! **What a PASS means for this format.** The per-position log-probs, KL values and argmaxes
+//! (and generated ids) rest on the model's hash, the recorded token ids and the runner's
+//! byte-reproducibility test: the audit does not run the model (no second forward pass). It
+//! re-derives every aggregate of results.json, every bytes-per-token figure (its own
+//! implementation of the cache-size rule, [`quality::bytes`]), every value of summary.json,
+//! every cell of summary.md's tables and every chart marker from them, checks every file's hash,
+//! the sources and the model record, and holds the arrays to their ranges. Generated text is not
+//! re-decoded (no tokenizer): only `first_departure` is checked against the generated ids, and
+//! the report says so in a note.
+//!
 //! - [`audit_dir`]: one evidence directory (`audit DIR`);
 //! - [`audit_pins`]: everything a root manifest pins (`audit`);
 //! - [`audit_dir_with`], [`audit_pins_with`]: the same with [`Options`] (`audit --models DIR`).
