@@ -503,3 +503,69 @@ fn protocols_outside_the_format_are_refused() {
         |p| matches!(p, Problem::Json { message, .. } if message.contains("unknown field")),
     );
 }
+
+#[test]
+fn id_lists_too_short_or_out_of_range_fail_without_a_panic() {
+    let mut e = Evidence::new();
+    e.manifest["model"]["ids"]["t0"] = json!([1]);
+    assert_problem(
+        &e.audit(),
+        "one id",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "ids.t0"),
+    );
+    let mut e = Evidence::new();
+    e.manifest["model"]["ids"]["t0"] = json!([1, 2, 3, 4, 49_152]);
+    assert_problem(&e.audit(), "id range", |p| {
+        matches!(p, Problem::ModelRecord { field, found, .. }
+            if field == "ids.t0" && found.contains("49152"))
+    });
+    let mut e = Evidence::new();
+    e.manifest["model"]["ids"] = json!({ "t1": IDS });
+    assert_problem(
+        &e.audit(),
+        "ids keys",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "ids"),
+    );
+}
+
+#[test]
+fn arrays_out_of_order_or_of_another_dtype_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    Evidence::new().write(&dir);
+    crate::support::edit_arrays(&dir, |a| a.swap(0, 1));
+    crate::support::rehash(&dir);
+    assert_problem(
+        &audit::audit_dir(&dir, &workspace()),
+        "order",
+        |p| matches!(p, Problem::ArrayNames { first, .. } if first == "t0_f32_logp"),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    Evidence::new().write(&dir);
+    crate::support::edit_arrays(&dir, |a| {
+        let ids = crate::support::array(a, "t0_ids");
+        if let crate::support::AnyArray::I64(v) = ids {
+            *ids = crate::support::AnyArray::F64(v.mapv(|x| x as f64));
+        }
+    });
+    crate::support::rehash(&dir);
+    assert_problem(
+        &audit::audit_dir(&dir, &workspace()),
+        "dtype",
+        |p| matches!(p, Problem::Array(audit::npz::ArrayError::Dtype { name, .. }) if name == "t0_ids"),
+    );
+}
+
+#[test]
+fn bytes_cells_have_one_decimal_and_thousands_separators() {
+    for (value, cell) in [
+        (26_928.0, "26,928.0"),
+        (46_080.0, "46,080.0"),
+        (999.95, "1,000.0"),
+        (12.25, "12.2"),
+        (1_234_567.5, "1,234,567.5"),
+    ] {
+        assert_eq!(bytes_cell(value), cell);
+    }
+}
