@@ -569,3 +569,37 @@ fn bytes_cells_have_one_decimal_and_thousands_separators() {
         assert_eq!(bytes_cell(value), cell);
     }
 }
+
+#[test]
+fn with_models_the_weight_file_is_hashed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    Evidence::new().write(&dir);
+    // A cache holding another file under the pinned name.
+    let fake = tmp.path().join("cache");
+    std::fs::create_dir_all(fake.join("smollm2")).unwrap();
+    std::fs::write(fake.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"), "x").unwrap();
+    let options = audit::Options {
+        models: Some(fake.clone()),
+    };
+    let report = audit::audit_dir_with(&dir, &workspace(), &options);
+    assert_problem(
+        &report,
+        "model file",
+        |p| matches!(p, Problem::ModelFile { reason, .. } if reason.contains("SHA-256")),
+    );
+    // The real file, found as the runner finds it.
+    let files = models::files::locate_or_fetch(models::ModelName::SmolLm2).unwrap();
+    let cache = files.folder.parent().unwrap().to_path_buf();
+    let options = audit::Options {
+        models: Some(cache),
+    };
+    let report = audit::audit_dir_with(&dir, &workspace(), &options);
+    assert_pass(&report);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| matches!(n, audit::Note::ModelFileChecked(_)))
+    );
+}
