@@ -38,6 +38,7 @@
 //!   directories this run created are removed, and the error is reported once.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, BufWriter, Seek, SeekFrom, Write};
@@ -326,6 +327,40 @@ impl Writer {
             self.created.clear();
         }
         committed.map(|()| manifest)
+    }
+
+    /// Closes arrays.npz, writes `files` (name and bytes) beside it, then the manifest that
+    /// `manifest` makes from the SHA-256 of arrays.npz and every one of `files` (keyed by file
+    /// name), and moves the directory to its name: the writing path of an evidence format other
+    /// than the packed-KV one (see [`crate::quality_study`]).
+    pub fn finish_files(
+        mut self,
+        files: &[(&str, Vec<u8>)],
+        manifest: impl FnOnce(BTreeMap<String, String>) -> Result<Vec<u8>, EvidenceError>,
+    ) -> Result<(), EvidenceError> {
+        self.close_archive()?;
+        let dir = self
+            .staging
+            .as_ref()
+            .expect("staged until commit")
+            .dir
+            .clone();
+        for (name, bytes) in files {
+            write_file(&dir.join(name), bytes)?;
+        }
+        let mut outputs = BTreeMap::new();
+        for name in std::iter::once(ARRAYS).chain(files.iter().map(|(name, _)| *name)) {
+            let path = dir.join(name);
+            let hash = sha256_file(&path).map_err(io(format!("hashing {}", path.display())))?;
+            outputs.insert(name.to_string(), hash);
+        }
+        write_file(&dir.join(MANIFEST), &manifest(outputs)?)?;
+        let staging = self.staging.take().expect("staged until commit");
+        let committed = staging.commit(&self.out, &self.parent);
+        if committed.is_ok() {
+            self.created.clear();
+        }
+        committed
     }
 
     /// Finishes the archive and syncs it to disk.
@@ -709,6 +744,17 @@ fn claim(lock_path: &Path) -> io::Result<Option<File>> {
         Err(TryLockError::Error(e)) => return Err(e),
     }
     Ok(same_file(&file, lock_path).then_some(file))
+}
+
+/// `value` as the pretty JSON (with a final newline) every evidence file is written as.
+pub fn json_bytes<T: Serialize + ?Sized>(
+    file: &'static str,
+    value: &T,
+) -> Result<Vec<u8>, EvidenceError> {
+    let mut text = serde_json::to_string_pretty(value)
+        .map_err(|source| EvidenceError::Json { file, source })?;
+    text.push('\n');
+    Ok(text.into_bytes())
 }
 
 fn write_json<T: Serialize + ?Sized>(

@@ -18,7 +18,9 @@
 //!   [`pin`]: the root manifest that pins archived evidence;
 //! - [`kv`]: `runner kv`, what a real model computed for one text, as an `.npz`;
 //!   [`quality`](mod@quality): `runner quality`, what a packed cache does to SmolLM2 on one text
-//!   (the measurements are the `quality` crate's).
+//!   (the measurements are the `quality` crate's); [`quality_study`]: `runner quality --protocol`,
+//!   an archived model-quality study, with its summary.md ([`quality_report`]) and chart
+//!   ([`quality_plot`]).
 
 pub mod archive;
 pub mod attention;
@@ -35,6 +37,9 @@ pub mod plan;
 pub mod plot;
 pub mod protocol;
 pub mod quality;
+pub mod quality_plot;
+pub mod quality_report;
+pub mod quality_study;
 pub mod report;
 pub mod study;
 pub mod summary;

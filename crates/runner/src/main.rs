@@ -85,12 +85,29 @@ enum Command {
     /// token, and greedy text from a prompt with both caches.
     Quality {
         /// `smollm2` (an encoder such as `minilm` has no next-token distribution).
-        #[arg(long)]
-        model: models::ModelName,
+        #[arg(long, required_unless_present = "protocol")]
+        model: Option<models::ModelName>,
+        /// A model-quality study protocol (JSON): runs it into a new evidence directory (`--out`)
+        /// instead of measuring one text.
+        #[arg(
+            long,
+            value_name = "FILE",
+            requires = "out",
+            conflicts_with_all = ["model", "text", "text_file", "prompt", "json"]
+        )]
+        protocol: Option<PathBuf>,
+        /// The study's output directory; must not exist.
+        #[arg(long, value_name = "DIR", requires = "protocol")]
+        out: Option<PathBuf>,
+        /// Worker threads for the study's runs (default: one per core). The output does not
+        /// depend on it.
+        #[arg(long, value_name = "N", requires = "protocol",
+              value_parser = clap::value_parser!(u16).range(1..=1024))]
+        threads: Option<u16>,
         /// The text.
         #[arg(
             long,
-            required_unless_present = "text_file",
+            required_unless_present_any = ["text_file", "protocol"],
             conflicts_with = "text_file"
         )]
         text: Option<String>,
@@ -189,6 +206,12 @@ fn real_main() -> Result<()> {
             out,
         }) => kv(model, text, text_file, &out),
         Some(Command::Quality {
+            protocol: Some(protocol),
+            out,
+            threads,
+            ..
+        }) => quality_study(&protocol, out, threads),
+        Some(Command::Quality {
             model,
             text,
             text_file,
@@ -198,7 +221,9 @@ fn real_main() -> Result<()> {
             generate,
             prompt,
             json,
+            ..
         }) => {
+            let model = model.context("--model is required without --protocol")?;
             let text = match (text, text_file) {
                 (Some(text), _) => text,
                 (None, Some(path)) => runner::kv::read_text_file(&path)?,
@@ -232,6 +257,63 @@ fn real_main() -> Result<()> {
         }
         None => run(cli.run),
     }
+}
+
+/// `runner quality --protocol FILE --out DIR`.
+fn quality_study(
+    protocol_path: &std::path::Path,
+    out: Option<PathBuf>,
+    threads: Option<u16>,
+) -> Result<()> {
+    use runner::quality_study::{self, QualityProtocol};
+    let out = out.context("--out is required with --protocol")?;
+    evidence::check_new(&out)?;
+    let text = runner::validate::read_protocol_file(protocol_path)?;
+    let protocol = QualityProtocol::from_json(&text)
+        .with_context(|| format!("protocol {}", protocol_path.display()))?;
+    let threads = threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        usize::from,
+    );
+    let cleanup = evidence::remove_stale_staging(&evidence::parent_dir(&out));
+    for dir in &cleanup.removed {
+        eprintln!(
+            "runner: removed {}, the staging directory of a run that is no longer running",
+            dir.display()
+        );
+    }
+    eprintln!(
+        "runner: {} ({}): {} texts x {} runs on {threads} threads",
+        protocol.study,
+        protocol_path.display(),
+        protocol.texts.len(),
+        protocol.runs.len()
+    );
+    let bar = progress_bar(quality_study::steps(&protocol) as u64, "passes");
+    let start = std::time::Instant::now();
+    let progress = |done: usize| bar.set_position(done as u64);
+    let (_, study) = quality_study::run(
+        &protocol,
+        protocol_path.display().to_string(),
+        &out,
+        threads,
+        &progress,
+    )?;
+    bar.finish_and_clear();
+    let results: Vec<_> = study.rows.iter().map(|r| r.result.clone()).collect();
+    let float32 = results.first().map_or(0, |r| r.float32_bytes_per_token);
+    let summary = quality_study::summarize(&protocol, &results, float32);
+    let text = format!(
+        "{}\nwrote {}\n",
+        runner::quality_report::quality_table(&summary).to_text(),
+        out.display()
+    );
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    eprintln!(
+        "runner: model-quality study took {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 fn kv(

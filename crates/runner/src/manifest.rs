@@ -144,26 +144,40 @@ pub struct Git {
     pub sources_match_commit: bool,
 }
 
+impl Tool {
+    /// This runner: its name and version, rustc, profile and the recorded crates' versions.
+    pub fn current() -> Tool {
+        Tool {
+            name: env!("CARGO_PKG_NAME").into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            rustc: build_info::RUSTC_VERSION.into(),
+            profile: build_info::PROFILE.into(),
+            crates: build_info::CRATE_VERSIONS
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+}
+
+impl Platform {
+    /// The platform this binary runs on.
+    pub fn current() -> Platform {
+        Platform {
+            os: std::env::consts::OS.into(),
+            arch: std::env::consts::ARCH.into(),
+            target: build_info::TARGET.into(),
+        }
+    }
+}
+
 impl Manifest {
     /// A manifest for a run of `protocol`, before output hashes are added.
     pub fn new(protocol_source: String, protocol: Protocol, counts: Counts) -> Manifest {
         Manifest {
             format: MANIFEST_FORMAT.into(),
-            tool: Tool {
-                name: env!("CARGO_PKG_NAME").into(),
-                version: env!("CARGO_PKG_VERSION").into(),
-                rustc: build_info::RUSTC_VERSION.into(),
-                profile: build_info::PROFILE.into(),
-                crates: build_info::CRATE_VERSIONS
-                    .iter()
-                    .map(|(n, v)| (n.to_string(), v.to_string()))
-                    .collect(),
-            },
-            platform: Platform {
-                os: std::env::consts::OS.into(),
-                arch: std::env::consts::ARCH.into(),
-                target: build_info::TARGET.into(),
-            },
+            tool: Tool::current(),
+            platform: Platform::current(),
             protocol_source,
             protocol,
             shard: None,
@@ -200,7 +214,8 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     Ok(hex::encode(hasher.finalize()))
 }
 
-fn git_info() -> Option<Git> {
+/// The commit the binary's workspace is at, and whether the sources match it.
+pub fn git_info() -> Option<Git> {
     let root = build_info::WORKSPACE_ROOT;
     let git = |args: &[&str]| -> Option<String> {
         let out = Command::new("git")

@@ -1,7 +1,8 @@
 //! The root manifest: pins archived evidence directories by the SHA-256 of every file in them.
 //!
 //! `runner pin evidence/packed-kv` (run from the repository root) rewrites `manifest.json` from
-//! the files as they are; `audit` with no argument checks those hashes and then audits each
+//! the files as they are; each directory's manifest.json must declare one of [`KNOWN_FORMATS`]
+//! (`packed-kv-evidence/1` or `model-quality-evidence/1`); `audit` with no argument checks those hashes and then audits each
 //! pinned directory. Paths are relative to the root manifest's own directory.
 
 use std::collections::BTreeMap;
@@ -14,6 +15,31 @@ use thiserror::Error;
 use crate::manifest::sha256_file;
 
 pub const ROOT_MANIFEST_FORMAT: &str = "evidence-pins/1";
+
+/// The evidence formats a pinned directory's manifest.json may declare (the audit picks its
+/// checker by this field).
+pub const KNOWN_FORMATS: [&str; 2] = [
+    crate::manifest::MANIFEST_FORMAT,
+    crate::quality_study::QUALITY_MANIFEST_FORMAT,
+];
+
+/// The `format` member of a run's manifest.json, or why there is none we know.
+fn manifest_format(path: &Path) -> Result<String, PinError> {
+    let text = std::fs::read_to_string(path).map_err(io(format!("reading {}", path.display())))?;
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    let format = match value.get("format").and_then(|f| f.as_str()) {
+        Some(format) => format.to_string(),
+        None => "missing".to_string(),
+    };
+    if KNOWN_FORMATS.contains(&format.as_str()) {
+        Ok(format)
+    } else {
+        Err(PinError::UnknownFormat {
+            path: path.to_path_buf(),
+            format,
+        })
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RootManifest {
@@ -38,6 +64,12 @@ pub enum PinError {
     Nested(PathBuf, String),
     #[error("evidence directory {0} holds no manifest.json; is it a run?")]
     NotARun(PathBuf),
+    #[error(
+        "{} is not a run's manifest: its `format` is {format}, not one of {}",
+        path.display(),
+        KNOWN_FORMATS.join(", ")
+    )]
+    UnknownFormat { path: PathBuf, format: String },
     /// The cause is the source, so it is printed once, after the context.
     #[error("{context}")]
     Io {
@@ -66,6 +98,7 @@ pub fn pin(manifest_path: &Path, dirs: &[PathBuf]) -> Result<RootManifest, PinEr
         if !full.join("manifest.json").is_file() {
             return Err(PinError::NotARun(full));
         }
+        manifest_format(&full.join("manifest.json"))?;
         let mut files = BTreeMap::new();
         let entries =
             std::fs::read_dir(&full).map_err(io(format!("reading {}", full.display())))?;
@@ -121,7 +154,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("run");
         std::fs::create_dir(&dir).unwrap();
-        std::fs::write(dir.join("manifest.json"), "{}").unwrap();
+        std::fs::write(
+            dir.join("manifest.json"),
+            r#"{ "format": "model-quality-evidence/1" }"#,
+        )
+        .unwrap();
         // A dangling link cannot be hashed.
         std::os::unix::fs::symlink(tmp.path().join("gone"), dir.join("dangling")).unwrap();
         let err = pin(&tmp.path().join("manifest.json"), &[PathBuf::from("run")]).unwrap_err();
@@ -132,5 +169,36 @@ mod tests {
         assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
         let chain = format!("{:#}", anyhow::Error::from(err));
         assert_eq!(chain.matches("os error 2").count(), 1, "{chain}");
+    }
+}
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+
+    #[test]
+    fn both_evidence_formats_are_pinned_and_an_unknown_one_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        for (name, format) in [
+            ("kv", "packed-kv-evidence/1"),
+            ("quality", "model-quality-evidence/1"),
+            ("odd", "other/1"),
+        ] {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            let manifest = format!(r#"{{ "format": "{format}" }}"#);
+            std::fs::write(dir.join("manifest.json"), manifest).unwrap();
+        }
+        let root = tmp.path().join("manifest.json");
+        let pinned = pin(&root, &[PathBuf::from("kv"), PathBuf::from("quality")]).unwrap();
+        assert_eq!(
+            pinned.evidence.keys().collect::<Vec<_>>(),
+            ["kv", "quality"]
+        );
+        let err = pin(&root, &[PathBuf::from("odd")]).unwrap_err();
+        assert!(
+            matches!(&err, PinError::UnknownFormat { format, .. } if format == "other/1"),
+            "{err}"
+        );
     }
 }

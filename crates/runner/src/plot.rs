@@ -41,7 +41,7 @@ const HEIGHT: u32 = 600;
 const CHART_WIDTH: u32 = 830;
 
 /// Tableau-like palette: distinct, readable on white.
-const PALETTE: [RGBColor; 10] = [
+pub(crate) const PALETTE: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
@@ -70,7 +70,7 @@ struct Marker {
 }
 
 /// The shapes, centred on (0, 0): SVG element name and geometry.
-const SHAPES: [(&str, &str); 4] = [
+pub(crate) const SHAPES: [(&str, &str); 4] = [
     ("circle", r#"r="5""#),
     ("polygon", r#"points="0,-6 5.2,3 -5.2,3""#),
     ("polygon", r#"points="0,-6 6,0 0,6 -6,0""#),
@@ -299,7 +299,7 @@ fn draw_legend<DB: DrawingBackend>(
     Ok(())
 }
 
-fn hex(color: RGBColor) -> String {
+pub(crate) fn hex(color: RGBColor) -> String {
     format!("#{:02X}{:02X}{:02X}", color.0, color.1, color.2)
 }
 
@@ -308,7 +308,7 @@ fn is_budget(label: &str) -> bool {
 }
 
 /// Two significant digits, without trailing zeros: 10 -> "10", 0.5 -> "0.5", 13.4 -> "13".
-fn significant(x: f64) -> String {
+pub(crate) fn significant(x: f64) -> String {
     let digits = (1 - x.abs().log10().floor() as i32).max(0) as usize;
     let text = format!("{x:.digits$}");
     if text.contains('.') {
@@ -319,7 +319,7 @@ fn significant(x: f64) -> String {
 }
 
 /// Tick positions 1, 2, 5, 10, 20, 50, ... times powers of ten inside [lo, hi].
-fn one_two_five(lo: f64, hi: f64) -> Vec<f64> {
+pub(crate) fn one_two_five(lo: f64, hi: f64) -> Vec<f64> {
     let mut ticks = Vec::new();
     let mut decade = 10f64.powi(lo.log10().floor() as i32);
     while decade <= hi {
