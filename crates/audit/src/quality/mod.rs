@@ -61,6 +61,8 @@ pub const QUALITY_FILES: [&str; 5] = [
 ];
 /// The chart.
 pub const QUALITY_CHART: &str = "quality-vs-bytes.svg";
+/// Colours the chart's palette holds before it goes round.
+pub const PALETTE_COLOURS: usize = 10;
 /// How far below zero a KL value may be (rounding).
 pub const KL_SLACK: f64 = 1e-12;
 
@@ -165,8 +167,24 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QualitySummary {
+    /// How many texts the rows average over.
+    pub texts: usize,
+    /// The float32 cache's row.
+    pub float32: Float32Summary,
     /// One row per run, in run order.
     pub rows: Vec<QualitySummaryRow>,
+}
+
+/// summary.json's float32 row.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Float32Summary {
+    /// Mean over texts of the float32 NLL.
+    pub nll: f64,
+    /// exp(nll).
+    pub perplexity: f64,
+    /// 46,080.
+    pub bytes_per_token: f64,
 }
 
 /// One row of summary.json: a run's aggregates averaged over the texts.
@@ -195,6 +213,8 @@ pub struct QualitySummaryRow {
     pub top1_agreement: f64,
     /// Mean over texts.
     pub bytes_per_token: f64,
+    /// 46,080.
+    pub float32_bytes_per_token: f64,
 }
 
 /// What the audit derives for one row (text x run) from the arrays.
@@ -330,7 +350,7 @@ pub fn audit(
         .collect();
     if let Some(bytes) = texts.get("summary.json") {
         match parse_json::<QualitySummary>("summary.json", bytes) {
-            Ok(summary) => check_summary(&runs, &aggregates, &summary, report),
+            Ok(summary) => check_summary(p.texts.len(), &runs, &aggregates, &summary, report),
             Err(problem) => report.fail(problem),
         }
     }
@@ -864,11 +884,35 @@ fn aggregate(derived: &BTreeMap<(usize, usize), Derived>, texts: usize, r: usize
 }
 
 fn check_summary(
+    texts: usize,
     runs: &[Run],
     aggregates: &[Aggregate],
     summary: &QualitySummary,
     report: &mut Report,
 ) {
+    let float32 = aggregates.first().map_or(f64::NAN, |a| a.nll_f32);
+    for (place, found, expected) in [
+        ("texts", summary.texts as f64, texts as f64),
+        ("float32 nll", summary.float32.nll, float32),
+        (
+            "float32 perplexity",
+            summary.float32.perplexity,
+            float32.exp(),
+        ),
+        (
+            "float32 bytes_per_token",
+            summary.float32.bytes_per_token,
+            FLOAT32_BYTES_PER_TOKEN as f64,
+        ),
+    ] {
+        if !close(found, expected) {
+            report.fail(Problem::Summary {
+                place: place.into(),
+                found: format!("{found:?}"),
+                expected: format!("{expected:?}"),
+            });
+        }
+    }
     if summary.rows.len() != runs.len() {
         report.fail(Problem::Summary {
             place: "rows".into(),
@@ -906,6 +950,11 @@ fn check_summary(
             ("kl_max", row.kl_max, a.kl_max),
             ("top1_agreement", row.top1_agreement, a.top1_agreement),
             ("bytes_per_token", row.bytes_per_token, a.bytes_per_token),
+            (
+                "float32_bytes_per_token",
+                row.float32_bytes_per_token,
+                FLOAT32_BYTES_PER_TOKEN as f64,
+            ),
         ] {
             if !close(found, expected) {
                 report.fail(Problem::Summary {
@@ -956,9 +1005,13 @@ pub fn expected_tables(
             join(tokens.iter().map(|t| (t - 1).to_string()).collect()),
         ],
         vec!["runs".into(), runs.len().to_string()],
+        vec![
+            "generated tokens".into(),
+            p.generate.map_or(0, |g| g.tokens).to_string(),
+        ],
     ];
     if let Some(g) = p.generate {
-        run_table.push(vec!["generated tokens".into(), g.tokens.to_string()]);
+        run_table.push(vec!["prompt tokens".into(), g.prompt_tokens.to_string()]);
     }
     let mut tables = vec![("run", run_table)];
     let header = [
@@ -1007,7 +1060,12 @@ pub fn expected_tables(
     }
     tables.push(("quality", quality));
     if p.generate.is_some() {
-        let shown = |text: &str| text.replace('\n', "\\n").trim().to_string();
+        let shown = |text: &str| {
+            text.replace('\r', "\\r")
+                .replace('\n', "\\n")
+                .trim()
+                .to_string()
+        };
         for i in 0..tokens.len() {
             let mut table = vec![
                 [
@@ -1345,8 +1403,9 @@ fn check_chart(svg: &str, runs: &[Run], aggregates: &[Aggregate], report: &mut R
         }
         placed += 1;
     }
+    // The palette's ten colours go round: settings further apart than that may share one.
     let distinct: BTreeSet<&String> = colours.values().collect();
-    if distinct.len() != colours.len() {
+    if distinct.len() != colours.len().min(PALETTE_COLOURS) {
         fail(
             report,
             ChartProblem::Element {

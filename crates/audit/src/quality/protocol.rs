@@ -146,9 +146,12 @@ impl fmt::Display for Schedule {
     }
 }
 
-/// One parsed run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One parsed run, with its labels as the protocol writes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Run {
+    /// The labels as written (row ids and archive names use them as written; results and
+    /// summaries print the parsed values back).
+    pub written: RunLabels,
     /// The setting.
     pub setting: QualitySetting,
     /// The policy.
@@ -158,13 +161,15 @@ pub struct Run {
 }
 
 impl Run {
-    /// The row id for text `text`: `t{text}_{setting}_{policy}_{schedule}`, ':' read as '-'.
+    /// The row id for text `text`: `t{text}_{setting}_{policy}_{schedule}` with the labels as
+    /// the protocol writes them, ':' written '-' (as the runner names rows).
     pub fn id(&self, text: usize) -> String {
+        let w = &self.written;
         format!(
             "t{text}_{}_{}_{}",
-            self.setting,
-            self.policy.to_string().replace(':', "-"),
-            self.schedule
+            w.setting,
+            w.policy.replace(':', "-"),
+            w.schedule
         )
     }
 }
@@ -304,11 +309,12 @@ impl QualityProtocol {
                 ));
             }
             let run = Run {
+                written: r.clone(),
                 setting,
                 policy,
                 schedule,
             };
-            if !ids.insert(run.id(0)) {
+            if !ids.insert((&r.setting, &r.policy, &r.schedule)) {
                 return Err(refuse(format!("runs[{i}]"), "listed twice"));
             }
             runs.push(run);
@@ -371,6 +377,11 @@ mod tests {
         }
         assert_eq!(parse_schedule("stream"), None);
         let run = Run {
+            written: RunLabels {
+                setting: "g32_b2".into(),
+                policy: "recent_f32:64".into(),
+                schedule: "streaming".into(),
+            },
             setting: s,
             policy: Window::RecentF32(64),
             schedule: Schedule::Streaming,

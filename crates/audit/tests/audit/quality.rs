@@ -201,7 +201,7 @@ impl Evidence {
                 "nll_f32": mean(&[nll_f32]), "nll": mean(&[nll]),
                 "perplexity_f32": nll_f32.exp(), "perplexity": nll.exp(),
                 "kl_mean": kl_mean, "kl_max": kl_max, "top1_agreement": top1,
-                "bytes_per_token": bytes
+                "bytes_per_token": bytes, "float32_bytes_per_token": 46080
             }));
             table.push_str(&format!(
                 "| {setting} | {policy} | {schedule} | {nll:.6} | {:.4} | {:.3}% | {kl_mean:.6} | \
@@ -232,11 +232,15 @@ impl Evidence {
             ));
         }
         self.results = Value::Array(results);
-        self.summary = json!({ "rows": summary });
+        self.summary = json!({
+            "texts": 1,
+            "float32": { "nll": nll_f32, "perplexity": nll_f32.exp(), "bytes_per_token": 46080 },
+            "rows": summary
+        });
         self.markdown = format!(
             "# Model quality: tiny-quality\n\nWhat packing the KV cache costs in next-token \
              quality.\n\n| quantity | value |\n|---|---|\n| model | smollm2 |\n| texts | tiny |\n\
-             | tokens scored per text | 4 |\n| runs | 2 |\n| generated tokens | 3 |\n\n\
+             | tokens scored per text | 4 |\n| runs | 2 |\n| generated tokens | 3 |\n| prompt tokens | 2 |\n\n\
              ## Quality against bytes\n\n{table}\n## Greedy continuations: tiny\n\n{generation}\n\
              ![](quality-vs-bytes.svg)\n"
         );
@@ -602,4 +606,97 @@ fn with_models_the_weight_file_is_hashed() {
             .iter()
             .any(|n| matches!(n, audit::Note::ModelFileChecked(_)))
     );
+}
+
+/// A tiny protocol for the runner: one text cut to 12 ids, a prefill, a streaming budget run
+/// and a causal run, two generated tokens.
+const RUNNER_TINY: &str = r#"{
+  "study": "tiny-quality",
+  "model": "smollm2",
+  "texts": [ { "name": "short", "text": "The runner writes every result into a new directory, with a manifest that pins each file." } ],
+  "max_tokens": 12,
+  "runs": [
+    { "setting": "g4_b4", "policy": "uniform", "schedule": "prefill" },
+    { "setting": "g4_b2", "policy": "recent_f32:4", "schedule": "streaming" },
+    { "setting": "g4_b2_asym", "policy": "uniform", "schedule": "causal" }
+  ],
+  "generate": { "prompt_tokens": 4, "tokens": 2 }
+}"#;
+
+#[test]
+fn a_runner_study_passes_and_tampering_with_it_fails() {
+    models::files::locate_or_fetch(models::ModelName::SmolLm2).expect("the model is available");
+    let protocol = runner::quality_study::QualityProtocol::from_json(RUNNER_TINY).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("quality");
+    runner::quality_study::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
+    let report = audit::audit_dir(&dir, &workspace());
+    assert_pass(&report);
+    assert_eq!(report.counted(audit::report::Checked::ResultRows), 3);
+    assert_eq!(report.counted(audit::report::Checked::Positions), 3 * 11);
+
+    // A log-prob changed (hashes rewritten): the recorded NLL no longer follows.
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_arrays(&copy, |a| {
+        if let crate::support::AnyArray::F64(v) =
+            crate::support::array(a, "t0_g4_b4_uniform_prefill_logp")
+        {
+            v[[0]] -= 0.5;
+        }
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &audit::audit_dir(&copy, &workspace()),
+        "nll",
+        |p| matches!(p, Problem::Metric { field: "nll", id, .. } if id == "t0_g4_b4_uniform_prefill"),
+    );
+
+    // bytes per token halved in results.json.
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_json(&copy, "results.json", |rows| {
+        let v = rows[1]["bytes_per_token"].as_f64().unwrap();
+        rows[1]["bytes_per_token"] = json!(v / 2.0);
+    });
+    crate::support::rehash(&copy);
+    assert_problem(&audit::audit_dir(&copy, &workspace()), "bytes", |p| {
+        matches!(
+            p,
+            Problem::Metric {
+                field: "bytes_per_token",
+                ..
+            }
+        )
+    });
+
+    // A chart marker moved.
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_text(&copy, "quality-vs-bytes.svg", |svg| {
+        svg.replacen("transform=\"translate(", "transform=\"translate(9", 1)
+    });
+    crate::support::rehash(&copy);
+    assert_problem(&audit::audit_dir(&copy, &workspace()), "marker", |p| {
+        matches!(p, Problem::QualityChart(ChartProblem::Position { .. }))
+    });
+
+    // The manifest's hash of an output no longer the file's (no rehash).
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_text(&copy, "summary.md", |md| {
+        md.replacen("0.000% |", "0.001% |", 1)
+    });
+    let report = audit::audit_dir(&copy, &workspace());
+    assert_problem(
+        &report,
+        "hash",
+        |p| matches!(p, Problem::Hash { file, .. } if file == "summary.md"),
+    );
+    assert_problem(&report, "cell", |p| {
+        matches!(
+            p,
+            Problem::Markdown(MarkdownProblem::Cell {
+                table: "quality",
+                row: 1,
+                ..
+            })
+        )
+    });
 }
