@@ -125,11 +125,16 @@ pub fn bytes_per_token(run: &Run, tokens: usize) -> f64 {
 mod tests {
     use super::*;
     use crate::decoder::Grid;
-    use crate::quality::protocol::{parse_policy, parse_schedule, parse_setting};
+    use crate::quality::protocol::{RunLabels, parse_policy, parse_schedule, parse_setting};
 
-    fn run(setting: &str, policy: &str, schedule: &str) -> Run {
-        let setting = parse_setting(setting).unwrap();
+    fn run(label: &str, policy: &str, schedule: &str) -> Run {
+        let setting = parse_setting(label).unwrap();
         Run {
+            written: RunLabels {
+                setting: label.into(),
+                policy: policy.into(),
+                schedule: schedule.into(),
+            },
             setting,
             policy: parse_policy(policy, &setting).unwrap(),
             schedule: parse_schedule(schedule).unwrap(),
