@@ -33,13 +33,13 @@ use crate::protocol::{Distribution, Protocol};
 use crate::report::{Checked, Problem, Report};
 
 /// Elements the chart may contain.
-const ALLOWED: [&str; 8] = [
+pub(crate) const ALLOWED: [&str; 8] = [
     "svg", "rect", "line", "polyline", "polygon", "circle", "text", "g",
 ];
 
 /// One axis's log mapping: values lo..hi land on pixels a..b.
 #[derive(Debug, Clone, Copy)]
-struct Axis {
+pub(crate) struct Axis {
     lo: f64,
     hi: f64,
     a: f64,
@@ -47,11 +47,11 @@ struct Axis {
 }
 
 impl Axis {
-    fn pixel(&self, v: f64) -> f64 {
+    pub(crate) fn pixel(&self, v: f64) -> f64 {
         self.a + (self.b - self.a) * (v.ln() - self.lo.ln()) / (self.hi.ln() - self.lo.ln())
     }
 
-    fn parse(range: Option<&str>, pixels: Option<&str>) -> Option<Axis> {
+    pub(crate) fn parse(range: Option<&str>, pixels: Option<&str>) -> Option<Axis> {
         let pair = |s: Option<&str>| -> Option<(f64, f64)> {
             let mut it = s?.split(' ').map(|x| x.parse::<f64>().ok());
             let pair = (it.next()??, it.next()??);
@@ -162,7 +162,7 @@ fn shaped_conditions(p: &Protocol) -> Vec<(usize, String)> {
     }
 }
 
-fn translate(node: Node) -> Option<(f64, f64)> {
+pub(crate) fn translate(node: Node) -> Option<(f64, f64)> {
     let inner = node
         .attribute("transform")?
         .strip_prefix("translate(")?
@@ -171,7 +171,7 @@ fn translate(node: Node) -> Option<(f64, f64)> {
     Some((x.parse().ok()?, y.parse().ok()?))
 }
 
-fn element_children<'a, 'i>(node: Node<'a, 'i>) -> impl Iterator<Item = Node<'a, 'i>> {
+pub(crate) fn element_children<'a, 'i>(node: Node<'a, 'i>) -> impl Iterator<Item = Node<'a, 'i>> {
     node.children().filter(|c| c.is_element())
 }
 

@@ -31,6 +31,23 @@
 //! codec and the models crate as dev-dependencies, to make runs to tamper with and to find the
 //! model files.)
 //!
+//! # Model-quality evidence
+//!
+//! A directory whose manifest has format `model-quality-evidence/1` (a SmolLM2 run scoring
+//! next-token quality with a packed KV cache, `runner quality`) is checked by [`quality`]
+//! instead: [`audit_dir`] chooses the checker by the manifest's `format`, and [`audit_pins`]
+//! audits every pinned directory whatever its format.
+//!
+//! **What a PASS means for this format.** The per-position log-probs, KL values and argmaxes
+//! (and generated ids) rest on the model's hash, the recorded token ids and the runner's
+//! byte-reproducibility test: the audit does not run the model (no second forward pass). It
+//! re-derives every aggregate of results.json, every bytes-per-token figure (its own
+//! implementation of the cache-size rule, [`quality::bytes`]), every value of summary.json,
+//! every cell of summary.md's tables and every chart marker from them, checks every file's hash,
+//! the sources and the model record, and holds the arrays to their ranges. Generated text is not
+//! re-decoded (no tokenizer): only `first_departure` is checked against the generated ids, and
+//! the report says so in a note.
+//!
 //! - [`audit_dir`]: one evidence directory (`audit DIR`);
 //! - [`audit_pins`]: everything a root manifest pins (`audit`);
 //! - [`audit_dir_with`], [`audit_pins_with`]: the same with [`Options`] (`audit --models DIR`).
@@ -49,6 +66,7 @@ pub mod npz;
 pub mod plan;
 pub mod problem;
 pub mod protocol;
+pub mod quality;
 pub mod report;
 pub mod results;
 pub mod rules;
@@ -85,7 +103,7 @@ pub fn default_tree() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn parse_json<T: DeserializeOwned>(file: &str, bytes: &[u8]) -> Result<T, Problem> {
+pub(crate) fn parse_json<T: DeserializeOwned>(file: &str, bytes: &[u8]) -> Result<T, Problem> {
     serde_json::from_slice(bytes).map_err(|e| Problem::Json {
         file: file.to_string(),
         message: e.to_string(),
@@ -130,6 +148,10 @@ pub fn audit_dir_with(dir: &Path, tree: &Path, options: &Options) -> Report {
     let format = serde_json::from_slice::<serde_json::Value>(&manifest_bytes)
         .ok()
         .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(String::from));
+    if format.as_deref() == Some(quality::QUALITY_FORMAT) {
+        quality::audit(&dir, &tree, options, &manifest_bytes, &mut report);
+        return report;
+    }
     if let Some(found) = format.filter(|f| f != MANIFEST_FORMAT) {
         report.fail(Problem::Format {
             file: MANIFEST.into(),
@@ -348,7 +370,7 @@ fn read_outputs(
 }
 
 /// Opens arrays.npz confined and makes its one pass: its hash and its reading.
-fn open_archive(dir: &Path, name: &str) -> Result<npz::Scanned, FileError> {
+pub(crate) fn open_archive(dir: &Path, name: &str) -> Result<npz::Scanned, FileError> {
     let (file, len) = files::open_confined(dir, name, npz::zip::MAX_ARCHIVE_BYTES)?;
     npz::Archive::open(file, len).map_err(|e| match e {
         npz::ScanError::Io(error) => FileError::Io {

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-/// Independently re-checks packed-KV evidence: hashes, every code, attention, payloads.
+/// Independently re-checks packed-KV and model-quality evidence: hashes, every code, attention,
+/// payloads, aggregates, tables and charts.
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {

@@ -278,6 +278,18 @@ pub fn check_model(
         }
     }
 
+    check_weight_file(model, &record.weight_sha256, models, report);
+}
+
+/// With `models` (`audit --models DIR`), hashes `DIR/<name>/<weight file>` and requires the
+/// recorded SHA-256; without it, notes that the file was not checked.
+pub fn check_weight_file(
+    model: crate::protocol::ModelName,
+    recorded: &str,
+    models: Option<&Path>,
+    report: &mut Report,
+) {
+    let pin = model.pin();
     let path = format!("{}/{}", model.name(), pin.weight_file);
     let Some(dir) = models else {
         report.note(Note::ModelFileNotChecked(path));
@@ -285,12 +297,12 @@ pub fn check_model(
     };
     let shown = dir.join(&path).display().to_string();
     match files::sha256_confined(dir, &path, MAX_MODEL_BYTES) {
-        Ok(actual) if actual == record.weight_sha256 => {
+        Ok(actual) if actual == recorded => {
             report.note(Note::ModelFileChecked(shown));
         }
         Ok(actual) => report.fail(Problem::ModelFile {
             path: shown,
-            reason: format!("SHA-256 {actual}, recorded {}", record.weight_sha256),
+            reason: format!("SHA-256 {actual}, recorded {recorded}"),
         }),
         Err(e) => report.fail(Problem::ModelFile {
             path: shown,

@@ -50,7 +50,7 @@ pub struct Table {
 
 /// A block of the document, as far as the checks care.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Block {
+pub(crate) enum Block {
     Heading(u8, String),
     Paragraph(String),
     Table(Vec<Vec<String>>),
@@ -328,7 +328,7 @@ pub fn expected_tables(
 }
 
 /// Reads summary.md into blocks, or names the first element it does not allow.
-fn blocks(text: &str) -> Result<Vec<Block>, MarkdownProblem> {
+pub(crate) fn blocks(text: &str) -> Result<Vec<Block>, MarkdownProblem> {
     let options = Options::ENABLE_TABLES
         | Options::ENABLE_FOOTNOTES
         | Options::ENABLE_STRIKETHROUGH

@@ -289,6 +289,22 @@ pub enum Problem {
     /// timings.json is incomplete or malformed, or the medians do not follow from it.
     #[error("{0}")]
     Timings(TimingProblem),
+    /// A value of model-quality evidence outside its range or contradicting another record
+    /// (a log-prob above 0, a KL below 0, an id that is not the manifest's, ...).
+    #[error("{array}[{index}] is {found}; expected {expected}")]
+    Value {
+        /// The array (or record).
+        array: String,
+        /// Position in it.
+        index: usize,
+        /// What it holds.
+        found: String,
+        /// What it must hold.
+        expected: String,
+    },
+    /// The model-quality chart does not draw exactly what the audit recomputes.
+    #[error("quality-vs-bytes.svg: {0}")]
+    QualityChart(ChartProblem),
 }
 
 fn more_text(more: usize) -> String {

@@ -43,6 +43,10 @@ pub enum Checked {
     ChartMarkers,
     /// Raw timings checked for form.
     Timings,
+    /// Scored positions of model-quality rows (log-prob, KL and argmax read and checked).
+    Positions,
+    /// Bytes-per-token figures re-derived from the cache-size rule.
+    BytesPerToken,
 }
 
 impl Checked {
@@ -67,6 +71,12 @@ impl Checked {
             Checked::MarkdownCells => "summary.md table cells",
             Checked::ChartMarkers => "chart markers (value and position)",
             Checked::Timings => "raw timings (form only)",
+            Checked::Positions => {
+                "scored positions (log-prob, KL and argmax; the model not re-run)"
+            }
+            Checked::BytesPerToken => {
+                "bytes-per-token figures (re-derived from the cache-size rule)"
+            }
         }
     }
 }
@@ -87,6 +97,11 @@ pub enum Note {
     ModelFileNotChecked(String),
     /// The model file's hash was checked against the recorded one.
     ModelFileChecked(String),
+    /// A model-quality run's log-probs, KL values, argmaxes and generated ids were read, not
+    /// recomputed: the audit does not run the model.
+    QualityModelNotRerun,
+    /// Generated text is not re-decoded (the audit has no tokenizer).
+    GeneratedTextNotDecoded,
 }
 
 impl fmt::Display for Note {
@@ -108,6 +123,17 @@ impl fmt::Display for Note {
             Note::ModelFileNotChecked(file) => write!(
                 f,
                 "the model file {file} was not checked (no --models directory given)"
+            ),
+            Note::QualityModelNotRerun => f.write_str(
+                "the model was not re-run: the per-position log-probs, KL values, argmaxes and \
+                 generated ids were taken from arrays.npz and rest on the recorded model hash, \
+                 the recorded token ids and the runner's byte-reproducibility test; every \
+                 aggregate, table cell, chart marker and bytes-per-token figure was re-derived \
+                 from them",
+            ),
+            Note::GeneratedTextNotDecoded => f.write_str(
+                "generated text was not re-decoded (the audit has no tokenizer): only \
+                 first_departure was checked against the generated ids",
             ),
             Note::ModelFileChecked(path) => {
                 write!(f, "the model file {path} has the recorded SHA-256")

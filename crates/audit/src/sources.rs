@@ -49,24 +49,42 @@ pub const SOURCE_ROOTS: &[&str] = &[
 
 /// Checks the manifest's sources against the tree and its recorded commit.
 pub fn check(tree: &Path, manifest: &Manifest, report: &mut Report) {
+    check_recorded(
+        tree,
+        &manifest.source_roots,
+        &manifest.sources,
+        manifest.git.as_ref(),
+        report,
+    );
+}
+
+/// [`check`] on the fields themselves, for any manifest format that records sources the same
+/// way (the packed-KV and the model-quality manifests).
+pub fn check_recorded(
+    tree: &Path,
+    source_roots: &[String],
+    sources: &BTreeMap<String, String>,
+    git: Option<&Git>,
+    report: &mut Report,
+) {
     let fail = |report: &mut Report, p: SourceProblem| report.fail(Problem::Source(p));
-    if manifest.sources.is_empty() {
+    if sources.is_empty() {
         fail(report, SourceProblem::NoSources);
     }
     let expected: BTreeSet<&str> = SOURCE_ROOTS.iter().copied().collect();
-    let found: BTreeSet<&str> = manifest.source_roots.iter().map(String::as_str).collect();
-    if found != expected || found.len() != manifest.source_roots.len() {
+    let found: BTreeSet<&str> = source_roots.iter().map(String::as_str).collect();
+    if found != expected || found.len() != source_roots.len() {
         fail(
             report,
             SourceProblem::Roots {
-                found: manifest.source_roots.clone(),
+                found: source_roots.to_vec(),
             },
         );
         // Walking roots the manifest chose could read anywhere; stop here.
         return;
     }
     let mut listed = BTreeMap::new();
-    for (path, hash) in &manifest.sources {
+    for (path, hash) in sources {
         if under_roots(path) {
             listed.insert(path.as_str(), hash.as_str());
         } else {
@@ -125,7 +143,7 @@ pub fn check(tree: &Path, manifest: &Manifest, report: &mut Report) {
         fail(report, SourceProblem::Unlisted { path: path.clone() });
     }
     report.note(Note::Tree(tree.display().to_string()));
-    match &manifest.git {
+    match git {
         Some(git) => check_commit(tree, git, &listed, report),
         None => report.note(Note::CommitNotChecked(
             "the manifest records none (the run was not made in a git work tree)".into(),

@@ -188,6 +188,15 @@ impl Element for f64 {
     }
 }
 
+impl Element for i64 {
+    const DTYPE: Dtype = Dtype::I64;
+    fn from_le(bytes: &[u8]) -> Self {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(bytes);
+        i64::from_le_bytes(b)
+    }
+}
+
 /// One array's description and where its member lies in the archive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArrayInfo {

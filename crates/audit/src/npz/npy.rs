@@ -34,6 +34,8 @@ pub enum Dtype {
     F32,
     /// `'<f8'`: little-endian float64 (references and outputs).
     F64,
+    /// `'<i8'`: little-endian int64 (token ids and argmaxes of model-quality evidence).
+    I64,
 }
 
 impl Dtype {
@@ -44,6 +46,7 @@ impl Dtype {
             Dtype::I32 => "<i4",
             Dtype::F32 => "<f4",
             Dtype::F64 => "<f8",
+            Dtype::I64 => "<i8",
         }
     }
 
@@ -52,12 +55,12 @@ impl Dtype {
         match self {
             Dtype::U8 => 1,
             Dtype::I32 | Dtype::F32 => 4,
-            Dtype::F64 => 8,
+            Dtype::F64 | Dtype::I64 => 8,
         }
     }
 
     fn from_descr(descr: &str) -> Option<Dtype> {
-        [Dtype::U8, Dtype::I32, Dtype::F32, Dtype::F64]
+        [Dtype::U8, Dtype::I32, Dtype::F32, Dtype::F64, Dtype::I64]
             .into_iter()
             .find(|d| d.descr() == descr)
     }

@@ -183,8 +183,8 @@ pub enum ZipError {
     },
     /// A member name that is not `<stem>.npy` with a plain stem.
     #[error(
-        "member name {name:?} is not `<stem>.npy` with a stem of ASCII letters, digits and \
-         underscores"
+        "member name {name:?} is not `<stem>.npy` with a stem of ASCII letters, digits, \
+         underscores and hyphens"
     )]
     Name {
         /// The name as stored (lossily decoded).
@@ -684,10 +684,15 @@ fn mismatch(local: &Header, central: &Header) -> Option<&'static str> {
     }
 }
 
-/// The stem of `<stem>.npy` when the stem is non-empty ASCII letters, digits and underscores.
+/// The stem of `<stem>.npy` when the stem is non-empty ASCII letters, digits, underscores and
+/// hyphens (model-quality row ids write a policy's ':' as '-'): nothing a path or NumPy could
+/// read otherwise.
 fn plain_stem(name: &[u8]) -> Option<&str> {
     let stem = name.strip_suffix(b".npy")?;
-    let plain = !stem.is_empty() && stem.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'_');
+    let plain = !stem.is_empty()
+        && stem
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     // ASCII, so the conversion cannot fail.
     plain.then(|| std::str::from_utf8(stem).ok()).flatten()
 }

