@@ -20,7 +20,7 @@
 //!   [`quality`](mod@quality): `runner quality`, what a packed cache does to SmolLM2 on one text
 //!   (the measurements are the `quality` crate's); [`quality_study`]: `runner quality --protocol`,
 //!   an archived model-quality study, with its summary.md ([`quality_report`]) and chart
-//!   ([`quality_plot`]).
+//!   ([`quality_plot`]), written as an evidence directory by [`quality_evidence`].
 
 pub mod archive;
 pub mod attention;
@@ -37,6 +37,7 @@ pub mod plan;
 pub mod plot;
 pub mod protocol;
 pub mod quality;
+pub mod quality_evidence;
 pub mod quality_plot;
 pub mod quality_report;
 pub mod quality_study;

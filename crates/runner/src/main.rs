@@ -265,6 +265,7 @@ fn quality_study(
     out: Option<PathBuf>,
     threads: Option<u16>,
 ) -> Result<()> {
+    use runner::quality_evidence;
     use runner::quality_study::{self, QualityProtocol};
     let out = out.context("--out is required with --protocol")?;
     evidence::check_new(&out)?;
@@ -292,7 +293,7 @@ fn quality_study(
     let bar = progress_bar(quality_study::steps(&protocol) as u64, "passes");
     let start = std::time::Instant::now();
     let progress = |done: usize| bar.set_position(done as u64);
-    let (_, study) = quality_study::run(
+    let (_, study) = quality_evidence::run(
         &protocol,
         protocol_path.display().to_string(),
         &out,

@@ -57,7 +57,7 @@ fn a_tiny_study_is_written_recomputable_and_independent_of_threads() {
     for threads in [1, 2] {
         let study = quality_study::run_study(&protocol, &model, &bpe, threads, &|_| {}).unwrap();
         let out = tmp.path().join(format!("threads-{threads}"));
-        quality_study::write(&out, &protocol, "tiny".into(), &study, threads).unwrap();
+        runner::quality_evidence::write(&out, &protocol, "tiny".into(), &study, threads).unwrap();
         dirs.push(out);
     }
     let dir = &dirs[0];

@@ -629,7 +629,7 @@ fn a_runner_study_passes_and_tampering_with_it_fails() {
     let protocol = runner::quality_study::QualityProtocol::from_json(RUNNER_TINY).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("quality");
-    runner::quality_study::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
+    runner::quality_evidence::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
     let report = audit::audit_dir(&dir, &workspace());
     assert_pass(&report);
     assert_eq!(report.counted(audit::report::Checked::ResultRows), 3);
