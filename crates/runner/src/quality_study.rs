@@ -29,7 +29,7 @@
 //!   exactly as the fields' docs say;
 //! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]);
 //! - `quality-vs-bytes.svg`: mean KL against cache bytes per token ([`crate::quality_plot`]);
-//! - `manifest.json`: [`QualityManifest`].
+//! - `manifest.json`: [`crate::quality_evidence::QualityManifest`].
 //!
 //! The float32 pass of each text is computed once and shared by its runs; the runs of a text are
 //! computed on a rayon pool, each from its own inputs only, so the files (but the manifest's
