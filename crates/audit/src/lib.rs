@@ -308,8 +308,20 @@ fn read_outputs(
     manifest: &Manifest,
     report: &mut Report,
 ) -> (Texts, Option<Result<npz::Archive, npz::NpzError>>) {
-    let expected = run_files(manifest);
-    let listed: BTreeSet<&str> = manifest.outputs.keys().map(String::as_str).collect();
+    read_files(dir, &run_files(manifest), &manifest.outputs, report)
+}
+
+/// The shared part of every format's file check: the directory holds exactly `expected` (and
+/// manifest.json), the manifest's `outputs` list exactly those, and each hashes as recorded;
+/// returns the text files' bytes and arrays.npz opened (or the rule it breaks).
+fn read_files(
+    dir: &Path,
+    expected: &[&'static str],
+    outputs: &BTreeMap<String, String>,
+    report: &mut Report,
+) -> (Texts, Option<Result<npz::Archive, npz::NpzError>>) {
+    let expected = expected.to_vec();
+    let listed: BTreeSet<&str> = outputs.keys().map(String::as_str).collect();
     for name in &listed {
         if !expected.contains(name) {
             report.fail(Problem::UnexpectedListing {
@@ -352,7 +364,7 @@ fn read_outputs(
         };
         match read {
             Ok(actual) => {
-                if let Some(recorded) = manifest.outputs.get(name) {
+                if let Some(recorded) = outputs.get(name) {
                     if &actual != recorded {
                         report.fail(Problem::Hash {
                             file: name.to_string(),

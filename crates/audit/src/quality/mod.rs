@@ -38,14 +38,14 @@ use serde::Deserialize;
 
 use crate::chart::{ALLOWED, Axis, element_children, translate};
 use crate::comparisons::close;
-use crate::files::{self, EntryKind, MAX_TEXT_BYTES};
+use crate::files::{self, MAX_TEXT_BYTES};
 use crate::manifest::{Git, Platform, Tool, check_weight_file};
 use crate::markdown::{Block, blocks, figures};
 use crate::npz::{self, Archive, Element};
 use crate::problem::{ChartProblem, MarkdownProblem, ResultsProblem};
 use crate::protocol::ModelName;
 use crate::report::{Checked, Note, Problem, Report};
-use crate::{MANIFEST, Options, hashes, parse_json};
+use crate::{MANIFEST, Options, parse_json};
 use bytes::FLOAT32_BYTES_PER_TOKEN;
 use protocol::{QualityProtocol, Run, Window};
 
@@ -378,71 +378,14 @@ pub fn audit(
 
 type Texts = BTreeMap<&'static str, Vec<u8>>;
 
-/// Exactly the run's files, listed and hashed as recorded; the text files read, arrays.npz
-/// opened.
+/// Exactly the run's files, listed and hashed as recorded (the check every format shares); the
+/// text files read, arrays.npz opened.
 fn read_outputs(
     dir: &Path,
     manifest: &QualityManifest,
     report: &mut Report,
 ) -> (Texts, Option<Result<Archive, npz::NpzError>>) {
-    let listed: BTreeSet<&str> = manifest.outputs.keys().map(String::as_str).collect();
-    for name in &listed {
-        if !QUALITY_FILES.contains(name) {
-            report.fail(Problem::UnexpectedListing {
-                name: name.to_string(),
-            });
-        }
-    }
-    for name in QUALITY_FILES {
-        if !listed.contains(name) {
-            report.fail(Problem::MissingListing {
-                name: name.to_string(),
-            });
-        }
-    }
-    match files::list_dir(dir) {
-        Ok(entries) => {
-            for (name, kind) in entries {
-                let known = name == MANIFEST || QUALITY_FILES.contains(&name.as_str());
-                if !known || kind != EntryKind::File {
-                    report.fail(Problem::UnexpectedFile { name });
-                }
-            }
-        }
-        Err(e) => report.fail(Problem::File(e)),
-    }
-    let mut texts = BTreeMap::new();
-    let mut archive = None;
-    for name in QUALITY_FILES {
-        let read = if name == "arrays.npz" {
-            crate::open_archive(dir, name).map(|scanned| {
-                archive = Some(scanned.archive);
-                scanned.sha256
-            })
-        } else {
-            files::read_confined(dir, name, MAX_TEXT_BYTES).map(|bytes| {
-                let hash = hashes::sha256_hex(&bytes);
-                texts.insert(name, bytes);
-                hash
-            })
-        };
-        match read {
-            Ok(actual) => {
-                if let Some(recorded) = manifest.outputs.get(name) {
-                    if &actual != recorded {
-                        report.fail(Problem::Hash {
-                            file: name.to_string(),
-                            recorded: hashes::short(recorded),
-                            actual: hashes::short(&actual),
-                        });
-                    }
-                    report.count(Checked::OutputHashes, 1);
-                }
-            }
-            Err(e) => report.fail(Problem::File(e)),
-        }
-    }
-    (texts, archive)
+    crate::read_files(dir, &QUALITY_FILES, &manifest.outputs, report)
 }
 
 /// The tool, the thread count, and a protocol read from the tree.
