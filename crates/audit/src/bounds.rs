@@ -109,8 +109,8 @@ impl Protocol {
             }
             None => {}
             Some(focus) => {
-                if !focus.gain.is_finite() {
-                    return Err(refuse("focus.gain", "not finite"));
+                if !(focus.gain.is_finite() && focus.gain >= 0.0) {
+                    return Err(refuse("focus.gain", "not a finite number >= 0"));
                 }
                 if uses_focus && !(1..=shortest).contains(&focus.window) {
                     return Err(refuse(
@@ -456,6 +456,12 @@ mod tests {
         assert_eq!(refused(&p).as_deref(), Some("focus"));
         p["focus"] = json!({ "window": 4, "gain": 2.0 });
         assert_eq!(refused(&p), None);
+        // A gain shifts keys towards the mean query: zero is allowed, a negative one is not.
+        p["focus"]["gain"] = json!(0.0);
+        assert_eq!(refused(&p), None);
+        p["focus"]["gain"] = json!(-2.0);
+        assert_eq!(refused(&p).as_deref(), Some("focus.gain"));
+        p["focus"]["gain"] = json!(2.0);
         p.as_object_mut().unwrap().remove("generator");
         assert_eq!(refused(&p).as_deref(), Some("generator"));
     }

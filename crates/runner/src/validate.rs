@@ -165,9 +165,10 @@ pub enum ProtocolError {
         #[source]
         source: kvcodec::KvError,
     },
-    /// A focus gain that is NaN or infinite.
-    #[error("protocol field `focus.gain`: {gain} is not finite")]
-    GainNotFinite {
+    /// A focus gain that is negative, NaN or infinite. A negative gain would shift keys away
+    /// from the mean query, which is not what a focus distribution means.
+    #[error("protocol field `focus.gain`: {gain} is not a finite number >= 0")]
+    GainInvalid {
         /// The gain.
         gain: f32,
     },
@@ -286,7 +287,7 @@ impl ProtocolError {
             ProtocolError::StudyNameLength { .. } | ProtocolError::StudyNameCharacter { .. } => {
                 "study"
             }
-            ProtocolError::GainNotFinite { .. } => "focus.gain",
+            ProtocolError::GainInvalid { .. } => "focus.gain",
             ProtocolError::TooManyCalls { .. } => "timing",
             ProtocolError::EntropyOverflow { .. } => "generator.entropy",
             ProtocolError::TooManyMembers { .. } | ProtocolError::ArchiveTooLarge { .. } => "",
@@ -602,8 +603,8 @@ impl Protocol {
             }
             None => return Ok(()),
         };
-        if !focus.gain.is_finite() {
-            return Err(ProtocolError::GainNotFinite { gain: focus.gain });
+        if !(focus.gain.is_finite() && focus.gain >= 0.0) {
+            return Err(ProtocolError::GainInvalid { gain: focus.gain });
         }
         if uses_focus {
             positive("focus.window", focus.window)?;
@@ -953,6 +954,27 @@ mod tests {
 
     fn field(err: &ProtocolError) -> &str {
         err.field()
+    }
+
+    #[test]
+    fn a_focus_gain_must_be_finite_and_not_negative() {
+        for gain in [0.0, 0.5, 2.0, 1e6] {
+            assert!(
+                small(|v| v["focus"]["gain"] = gain.into()).is_ok(),
+                "{gain}"
+            );
+        }
+        for gain in [-2.0, -1e-30] {
+            let err = small(|v| v["focus"]["gain"] = gain.into()).unwrap_err();
+            assert!(
+                matches!(err, ProtocolError::GainInvalid { .. }),
+                "{gain}: {err:?}"
+            );
+            assert_eq!(err.field(), "focus.gain");
+        }
+        // Beyond f32 (JSON has no NaN or infinity) the parser refuses it, naming the field too.
+        let err = small(|v| v["focus"]["gain"] = 1e39.into()).unwrap_err();
+        assert_eq!(err.field(), "focus.gain", "{err:?}");
     }
 
     #[test]
