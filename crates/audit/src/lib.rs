@@ -556,6 +556,28 @@ fn check_contents(
     }
 }
 
+/// The root manifest `audit` uses when given no directory: `manifest.json` in `start` or the
+/// nearest directory above it whose `format` is the root manifest's (a run's own manifest.json,
+/// met inside an evidence directory, is passed over). The path is `start`-relative (`../..`), so
+/// reports name it as a user in `start` would.
+pub fn find_root_manifest(start: &Path) -> Option<PathBuf> {
+    let mut relative = PathBuf::new();
+    for dir in start.ancestors() {
+        let candidate = dir.join(MANIFEST);
+        let is_root = files::read_regular(&candidate, MAX_TEXT_BYTES)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .is_some_and(|v| {
+                v.get("format").and_then(|f| f.as_str()) == Some(ROOT_MANIFEST_FORMAT)
+            });
+        if is_root {
+            return Some(relative.join(MANIFEST));
+        }
+        relative.push("..");
+    }
+    None
+}
+
 /// Audits what a root manifest pins: each pinned file's hash, then each directory in full.
 pub fn audit_pins(root_manifest: &Path, tree: &Path) -> Vec<Report> {
     audit_pins_with(root_manifest, tree, &Options::default())

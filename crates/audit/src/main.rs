@@ -14,9 +14,10 @@ use clap::Parser;
 struct Cli {
     /// Evidence directory to audit. Without it, audits what the root manifest pins.
     dir: Option<PathBuf>,
-    /// Root manifest used when no directory is given.
-    #[arg(long, default_value = "manifest.json")]
-    manifest: PathBuf,
+    /// Root manifest used when no directory is given [default: manifest.json in the current
+    /// directory or the nearest one above it that holds a root manifest].
+    #[arg(long, value_name = "FILE")]
+    manifest: Option<PathBuf>,
     /// Source tree to compare source hashes with [default: the workspace this audit was built
     /// from].
     #[arg(long, value_name = "DIR")]
@@ -34,7 +35,25 @@ fn main() {
     let options = audit::Options { models: cli.models };
     let reports = match &cli.dir {
         Some(dir) => vec![audit::audit_dir_with(dir, &tree, &options)],
-        None => audit::audit_pins_with(&cli.manifest, &tree, &options),
+        None => {
+            let manifest = match cli.manifest {
+                Some(manifest) => manifest,
+                None => match root_manifest() {
+                    Some(manifest) => manifest,
+                    None => {
+                        eprintln!(
+                            "audit: error: no root manifest (a manifest.json whose format is \
+                             `{}`) here or in any directory above; run `audit` inside the \
+                             repository, give an evidence directory (`audit DIR`), or name the \
+                             root manifest (`audit --manifest FILE`)",
+                            audit::manifest::ROOT_MANIFEST_FORMAT
+                        );
+                        std::process::exit(2);
+                    }
+                },
+            };
+            audit::audit_pins_with(&manifest, &tree, &options)
+        }
     };
     let passed = reports.iter().all(|r| r.passed());
     let mut text: String = reports.iter().map(|r| r.render()).collect();
@@ -42,4 +61,10 @@ fn main() {
     // A closed pipe (`audit | head`) is not a reason to panic; the exit status still tells.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     std::process::exit(if passed { 0 } else { 1 });
+}
+
+/// The root manifest found from the current directory upwards.
+fn root_manifest() -> Option<PathBuf> {
+    let here = std::env::current_dir().ok()?;
+    audit::find_root_manifest(&here)
 }

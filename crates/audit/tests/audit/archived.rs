@@ -44,3 +44,45 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
     }
 }
+
+#[test]
+fn plain_audit_finds_the_root_manifest_above_the_current_directory_or_says_how() {
+    let tmp = tempfile::tempdir().unwrap();
+    let nested = tmp.path().join("evidence/some-run");
+    std::fs::create_dir_all(&nested).unwrap();
+    // A run's own manifest.json is passed over; the root one above it is used.
+    std::fs::write(
+        nested.join("manifest.json"),
+        r#"{"format": "packed-kv-evidence/1"}"#,
+    )
+    .unwrap();
+    let audit_in = |dir: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_audit"))
+            .current_dir(dir)
+            .output()
+            .expect("audit starts")
+    };
+
+    let out = audit_in(&nested);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("no root manifest"), "{stderr}");
+    assert!(stderr.contains("`audit DIR`"), "{stderr}");
+    assert!(out.stdout.is_empty());
+
+    std::fs::write(
+        tmp.path().join("manifest.json"),
+        r#"{"format": "evidence-pins/1", "about": "", "evidence": {}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        audit::find_root_manifest(&nested),
+        Some(std::path::PathBuf::from("../../manifest.json"))
+    );
+    let out = audit_in(&nested);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // It audited the root manifest two levels up (which pins nothing, so FAIL).
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.starts_with("FAIL ../../manifest.json"), "{stdout}");
+    assert!(stdout.contains("pins no evidence"), "{stdout}");
+}
