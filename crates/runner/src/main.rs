@@ -134,7 +134,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Rewrite the root manifest so it pins the given evidence directories.
+    /// Pin evidence directories in the root manifest (add or update their file hashes, keep the
+    /// other pins), after each passes the audit.
     Pin {
         /// Evidence directories, relative to the root manifest's directory.
         #[arg(required = true)]
@@ -142,6 +143,9 @@ enum Command {
         /// Root manifest to write.
         #[arg(long, default_value = "manifest.json")]
         manifest: PathBuf,
+        /// Make the given directories the whole pinned set, dropping every other pin.
+        #[arg(long)]
+        replace_all: bool,
     },
 }
 
@@ -178,16 +182,11 @@ fn one_malloc_arena() {}
 fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Pin { dirs, manifest }) => {
-            let root = runner::pin::pin(&manifest, &dirs)?;
-            let mut text = String::new();
-            for (dir, pinned) in &root.evidence {
-                text.push_str(&format!("pinned {dir}: {} files\n", pinned.files.len()));
-            }
-            text.push_str(&format!("wrote {}\n", manifest.display()));
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            Ok(())
-        }
+        Some(Command::Pin {
+            dirs,
+            manifest,
+            replace_all,
+        }) => pin(&manifest, &dirs, replace_all),
         Some(Command::Merge { out, shards }) => {
             let merged = runner::merge::merge(&out, &shards)?;
             let text = format!(
@@ -257,6 +256,54 @@ fn real_main() -> Result<()> {
         }
         None => run(cli.run),
     }
+}
+
+/// `runner pin`: each directory must pass the audit (against the workspace the binaries were
+/// built from) before its files are hashed.
+fn pin(manifest: &std::path::Path, dirs: &[PathBuf], replace_all: bool) -> Result<()> {
+    use runner::pin::{PinChange, PinScope};
+    let scope = if replace_all {
+        PinScope::ReplaceAll
+    } else {
+        PinScope::Update
+    };
+    let tree = audit::default_tree();
+    let check = |dir: &std::path::Path| {
+        eprintln!("runner: auditing {}", dir.display());
+        let report = audit::audit_dir(dir, &tree);
+        if report.passed() {
+            return Ok(());
+        }
+        // The failures, not the pages of checks that passed.
+        let rendered = report.render();
+        let failures: Vec<&str> = rendered
+            .lines()
+            .filter(|line| line.trim_start().starts_with("FAIL"))
+            .take(20)
+            .collect();
+        Err(failures.join("\n"))
+    };
+    let pinned = runner::pin::pin(manifest, dirs, scope, &check)?;
+    let mut text = String::new();
+    for (dir, change) in &pinned.changes {
+        let files = pinned
+            .manifest
+            .evidence
+            .get(dir)
+            .map_or(0, |p| p.files.len());
+        let line = match change {
+            PinChange::Added => format!("pinned {dir}: {files} files (new)"),
+            PinChange::Updated => format!("pinned {dir}: {files} files (updated)"),
+            PinChange::Unchanged => format!("pinned {dir}: {files} files (unchanged)"),
+            PinChange::Kept => format!("kept {dir}: pinned before, not given"),
+            PinChange::Dropped => format!("dropped {dir} (--replace-all)"),
+        };
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text.push_str(&format!("wrote {}\n", manifest.display()));
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(())
 }
 
 /// `runner quality --protocol FILE --out DIR`.

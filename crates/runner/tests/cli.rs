@@ -349,3 +349,78 @@ fn a_run_whose_every_error_is_zero_still_draws_its_chart() {
     assert!(svg.contains("every error is 0"));
     assert!(!svg.contains("class=\"marker\""));
 }
+
+#[test]
+fn pin_adds_a_run_that_passes_the_audit_keeps_other_pins_and_refuses_a_tampered_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = r#"{
+        "study": "pinned",
+        "seeds": [1],
+        "tokens": [16],
+        "features": 8,
+        "queries": 2,
+        "distributions": ["clean"],
+        "settings": [ { "group_size": 8, "bits": 4 } ],
+        "generator": { "name": "numpy",
+                       "entropy": { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } }
+    }"#;
+    let (_, out) = run_protocol(tmp.path(), text, "run");
+    // A root manifest that already pins something else, which a pin must not drop.
+    let root = tmp.path().join("manifest.json");
+    let old = serde_json::json!({
+        "format": "evidence-pins/1",
+        "about": "",
+        "evidence": { "older": { "files": { "manifest.json": "00" } } }
+    });
+    std::fs::write(&root, old.to_string()).unwrap();
+    let pin = |dir: &Path| {
+        runner(&[
+            "pin",
+            "--manifest",
+            root.to_str().unwrap(),
+            dir.to_str().unwrap(),
+        ])
+    };
+
+    // Paths are relative to the root manifest's directory.
+    let result = Command::new(env!("CARGO_BIN_EXE_runner"))
+        .current_dir(tmp.path())
+        .args(["pin", "run"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(result.stdout).unwrap();
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(stdout.contains("pinned run: 6 files (new)"), "{stdout}");
+    assert!(stdout.contains("kept older"), "{stdout}");
+    let pinned = json(&root);
+    assert_eq!(pinned["evidence"]["older"], old["evidence"]["older"]);
+    assert_eq!(
+        pinned["evidence"]["run"]["files"]
+            .as_object()
+            .unwrap()
+            .len(),
+        6
+    );
+
+    // A run whose results were edited does not pass the audit: refused, manifest untouched.
+    let before = std::fs::read(&root).unwrap();
+    let results = out.join("results.json");
+    let edited =
+        std::fs::read_to_string(&results)
+            .unwrap()
+            .replacen("\"tokens\": 16", "\"tokens\": 17", 1);
+    std::fs::write(&results, edited).unwrap();
+    let result = pin(Path::new("run"));
+    let stderr = String::from_utf8(result.stderr).unwrap();
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("does not pass the audit, so nothing was pinned"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("FAIL"), "{stderr}");
+    assert_eq!(std::fs::read(&root).unwrap(), before);
+}
