@@ -24,6 +24,14 @@ pub enum KvDumpError {
     /// The destination exists.
     #[error("{} exists; `runner kv` never overwrites a file", .0.display())]
     Exists(PathBuf),
+    /// The destination's directory is missing or not a directory.
+    #[error("cannot write {}: {} is not an existing directory", .path.display(), .parent.display())]
+    NoDirectory {
+        /// The destination.
+        path: PathBuf,
+        /// Its parent.
+        parent: PathBuf,
+    },
     /// The text file is not a regular file of at most [`MAX_TEXT_FILE_BYTES`].
     #[error("{} is not a regular file of at most 1 MiB", .0.display())]
     TextFile(PathBuf),
@@ -133,4 +141,38 @@ pub fn write_npz(path: &Path, model: ModelName, capture: &Capture) -> Result<(),
             _ => io(e.error),
         })?;
     Ok(())
+}
+
+/// Refuses, before the model runs, a destination that exists or whose directory does not.
+pub fn check_new_file(out: &Path) -> Result<(), KvDumpError> {
+    if out.symlink_metadata().is_ok() {
+        return Err(KvDumpError::Exists(out.to_path_buf()));
+    }
+    let parent = crate::evidence::parent_dir(out);
+    if !parent.is_dir() {
+        return Err(KvDumpError::NoDirectory {
+            path: out.to_path_buf(),
+            parent,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod destination_tests {
+    use super::*;
+
+    #[test]
+    fn a_destination_under_a_file_or_an_existing_one_is_refused_before_any_work() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let under_file = file.join("kv.npz");
+        assert!(matches!(
+            check_new_file(&under_file),
+            Err(KvDumpError::NoDirectory { parent, .. }) if parent == file
+        ));
+        assert!(matches!(check_new_file(&file), Err(KvDumpError::Exists(_))));
+        assert!(check_new_file(&tmp.path().join("kv.npz")).is_ok());
+    }
 }

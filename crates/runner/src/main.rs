@@ -370,9 +370,7 @@ fn kv(
     text_file: Option<PathBuf>,
     out: &std::path::Path,
 ) -> Result<()> {
-    if out.symlink_metadata().is_ok() {
-        return Err(runner::kv::KvDumpError::Exists(out.to_path_buf()).into());
-    }
+    runner::kv::check_new_file(out)?;
     let text = match (text, text_file) {
         (Some(text), _) => text,
         (None, Some(path)) => runner::kv::read_text_file(&path)?,
