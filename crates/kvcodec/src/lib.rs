@@ -59,6 +59,12 @@ pub mod quantize;
 pub mod reference;
 pub mod symmetric;
 
+/// The repository README's Rust examples ("Use the codec as a library"), run as doc tests so
+/// they keep compiling.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;
+
 pub use bitpack::{Bits, GroupAxis};
 pub use error::{KvError, Result};
 pub use kernel::Kernel;
