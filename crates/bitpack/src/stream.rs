@@ -591,7 +591,7 @@ pub mod imp {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "bmi2,sse2")]
     fn pack_bmi2_stream<const B: u32>(codes: &[u8], out: &mut [u8]) -> u64 {
-        use std::arch::x86_64::{_mm_sfence, _pext_u64};
+        use std::arch::x86_64::_pext_u64;
         if !out.as_ptr().addr().is_multiple_of(8) {
             return pack_bmi2::<B>(codes, out);
         }
@@ -604,14 +604,14 @@ pub mod imp {
         };
         let seen = pack_with::<B>(codes, out, squeeze, store_streaming);
         // Non-temporal stores are weakly ordered: fence them before the output is read.
-        _mm_sfence();
+        sfence();
         seen
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "bmi2,sse2")]
     fn unpack_bmi2_stream<const B: u32>(bytes: &[u8], codes: &mut [u8]) {
-        use std::arch::x86_64::{_mm_sfence, _pdep_u64};
+        use std::arch::x86_64::_pdep_u64;
         if !codes.as_ptr().addr().is_multiple_of(8) {
             return unpack_bmi2::<B>(bytes, codes);
         }
@@ -623,7 +623,17 @@ pub mod imp {
             }
         };
         unpack_with::<B>(bytes, codes, spread, store_streaming);
-        _mm_sfence();
+        sfence();
+    }
+
+    /// `_mm_sfence`: a safe call inside an sse2 function for newer compilers (1.95 here), an
+    /// unsafe one for Rust 1.89, the workspace's rust-version; the block serves both.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "sse2")]
+    #[allow(unused_unsafe)]
+    fn sfence() {
+        // SAFETY: sse2 is enabled here, and every x86_64 CPU has it.
+        unsafe { std::arch::x86_64::_mm_sfence() }
     }
 }
 

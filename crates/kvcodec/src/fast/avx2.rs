@@ -301,8 +301,12 @@ fn prefetch(values: &[f32]) {
     let ahead = values.as_ptr().wrapping_add(PREFETCH).cast::<i8>();
     let mut at = 0;
     while at < std::mem::size_of_val(values) {
-        // A prefetch is a hint that never faults, whatever the address (a safe intrinsic).
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at));
+        // SAFETY: a prefetch is a hint that never faults, whatever the address. (Newer
+        // compilers call it safe here; Rust 1.89, the workspace's rust-version, needs the block.)
+        #[allow(unused_unsafe)]
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(at))
+        };
         at += 64;
     }
 }
@@ -947,8 +951,11 @@ fn fit_quantize_pack_columns<const B: u32>(
             .cast::<i8>();
         let mut at = 0;
         while at < 4 * share {
-            // A prefetch is a hint that never faults, whatever the address (a safe intrinsic).
-            _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(at));
+            // SAFETY: a prefetch never faults, whatever the address (the block is for Rust 1.89).
+            #[allow(unused_unsafe)]
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(at))
+            };
             at += 64;
         }
     };

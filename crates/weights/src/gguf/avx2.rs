@@ -51,9 +51,13 @@ fn load_block(x: &[f32; 32]) -> ([__m256; 4], u32) {
 #[target_feature(enable = "avx2")]
 fn prefetch(values: &[f32]) {
     let ahead = values.as_ptr().wrapping_add(PREFETCH).cast::<i8>();
-    // A prefetch is a hint that never faults, whatever the address (a safe intrinsic).
-    _mm_prefetch::<_MM_HINT_T0>(ahead);
-    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+    // SAFETY: a prefetch is a hint that never faults, whatever the address. (Newer compilers
+    // call it safe here; Rust 1.89, the workspace's rust-version, needs the block.)
+    #[allow(unused_unsafe)]
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(ahead);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
+    }
 }
 
 /// How far ahead the quantizers prefetch, in floats.
@@ -201,7 +205,11 @@ fn streams(out: &[f32]) -> bool {
 pub(super) unsafe fn dequantize_run_q4_0(blocks: &[BlockQ4_0], out: &mut [f32]) {
     if streams(out) {
         dequantize_q4_0::<true>(blocks, out);
-        _mm_sfence();
+        // SAFETY: SSE is part of x86_64 (the block is for Rust 1.89, as above).
+        #[allow(unused_unsafe)]
+        unsafe {
+            _mm_sfence()
+        };
     } else {
         dequantize_q4_0::<false>(blocks, out);
     }
@@ -235,7 +243,11 @@ fn dequantize_q4_0<const STREAM: bool>(blocks: &[BlockQ4_0], out: &mut [f32]) {
 pub(super) unsafe fn dequantize_run_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
     if streams(out) {
         dequantize_q8_0::<true>(blocks, out);
-        _mm_sfence();
+        // SAFETY: SSE is part of x86_64 (the block is for Rust 1.89, as above).
+        #[allow(unused_unsafe)]
+        unsafe {
+            _mm_sfence()
+        };
     } else {
         dequantize_q8_0::<false>(blocks, out);
     }
