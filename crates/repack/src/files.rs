@@ -26,7 +26,15 @@ use crate::npy::parse_npy_matrix;
 /// The whole of the regular file at `path`: at most the length its metadata reports (a file that
 /// grows while it is read is cut there; one that shrinks gives what remains).
 pub fn read_input(path: &Path) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).map_err(Error::io(path))?;
+    let file = std::fs::File::open(path).map_err(|err| {
+        if err.kind() == std::io::ErrorKind::NotFound {
+            Error::Missing {
+                path: path.to_path_buf(),
+            }
+        } else {
+            Error::io(path)(err)
+        }
+    })?;
     let metadata = file.metadata().map_err(Error::io(path))?;
     if !metadata.is_file() {
         return Err(Error::NotARegularFile {
