@@ -176,9 +176,9 @@ pub fn quantize_file(
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let (bytes, cost) = match target.ggml_type() {
-        Some(ty) => {
-            let (data, cost) = gguf_blocks(x.view(), target).map_err(Error::in_file(input))?;
+    let (bytes, cost) = match gguf_blocks(x.view(), target) {
+        Some(blocks) => {
+            let (ty, data, cost) = blocks.map_err(Error::in_file(input))?;
             (gguf_bytes(&stem, ty, x.dim(), data, output)?, cost)
         }
         None => {
@@ -211,26 +211,27 @@ fn check_extension(output: &Path, target: Target) -> Result<()> {
     Ok(())
 }
 
-/// The GGUF blocks of `x` as bytes, and their cost.
-fn gguf_blocks(x: ArrayView2<f32>, target: Target) -> Result<(Vec<u8>, Cost)> {
-    let (rows, cols) = x.dim();
-    if rows == 0 || cols == 0 {
-        return Err(weights::FormatError::EmptyMatrix { rows, cols }.into());
-    }
-    let flat: Vec<f32> = x.iter().copied().collect();
+/// The ggml type, the GGUF blocks of `x` as bytes, and their cost; `None` for NF4, which is not
+/// a GGUF type.
+fn gguf_blocks(x: ArrayView2<f32>, target: Target) -> Option<Result<(TensorType, Vec<u8>, Cost)>> {
     fn blocks<B: GgufBlock>(flat: &[f32], cols: usize) -> Result<(Vec<u8>, Cost)> {
         let blocks = gguf::quantize::<B>(flat, cols)?;
         Ok((gguf::to_bytes(&blocks), gguf::storage::<B>(blocks.len())))
     }
-    match target {
-        Target::Q4_0 => blocks::<BlockQ4_0>(&flat, cols),
-        Target::Q8_0 => blocks::<BlockQ8_0>(&flat, cols),
-        Target::Q4_1 => {
-            let blocks = q4_1::quantize(&flat, cols)?;
-            Ok((q4_1::to_bytes(&blocks), q4_1::storage(blocks.len())))
-        }
-        Target::Nf4 => unreachable!("NF4 is not a GGUF type"),
+    let ty = target.ggml_type()?;
+    let (rows, cols) = x.dim();
+    if rows == 0 || cols == 0 {
+        return Some(Err(weights::FormatError::EmptyMatrix { rows, cols }.into()));
     }
+    let flat: Vec<f32> = x.iter().copied().collect();
+    let encoded = match ty {
+        TensorType::Q4_0 => blocks::<BlockQ4_0>(&flat, cols),
+        TensorType::Q8_0 => blocks::<BlockQ8_0>(&flat, cols),
+        _ => q4_1::quantize(&flat, cols)
+            .map(|blocks| (q4_1::to_bytes(&blocks), q4_1::storage(blocks.len())))
+            .map_err(Error::from),
+    };
+    Some(encoded.map(|(data, cost)| (ty, data, cost)))
 }
 
 /// The `kvpack.tool` value written into every file.
@@ -658,6 +659,109 @@ fn decode_raw(bytes: &[u8], spec: RawSpec, path: &Path) -> Result<(Array2<f32>, 
                 Array2::from_shape_vec((bytes.len() / row_bytes, cols), q4_1::dequantize(&blocks))
                     .expect("whole rows");
             Ok((x, q4_1::storage(blocks.len())))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(raw: bool, from: Option<Target>, cols: Option<usize>) -> DequantizeFlags {
+        DequantizeFlags {
+            raw,
+            from,
+            cols,
+            ..DequantizeFlags::default()
+        }
+    }
+
+    #[test]
+    fn target_names_round_trip_and_unknown_names_say_what_to_use() {
+        for target in Target::ALL {
+            assert_eq!(target.name().parse::<Target>(), Ok(target));
+        }
+        let err = "gptq".parse::<Target>().unwrap_err().to_string();
+        assert!(err.contains("repacked with convert"), "{err}");
+    }
+
+    #[test]
+    fn raw_flags_are_all_or_nothing() {
+        assert_eq!(flags(false, None, None).raw_spec().unwrap(), None);
+        assert!(matches!(
+            flags(false, None, Some(64)).raw_spec(),
+            Err(Error::FlagNotApplicable { flag, .. }) if flag == "--cols 64"
+        ));
+        assert!(matches!(
+            flags(true, Some(Target::Q4_0), None).raw_spec(),
+            Err(Error::RawNeedsFlags {
+                missing: "--cols C"
+            })
+        ));
+        assert_eq!(
+            flags(true, Some(Target::Q4_1), Some(64))
+                .raw_spec()
+                .unwrap(),
+            Some(RawSpec {
+                format: Target::Q4_1,
+                cols: 64,
+                block_size: None
+            })
+        );
+    }
+
+    #[test]
+    fn a_wrong_raw_length_is_explained_in_rows_and_bytes() {
+        let spec = RawSpec {
+            format: Target::Q4_0,
+            cols: 64,
+            block_size: None,
+        };
+        let err = decode_raw(&[0; 512], spec, Path::new("runs/w.bin")).unwrap_err();
+        assert_eq!(
+            crate::error::with_causes(&err),
+            "runs/w.bin: 512 bytes is not a whole number of rows: with --cols 64 a q4_0 row is \
+             2 blocks of 18 bytes = 36 bytes; 512 is 14 rows and 8 bytes; check --from and \
+             --cols against what wrote the file"
+        );
+    }
+
+    #[test]
+    fn containers_are_told_apart_by_their_first_bytes() {
+        assert_eq!(Container::of(b"GGUF\x03\0\0\0"), Container::Gguf);
+        assert_eq!(
+            Container::of(b"\x02\0\0\0\0\0\0\0{}"),
+            Container::SafeTensors
+        );
+        assert_eq!(Container::of(&[0; 36]), Container::Unknown);
+        assert_eq!(Container::of(b""), Container::Unknown);
+    }
+
+    /// A q4_1 GGUF file as quantize writes it, then every prefix of it and every single-byte
+    /// change in its header: each reads or is refused, never a panic.
+    #[test]
+    fn damaged_gguf_files_are_refused_not_panicked_on() {
+        let x = Array2::from_shape_fn((2, 64), |(r, c)| r as f32 - c as f32 / 16.0);
+        let (ty, data, _) = gguf_blocks(x.view(), Target::Q4_1).unwrap().unwrap();
+        let whole = gguf_bytes("x", ty, x.dim(), data, Path::new("x.gguf")).unwrap();
+        let (target, back, _) = read_gguf(&whole, None, Path::new("x.gguf")).unwrap();
+        assert_eq!((target, back.dim()), (Target::Q4_1, (2, 64)));
+        // The data: 2 rows of 2 blocks of 20 bytes, then zero padding to the alignment of 32
+        // (which a reader does not need).
+        let end = whole.len() - (96 - 80);
+        for cut in 0..end {
+            assert!(
+                read_gguf(&whole[..cut], None, Path::new("x.gguf")).is_err(),
+                "{cut}"
+            );
+        }
+        let header = whole.len() - 96;
+        for at in 0..header {
+            for value in [0u8, 1, 0x7f, 0xff] {
+                let mut bytes = whole.clone();
+                bytes[at] = value;
+                let _ = read_gguf(&bytes, None, Path::new("x.gguf"));
+            }
         }
     }
 }
