@@ -61,6 +61,20 @@ pub enum Error {
         source: NpyError,
     },
 
+    /// An output whose directory does not exist.
+    #[error(
+        "{}: directory {} does not exist; create it first (mkdir -p {})",
+        path.display(),
+        dir.display(),
+        dir.display()
+    )]
+    OutputDirMissing {
+        /// The output.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
+
     /// An input that does not exist.
     #[error("{}: no such file", path.display())]
     Missing {
