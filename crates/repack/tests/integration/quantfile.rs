@@ -74,6 +74,11 @@ fn pattern() -> PathBuf {
     data("inputs/gguf_pattern.npy")
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
 fn read_npy(path: &Path) -> Array2<f32> {
     ndarray_npy::read_npy(path).unwrap()
 }
@@ -98,6 +103,15 @@ fn gguf_files_match_what_gguf_py_read() {
              tests/data/gguf/make_gguf_fixture.py with the new binary)"
         );
         let seen = &fixture[name.as_str()];
+        assert_eq!(
+            seen["file_sha256"],
+            sha256_hex(&committed),
+            "{name}: the fixture was recorded from another file"
+        );
+        assert_eq!(
+            seen["gguf_py_writer_identical"], true,
+            "{name}: gguf-py's GGUFWriter writes another file for the same tensor and metadata"
+        );
         // What gguf-py read: one tensor, named, typed and shaped as written (ne order).
         let tensor = &seen["tensors"][0];
         assert_eq!(seen["tensors"].as_array().unwrap().len(), 1, "{name}");
@@ -238,6 +252,53 @@ fn nf4_is_written_in_bitsandbytes_layout_and_read_back() {
     let npy32 = dir.path().join("w32.npy");
     succeeds(&["dequantize", path(&out32), path(&npy32)]);
     assert_eq!(read_npy(&npy32).dim(), (8, 128));
+}
+
+#[test]
+fn dequantize_reads_the_bitsandbytes_layout_fixture() {
+    // `proj.weight` and its quant state under a layer prefix, bitsandbytes' bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = data("proj_nf4.safetensors");
+    let npy = dir.path().join("proj.npy");
+    let printed = succeeds(&["dequantize", path(&fixture), path(&npy)]);
+    assert!(printed.starts_with("nf4 8 x 128: "), "{printed}");
+    assert_eq!(weight_hash(&read_npy(&npy)), expected_hash("nf4_pattern"));
+    let npy = dir.path().join("named.npy");
+    succeeds(&[
+        "dequantize",
+        "--tensor",
+        "proj.weight",
+        path(&fixture),
+        path(&npy),
+    ]);
+    let missing = dir.path().join("none.npy");
+    assert_eq!(
+        refused(
+            &[
+                "dequantize",
+                "--tensor",
+                "weight",
+                path(&fixture),
+                path(&missing)
+            ],
+            &missing
+        ),
+        format!(
+            "repack: error: {}: no tensor \"weight\" among its NF4 weights (proj.weight)\n",
+            fixture.display()
+        )
+    );
+    // A GPTQ checkpoint holds no NF4 weight.
+    let gptq = data("library/gptq_pattern_b4.safetensors");
+    assert_eq!(
+        refused(&["dequantize", path(&gptq), path(&missing)], &missing),
+        format!(
+            "repack: error: {}: no bitsandbytes NF4 weight in it (looked for NAME with \
+             NAME.quant_state.bitsandbytes__nf4); dequantize reads NF4 safetensors and GGUF \
+             files\n",
+            gptq.display()
+        )
+    );
 }
 
 #[test]

@@ -8,7 +8,9 @@ from ../formats/inputs/gguf_pattern.npy (8 x 256 float32). Then, for each file, 
 `gguf.GGUFReader`, dequantizes its tensor with `gguf.quants.dequantize`, and records into
 gguf_py.json: the file's SHA-256, its metadata (GGUF.* header fields left out), and per tensor its
 name, ggml type, gguf-py's shape (ne order, row length first), the shape of the dequantized
-array, and the SHA-256 of the dequantized values as little-endian float32 in row-major order.
+array, and the SHA-256 of the dequantized values as little-endian float32 in row-major order;
+and whether gguf-py's own `GGUFWriter`, given the same metadata and the tensor's blocks, writes
+the same file byte for byte (`gguf_py_writer_identical`).
 
 The Rust test `quantfile::gguf_files_match_what_gguf_py_read` re-writes each file from the same
 input and requires it byte-identical to the committed one, and `repack dequantize`'s output to
@@ -21,8 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tempfile
+
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize
 
 HERE = Path(__file__).resolve().parent
@@ -51,7 +55,20 @@ def main() -> None:
                 "dequantized_shape": list(values.shape),
                 "dequantized_sha256": hashlib.sha256(values.tobytes()).hexdigest(),
             })
+        with tempfile.TemporaryDirectory() as tmp:
+            again = Path(tmp) / path.name
+            writer = GGUFWriter(again, metadata["general.architecture"])
+            writer.add_name(metadata["general.name"])
+            writer.add_string("kvpack.tool", metadata["kvpack.tool"])
+            for t in reader.tensors:
+                writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            identical = again.read_bytes() == path.read_bytes()
         record[path.name] = {
+            "gguf_py_writer_identical": identical,
             "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
             "metadata": metadata,
             "tensors": tensors,
