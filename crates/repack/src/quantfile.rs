@@ -430,13 +430,20 @@ pub fn dequantize_file(
     let bytes = read_input(input)?;
     let kind = Container::of(&bytes);
     let (format, x, cost) = match (raw, kind) {
-        (Some(_), Container::Gguf | Container::SafeTensors) => {
-            return Err(Error::RawOfSelfDescribingFile {
-                path: input.to_path_buf(),
-                kind: kind.name(),
-            });
-        }
-        (Some(spec), Container::Unknown) => {
+        (Some(spec), _) => {
+            // Refused only when the whole file parses as what its first bytes suggest: bare
+            // blocks may start like either by chance (a Q4_0 scale of 7.277 is "GG").
+            let parses = match kind {
+                Container::Gguf => GgufFile::parse(&bytes).is_ok(),
+                Container::SafeTensors => Checkpoint::from_bytes(&bytes).is_ok(),
+                Container::Unknown => false,
+            };
+            if parses {
+                return Err(Error::RawOfSelfDescribingFile {
+                    path: input.to_path_buf(),
+                    kind: kind.name(),
+                });
+            }
             let (x, cost) = decode_raw(&bytes, spec, input)?;
             (spec.format, x, cost)
         }

@@ -489,6 +489,25 @@ fn bare_block_files_need_raw_and_a_wrong_size_is_explained() {
             "{format}"
         );
     }
+    // Bare blocks that start like a GGUF file ("GG" is a Q4_0 scale of 7.277) or a safetensors
+    // one (byte 8 is `{`) but are neither still read with --raw.
+    let lookalike = dir.path().join("lookalike.bin");
+    let mut block = b"GGUF".to_vec();
+    block.extend([0x88; 14]);
+    block[8] = b'{';
+    std::fs::write(&lookalike, &block).unwrap();
+    let npy = dir.path().join("lookalike.npy");
+    succeeds(&[
+        "dequantize",
+        "--raw",
+        "--from",
+        "q4_0",
+        "--cols",
+        "32",
+        path(&lookalike),
+        path(&npy),
+    ]);
+    assert_eq!(read_npy(&npy).dim(), (1, 32));
     // NF4's bare file: bitsandbytes' codes, then the absmax.
     let nf4 = dir.path().join("nf4.bin");
     let mut bytes = std::fs::read(data("library/nf4_pattern.bin")).unwrap();
