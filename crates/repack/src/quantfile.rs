@@ -17,8 +17,9 @@
 //!   `weight` U8 `[ceil(n / 2), 1]` (the packed codes, first element in the high nibble),
 //!   `weight.absmax` F32 `[ceil(n / block)]`, `weight.quant_map` F32 `[16]` (the NF4 levels),
 //!   and `weight.quant_state.bitsandbytes__nf4` U8 `[len]`: the UTF-8 bytes of the JSON
-//!   `{"quant_type": "nf4", "blocksize": B, "dtype": "float32", "shape": [rows, cols]}`
-//!   (bitsandbytes' `pack_dict_to_tensor`; `dtype` is the dtype the weight dequantizes to).
+//!   `{"quant_type": "nf4", "blocksize": B, "dtype": "float32", "shape": [rows, cols]}`, byte
+//!   for byte as bitsandbytes' `pack_dict_to_tensor` writes it (`json.dumps`, default
+//!   separators; `dtype` is the dtype the weight dequantizes to).
 //!   File metadata: `format` = `"pt"` (what transformers expects) and `kvpack.tool`. No nested
 //!   (double) quantization: the absmax stays f32. The codes and absmax are the bytes
 //!   [`weights::nf4::quantize`] produces, byte-identical to bitsandbytes' `quantize_4bit`.
@@ -261,13 +262,15 @@ fn gguf_bytes(
     Ok(w.to_bytes())
 }
 
-/// bitsandbytes' quant-state JSON, keys in `QuantState.as_dict`'s order.
-#[derive(serde::Serialize)]
-struct Nf4State<'a> {
-    quant_type: &'a str,
-    blocksize: usize,
-    dtype: &'a str,
-    shape: [usize; 2],
+/// bitsandbytes' quant-state JSON for an NF4 float32 weight of `shape`, byte for byte as
+/// `pack_dict_to_tensor` writes it: Python's `json.dumps` of the non-tensor items of
+/// `QuantState.as_dict`, in its key order, with its default separators (`", "`, `": "`).
+fn nf4_state_json(block_size: usize, [rows, cols]: [usize; 2]) -> Vec<u8> {
+    format!(
+        "{{\"quant_type\": \"nf4\", \"blocksize\": {block_size}, \"dtype\": \"float32\", \
+         \"shape\": [{rows}, {cols}]}}"
+    )
+    .into_bytes()
 }
 
 /// The safetensors bytes of `x` quantized to NF4, and their cost.
@@ -278,13 +281,7 @@ fn nf4_bytes(x: ArrayView2<f32>, block_size: usize, output: &Path) -> Result<(Ve
     }
     let tensor = nf4::quantize(x, block_size)?;
     let cost = tensor.storage();
-    let state = serde_json::to_vec(&Nf4State {
-        quant_type: "nf4",
-        blocksize: block_size,
-        dtype: "float32",
-        shape: tensor.shape,
-    })
-    .expect("a struct of strings and numbers serializes");
+    let state = nf4_state_json(block_size, tensor.shape);
     let f32s =
         |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
     let mut tensors = BTreeMap::new();

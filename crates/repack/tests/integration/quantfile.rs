@@ -218,7 +218,13 @@ fn nf4_is_written_in_bitsandbytes_layout_and_read_back() {
     assert_eq!(*dtype, Dtype::U8);
     assert_eq!(
         std::str::from_utf8(state).unwrap(),
-        r#"{"quant_type":"nf4","blocksize":64,"dtype":"float32","shape":[8,128]}"#
+        // As bitsandbytes' pack_dict_to_tensor (json.dumps) writes it, and as the fixture
+        // assembled from bitsandbytes' output holds it.
+        r#"{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [8, 128]}"#
+    );
+    assert_eq!(
+        state,
+        &raw_tensors(&data("proj_nf4.safetensors"))["proj.weight.quant_state.bitsandbytes__nf4"].2
     );
     // inspect reads it as an NF4 layer; dequantize gives bitsandbytes' values.
     let report = succeeds(&["inspect", path(&out)]);
