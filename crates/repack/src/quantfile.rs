@@ -542,8 +542,18 @@ fn read_gguf(
             });
         }
     };
-    let data = file.tensor_bytes(info).map_err(gguf_error)?;
     let in_file = Error::in_file(path);
+    if rows == 0 || cols == 0 {
+        // usize, as the file's sizes were checked against its bytes; 0 fits either way.
+        return Err(in_file(
+            weights::FormatError::EmptyMatrix {
+                rows: usize::try_from(rows).unwrap_or(usize::MAX),
+                cols: usize::try_from(cols).unwrap_or(usize::MAX),
+            }
+            .into(),
+        ));
+    }
+    let data = file.tensor_bytes(info).map_err(gguf_error)?;
     let (target, values, cost) = match info.ty {
         TensorType::Q4_0 => {
             let blocks = gguf::from_bytes::<BlockQ4_0>(data).map_err(|e| in_file(e.into()))?;
@@ -749,6 +759,24 @@ mod tests {
         let (ty, data, _) = gguf_blocks(x.view(), Target::Q4_1).unwrap().unwrap();
         let whole = gguf_bytes("x", ty, x.dim(), data, Path::new("x.gguf")).unwrap();
         let (target, back, _) = read_gguf(&whole, None, Path::new("x.gguf")).unwrap();
+        // A tensor of no rows is refused, not written as an empty matrix.
+        let mut w = GgufWriter::new();
+        w.add_tensor("e", &[32, 1], TensorType::Q4_1, vec![0; 20])
+            .unwrap();
+        let mut empty = w.to_bytes();
+        // dims[1] of the only tensor: after the header (24), the name (8 + 1), n_dims (4) and
+        // dims[0] (8).
+        empty[24 + 9 + 4 + 8..24 + 9 + 4 + 16].copy_from_slice(&0u64.to_le_bytes());
+        let err = read_gguf(&empty, None, Path::new("e.gguf")).unwrap_err();
+        assert!(
+            crate::error::with_causes(&err).contains("e.gguf: "),
+            "{err:?}"
+        );
+        assert!(
+            matches!(&err, Error::InFile { source, .. }
+            if matches!(**source, Error::Format(weights::FormatError::EmptyMatrix { rows: 0, cols: 32 }))),
+            "{err:?}"
+        );
         assert_eq!((target, back.dim()), (Target::Q4_1, (2, 64)));
         // The data: 2 rows of 2 blocks of 20 bytes, then zero padding to the alignment of 32
         // (which a reader does not need).
