@@ -7,9 +7,10 @@
 //!   `kvpack.tool` = `"repack <version>"`, then one tensor, [`TENSOR_NAME`], of ggml type
 //!   Q4_0 (2), Q8_0 (8) or Q4_1 (3) with dims `[cols, rows]` (GGUF lists ne0, the row length,
 //!   first), alignment 32, its data exactly the blocks the `weights` crate's quantizer produces
-//!   (byte-identical to ggml's and gguf-py's). gguf-py's `GGUFReader` opens it and
-//!   `gguf.quants.dequantize` gives the same floats as `repack dequantize` (the conformance
-//!   fixtures under `tests/data/gguf/`, and `scripts/check-gguf-py`).
+//!   (byte-identical to ggml's and gguf-py's). gguf-py's `GGUFReader` opens it,
+//!   `gguf.quants.dequantize` gives the same floats as `repack dequantize`, and gguf-py's own
+//!   `GGUFWriter`, given the same metadata and tensor, writes the same file byte for byte (the
+//!   conformance fixtures under `tests/data/gguf/`, and `scripts/check-gguf-py`).
 //! - `nf4` -> a safetensors file in the layout bitsandbytes' `Linear4bit` saves one layer's
 //!   weight in (`Params4bit` data plus `QuantState.as_dict(packed=True)`, bitsandbytes
 //!   `functional.py`; the keys are prefixed with the parameter name `weight`, as
