@@ -1,4 +1,5 @@
-//! Reads GGUF files (versions 2 and 3, little-endian) from a byte slice.
+//! Reads GGUF files (versions 2 and 3, little-endian) from a byte slice, and writes version 3
+//! ([`writer`]).
 //!
 //! Layout (all integers little-endian; facts from ggml's `gguf.cpp` and gguf-py 0.19):
 //!
@@ -25,6 +26,8 @@
 //! (as ggml requires).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+
+pub mod writer;
 
 use std::collections::HashSet;
 use std::fmt;

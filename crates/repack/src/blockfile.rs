@@ -1,5 +1,9 @@
-//! `repack quantize` and `repack dequantize`: a float32 matrix (.npy) to and from the raw bytes
-//! of a block format, with that format's own fixed quantizer.
+//! Bare block files: a float32 matrix to and from the raw bytes of a block format, with no
+//! header. `repack quantize` wrote these before it wrote GGUF and safetensors files
+//! ([`crate::quantfile`]); `repack dequantize --raw --from FORMAT --cols C` still reads them,
+//! and [`decode`] is the fuzz target `repack_blockfile`. Nothing in such a file says its format
+//! or shape, so a wrong `--from` or `--cols` of the right length reads as a wrong matrix: hence
+//! the explicit `--raw`. (Q4_1's bare blocks are read by [`crate::quantfile`] directly.)
 //!
 //! The `.bin` layouts (no header; the shape comes from `--cols` and the file length):
 //! - `q4_0`, `q8_0`: exactly the GGUF tensor data, `rows * cols / 32` blocks of 18 or 34 bytes,
@@ -10,89 +14,13 @@
 //!   the absmax: one little-endian f32 per block of `--block-size` elements (default 64),
 //!   `4 * ceil(rows * cols / block)` bytes. The codes part is byte-identical to bitsandbytes'.
 
-use std::path::Path;
-
 use ndarray::{Array2, ArrayView2};
-use ndarray_npy::WriteNpyExt;
 use weights::bpw::Cost;
 use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
 use weights::nf4::{self, Nf4Tensor};
 use weights::{FormatError, WeightFormat};
 
 use crate::error::{Error, Result};
-use crate::files::{read_input, read_npy_matrix, write_new_file};
-
-/// What was quantized or dequantized.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BlockFileReport {
-    /// The block format.
-    pub format: WeightFormat,
-    /// [rows, cols] of the float32 matrix.
-    pub shape: [usize; 2],
-    /// What the block file stores.
-    pub cost: Cost,
-}
-
-/// Quantizes the float32 matrix in `input` (.npy) into a new `output` (.bin).
-pub fn quantize_file(
-    input: &Path,
-    output: &Path,
-    format: WeightFormat,
-    block_size: usize,
-) -> Result<BlockFileReport> {
-    if output.exists() {
-        return Err(Error::OutputExists(output.to_path_buf()));
-    }
-    check_block_format(format, "produced by quantize")?;
-    let x = read_npy_matrix(input)?;
-    let (bytes, cost) = encode(x.view(), format, block_size).map_err(Error::in_file(input))?;
-    write_new_file(output, &bytes)?;
-    Ok(BlockFileReport {
-        format,
-        shape: [x.nrows(), x.ncols()],
-        cost,
-    })
-}
-
-/// Dequantizes `input` (.bin, `cols` per row) into a new float32 `output` (.npy).
-pub fn dequantize_file(
-    input: &Path,
-    output: &Path,
-    format: WeightFormat,
-    cols: usize,
-    block_size: usize,
-) -> Result<BlockFileReport> {
-    if output.exists() {
-        return Err(Error::OutputExists(output.to_path_buf()));
-    }
-    check_block_format(format, "read by dequantize")?;
-    let bytes = read_input(input)?;
-    if bytes.is_empty() {
-        return Err(Error::EmptyBlockFile {
-            path: input.to_path_buf(),
-            format,
-        });
-    }
-    let (x, cost) = decode(&bytes, format, cols, block_size).map_err(Error::in_file(input))?;
-    let mut npy = Vec::new();
-    // Into memory, a float32 matrix's header and data cannot fail to format or to write.
-    x.write_npy(&mut npy)
-        .expect("a float32 matrix lays out as .npy in memory");
-    write_new_file(output, &npy)?;
-    Ok(BlockFileReport {
-        format,
-        shape: [x.nrows(), x.ncols()],
-        cost,
-    })
-}
-
-/// Refuses the integer formats, which no block file holds (before any file is read).
-fn check_block_format(format: WeightFormat, action: &'static str) -> Result<()> {
-    if format.is_integer() {
-        return Err(not_a_block_format(format, action));
-    }
-    Ok(())
-}
 
 fn not_a_block_format(format: WeightFormat, action: &'static str) -> Error {
     Error::UnsupportedFormat {
@@ -178,12 +106,15 @@ fn decode_gguf<B: GgufBlock>(
     let format = B::FORMAT;
     let blocks = gguf::from_bytes::<B>(bytes)?;
     if cols == 0 || !cols.is_multiple_of(32) {
-        return Err(Error::BlockFileCols { format, cols });
+        return Err(Error::BlockFileCols {
+            format: format.name(),
+            cols,
+        });
     }
     let values = blocks.len() * 32;
     if !values.is_multiple_of(cols) {
         return Err(Error::BlockFileRows {
-            format,
+            format: format.name(),
             cols,
             values,
         });
@@ -209,7 +140,7 @@ fn decode_nf4(bytes: &[u8], cols: usize, block_size: usize) -> Result<(Array2<f3
         }
         Err(None) => {
             return Err(Error::BlockFileOverflow {
-                format: WeightFormat::Nf4,
+                format: "nf4",
                 cols,
                 block_size,
             });
@@ -361,7 +292,7 @@ mod tests {
         for cols in [0, 48] {
             let err = decode(&bytes, WeightFormat::Q8_0, cols, 64).unwrap_err();
             assert!(
-                matches!(err, Error::BlockFileCols { format: WeightFormat::Q8_0, cols: c } if c == cols),
+                matches!(err, Error::BlockFileCols { format: "q8_0", cols: c } if c == cols),
                 "{err:?}"
             );
         }
@@ -370,7 +301,7 @@ mod tests {
             matches!(
                 err,
                 Error::BlockFileRows {
-                    format: WeightFormat::Q8_0,
+                    format: "q8_0",
                     cols: 96,
                     values: 128
                 }
@@ -403,7 +334,7 @@ mod tests {
             matches!(
                 err,
                 Error::BlockFileOverflow {
-                    format: WeightFormat::Nf4,
+                    format: "nf4",
                     cols: usize::MAX,
                     block_size: 1
                 }

@@ -61,6 +61,211 @@ pub enum Error {
         source: NpyError,
     },
 
+    /// An output whose directory does not exist.
+    #[error(
+        "{}: directory {} does not exist; create it first (mkdir -p {})",
+        path.display(),
+        dir.display(),
+        dir.display()
+    )]
+    OutputDirMissing {
+        /// The output.
+        path: PathBuf,
+        /// Its directory.
+        dir: PathBuf,
+    },
+
+    /// An input that does not exist.
+    #[error("{}: no such file", path.display())]
+    Missing {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// An input that is not a GGUF file this tool reads.
+    #[error("{}: not a readable GGUF file", path.display())]
+    Gguf {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        source: gguf_file::Error,
+    },
+
+    /// A GGUF file that cannot be laid out.
+    #[error("{}: could not lay out a GGUF file", path.display())]
+    GgufWrite {
+        /// The file it was meant for.
+        path: PathBuf,
+        /// The writer's refusal.
+        source: gguf_file::writer::WriteError,
+    },
+
+    /// A flag given where it does not apply.
+    #[error("{flag} does not apply {why}")]
+    FlagNotApplicable {
+        /// The flag and its value.
+        flag: String,
+        /// Why it does not apply.
+        why: String,
+    },
+
+    /// `dequantize --raw` without `--from` or `--cols`.
+    #[error("--raw needs {missing}: a bare block file does not say its format or its row length")]
+    RawNeedsFlags {
+        /// The flags missing.
+        missing: &'static str,
+    },
+
+    /// An output of `quantize` whose extension names another kind of file.
+    #[error(
+        "{}: quantize --to {format} writes {container}; name the output *.{extension}",
+        path.display()
+    )]
+    OutputExtension {
+        /// The output.
+        path: PathBuf,
+        /// `--to`.
+        format: &'static str,
+        /// What it writes.
+        container: &'static str,
+        /// The extension expected.
+        extension: &'static str,
+    },
+
+    /// `dequantize --raw` given a file that says its own format.
+    #[error(
+        "{}: this is a {kind} file, which says its own format and shape; drop --raw, --from, \
+         --cols and --block-size",
+        path.display()
+    )]
+    RawOfSelfDescribingFile {
+        /// The file.
+        path: PathBuf,
+        /// GGUF or safetensors.
+        kind: &'static str,
+    },
+
+    /// `dequantize` given a file that is neither GGUF nor safetensors, without `--raw`.
+    #[error(
+        "{}: {len} bytes that are neither a GGUF file (magic \"GGUF\") nor a safetensors file; a \
+         bare block file (what repack quantize wrote before it wrote GGUF) is read only with \
+         --raw --from FORMAT --cols C",
+        path.display()
+    )]
+    UnknownContainer {
+        /// The file.
+        path: PathBuf,
+        /// Its length.
+        len: usize,
+    },
+
+    /// A file with several tensors and no `--tensor`.
+    #[error(
+        "{}: holds {} {what} ({}); choose one with --tensor NAME",
+        path.display(),
+        names.len(),
+        names.join(", ")
+    )]
+    ChooseTensor {
+        /// The file.
+        path: PathBuf,
+        /// What was looked for ("tensors", "NF4 weights").
+        what: &'static str,
+        /// The names found.
+        names: Vec<String>,
+    },
+
+    /// A `--tensor` the file does not hold.
+    #[error(
+        "{}: no tensor {name:?} among its {what} ({})",
+        path.display(),
+        names.join(", ")
+    )]
+    NoSuchTensor {
+        /// The file.
+        path: PathBuf,
+        /// `--tensor`.
+        name: String,
+        /// What was looked for.
+        what: &'static str,
+        /// The names found.
+        names: Vec<String>,
+    },
+
+    /// A GGUF tensor of a type `dequantize` does not read.
+    #[error(
+        "{}: tensor {tensor:?} is {ty}; dequantize reads Q4_0, Q8_0 and Q4_1",
+        path.display()
+    )]
+    GgufTensorType {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        ty: gguf_file::TensorType,
+    },
+
+    /// A GGUF tensor of more than 2 dimensions.
+    #[error(
+        "{}: tensor {tensor:?} has dims {dims:?} (ggml order); dequantize writes a matrix, from \
+         a tensor of 1 or 2 dimensions",
+        path.display()
+    )]
+    GgufTensorRank {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its dims, ne0 first.
+        dims: Vec<u64>,
+    },
+
+    /// A safetensors file without a bitsandbytes NF4 weight.
+    #[error(
+        "{}: no bitsandbytes NF4 weight in it (looked for NAME with \
+         NAME.quant_state.bitsandbytes__nf4); dequantize reads NF4 safetensors and GGUF files",
+        path.display()
+    )]
+    NoNf4Weight {
+        /// The file.
+        path: PathBuf,
+    },
+
+    /// An NF4 layer this tool does not vouch for.
+    #[error("{}: layer {layer}: {why}", path.display())]
+    Nf4Layer {
+        /// The file.
+        path: PathBuf,
+        /// The layer.
+        layer: String,
+        /// Why.
+        why: String,
+    },
+
+    /// A bare GGUF block file whose length is not whole rows.
+    #[error(
+        "{found} bytes is not a whole number of rows: with --cols {cols} a {format} row is \
+         {blocks_per_row} blocks of {block_bytes} bytes = {row_bytes} bytes; {found} is {} rows \
+         and {} bytes; check --from and --cols against what wrote the file",
+        found / row_bytes,
+        found % row_bytes
+    )]
+    RawRows {
+        /// `--from`.
+        format: &'static str,
+        /// The file's length.
+        found: usize,
+        /// `--cols`.
+        cols: usize,
+        /// cols / 32.
+        blocks_per_row: usize,
+        /// Bytes per block.
+        block_bytes: usize,
+        /// Bytes per row.
+        row_bytes: usize,
+    },
+
     /// An input that is not a regular file (a device, a FIFO, a directory).
     #[error(
         "{}: not a regular file; inputs are read whole, and only a regular file's size is known \
@@ -90,7 +295,7 @@ pub enum Error {
         /// The file.
         path: PathBuf,
         /// The format it was read as.
-        format: WeightFormat,
+        format: &'static str,
     },
 
     /// A problem found in an input's contents, with the file it was found in.
@@ -122,7 +327,7 @@ pub enum Error {
     )]
     BlockFileOverflow {
         /// The block format.
-        format: WeightFormat,
+        format: &'static str,
         /// `--cols`.
         cols: usize,
         /// `--block-size`.
@@ -136,7 +341,7 @@ pub enum Error {
     )]
     BlockFileCols {
         /// The block format.
-        format: WeightFormat,
+        format: &'static str,
         /// `--cols`.
         cols: usize,
     },
@@ -145,7 +350,7 @@ pub enum Error {
     #[error("{format} file holds {values} values, which are not whole rows of --cols {cols}")]
     BlockFileRows {
         /// The block format.
-        format: WeightFormat,
+        format: &'static str,
         /// `--cols`.
         cols: usize,
         /// Values the file holds: 32 per block.
@@ -154,8 +359,10 @@ pub enum Error {
 
     /// An NF4 block file whose length is not that of whole rows.
     #[error(
-        "NF4 file of whole rows of {cols} (codes, then an f32 absmax per {block_size}): {found} \
-         bytes, expected {nearest}"
+        "{found} bytes is not a whole number of rows: with --cols {cols} and --block-size \
+         {block_size}, an nf4 bare file is the codes (half a byte per value) then an f32 absmax \
+         per {block_size} values, and the nearest shorter length of whole rows is {nearest} \
+         bytes; check --cols and --block-size against what wrote the file"
     )]
     Nf4FileLength {
         /// `--cols`.

@@ -26,7 +26,15 @@ use crate::npy::parse_npy_matrix;
 /// The whole of the regular file at `path`: at most the length its metadata reports (a file that
 /// grows while it is read is cut there; one that shrinks gives what remains).
 pub fn read_input(path: &Path) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).map_err(Error::io(path))?;
+    let file = std::fs::File::open(path).map_err(|err| {
+        if err.kind() == std::io::ErrorKind::NotFound {
+            Error::Missing {
+                path: path.to_path_buf(),
+            }
+        } else {
+            Error::io(path)(err)
+        }
+    })?;
     let metadata = file.metadata().map_err(Error::io(path))?;
     if !metadata.is_file() {
         return Err(Error::NotARegularFile {
@@ -89,6 +97,12 @@ pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<()> {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
+    if !dir.is_dir() {
+        return Err(Error::OutputDirMissing {
+            path: path.to_path_buf(),
+            dir: dir.to_path_buf(),
+        });
+    }
     let mut builder = tempfile::Builder::new();
     // tempfile creates private (0600) files; an output is an ordinary file, 0666 minus the umask.
     #[cfg(unix)]
@@ -150,6 +164,22 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, b"abc").unwrap();
         assert_eq!(read_input(&path).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn an_output_in_a_missing_directory_says_so_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs").join("w.gguf");
+        let err = write_new_file(&path, b"x").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "{}: directory {} does not exist; create it first (mkdir -p {})",
+                path.display(),
+                dir.path().join("runs").display(),
+                dir.path().join("runs").display()
+            )
+        );
     }
 
     #[test]

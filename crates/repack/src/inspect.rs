@@ -1,4 +1,4 @@
-//! `repack inspect`: what each tensor of a checkpoint is, how it is laid out, and what it costs
+//! `repack inspect`: what each tensor of a checkpoint (safetensors) or GGUF file is, how it is laid out, and what it costs
 //! in effective bits per weight; each quantized layer is also unpacked, when its layout and
 //! zero-point convention are known, to check that its shapes and fields are what the format
 //! allows.
@@ -13,12 +13,14 @@ use weights::nf4::{NF4_LEVELS, Nf4Tensor};
 
 use crate::checkpoint::{Checkpoint, Tensor};
 use crate::error::{Error, Result, with_causes};
-use crate::files::read_checkpoint;
+use crate::files::read_input;
 use crate::layer_io;
 use crate::layers::{Layer, LayerKind, find_layers};
 use crate::metadata;
 use crate::names::layer_name;
 use crate::report::{cost_line, thousands};
+use gguf_file::TensorType;
+use weights::gguf;
 
 /// What `repack inspect FILE` found: the report it prints, and the layers whose check failed
 /// (the command then exits non-zero).
@@ -32,8 +34,105 @@ pub struct Inspection {
 
 /// Inspects a checkpoint: its report, and which layers failed their check.
 pub fn inspect(path: &Path) -> Result<Inspection> {
-    let ckpt = read_checkpoint(path)?;
+    let bytes = read_input(path)?;
+    if bytes.starts_with(b"GGUF") {
+        return inspect_gguf(path, &bytes);
+    }
+    let ckpt = Checkpoint::from_bytes(&bytes).map_err(|source| Error::SafeTensors {
+        path: path.to_path_buf(),
+        source,
+    })?;
     inspect_checkpoint(&path.display().to_string(), &ckpt)
+}
+
+/// Inspects a GGUF file: its metadata, then each tensor's name, type, shape (`[rows, cols]`,
+/// slowest axis first, and ggml's own order), bytes and effective bits per weight.
+pub fn inspect_gguf(path: &Path, bytes: &[u8]) -> Result<Inspection> {
+    let file = gguf_file::GgufFile::parse(bytes).map_err(|source| Error::Gguf {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut out = String::new();
+    writeln!(
+        out,
+        "{}: GGUF v{}, {} tensor{}",
+        path.display(),
+        file.version(),
+        file.tensors().len(),
+        if file.tensors().len() == 1 { "" } else { "s" }
+    )
+    .unwrap();
+    if !file.metadata().is_empty() {
+        let pairs: Vec<String> = file
+            .metadata()
+            .iter()
+            .map(|(k, v)| format!("{k}={}", shortened(&gguf_value(v), 60)))
+            .collect();
+        writeln!(out, "metadata: {}", pairs.join(", ")).unwrap();
+    }
+    for t in file.tensors() {
+        let shape: Vec<u64> = t.dims.iter().rev().copied().collect();
+        let elements = usize::try_from(t.n_elements()).unwrap_or(usize::MAX);
+        let Some(bytes) = t.n_bytes().and_then(|b| usize::try_from(b).ok()) else {
+            writeln!(
+                out,
+                "tensor {}: {}, shape {shape:?} (ggml dims {:?}), layout unknown to this tool",
+                t.name, t.ty, t.dims
+            )
+            .unwrap();
+            continue;
+        };
+        let blocks =
+            t.ty.block_layout()
+                .map_or(0, |(_, size)| bytes / usize::try_from(size).unwrap_or(1));
+        let cost = match t.ty {
+            TensorType::Q4_0 => gguf::storage::<gguf::BlockQ4_0>(blocks),
+            TensorType::Q8_0 => gguf::storage::<gguf::BlockQ8_0>(blocks),
+            TensorType::Q4_1 => gguf::q4_1::storage(blocks),
+            _ => Cost {
+                elements,
+                code_bytes: bytes,
+                scale_bytes: 0,
+                zero_point_bytes: 0,
+                g_idx_bytes: 0,
+                extra_bytes: 0,
+            },
+        };
+        writeln!(
+            out,
+            "tensor {}: {}, shape {shape:?} (ggml dims {:?}), {} bytes\n  {}",
+            t.name,
+            t.ty,
+            t.dims,
+            thousands(bytes),
+            cost_line(&cost)
+        )
+        .unwrap();
+    }
+    Ok(Inspection {
+        report: out,
+        failures: Vec::new(),
+    })
+}
+
+/// A GGUF metadata value as `inspect` prints it.
+fn gguf_value(value: &gguf_file::Value<'_>) -> String {
+    use gguf_file::Value;
+    match value {
+        Value::String(s) => (*s).to_string(),
+        Value::Array(a) => format!("[{} values]", a.len()),
+        Value::U8(v) => v.to_string(),
+        Value::I8(v) => v.to_string(),
+        Value::U16(v) => v.to_string(),
+        Value::I16(v) => v.to_string(),
+        Value::U32(v) => v.to_string(),
+        Value::I32(v) => v.to_string(),
+        Value::F32(v) => v.to_string(),
+        Value::Bool(v) => v.to_string(),
+        Value::U64(v) => v.to_string(),
+        Value::I64(v) => v.to_string(),
+        Value::F64(v) => v.to_string(),
+    }
 }
 
 /// Inspects the checkpoint that `bytes` hold in safetensors format, as [`inspect`] inspects a
@@ -318,6 +417,33 @@ fn check_nf4(
     named_type: &str,
     state: &QuantState,
 ) -> std::result::Result<(), String> {
+    nf4_tensor(layer, named_type, state).map(|_| ())
+}
+
+/// The NF4 tensor a bitsandbytes layer holds, checked as `inspect` checks it (the quant type,
+/// f32 absmax, the 16 levels, the shape against the codes and absmax); else why not, as text.
+pub(crate) fn read_nf4_layer(layer: &Layer<'_>) -> Result<std::result::Result<Nf4Tensor, String>> {
+    let (state_name, named_type) = layer
+        .quant_state()
+        .ok_or_else(|| Error::MissingQuantState {
+            layer: layer.prefix.clone(),
+        })?;
+    let state: QuantState =
+        serde_json::from_slice(&layer.get(state_name)?.data).map_err(|source| {
+            Error::QuantStateJson {
+                layer: layer.prefix.clone(),
+                tensor: layer.tensor_name(state_name),
+                source,
+            }
+        })?;
+    Ok(nf4_tensor(layer, named_type, &state))
+}
+
+fn nf4_tensor(
+    layer: &Layer<'_>,
+    named_type: &str,
+    state: &QuantState,
+) -> std::result::Result<Nf4Tensor, String> {
     let not_nf4 = match (named_type, state.quant_type.as_str()) {
         ("nf4", "nf4") => None,
         ("nf4", other) => Some(format!(
@@ -368,7 +494,8 @@ fn check_nf4(
             .clone(),
         absmax,
     };
-    tensor.check().map_err(|err| with_causes(&err))
+    tensor.check().map_err(|err| with_causes(&err))?;
+    Ok(tensor)
 }
 
 /// The product of `dims`, or `None` if it overflows.

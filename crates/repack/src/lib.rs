@@ -1,7 +1,8 @@
 //! Checkpoint IO and the commands behind the `repack` binary. The layouts themselves (pack,
 //! unpack, quantizers, the logical matrix and the bit-identical transcoding) live in the
 //! `weights` crate, which knows nothing about files; this crate reads and writes safetensors
-//! checkpoints, `.npy` matrices and raw block files around it.
+//! checkpoints, GGUF files (through the `gguf-file` crate), `.npy` matrices and bare block files
+//! around it.
 //!
 //! Where things live:
 //! - [`names`]: how layers and the tensors and metadata keys under them are named;
@@ -14,8 +15,11 @@
 //!   writing an output atomically, never over an existing file;
 //! - [`layers`]: finding quantized layers by the tensor names the libraries write;
 //! - [`layer_io`]: a layer's tensors to and from `weights`' packed layers;
-//! - [`convert`], [`inspect`], [`blockfile`]: the `convert`, `inspect` and
-//!   `quantize`/`dequantize` commands;
+//! - [`convert`], [`inspect`]: the `convert` and `inspect` commands (`inspect` reads GGUF files
+//!   too);
+//! - [`quantfile`]: the `quantize`/`dequantize` commands and the files they write (GGUF for
+//!   q4_0, q8_0 and q4_1; safetensors in bitsandbytes' layout for nf4), each layout stated there;
+//! - [`blockfile`]: the bare block bytes (no header) that `dequantize --raw` reads;
 //! - [`bpw_cmd`]: the `bpw` command (effective bits per weight of a layout, or the worked
 //!   example);
 //! - [`report`]: how effective bits per weight are printed;
@@ -26,8 +30,8 @@
 //! `report`, `checkpoint` and `npy` use no other module; `metadata` uses `names`; `error` uses
 //! `checkpoint`, `npy`, `metadata` and `names`; `files` uses `error`, `checkpoint` and `npy`;
 //! `layers` uses `checkpoint`, `error` and `names`; `layer_io` adds `layers` and `metadata`;
-//! the commands sit on top (`layer_error` uses no other module: it needs `models` and `weights`
-//! only).
+//! the commands sit on top (`quantfile` uses `blockfile` and `inspect`; `layer_error` uses no
+//! other module: it needs `models` and `weights` only).
 
 #![warn(missing_docs)]
 
@@ -44,6 +48,7 @@ pub mod layers;
 pub mod metadata;
 pub mod names;
 pub mod npy;
+pub mod quantfile;
 pub mod report;
 
 pub use error::{Error, Result};

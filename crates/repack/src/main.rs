@@ -1,5 +1,6 @@
 //! `repack`: converts quantized checkpoints between GPTQ, GPTQ v2 and AWQ through the logical
-//! matrix, inspects them, quantizes float matrices to GGUF Q4_0/Q8_0 and NF4, and measures
+//! matrix, inspects them, quantizes float matrices to GGUF Q4_0/Q8_0/Q4_1 files and NF4
+//! safetensors files (and back), and measures
 //! each format's matmul error on MiniLM's real layers.
 
 use std::path::PathBuf;
@@ -7,11 +8,10 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use weights::WeightFormat;
-use weights::nf4::DEFAULT_BLOCK_SIZE;
 
-use repack::blockfile::{self, BlockFileReport};
 use repack::convert::{self, ConvertRequest};
 use repack::inspect;
+use repack::quantfile::{self, DequantizeFlags, QuantReport, Target, UnknownTarget};
 use repack::report::cost_line;
 
 /// Converts quantized weight checkpoints through the logical matrix, and refuses what it cannot
@@ -48,20 +48,21 @@ enum Command {
     },
     /// Print each tensor's layout, shape and effective bits per weight.
     Inspect {
-        /// A safetensors checkpoint.
+        /// A safetensors checkpoint or a GGUF file.
         file: PathBuf,
     },
-    /// Quantize a float32 matrix (.npy) with a block format's own quantizer.
+    /// Quantize a float32 matrix (.npy) with a block format's own quantizer, into a GGUF file
+    /// (q4_0, q8_0, q4_1) or a safetensors file in bitsandbytes' NF4 layout (nf4).
     Quantize {
-        /// q4_0, q8_0 or nf4.
-        #[arg(long, value_parser = parse_format)]
-        to: WeightFormat,
-        /// NF4 absmax block size.
-        #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
-        block_size: usize,
+        /// q4_0, q8_0, q4_1 or nf4.
+        #[arg(long, value_parser = parse_target)]
+        to: Target,
+        /// NF4 absmax block size [default: 64]; nf4 only (the GGUF formats' blocks are 32).
+        #[arg(long, value_name = "B")]
+        block_size: Option<usize>,
         /// Float32 matrix (.npy).
         input: PathBuf,
-        /// Output (.bin): GGUF block bytes, or NF4 codes followed by f32 absmax; must not exist.
+        /// Output: OUT.gguf for q4_0, q8_0 and q4_1, OUT.safetensors for nf4; must not exist.
         output: PathBuf,
     },
     /// Effective bits per weight of a storage layout (codes and metadata), or the worked example.
@@ -69,18 +70,25 @@ enum Command {
     /// Matmul error of MiniLM's real linear layers under each weight format, on the model's own
     /// activations, with bits per weight (needs `scripts/fetch-models`).
     LayerError(repack::layer_error::LayerErrorArgs),
-    /// Dequantize a block file back to a float32 matrix (.npy).
+    /// Dequantize a GGUF file or an NF4 safetensors file (format and shape from the file), or
+    /// with --raw a bare block file, back to a float32 matrix (.npy).
     Dequantize {
-        /// q4_0, q8_0 or nf4.
-        #[arg(long, value_parser = parse_format)]
-        from: WeightFormat,
-        /// Values per row.
+        /// The tensor to read, when the file holds several.
+        #[arg(long, value_name = "NAME")]
+        tensor: Option<String>,
+        /// Read a bare block file (no header), as --from and --cols say.
+        #[arg(long)]
+        raw: bool,
+        /// With --raw: q4_0, q8_0, q4_1 or nf4.
+        #[arg(long, value_parser = parse_target)]
+        from: Option<Target>,
+        /// With --raw: values per row.
         #[arg(long, value_name = "C")]
-        cols: usize,
-        /// NF4 absmax block size.
-        #[arg(long, default_value_t = DEFAULT_BLOCK_SIZE)]
-        block_size: usize,
-        /// Block file (.bin).
+        cols: Option<usize>,
+        /// With --raw --from nf4: the absmax block size [default: 64].
+        #[arg(long, value_name = "B")]
+        block_size: Option<usize>,
+        /// A .gguf or .safetensors file (or, with --raw, a bare block file).
         input: PathBuf,
         /// Float32 matrix (.npy); must not exist.
         output: PathBuf,
@@ -90,6 +98,10 @@ enum Command {
 fn parse_format(name: &str) -> std::result::Result<WeightFormat, String> {
     name.parse()
         .map_err(|err: weights::UnknownFormat| err.to_string())
+}
+
+fn parse_target(name: &str) -> std::result::Result<Target, String> {
+    name.parse().map_err(|err: UnknownTarget| err.to_string())
 }
 
 fn main() {
@@ -156,26 +168,35 @@ fn run(cli: Cli) -> Result<()> {
             input,
             output,
         } => {
-            let report = blockfile::quantize_file(&input, &output, to, block_size)?;
-            print_block_report(&report);
+            let report = quantfile::quantize_file(&input, &output, to, block_size)?;
+            print_report(&report);
             println!("wrote {}", output.display());
         }
         Command::Dequantize {
+            tensor,
+            raw,
             from,
             cols,
             block_size,
             input,
             output,
         } => {
-            let report = blockfile::dequantize_file(&input, &output, from, cols, block_size)?;
-            print_block_report(&report);
+            let flags = DequantizeFlags {
+                raw,
+                from,
+                cols,
+                block_size,
+                tensor,
+            };
+            let report = quantfile::dequantize_file(&input, &output, &flags)?;
+            print_report(&report);
             println!("wrote {}", output.display());
         }
     }
     Ok(())
 }
 
-fn print_block_report(report: &BlockFileReport) {
+fn print_report(report: &QuantReport) {
     let [rows, cols] = report.shape;
     println!(
         "{} {rows} x {cols}: {}",

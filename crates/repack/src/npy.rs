@@ -104,14 +104,22 @@ pub enum NpyError {
     },
 
     /// A shape of another rank than 2.
-    #[error("{}; quantize needs a 2-D float32 matrix (rows x cols)", describe_shape(.shape))]
+    #[error(
+        "it has {}; quantize needs a 2-D float32 matrix [rows, cols]{}",
+        describe_shape(.shape),
+        reshape_hint(.shape)
+    )]
     NotAMatrix {
         /// The shape.
         shape: Vec<usize>,
     },
 
     /// Elements that are not float32.
-    #[error("its elements are {found} ({}); quantize needs float32 ('<f4')", dtype_name(.found))]
+    #[error(
+        "its elements are {} ({found}); quantize needs float32 ('<f4'): convert it with \
+         np.save(path, x.astype(np.float32))",
+        dtype_name(.found)
+    )]
     WrongDtype {
         /// The header's `descr`, shortened.
         found: String,
@@ -298,19 +306,26 @@ fn shortened(text: &str, max: usize) -> String {
     }
 }
 
-/// "a 1-D array of 12 values", "a 3-D array of shape (2, 3, 4)", "a 0-D array (one value)".
+/// "0 dimensions (a single value)", "1 dimension (shape [12])", "3 dimensions (shape [2, 3, 4])".
 fn describe_shape(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
     match shape {
-        [] => "a 0-D array (one value)".to_string(),
-        [n] => format!("a 1-D array of {n} values"),
-        dims => {
-            let dims: Vec<String> = dims.iter().map(usize::to_string).collect();
-            format!(
-                "a {}-D array of shape ({})",
-                shape.len(),
-                shortened(&dims.join(", "), 80)
-            )
-        }
+        [] => "0 dimensions (a single value)".to_string(),
+        [n] => format!("1 dimension (shape [{n}])"),
+        _ => format!(
+            "{} dimensions (shape [{}])",
+            shape.len(),
+            shortened(&dims.join(", "), 80)
+        ),
+    }
+}
+
+/// What to do with an array of another rank: reshape a vector into one row.
+fn reshape_hint(shape: &[usize]) -> String {
+    match shape {
+        [n] => format!(": to quantize it as one row, save x.reshape(1, {n})"),
+        [] => ": save x.reshape(1, 1)".to_string(),
+        _ => ": save x.reshape(rows, cols)".to_string(),
     }
 }
 
@@ -417,9 +432,14 @@ mod tests {
         let err = parse_npy_matrix(&npy(&f4_header("(12,)"), &[0; 48])).unwrap_err();
         assert_eq!(err, NpyError::NotAMatrix { shape: vec![12] });
         // How NotAMatrix describes each rank.
-        assert_eq!(describe_shape(&[]), "a 0-D array (one value)");
-        assert_eq!(describe_shape(&[12]), "a 1-D array of 12 values");
-        assert_eq!(describe_shape(&[2, 3, 4]), "a 3-D array of shape (2, 3, 4)");
+        assert_eq!(describe_shape(&[]), "0 dimensions (a single value)");
+        assert_eq!(describe_shape(&[12]), "1 dimension (shape [12])");
+        assert_eq!(describe_shape(&[2, 3, 4]), "3 dimensions (shape [2, 3, 4])");
+        assert_eq!(
+            err.to_string(),
+            "it has 1 dimension (shape [12]); quantize needs a 2-D float32 matrix [rows, cols]: \
+             to quantize it as one row, save x.reshape(1, 12)"
+        );
     }
 
     #[test]
@@ -427,6 +447,11 @@ mod tests {
         let header = "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 2), }";
         let err = parse_npy_matrix(&npy(header, &[0; 32])).unwrap_err();
         assert!(matches!(&err, NpyError::WrongDtype { found } if found.contains("<f8")));
+        assert_eq!(
+            err.to_string(),
+            "its elements are float64 ('<f8'); quantize needs float32 ('<f4'): convert it with \
+             np.save(path, x.astype(np.float32))"
+        );
         // How WrongDtype names numpy's dtypes.
         assert_eq!(dtype_name("'<f8'"), "float64");
         assert_eq!(dtype_name("'|u1'"), "uint8");

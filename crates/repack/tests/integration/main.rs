@@ -9,6 +9,10 @@ mod conformance;
 /// The real binary: conversions, inspection, quantization and every refusal, by message.
 mod cli;
 
+/// `quantize` and `dequantize`: GGUF and NF4 safetensors files (against gguf-py's reading of
+/// them), bare block files only with `--raw`, and every refused flag, size and input by message.
+mod quantfile;
+
 /// Inputs that used to abort or panic the binary, each now refused.
 mod untrusted;
 

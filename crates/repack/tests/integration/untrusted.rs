@@ -40,7 +40,7 @@ fn quantize_refuses_an_npy_header_declaring_a_huge_shape_over_16_bytes_instead_o
     let input = dir.path().join("huge.npy");
     let shape = format!("({}, {})", 1u64 << 40, 1u64 << 20);
     std::fs::write(&input, npy_bytes(&f4_header(&shape), &[0; 16])).unwrap();
-    let output = dir.path().join("out.bin");
+    let output = dir.path().join("out.gguf");
     let stderr = refused(
         &["quantize", "--to", "q4_0", path(&input), path(&output)],
         &output,
@@ -54,14 +54,19 @@ fn quantize_names_a_vector_instead_of_quoting_ndarray_npys_ndim() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("vector.npy");
     std::fs::write(&input, npy_bytes(&f4_header("(12,)"), &[0; 48])).unwrap();
-    let output = dir.path().join("out.bin");
+    let output = dir.path().join("out.safetensors");
     let stderr = refused(
         &["quantize", "--to", "nf4", path(&input), path(&output)],
         &output,
     );
-    assert!(
-        stderr.contains("a 1-D array of 12 values; quantize needs a 2-D float32 matrix"),
-        "{stderr}"
+    assert_eq!(
+        stderr,
+        format!(
+            "repack: error: {}: not a float32 matrix in .npy format: it has 1 dimension (shape \
+             [12]); quantize needs a 2-D float32 matrix [rows, cols]: to quantize it as one row, \
+             save x.reshape(1, 12)\n",
+            input.display()
+        )
     );
 }
 
@@ -72,7 +77,7 @@ fn quantize_refuses_a_fortran_order_matrix_instead_of_quantizing_it() {
     let input = dir.path().join("fortran.npy");
     let header = "{'descr': '<f4', 'fortran_order': True, 'shape': (1, 32), }";
     std::fs::write(&input, npy_bytes(header, &[0; 128])).unwrap();
-    let output = dir.path().join("out.bin");
+    let output = dir.path().join("out.gguf");
     let stderr = refused(
         &["quantize", "--to", "q8_0", path(&input), path(&output)],
         &output,
@@ -90,6 +95,7 @@ fn dequantize_refuses_nf4_cols_whose_row_size_overflows_instead_of_panicking() {
     let stderr = refused(
         &[
             "dequantize",
+            "--raw",
             "--from",
             "nf4",
             "--cols",
