@@ -60,7 +60,8 @@ pub mod reference;
 pub mod symmetric;
 
 /// The repository README's Rust examples ("Use the codec as a library"), run as doc tests so
-/// they keep compiling.
+/// they keep compiling. Rustdoc reads an untagged code block as Rust, so the README tags every
+/// other block (`text`, `sh`, `json`).
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeExamples;
