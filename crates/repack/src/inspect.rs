@@ -358,20 +358,26 @@ struct QuantState {
     shape: Vec<usize>,
 }
 
-fn bnb_layer(out: &mut String, layer: &Layer<'_>) -> Result<Check> {
+/// A bitsandbytes layer's quant-state JSON, with the quant type its tensor name gives.
+/// Returns (the state tensor's name inside the layer, the quant type, the state).
+fn read_quant_state<'a>(layer: &'a Layer<'_>) -> Result<(&'a str, &'a str, QuantState)> {
     let (state_name, named_type) = layer
         .quant_state()
         .ok_or_else(|| Error::MissingQuantState {
             layer: layer.prefix.clone(),
         })?;
-    let state: QuantState =
-        serde_json::from_slice(&layer.get(state_name)?.data).map_err(|source| {
-            Error::QuantStateJson {
-                layer: layer.prefix.clone(),
-                tensor: layer.tensor_name(state_name),
-                source,
-            }
-        })?;
+    let state = serde_json::from_slice(&layer.get(state_name)?.data).map_err(|source| {
+        Error::QuantStateJson {
+            layer: layer.prefix.clone(),
+            tensor: layer.tensor_name(state_name),
+            source,
+        }
+    })?;
+    Ok((state_name, named_type, state))
+}
+
+fn bnb_layer(out: &mut String, layer: &Layer<'_>) -> Result<Check> {
+    let (state_name, named_type, state) = read_quant_state(layer)?;
     let weights = product(&state.shape).ok_or_else(|| Error::ShapeSizeOverflow {
         layer: layer.prefix.clone(),
         shape: state.shape.clone(),
@@ -423,19 +429,7 @@ fn check_nf4(
 /// The NF4 tensor a bitsandbytes layer holds, checked as `inspect` checks it (the quant type,
 /// f32 absmax, the 16 levels, the shape against the codes and absmax); else why not, as text.
 pub(crate) fn read_nf4_layer(layer: &Layer<'_>) -> Result<std::result::Result<Nf4Tensor, String>> {
-    let (state_name, named_type) = layer
-        .quant_state()
-        .ok_or_else(|| Error::MissingQuantState {
-            layer: layer.prefix.clone(),
-        })?;
-    let state: QuantState =
-        serde_json::from_slice(&layer.get(state_name)?.data).map_err(|source| {
-            Error::QuantStateJson {
-                layer: layer.prefix.clone(),
-                tensor: layer.tensor_name(state_name),
-                source,
-            }
-        })?;
+    let (_, named_type, state) = read_quant_state(layer)?;
     Ok(nf4_tensor(layer, named_type, &state))
 }
 

@@ -2,7 +2,7 @@
 //! it prints, what it writes and what it refuses (by message, with nothing written).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use half::f16;
 use ndarray::Array2;
@@ -14,14 +14,7 @@ use weights::gptq::{self, ZeroConvention};
 use weights::transcode::PackedLayer;
 use weights::{LogicalWeights, WeightFormat};
 
-use crate::support::{data, expected_hash, raw_tensors, weight_hash};
-
-fn repack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_repack"))
-        .args(args)
-        .output()
-        .expect("the repack binary runs")
-}
+use crate::support::{data, expected_hash, path, raw_tensors, repack, succeeds, weight_hash};
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
@@ -29,21 +22,6 @@ fn stdout(output: &Output) -> String {
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// Runs `repack` and requires success, returning stdout.
-fn succeeds(args: &[&str]) -> String {
-    let output = repack(args);
-    assert!(
-        output.status.success(),
-        "repack {args:?} failed:\n{}",
-        stderr(&output)
-    );
-    stdout(&output)
 }
 
 /// Runs `repack` and requires a refusal (a non-zero exit that is not a panic's 101), returning

@@ -5,7 +5,6 @@
 //! nothing written.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use gguf_file::TensorType;
 use gguf_file::writer::GgufWriter;
@@ -13,29 +12,9 @@ use ndarray::Array2;
 use safetensors::Dtype;
 use weights::nf4::NF4_LEVELS;
 
-use crate::support::{data, expected_hash, f4_header, npy_bytes, raw_tensors, weight_hash};
-
-fn repack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_repack"))
-        .args(args)
-        .output()
-        .expect("the repack binary runs")
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-/// Runs `repack` and requires success, returning stdout.
-fn succeeds(args: &[&str]) -> String {
-    let output = repack(args);
-    assert!(
-        output.status.success(),
-        "repack {args:?} failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use crate::support::{
+    data, expected_hash, f4_header, npy_bytes, path, raw_tensors, repack, succeeds, weight_hash,
+};
 
 /// Runs `repack`, requires a refusal (exit 1, not a panic) that wrote nothing to `output` and
 /// left no temporary file beside it, and returns stderr.

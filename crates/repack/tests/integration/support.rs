@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 use half::f16;
 use ndarray::Array2;
@@ -108,4 +109,28 @@ pub fn npy_bytes(header: &str, data: &[u8]) -> Vec<u8> {
 /// The header numpy writes for a C-order float32 array of `shape` (a tuple literal).
 pub fn f4_header(shape: &str) -> String {
     format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}")
+}
+
+/// Runs the real `repack` binary.
+pub fn repack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_repack"))
+        .args(args)
+        .output()
+        .expect("the repack binary runs")
+}
+
+/// Runs `repack` and requires success, returning stdout.
+pub fn succeeds(args: &[&str]) -> String {
+    let output = repack(args);
+    assert!(
+        output.status.success(),
+        "repack {args:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A path as an argument.
+pub fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
 }

@@ -3,16 +3,8 @@
 //! nothing written.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-use crate::support::{f4_header, npy_bytes};
-
-fn repack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_repack"))
-        .args(args)
-        .output()
-        .expect("the repack binary runs")
-}
+use crate::support::{f4_header, npy_bytes, path, repack};
 
 /// Runs `repack`, requires a plain refusal (exit status 1) that wrote nothing to `output`, and
 /// returns stderr.
@@ -28,10 +20,6 @@ fn refused(args: &[&str], output: &Path) -> String {
     );
     assert!(result.stdout.is_empty(), "repack {args:?} printed a report");
     stderr
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 #[test]
