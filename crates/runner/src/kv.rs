@@ -25,7 +25,12 @@ pub enum KvDumpError {
     #[error("{} exists; `runner kv` never overwrites a file", .0.display())]
     Exists(PathBuf),
     /// The destination's directory is missing or not a directory.
-    #[error("cannot write {}: {} is not an existing directory", .path.display(), .parent.display())]
+    #[error(
+        "cannot write {}: {} is not an existing directory (to create it: mkdir -p {})",
+        .path.display(),
+        .parent.display(),
+        .parent.display()
+    )]
     NoDirectory {
         /// The destination.
         path: PathBuf,
