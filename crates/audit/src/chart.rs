@@ -350,10 +350,11 @@ fn expected_chart(
     let mut texts = vec![
         format!("{}: attention-output error against K+V payload", p.study),
         "K+V payload bytes (log); one column per length N, its own scale".to_string(),
+        "relative L2 error (log),".to_string(),
         if p.model.is_some() {
-            "relative L2 error, mean over texts and heads (log)"
+            "mean over texts and heads"
         } else {
-            "relative L2 error, mean over seeds (log)"
+            "mean over seeds"
         }
         .to_string(),
     ];

@@ -82,7 +82,7 @@ const PLOT_TOP: f64 = 28.0;
 const PLOT_WIDTH: f64 = 280.0;
 const PLOT_HEIGHT: f64 = 200.0;
 /// Room left of the grid (the y axis title) and above it (the chart's title).
-const GRID_LEFT: f64 = 30.0;
+const GRID_LEFT: f64 = 36.0;
 const GRID_TOP: f64 = 44.0;
 /// Room below the grid for the x axis title.
 const GRID_BOTTOM: f64 = 36.0;
@@ -189,7 +189,8 @@ pub fn escape(text: &str) -> String {
 pub struct Layout<'a> {
     pub title: String,
     pub x_title: &'a str,
-    pub y_title: &'a str,
+    /// The y axis title in two lines, so that it fits beside a single row of panels.
+    pub y_title: [&'a str; 2],
     pub columns: usize,
     pub rows: usize,
     /// The y range every panel shares.
@@ -294,11 +295,13 @@ impl Layout<'_> {
             escape(self.x_title)
         );
         let y_middle = GRID_TOP + self.rows as f64 * CELL_HEIGHT / 2.0;
-        let _ = writeln!(
-            out,
-            r#"<text x="14" y="{y_middle}" {FONT} font-size="13" text-anchor="middle" transform="rotate(-90 14 {y_middle})">{}</text>"#,
-            escape(self.y_title)
-        );
+        for (line, x) in self.y_title.iter().zip([14, 30]) {
+            let _ = writeln!(
+                out,
+                r#"<text x="{x}" y="{y_middle}" {FONT} font-size="13" text-anchor="middle" transform="rotate(-90 {x} {y_middle})">{}</text>"#,
+                escape(line)
+            );
+        }
         // The legend.
         let x = self.grid_right() + 10.0;
         let mut y = GRID_TOP + 20.0;

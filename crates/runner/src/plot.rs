@@ -88,11 +88,14 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
             protocol.study
         ),
         x_title: "K+V payload bytes (log); one column per length N, its own scale",
-        y_title: if protocol.model.is_some() {
-            "relative L2 error, mean over texts and heads (log)"
-        } else {
-            "relative L2 error, mean over seeds (log)"
-        },
+        y_title: [
+            "relative L2 error (log),",
+            if protocol.model.is_some() {
+                "mean over texts and heads"
+            } else {
+                "mean over seeds"
+            },
+        ],
         columns: protocol.tokens.len(),
         rows: conditions.len(),
         y_range,

@@ -108,7 +108,8 @@ pub(super) fn check_chart(
     let mut texts = vec![
         format!("{study}: next-token KL against cache bytes"),
         "KV cache bytes per token (log); one panel per schedule, its own scale".to_string(),
-        "KL(p_f32 || p_packed), mean over positions and texts (log)".to_string(),
+        "KL(p_f32 || p_packed) (log),".to_string(),
+        "mean over positions and texts".to_string(),
     ];
     texts.extend(legend.iter().map(|(heading, _)| heading.clone()));
     let expected = ExpectedChart {
