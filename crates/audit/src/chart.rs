@@ -349,7 +349,8 @@ fn expected_chart(
     }
     let mut texts = vec![
         format!("{}: attention-output error against K+V payload", p.study),
-        "K+V payload bytes (log); one column per length N, its own scale".to_string(),
+        "K+V payload bytes (log)".to_string(),
+        "one column per length N, each on its own scale".to_string(),
         "relative L2 error (log),".to_string(),
         if p.model.is_some() {
             "mean over texts and heads"

@@ -85,7 +85,7 @@ const PLOT_HEIGHT: f64 = 200.0;
 const GRID_LEFT: f64 = 36.0;
 const GRID_TOP: f64 = 44.0;
 /// Room below the grid for the x axis title.
-const GRID_BOTTOM: f64 = 36.0;
+const GRID_BOTTOM: f64 = 50.0;
 const FONT: &str = r#"font-family="sans-serif""#;
 /// Approximate width of a character of the tick and legend fonts, to keep labels apart.
 const CHAR_WIDTH: f64 = 6.6;
@@ -188,7 +188,8 @@ pub fn escape(text: &str) -> String {
 /// A chart's frame: titles, grid shape, the shared y range and the legend.
 pub struct Layout<'a> {
     pub title: String,
-    pub x_title: &'a str,
+    /// The x axis title in two lines (what, then how it is scaled), to fit under one panel.
+    pub x_title: [&'a str; 2],
     /// The y axis title in two lines, so that it fits beside a single row of panels.
     pub y_title: [&'a str; 2],
     pub columns: usize,
@@ -288,12 +289,14 @@ impl Layout<'_> {
         );
         let grid_middle = (GRID_LEFT + self.grid_right()) / 2.0;
         let grid_bottom = GRID_TOP + self.rows as f64 * CELL_HEIGHT;
-        let _ = writeln!(
-            out,
-            r#"<text x="{grid_middle}" y="{}" {FONT} font-size="13" text-anchor="middle">{}</text>"#,
-            grid_bottom + 22.0,
-            escape(self.x_title)
-        );
+        for (line, dy) in self.x_title.iter().zip([22.0, 38.0]) {
+            let _ = writeln!(
+                out,
+                r#"<text x="{grid_middle}" y="{}" {FONT} font-size="13" text-anchor="middle">{}</text>"#,
+                grid_bottom + dy,
+                escape(line)
+            );
+        }
         let y_middle = GRID_TOP + self.rows as f64 * CELL_HEIGHT / 2.0;
         for (line, x) in self.y_title.iter().zip([14, 30]) {
             let _ = writeln!(
@@ -346,9 +349,9 @@ impl Layout<'_> {
         );
         let _ = writeln!(
             out,
-            r#"<text x="{}" y="{}" {FONT} font-size="14" text-anchor="middle">{}</text>"#,
-            (x.a + x.b) / 2.0,
-            y.b - 9.0,
+            r#"<text x="{}" y="{}" {FONT} font-size="14">{}</text>"#,
+            x.a,
+            y.b - 8.0,
             escape(&panel.title)
         );
         let _ = writeln!(
@@ -397,12 +400,24 @@ impl Layout<'_> {
             r#"<line class="float32" x1="{f}" y1="{}" x2="{f}" y2="{}" stroke="{GREY}" stroke-width="1" stroke-dasharray="6 4"/>"#,
             y.b, y.a
         );
-        // The label sits left of the line, which is at or near the right edge.
+        // The label goes above the plot, beside the title, so that it covers no marker: ending
+        // at the line when the line is right of the middle (as float32 usually is, the largest
+        // size), else starting there; inside the plot's top edge only if the title is in the way.
+        let label = panel.float32_label.chars().count() as f64 * 6.2;
+        let title_end = x.a + panel.title.chars().count() as f64 * 7.8;
+        let (anchor, start) = if f > (x.a + x.b) / 2.0 {
+            ("end", f - label)
+        } else {
+            ("start", f)
+        };
+        let (at, y_label) = if start > title_end + 8.0 {
+            (f, y.b - 8.0)
+        } else {
+            (if anchor == "end" { f - 4.0 } else { f + 4.0 }, y.b + 13.0)
+        };
         let _ = writeln!(
             out,
-            r#"<text x="{}" y="{}" {FONT} font-size="11" fill="{GREY}" text-anchor="end">{}</text>"#,
-            f - 4.0,
-            y.b + 13.0,
+            r#"<text x="{at}" y="{y_label}" {FONT} font-size="11" fill="{GREY}" text-anchor="{anchor}">{}</text>"#,
             escape(&panel.float32_label)
         );
         if let Some(note) = panel.empty_note {

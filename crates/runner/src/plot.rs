@@ -87,7 +87,10 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
             "{}: attention-output error against K+V payload",
             protocol.study
         ),
-        x_title: "K+V payload bytes (log); one column per length N, its own scale",
+        x_title: [
+            "K+V payload bytes (log)",
+            "one column per length N, each on its own scale",
+        ],
         y_title: [
             "relative L2 error (log),",
             if protocol.model.is_some() {

@@ -88,7 +88,10 @@ pub fn quality_vs_bytes(protocol: &QualityProtocol, summary: &Summary) -> Result
     }
     let layout = Layout {
         title: format!("{}: next-token KL against cache bytes", protocol.study),
-        x_title: "KV cache bytes per token (log); one panel per schedule, its own scale",
+        x_title: [
+            "KV cache bytes per token (log)",
+            "one panel per schedule, each on its own scale",
+        ],
         y_title: [
             "KL(p_f32 || p_packed) (log),",
             "mean over positions and texts",

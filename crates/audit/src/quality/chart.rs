@@ -107,7 +107,8 @@ pub(super) fn check_chart(
     }
     let mut texts = vec![
         format!("{study}: next-token KL against cache bytes"),
-        "KV cache bytes per token (log); one panel per schedule, its own scale".to_string(),
+        "KV cache bytes per token (log)".to_string(),
+        "one panel per schedule, each on its own scale".to_string(),
         "KL(p_f32 || p_packed) (log),".to_string(),
         "mean over positions and texts".to_string(),
     ];

@@ -272,7 +272,8 @@ impl Evidence {
         self.svg = format!(
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"300\">\n\
              <text x=\"10\" y=\"10\">tiny-quality: next-token KL against cache bytes</text>\n\
-             <text x=\"400\" y=\"280\">KV cache bytes per token (log); one panel per schedule, its own scale</text>\n\
+             <text x=\"400\" y=\"280\">KV cache bytes per token (log)</text>\n\
+             <text x=\"400\" y=\"296\">one panel per schedule, each on its own scale</text>\n\
              <text x=\"10\" y=\"100\" transform=\"rotate(-90 10 100)\">KL(p_f32 || p_packed) (log),</text>\n\
              <text x=\"24\" y=\"100\" transform=\"rotate(-90 24 100)\">mean over positions and texts</text>\n\
              <text x=\"760\" y=\"40\">settings (uniform policy)</text>\n\
