@@ -473,7 +473,8 @@ pub(crate) fn check_panels(
             .filter(|n| n.has_tag_name("line") && n.attribute("class") == Some("float32"))
             .collect();
         let at = x_axis.pixel(expected.float32);
-        let line_ok = matches!(lines.as_slice(), [line]
+        let line_ok = x_axis.holds(at)
+            && matches!(lines.as_slice(), [line]
             if [number(*line, "x1"), number(*line, "x2")]
                 .iter()
                 .all(|x| x.is_some_and(|x| (x - at).abs() <= 1.0))
@@ -734,7 +735,8 @@ fn check_legend(
 
 /// The elements and attributes: only what the chart uses, groups only for panels (children of
 /// the root), their markers and the legend's swatches, transforms only theirs and the rotated y
-/// axis title, and tick-like texts without offsets; the error is the first breach. Returns
+/// axis title, tick-like texts without offsets, and no filled rect but the background (first);
+/// the error is the first breach. Returns
 /// the circles and polygons outside markers and swatches (strays).
 fn check_elements(root: Node, want: &ExpectedChart) -> Result<Vec<ChartProblem>, ChartProblem> {
     let element = |what: String| ChartProblem::Element { what };
@@ -764,6 +766,12 @@ fn check_elements(root: Node, want: &ExpectedChart) -> Result<Vec<ChartProblem>,
             return Err(element(
                 "a group other than a panel, marker or swatch".into(),
             ));
+        }
+        // A filled rectangle could cover markers: only the background, first, may be filled;
+        // a panel's frame is an outline.
+        let background = at_root && root.first_element_child() == Some(node);
+        if name == "rect" && !background && node.attribute("fill") != Some("none") {
+            return Err(element("a filled rect over the chart".into()));
         }
         if matches!(name, "circle" | "polygon")
             && !matches!(class_of(parent), Some("marker" | "swatch"))

@@ -467,6 +467,20 @@ fn panels_legend_and_float32_lines_are_checked() {
         matches!(p, Problem::Chart(ChartProblem::Legend { .. }))
     });
 
+    // A white rectangle over the last panel, hiding its markers.
+    let report = audit_chart_edit(|lines| {
+        let last = lines.len() - 1;
+        lines.insert(
+            last,
+            "<rect x=\"0\" y=\"0\" width=\"2000\" height=\"2000\" fill=\"#FFFFFF\"/>".into(),
+        );
+    });
+    assert_problem(
+        &report,
+        "cover",
+        |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("rect")),
+    );
+
     // A y axis of its own in one panel, so rows would not compare.
     let report = audit_chart_edit(|lines| {
         let at = lines
