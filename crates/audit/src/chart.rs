@@ -1,4 +1,4 @@
-//! error-vs-bytes.svg (and, through [`check_panels`], quality-vs-bytes.svg): every marker tied
+//! error-vs-bytes.svg (and, through the same panel check, quality-vs-bytes.svg): every marker tied
 //! to its numbers, in its own panel, placed where that panel's axes say and drawn as the
 //! audit's own style rule says.
 //!
