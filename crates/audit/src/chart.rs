@@ -1,26 +1,36 @@
-//! error-vs-bytes.svg: every marker tied to its numbers and placed where the axes say.
+//! error-vs-bytes.svg (and, through the same panel check, quality-vs-bytes.svg): every marker tied
+//! to its numbers, in its own panel, placed where that panel's axes say and drawn as the
+//! audit's own style rule says.
 //!
-//! The runner writes each marker as `<g class="marker" data-config data-distribution
-//! data-tokens data-payload-bytes data-relative-l2 transform="translate(X,Y)">` (for a model's
-//! inputs `data-condition="l5"` in place of `data-distribution`) around one shape,
-//! inside `<g id="markers">`, which declares the log-log axis mapping (`data-x-range`,
-//! `data-y-range`: the value range; `data-x-pixels`, `data-y-pixels`: where its ends land). The
-//! audit requires:
-//! - exactly one marker per configuration, condition (distribution, or a model's layer) and
-//!   length with a positive mean error, in run order, whose data equal the audit's own mean over
-//!   seeds (or texts and KV heads) and payload;
-//! - each marker at the pixel the declared mapping gives its data (within one pixel, plotters'
-//!   rounding), with the shape of its condition (a distribution's own: circle `clean`, triangle
-//!   `early_focus`, diamond `recent_focus`; a layer's by its position in the protocol: circle,
-//!   triangle, diamond, square, then again) and the paint of its study (filled for
-//!   packed-KV settings, hollow for budget policies) in its configuration's legend colour;
-//! - every tick label on both axes at the pixel the same mapping gives its value, at least two
-//!   per axis, so the axes a reader sees are the mapping the markers use;
-//! - a legend entry (swatch, then label) per configuration, right of the plot; the condition
-//!   legend's heading (`distribution`, or `layer`) and each condition's name, and the y axis's
-//!   description (mean over seeds, or over texts and heads), shown as text;
-//! - no element outside what the chart uses (no script, image, link or foreign content) and no
-//!   other marker-like shape inside the plot.
+//! The chart is a grid of panels, one column per length and one row per condition (a
+//! distribution, or a model's layer), row by row in protocol order. Each panel is a
+//! `<g class="panel" data-tokens="N" data-distribution="clean">` (a model's: `data-condition="l5"`)
+//! that declares its log-log axis mapping (`data-x-range`, `data-y-range`: the value range;
+//! `data-x-pixels`, `data-y-pixels`: where its ends land; a value v lands at
+//! `a + (b - a) * ln(v / lo) / ln(hi / lo)`) and holds its markers, `<g class="marker"
+//! data-config data-distribution (or data-condition) data-tokens data-payload-bytes
+//! data-relative-l2 transform="translate(X,Y)">` around one shape. The audit requires:
+//! - the panels in that order, each titled `N=128 · clean` (`N=128 · layer 5`), not overlapping,
+//!   all with one y range (so rows compare), and each with one dashed `<line class="float32">`
+//!   at the pixel its mapping gives the float32 K+V size at its length, labelled
+//!   `float32 65,536 B`;
+//! - in each panel exactly its markers: one per configuration with a positive mean error there,
+//!   in configuration order, whose data equal the audit's own mean over seeds (or texts and KV
+//!   heads) and payload, with no other attribute;
+//! - each marker within one pixel of where its panel's mapping puts its data, inside the plot
+//!   area, drawn in the audit's own style for its configuration's index i (packed settings first,
+//!   then budget policies): colour [`PALETTE`]`[i % 20]`, shape [`SHAPES`]`[(i / 20) % 5]`,
+//!   filled for a packed setting and hollow (`fill="none"`, 2 px stroke) for a budget policy;
+//! - every text in a panel its title, its float32 label, the empty-panel note, or a tick label
+//!   at the pixel the panel's mapping gives its value (x below the plot, y left of it); at least
+//!   two x tick labels per panel and two y tick labels in each row's first panel;
+//! - a legend right of the grid: under the heading `packed settings`, then
+//!   `budget policies (hollow)`, a `<g class="swatch" data-series="LABEL">` per configuration in
+//!   its own style, followed by its label; and besides it only the chart's title and its axis
+//!   titles (the y axis's says what a mean is over: seeds, or texts and heads);
+//! - no element outside what the chart uses (no script, image, link or foreign content), no
+//!   group but panels, markers and swatches, no transform but theirs and the rotated y title,
+//!   and no circle or polygon outside a marker or swatch.
 
 pub use crate::problem::ChartProblem;
 use std::collections::BTreeMap;
@@ -29,16 +39,33 @@ use roxmltree::{Document, Node};
 
 use crate::comparisons::{Recomputed, close};
 use crate::plan::{ComparisonPlan, Config, InputPlan, Study, layer_condition};
-use crate::protocol::{Distribution, Protocol};
+use crate::protocol::Protocol;
 use crate::report::{Checked, Problem, Report};
 
 /// Elements the chart may contain.
-pub(crate) const ALLOWED: [&str; 8] = [
+const ALLOWED: [&str; 8] = [
     "svg", "rect", "line", "polyline", "polygon", "circle", "text", "g",
 ];
 
+/// The audit's own series colours: series i is drawn in `PALETTE[i % 20]`.
+pub const PALETTE: [&str; 20] = [
+    "#1F77B4", "#FF7F0E", "#2CA02C", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#7F7F7F",
+    "#BCBD22", "#17BECF", "#000075", "#800000", "#808000", "#469990", "#F032E6", "#000000",
+    "#FFC000", "#1B5E20", "#FA8072", "#6A3D9A",
+];
+
+/// The audit's own series shapes, centred on (0, 0): series i is drawn as
+/// `SHAPES[(i / 20) % 5]` (element, geometry attribute, its value).
+pub const SHAPES: [(&str, &str, &str); 5] = [
+    ("circle", "r", "5"),
+    ("polygon", "points", "-4.5,-4.5 4.5,-4.5 4.5,4.5 -4.5,4.5"),
+    ("polygon", "points", "0,-6 6,0 0,6 -6,0"),
+    ("polygon", "points", "0,-6 5.2,3 -5.2,3"),
+    ("polygon", "points", "0,6 5.2,-3 -5.2,-3"),
+];
+
 /// One axis's log mapping: values lo..hi land on pixels a..b.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Axis {
     lo: f64,
     hi: f64,
@@ -69,97 +96,119 @@ impl Axis {
         sane.then_some(Axis { lo, hi, a, b })
     }
 
-    fn left_or_bottom(&self) -> f64 {
-        self.a
+    /// The pixel span, low to high.
+    fn span(&self) -> (f64, f64) {
+        (self.a.min(self.b), self.a.max(self.b))
+    }
+
+    /// Whether a pixel lies on the axis (within a pixel of its ends).
+    fn holds(&self, p: f64) -> bool {
+        let (lo, hi) = self.span();
+        (lo - 1.0..=hi + 1.0).contains(&p)
     }
 }
 
-/// A marker the audit expects: (config label, condition, shape, tokens, payload, mean error,
-/// budget).
-struct ExpectedMarker {
-    config: String,
-    /// The distribution's name, or the layer's (`l5`).
-    condition: String,
-    /// Index into [`SHAPES`].
-    shape: usize,
-    tokens: usize,
-    payload_bytes: usize,
-    relative_l2: f64,
-    budget: bool,
+/// A legend heading and its series: (label, series index, hollow).
+pub(crate) type LegendGroup = (String, Vec<(String, usize, bool)>);
+
+/// What a chart of panels must hold, as the audit derives it.
+pub(crate) struct ExpectedChart {
+    /// The panels in document order.
+    pub panels: Vec<ExpectedPanel>,
+    /// Legend headings in order, each with its series: (label, series index, hollow).
+    pub legend: Vec<LegendGroup>,
+    /// Every text outside the panels and legend labels: title, axis titles, headings.
+    pub texts: Vec<String>,
+    /// The names of a marker's attributes, besides `class` and `transform`.
+    pub marker_attributes: Vec<&'static str>,
+    /// Reads a y tick label ("0.5%" -> 0.005).
+    pub y_label: fn(&str) -> Option<f64>,
 }
 
-fn expected_markers(
-    p: &Protocol,
-    inputs: &[InputPlan],
-    plan: &[ComparisonPlan],
-    configs: &[Config],
-    recomputed: &BTreeMap<String, Recomputed>,
-) -> Vec<ExpectedMarker> {
-    let mut out = Vec::new();
-    for config in configs {
-        for (shape, condition) in shaped_conditions(p) {
-            for &n in &p.tokens {
-                let mine: Vec<(&ComparisonPlan, &Recomputed)> = plan
-                    .iter()
-                    .filter(|e| e.config == *config)
-                    .filter(|e| {
-                        inputs[e.input].condition() == condition && inputs[e.input].tokens == n
-                    })
-                    .filter_map(|e| Some((e, recomputed.get(&e.id)?)))
-                    .collect();
-                let Some((first, r)) = mine.first() else {
-                    continue;
-                };
-                let mean = mine.iter().map(|(_, r)| r.relative_l2).sum::<f64>() / mine.len() as f64;
-                if mean > 0.0 {
-                    out.push(ExpectedMarker {
-                        config: config.label(),
-                        condition: condition.clone(),
-                        shape,
-                        tokens: n,
-                        payload_bytes: r.payload_bytes,
-                        relative_l2: mean,
-                        budget: first.study == Study::Budget,
-                    });
-                }
-            }
-        }
-    }
-    out
+/// One panel the audit expects.
+pub(crate) struct ExpectedPanel {
+    /// Its data attributes naming what it shows, e.g. `data-tokens`, `128`.
+    pub attributes: Vec<(&'static str, String)>,
+    pub title: String,
+    /// Whether it is the first of its row (which carries the y tick labels).
+    pub first_column: bool,
+    pub float32: f64,
+    pub float32_label: String,
+    pub empty_note: &'static str,
+    pub markers: Vec<ExpectedMarker>,
 }
 
-/// The marker shapes, centred on (0, 0): element name, geometry attribute and its value.
-const SHAPES: [(&str, &str, &str); 4] = [
-    ("circle", "r", "5"),
-    ("polygon", "points", "0,-6 5.2,3 -5.2,3"),
-    ("polygon", "points", "0,-6 6,0 0,6 -6,0"),
-    ("polygon", "points", "-4.5,-4.5 4.5,-4.5 4.5,4.5 -4.5,4.5"),
-];
+/// One marker the audit expects.
+pub(crate) struct ExpectedMarker {
+    /// Attributes that must read exactly so.
+    pub strings: Vec<(&'static str, String)>,
+    /// Attributes that must be numbers close to these.
+    pub numbers: Vec<(&'static str, f64)>,
+    /// Its data: where the panel's mapping must place it.
+    pub x: f64,
+    pub y: f64,
+    /// Its series' index (colour and shape) and paint.
+    pub series: usize,
+    pub hollow: bool,
+    /// How problems name it: configuration, condition, length (or index).
+    pub config: String,
+    pub condition: String,
+    pub tokens: usize,
+}
 
-/// The conditions markers are drawn for, in protocol order, each with its index into
-/// [`SHAPES`]: a distribution keeps its own shape whatever its position; a model's layers take
-/// the shapes in turn.
-fn shaped_conditions(p: &Protocol) -> Vec<(usize, String)> {
-    match &p.model {
-        Some(m) => m
-            .layers
+impl ExpectedMarker {
+    fn describe(&self) -> String {
+        self.strings
             .iter()
-            .enumerate()
-            .map(|(i, &layer)| (i % SHAPES.len(), layer_condition(layer)))
-            .collect(),
-        None => p
-            .distributions
-            .iter()
-            .map(|&d| {
-                let shape = match d {
-                    Distribution::Clean => 0,
-                    Distribution::EarlyFocus => 1,
-                    Distribution::RecentFocus => 2,
-                };
-                (shape, d.name().to_string())
-            })
-            .collect(),
+            .map(|(_, v)| v.clone())
+            .chain(self.numbers.iter().map(|(_, v)| format!("{v:?}")))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
+}
+
+/// The audit's own style for series `index`: (element, geometry attribute, its value, colour).
+fn style(index: usize) -> (&'static str, &'static str, &'static str, &'static str) {
+    let (element, attribute, geometry) = SHAPES[(index / PALETTE.len()) % SHAPES.len()];
+    (element, attribute, geometry, PALETTE[index % PALETTE.len()])
+}
+
+/// Whether `node` holds exactly one shape drawn in series `index`'s style and paint.
+fn styled(node: Node, index: usize, hollow: bool) -> Result<(), String> {
+    let (element, attribute, geometry, colour) = style(index);
+    let children: Vec<Node> = node.children().filter(|c| c.is_element()).collect();
+    let [child] = children.as_slice() else {
+        return Err(format!("{} shapes", children.len()));
+    };
+    let shape_ok = child.has_tag_name(element)
+        && child.attribute(attribute) == Some(geometry)
+        && child.attributes().all(|a| {
+            a.name() == attribute || matches!(a.name(), "fill" | "stroke" | "stroke-width")
+        });
+    if !shape_ok {
+        return Err(format!(
+            "not a centred {element} with {attribute}=\"{geometry}\""
+        ));
+    }
+    let paint = (
+        child.attribute("fill"),
+        child.attribute("stroke"),
+        child.attribute("stroke-width"),
+    );
+    let want = if hollow {
+        (Some("none"), Some(colour), Some("2"))
+    } else {
+        (Some(colour), Some("none"), None)
+    };
+    if paint != want {
+        return Err(format!(
+            "fill {:?}, stroke {:?}; its series is {} {colour}",
+            paint.0,
+            paint.1,
+            if hollow { "hollow" } else { "filled" }
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn translate(node: Node) -> Option<(f64, f64)> {
@@ -171,11 +220,11 @@ pub(crate) fn translate(node: Node) -> Option<(f64, f64)> {
     Some((x.parse().ok()?, y.parse().ok()?))
 }
 
-pub(crate) fn element_children<'a, 'i>(node: Node<'a, 'i>) -> impl Iterator<Item = Node<'a, 'i>> {
-    node.children().filter(|c| c.is_element())
+fn number(node: Node, name: &str) -> Option<f64> {
+    node.attribute(name)?.parse().ok()
 }
 
-/// Checks the chart against the audit's recomputed values.
+/// Checks the error-vs-bytes chart against the audit's recomputed values.
 pub fn check(
     svg: &str,
     p: &Protocol,
@@ -185,337 +234,564 @@ pub fn check(
     recomputed: &BTreeMap<String, Recomputed>,
     report: &mut Report,
 ) {
-    let fail = |report: &mut Report, problem: ChartProblem| report.fail(Problem::Chart(problem));
+    let expected = expected_chart(p, inputs, plan, configs, recomputed);
+    check_panels(svg, &expected, Problem::Chart, report);
+}
+
+/// The conditions (rows) in protocol order: the name markers carry, and the one titles show.
+fn conditions(p: &Protocol) -> Vec<(String, String)> {
+    match &p.model {
+        Some(m) => m
+            .layers
+            .iter()
+            .map(|&layer| (layer_condition(layer), format!("layer {layer}")))
+            .collect(),
+        None => p
+            .distributions
+            .iter()
+            .map(|d| (d.name().to_string(), d.name().to_string()))
+            .collect(),
+    }
+}
+
+/// "65536" -> "65,536".
+pub(crate) fn thousands(n: u128) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn expected_chart(
+    p: &Protocol,
+    inputs: &[InputPlan],
+    plan: &[ComparisonPlan],
+    configs: &[Config],
+    recomputed: &BTreeMap<String, Recomputed>,
+) -> ExpectedChart {
+    let budget = |config: &Config| {
+        plan.iter()
+            .find(|e| e.config == *config)
+            .is_some_and(|e| e.study == Study::Budget)
+    };
+    let attribute = if p.model.is_some() {
+        "data-condition"
+    } else {
+        "data-distribution"
+    };
+    let mut panels = Vec::new();
+    for (condition, title) in conditions(p) {
+        for (column, &n) in p.tokens.iter().enumerate() {
+            let mut markers = Vec::new();
+            for (series, config) in configs.iter().enumerate() {
+                let mine: Vec<&Recomputed> = plan
+                    .iter()
+                    .filter(|e| e.config == *config)
+                    .filter(|e| {
+                        inputs[e.input].condition() == condition && inputs[e.input].tokens == n
+                    })
+                    .filter_map(|e| recomputed.get(&e.id))
+                    .collect();
+                let Some(first) = mine.first() else {
+                    continue;
+                };
+                let mean = mine.iter().map(|r| r.relative_l2).sum::<f64>() / mine.len() as f64;
+                if mean > 0.0 {
+                    markers.push(ExpectedMarker {
+                        strings: vec![
+                            ("data-config", config.label()),
+                            (attribute, condition.clone()),
+                            ("data-tokens", n.to_string()),
+                            ("data-payload-bytes", first.payload_bytes.to_string()),
+                        ],
+                        numbers: vec![("data-relative-l2", mean)],
+                        x: first.payload_bytes as f64,
+                        y: mean,
+                        series,
+                        hollow: budget(config),
+                        config: config.label(),
+                        condition: condition.clone(),
+                        tokens: n,
+                    });
+                }
+            }
+            let float32 = 2 * 4 * n as u128 * p.features as u128;
+            panels.push(ExpectedPanel {
+                attributes: vec![
+                    ("data-tokens", n.to_string()),
+                    (attribute, condition.clone()),
+                ],
+                title: format!("N={n} · {title}"),
+                first_column: column == 0,
+                float32: float32 as f64,
+                float32_label: format!("float32 {} B", thousands(float32)),
+                empty_note: "every error is 0: nothing to mark on a log scale",
+                markers,
+            });
+        }
+    }
+    let group = |budget_group: bool| -> Vec<(String, usize, bool)> {
+        configs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| budget(c) == budget_group)
+            .map(|(i, c)| (c.label(), i, budget_group))
+            .collect()
+    };
+    let mut legend = vec![("packed settings".to_string(), group(false))];
+    if configs.iter().any(budget) {
+        legend.push(("budget policies (hollow)".to_string(), group(true)));
+    }
+    let mut texts = vec![
+        format!("{}: attention-output error against K+V payload", p.study),
+        "K+V payload bytes (log)".to_string(),
+        "one column per length N, each on its own scale".to_string(),
+        "relative L2 error (log),".to_string(),
+        if p.model.is_some() {
+            "mean over texts and heads"
+        } else {
+            "mean over seeds"
+        }
+        .to_string(),
+    ];
+    texts.extend(legend.iter().map(|(heading, _)| heading.clone()));
+    ExpectedChart {
+        panels,
+        legend,
+        texts,
+        marker_attributes: vec![
+            "data-config",
+            attribute,
+            "data-tokens",
+            "data-payload-bytes",
+            "data-relative-l2",
+        ],
+        y_label: percent_label,
+    }
+}
+
+/// Checks a chart of panels against what the audit expects; problems are wrapped by `wrap`.
+pub(crate) fn check_panels(
+    svg: &str,
+    want: &ExpectedChart,
+    wrap: fn(ChartProblem) -> Problem,
+    report: &mut Report,
+) {
+    let mut fail = |problem: ChartProblem| report.fail(wrap(problem));
     let doc = match Document::parse(svg) {
         Ok(doc) => doc,
         Err(e) => {
-            return fail(
-                report,
-                ChartProblem::Document {
-                    reason: e.to_string(),
-                },
-            );
+            return fail(ChartProblem::Document {
+                reason: e.to_string(),
+            });
         }
     };
     let root = doc.root_element();
     if root.tag_name().name() != "svg"
         || root.tag_name().namespace() != Some("http://www.w3.org/2000/svg")
     {
-        return fail(
-            report,
-            ChartProblem::Document {
-                reason: "the root is not an svg element".into(),
-            },
-        );
+        return fail(ChartProblem::Document {
+            reason: "the root is not an svg element".into(),
+        });
     }
+    match check_elements(root, want) {
+        // A stray shape is named, and the rest still checked.
+        Ok(strays) => strays.into_iter().for_each(&mut fail),
+        Err(problem) => return fail(problem),
+    }
+    let panels: Vec<Node> = root
+        .children()
+        .filter(|n| n.has_tag_name("g") && n.attribute("class") == Some("panel"))
+        .collect();
+    if panels.len() != want.panels.len() {
+        return fail(ChartProblem::Mapping {
+            what: format!("{} panels, expected {}", panels.len(), want.panels.len()),
+        });
+    }
+    let mut axes: Vec<(Axis, Axis)> = Vec::new();
+    for (node, expected) in panels.iter().zip(&want.panels) {
+        let axis =
+            |range: &str, pixels: &str| Axis::parse(node.attribute(range), node.attribute(pixels));
+        let named = expected
+            .attributes
+            .iter()
+            .all(|(name, value)| node.attribute(*name) == Some(value.as_str()));
+        match (
+            named,
+            axis("data-x-range", "data-x-pixels"),
+            axis("data-y-range", "data-y-pixels"),
+        ) {
+            (true, Some(x), Some(y)) => axes.push((x, y)),
+            _ => {
+                return fail(ChartProblem::Mapping {
+                    what: format!(
+                        "panel {:?}: its data or its data-x/y-range or data-x/y-pixels",
+                        expected.title
+                    ),
+                });
+            }
+        }
+    }
+    // One y range for every panel, so that rows and columns compare; no panel over another.
+    let first_y = axes[0].1;
+    for (i, (x, y)) in axes.iter().enumerate() {
+        let title = &want.panels[i].title;
+        if (y.lo, y.hi) != (first_y.lo, first_y.hi) || (y.a - y.b) != (first_y.a - first_y.b) {
+            fail(ChartProblem::Mapping {
+                what: format!("panel {title:?}: a y axis unlike the first panel's"),
+            });
+        }
+        for (other, (ox, oy)) in axes.iter().enumerate().skip(i + 1) {
+            let apart = |p: (f64, f64), q: (f64, f64)| p.1 <= q.0 || q.1 <= p.0;
+            if !apart(x.span(), ox.span()) && !apart(y.span(), oy.span()) {
+                fail(ChartProblem::Mapping {
+                    what: format!(
+                        "panel {title:?} overlaps panel {:?}",
+                        want.panels[other].title
+                    ),
+                });
+            }
+        }
+    }
+    let grid_right = axes
+        .iter()
+        .map(|(x, _)| x.span().1)
+        .fold(f64::NEG_INFINITY, f64::max);
+
+    let mut placed = 0;
+    let mut index = 0;
+    for ((node, expected), &(x_axis, y_axis)) in panels.iter().zip(&want.panels).zip(&axes) {
+        let mut fail = |problem: ChartProblem| report.fail(wrap(problem));
+        check_panel_texts(*node, expected, x_axis, y_axis, want.y_label, &mut fail);
+        let lines: Vec<Node> = node
+            .children()
+            .filter(|n| n.has_tag_name("line") && n.attribute("class") == Some("float32"))
+            .collect();
+        let at = x_axis.pixel(expected.float32);
+        let line_ok = x_axis.holds(at)
+            && matches!(lines.as_slice(), [line]
+            if [number(*line, "x1"), number(*line, "x2")]
+                .iter()
+                .all(|x| x.is_some_and(|x| (x - at).abs() <= 1.0))
+            && line.attribute("stroke-dasharray").is_some());
+        if !line_ok {
+            fail(ChartProblem::Mapping {
+                what: format!(
+                    "panel {:?}: not one dashed float32 line at x {at:.1}",
+                    expected.title
+                ),
+            });
+        }
+        let found: Vec<Node> = node.children().filter(|n| n.has_tag_name("g")).collect();
+        if found.len() != expected.markers.len() {
+            fail(ChartProblem::Marker {
+                index: index + found.len().min(expected.markers.len()),
+                found: format!("{} markers in panel {:?}", found.len(), expected.title),
+                expected: format!("{} markers", expected.markers.len()),
+            });
+        }
+        for (marker, w) in found.iter().zip(&expected.markers) {
+            let i = index;
+            index += 1;
+            let mut names: Vec<&str> = marker
+                .attributes()
+                .map(|a| a.name())
+                .filter(|n| !matches!(*n, "class" | "transform"))
+                .collect();
+            let mut wanted = want.marker_attributes.clone();
+            names.sort_unstable();
+            wanted.sort_unstable();
+            let same = marker.attribute("class") == Some("marker")
+                && names == wanted
+                && w.strings
+                    .iter()
+                    .all(|(name, value)| marker.attribute(*name) == Some(value.as_str()))
+                && w.numbers
+                    .iter()
+                    .all(|(name, value)| number(*marker, name).is_some_and(|v| close(v, *value)));
+            if !same {
+                let found = w
+                    .strings
+                    .iter()
+                    .map(|(name, _)| *name)
+                    .chain(w.numbers.iter().map(|(name, _)| *name))
+                    .map(|name| marker.attribute(name).unwrap_or("-"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                fail(ChartProblem::Marker {
+                    index: i,
+                    found,
+                    expected: w.describe(),
+                });
+                continue;
+            }
+            let style_problem = |what: String| ChartProblem::Style {
+                config: w.config.clone(),
+                distribution: w.condition.clone(),
+                tokens: w.tokens,
+                what,
+            };
+            let Some((x, y)) = translate(*marker) else {
+                fail(style_problem("no translate(X,Y) transform".into()));
+                continue;
+            };
+            let (ex, ey) = (x_axis.pixel(w.x), y_axis.pixel(w.y));
+            let inside = x_axis.holds(ex) && y_axis.holds(ey);
+            if (x - ex).abs() > 1.0 || (y - ey).abs() > 1.0 || !inside {
+                fail(ChartProblem::Position {
+                    config: w.config.clone(),
+                    distribution: w.condition.clone(),
+                    tokens: w.tokens,
+                    x,
+                    y,
+                    ex,
+                    ey,
+                });
+            }
+            if let Err(what) = styled(*marker, w.series, w.hollow) {
+                fail(style_problem(what));
+                continue;
+            }
+            placed += 1;
+        }
+        index += expected
+            .markers
+            .len()
+            .saturating_sub(found.len().min(expected.markers.len()));
+    }
+    check_legend(root, want, grid_right, &mut |p| report.fail(wrap(p)));
+    report.count(Checked::ChartMarkers, placed);
+}
+
+/// Texts in a panel: its title, its float32 label, the empty-panel note, and tick labels at
+/// their pixel (x below the plot area, y left of it); at least two x tick labels, and two y
+/// tick labels in the first panel of a row.
+fn check_panel_texts(
+    panel: Node,
+    want: &ExpectedPanel,
+    x_axis: Axis,
+    y_axis: Axis,
+    y_label: fn(&str) -> Option<f64>,
+    fail: &mut dyn FnMut(ChartProblem),
+) {
+    let mut counts = [0usize; 2];
+    let mut titled = false;
+    let mut float32 = false;
+    for text in panel.children().filter(|n| n.has_tag_name("text")) {
+        let label = text.text().unwrap_or("").trim();
+        if label == want.title {
+            titled = true;
+            continue;
+        }
+        if label == want.float32_label {
+            float32 = true;
+            continue;
+        }
+        if label == want.empty_note && want.markers.is_empty() {
+            continue;
+        }
+        let tick = |axis: &'static str, what: String| ChartProblem::Tick {
+            axis,
+            label: label.to_string(),
+            what,
+        };
+        let (Some(x), Some(y)) = (number(text, "x"), number(text, "y")) else {
+            fail(tick("x", "without a position".into()));
+            continue;
+        };
+        let left = x < x_axis.span().0;
+        let below = y > y_axis.span().1;
+        let (axis_name, axis, value, along) = match (left, below) {
+            (true, false) => ("y", y_axis, y_label(label), y),
+            (false, true) => ("x", x_axis, x_label(label), x),
+            _ => {
+                fail(ChartProblem::Element {
+                    what: format!("a text {label:?} in panel {:?}", want.title),
+                });
+                continue;
+            }
+        };
+        let Some(value) = value else {
+            fail(tick(axis_name, "not a tick label of this axis".into()));
+            continue;
+        };
+        counts[usize::from(axis_name == "x")] += 1;
+        let expected = axis.pixel(value);
+        if (along - expected).abs() > 1.0 || !axis.holds(along) {
+            fail(tick(
+                axis_name,
+                format!("at {along}, its value maps to {expected:.1}"),
+            ));
+        }
+    }
+    for (ok, expected) in [(titled, &want.title), (float32, &want.float32_label)] {
+        if !ok {
+            fail(ChartProblem::Label {
+                expected: expected.clone(),
+            });
+        }
+    }
+    let need = [usize::from(want.first_column) * 2, 2];
+    for ((axis, count), need) in [("y", counts[0]), ("x", counts[1])].into_iter().zip(need) {
+        if count < need {
+            fail(ChartProblem::Tick {
+                axis,
+                label: String::new(),
+                what: format!(
+                    "{count} tick labels in panel {:?}; the mapping needs at least two to be read",
+                    want.title
+                ),
+            });
+        }
+    }
+}
+
+/// The legend: the swatches in order, each in its series' style and followed by its label,
+/// right of the grid; the texts outside the panels exactly the chart's titles, headings and
+/// legend labels.
+fn check_legend(
+    root: Node,
+    want: &ExpectedChart,
+    grid_right: f64,
+    fail: &mut dyn FnMut(ChartProblem),
+) {
+    let swatches: Vec<Node> = root
+        .children()
+        .filter(|n| n.has_tag_name("g") && n.attribute("class") == Some("swatch"))
+        .collect();
+    let entries: Vec<&(String, usize, bool)> = want.legend.iter().flat_map(|(_, s)| s).collect();
+    let mut labels: Vec<&str> = Vec::new();
+    for (i, (label, series, hollow)) in entries.iter().enumerate() {
+        let Some(swatch) = swatches.get(i) else {
+            fail(ChartProblem::Legend {
+                config: label.clone(),
+            });
+            continue;
+        };
+        let text = swatch
+            .next_sibling_element()
+            .filter(|t| t.has_tag_name("text"))
+            .and_then(|t| t.text())
+            .unwrap_or("")
+            .trim();
+        labels.push(text);
+        let right = translate(*swatch).is_some_and(|(x, _)| x > grid_right);
+        if swatch.attribute("data-series") != Some(label.as_str()) || text != label || !right {
+            fail(ChartProblem::Legend {
+                config: label.clone(),
+            });
+            continue;
+        }
+        if let Err(what) = styled(*swatch, *series, *hollow) {
+            fail(ChartProblem::Style {
+                config: label.clone(),
+                distribution: "legend".into(),
+                tokens: 0,
+                what,
+            });
+        }
+    }
+    if swatches.len() > entries.len() {
+        fail(ChartProblem::Element {
+            what: format!(
+                "{} legend swatches for {} series",
+                swatches.len(),
+                entries.len()
+            ),
+        });
+    }
+    let texts: Vec<&str> = root
+        .children()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.text().unwrap_or("").trim())
+        .collect();
+    for expected in &want.texts {
+        if !texts.contains(&expected.as_str()) {
+            fail(ChartProblem::Label {
+                expected: expected.clone(),
+            });
+        }
+    }
+    // Legend labels may appear once each; nothing else may be written outside the panels.
+    let mut legend_labels = labels;
+    for text in texts {
+        if want.texts.iter().any(|t| t == text) {
+            continue;
+        }
+        if let Some(at) = legend_labels.iter().position(|l| *l == text) {
+            legend_labels.remove(at);
+            continue;
+        }
+        fail(ChartProblem::Element {
+            what: format!("a text {text:?} outside the panels"),
+        });
+    }
+}
+
+/// The elements and attributes: only what the chart uses, groups only for panels (children of
+/// the root), their markers and the legend's swatches, transforms only theirs and the rotated y
+/// axis title, tick-like texts without offsets, and no filled rect but the background (first);
+/// the error is the first breach. Returns
+/// the circles and polygons outside markers and swatches (strays).
+fn check_elements(root: Node, want: &ExpectedChart) -> Result<Vec<ChartProblem>, ChartProblem> {
+    let element = |what: String| ChartProblem::Element { what };
+    let mut strays = Vec::new();
     for node in root.descendants().filter(|n| n.is_element()) {
         let name = node.tag_name().name();
         if !ALLOWED.contains(&name) {
-            return fail(
-                report,
-                ChartProblem::Element {
-                    what: format!("a {name} element"),
-                },
-            );
+            return Err(element(format!("a {name} element")));
         }
         if let Some(a) = node.attributes().find(|a| {
             let n = a.name().to_ascii_lowercase();
             n.contains("href") || n.starts_with("on") || n == "style" || a.value().contains("url(")
         }) {
-            return fail(
-                report,
-                ChartProblem::Element {
-                    what: format!("a {} attribute", a.name()),
-                },
-            );
+            return Err(element(format!("a {} attribute", a.name())));
         }
-    }
-    if let Err(problem) = check_moves(root) {
-        return fail(report, problem);
-    }
-    let groups: Vec<Node> = root
-        .descendants()
-        .filter(|n| n.has_tag_name("g") && n.attribute("id") == Some("markers"))
-        .collect();
-    let [markers] = groups.as_slice() else {
-        return fail(
-            report,
-            ChartProblem::Mapping {
-                what: format!("{} marker groups", groups.len()),
-            },
-        );
-    };
-    let x_axis = Axis::parse(
-        markers.attribute("data-x-range"),
-        markers.attribute("data-x-pixels"),
-    );
-    let y_axis = Axis::parse(
-        markers.attribute("data-y-range"),
-        markers.attribute("data-y-pixels"),
-    );
-    let (Some(x_axis), Some(y_axis)) = (x_axis, y_axis) else {
-        return fail(
-            report,
-            ChartProblem::Mapping {
-                what: "data-x/y-range or data-x/y-pixels".into(),
-            },
-        );
-    };
-    let plot_right = x_axis.a.max(x_axis.b);
-
-    // Legend: label -> (colour, hollow), from each label's preceding swatch.
-    let mut legend: BTreeMap<String, (String, bool)> = BTreeMap::new();
-    for text in root.descendants().filter(|n| n.has_tag_name("text")) {
-        let label = text.text().unwrap_or("").trim().to_string();
-        let swatch = text
-            .prev_sibling_element()
-            .filter(|s| s.has_tag_name("rect"));
-        let x: f64 = text
-            .attribute("x")
-            .and_then(|x| x.parse().ok())
-            .unwrap_or(f64::NAN);
-        if let Some(swatch) = swatch.filter(|_| x > plot_right) {
-            let fill = swatch.attribute("fill").unwrap_or("none");
-            let entry = if fill == "none" {
-                (swatch.attribute("stroke").unwrap_or("").to_string(), true)
-            } else {
-                (fill.to_string(), false)
-            };
-            legend.entry(label).or_insert(entry);
+        let parent = node.parent_element();
+        fn class_of<'a>(n: Option<Node<'a, '_>>) -> Option<&'a str> {
+            n.and_then(|n| n.attribute("class"))
         }
-    }
-
-    let expected = expected_markers(p, inputs, plan, configs, recomputed);
-    let found: Vec<Node> = element_children(*markers).collect();
-    if found.len() != expected.len() {
-        fail(
-            report,
-            ChartProblem::Marker {
-                index: found.len().min(expected.len()),
-                found: format!("{} markers", found.len()),
-                expected: format!("{} markers", expected.len()),
-            },
-        );
-    }
-    for config in configs {
-        let label = config.label();
-        if !legend.contains_key(&label) {
-            fail(report, ChartProblem::Legend { config: label });
+        let at_root = parent == Some(root);
+        let group = node.has_tag_name("g");
+        let panel = group && at_root && class_of(Some(node)) == Some("panel");
+        let swatch = group && at_root && class_of(Some(node)) == Some("swatch");
+        let marker =
+            group && class_of(Some(node)) == Some("marker") && class_of(parent) == Some("panel");
+        if group && !(panel || swatch || marker) {
+            return Err(element(
+                "a group other than a panel, marker or swatch".into(),
+            ));
         }
-    }
-    // What a marker's mean is over, and what its shape stands for, must be the protocol's: a
-    // model's means are over texts and KV heads and its shapes are layers.
-    let texts: Vec<&str> = root
-        .descendants()
-        .filter(|n| n.has_tag_name("text"))
-        .map(|n| n.text().unwrap_or("").trim())
-        .collect();
-    let (description, heading) = if p.model.is_some() {
-        (
-            "relative L2 error, mean over texts and heads (log)",
-            "layer",
-        )
-    } else {
-        ("relative L2 error, mean over seeds (log)", "distribution")
-    };
-    let mut labels = vec![description.to_string(), heading.to_string()];
-    labels.extend(shaped_conditions(p).into_iter().map(|(_, c)| c));
-    for expected in labels {
-        if !texts.contains(&expected.as_str()) {
-            fail(report, ChartProblem::Label { expected });
+        // A filled rectangle could cover markers: only the background, first, may be filled;
+        // a panel's frame is an outline.
+        let background = at_root && root.first_element_child() == Some(node);
+        if name == "rect" && !background && node.attribute("fill") != Some("none") {
+            return Err(element("a filled rect over the chart".into()));
         }
-    }
-    // A model's markers name their layer as a condition; generated ones their distribution.
-    let (condition_attribute, other_attribute) = if p.model.is_some() {
-        ("data-condition", "data-distribution")
-    } else {
-        ("data-distribution", "data-condition")
-    };
-    let mut placed = 0;
-    for (index, (node, want)) in found.iter().zip(&expected).enumerate() {
-        let data = |name: &str| node.attribute(name).unwrap_or("");
-        let relative_l2: Option<f64> = data("data-relative-l2").parse().ok();
-        let same = node.has_tag_name("g")
-            && node.attribute("class") == Some("marker")
-            && data("data-config") == want.config
-            && data(condition_attribute) == want.condition
-            && node.attribute(other_attribute).is_none()
-            && data("data-tokens") == want.tokens.to_string()
-            && data("data-payload-bytes") == want.payload_bytes.to_string()
-            && relative_l2.is_some_and(|v| close(v, want.relative_l2));
-        if !same {
-            fail(
-                report,
-                ChartProblem::Marker {
-                    index,
-                    found: format!(
-                        "{} {} N={} {} B error {}",
-                        data("data-config"),
-                        data(condition_attribute),
-                        data("data-tokens"),
-                        data("data-payload-bytes"),
-                        data("data-relative-l2")
-                    ),
-                    expected: format!(
-                        "{} {} N={} {} B error {:?}",
-                        want.config,
-                        want.condition,
-                        want.tokens,
-                        want.payload_bytes,
-                        want.relative_l2
-                    ),
-                },
-            );
-            continue;
-        }
-        let style = |what: String| ChartProblem::Style {
-            config: want.config.clone(),
-            distribution: want.condition.clone(),
-            tokens: want.tokens,
-            what,
-        };
-        let Some((x, y)) = translate(*node) else {
-            fail(report, style("no translate(X,Y) transform".into()));
-            continue;
-        };
-        let (ex, ey) = (
-            x_axis.pixel(want.payload_bytes as f64),
-            y_axis.pixel(want.relative_l2),
-        );
-        if (x - ex).abs() > 1.0 || (y - ey).abs() > 1.0 {
-            fail(
-                report,
-                ChartProblem::Position {
-                    config: want.config.clone(),
-                    distribution: want.condition.clone(),
-                    tokens: want.tokens,
-                    x,
-                    y,
-                    ex,
-                    ey,
-                },
-            );
-        }
-        let children: Vec<Node> = element_children(*node).collect();
-        let (element, attribute, geometry) = SHAPES[want.shape];
-        let shape_ok = matches!(children.as_slice(), [c] if c.has_tag_name(element)
-            && c.attribute(attribute) == Some(geometry)
-            && c.attribute("transform").is_none()
-            && c.attribute("cx").is_none()
-            && c.attribute("cy").is_none());
-        if !shape_ok {
-            fail(
-                report,
-                style(format!(
-                    "not a centred {element} with {attribute}=\"{geometry}\""
-                )),
-            );
-            continue;
-        }
-        let child = children[0];
-        let (colour, hollow) = if child.attribute("fill") == Some("none") {
-            (child.attribute("stroke").unwrap_or(""), true)
-        } else {
-            (child.attribute("fill").unwrap_or(""), false)
-        };
-        match legend.get(&want.config) {
-            Some((legend_colour, legend_hollow))
-                if legend_colour == colour && *legend_hollow == hollow && hollow == want.budget => {
-            }
-            _ => fail(report, style(format!("colour {colour}, hollow {hollow}"))),
-        }
-        placed += 1;
-    }
-    check_ticks(root, x_axis, y_axis, report);
-    check_strays(root, *markers, plot_right, report);
-    report.count(Checked::ChartMarkers, placed);
-}
-
-/// Tick labels: "0.5%" on the y axis (a percentage of the error), "5,000" on the x axis (bytes).
-fn check_ticks(root: Node, x_axis: Axis, y_axis: Axis, report: &mut Report) {
-    let mut counts = [0usize; 2];
-    for text in root.descendants().filter(|n| n.has_tag_name("text")) {
-        let label = text.text().unwrap_or("").trim();
-        let at = |name: &str| text.attribute(name).and_then(|v| v.parse::<f64>().ok());
-        let (axis_name, axis, value, along, across, outside) = if let Some(v) = y_label(label) {
-            (
-                "y",
-                y_axis,
-                v,
-                at("y"),
-                at("x"),
-                Box::new(move |c: f64| c < x_axis.left_or_bottom()) as Box<dyn Fn(f64) -> bool>,
-            )
-        } else if let Some(v) = x_label(label) {
-            let bottom = y_axis.left_or_bottom();
-            (
-                "x",
-                x_axis,
-                v,
-                at("x"),
-                at("y"),
-                Box::new(move |c: f64| c > bottom) as Box<dyn Fn(f64) -> bool>,
-            )
-        } else {
-            continue;
-        };
-        counts[usize::from(axis_name == "x")] += 1;
-        let tick = |what: String| {
-            Problem::Chart(ChartProblem::Tick {
-                axis: axis_name,
-                label: label.to_string(),
-                what,
-            })
-        };
-        match (along, across) {
-            (Some(p), Some(c)) => {
-                let expected = axis.pixel(value);
-                if (p - expected).abs() > 1.0 {
-                    report.fail(tick(format!("at {p}, its value maps to {expected:.1}")));
-                } else if !outside(c) {
-                    report.fail(tick("inside the plot area".into()));
-                }
-            }
-            _ => report.fail(tick("without a position".into())),
-        }
-    }
-    for (axis, count) in [("y", counts[0]), ("x", counts[1])] {
-        if count < 2 {
-            report.fail(Problem::Chart(ChartProblem::Tick {
-                axis,
-                label: String::new(),
-                what: format!("{count} tick labels; the mapping needs at least two to be read"),
-            }));
-        }
-    }
-}
-
-/// Nothing may move or restyle what a reader reads: no group but the markers, no transform but
-/// the markers' translations and the rotation of an axis title, tick labels without offsets, and
-/// markers with only the attributes the chart writes.
-fn check_moves(root: Node) -> Result<(), ChartProblem> {
-    let element = |what: &str| ChartProblem::Element {
-        what: what.to_string(),
-    };
-    for node in root.descendants().filter(|n| n.is_element()) {
-        let in_markers = node
-            .ancestors()
-            .skip(1)
-            .any(|a| a.attribute("id") == Some("markers"));
-        let is_group = node.has_tag_name("g");
-        let marker_group = is_group
-            && (node.attribute("id") == Some("markers")
-                || (in_markers && node.attribute("class") == Some("marker")));
-        if is_group && !marker_group {
-            return Err(element("a group outside the markers"));
+        if matches!(name, "circle" | "polygon")
+            && !matches!(class_of(parent), Some("marker" | "swatch"))
+        {
+            let x = number(node, "cx").unwrap_or(f64::NAN);
+            let y = number(node, "cy").unwrap_or(f64::NAN);
+            strays.push(ChartProblem::Stray {
+                element: name.to_string(),
+                x,
+                y,
+            });
         }
         let label = node.text().unwrap_or("").trim();
-        let tick =
-            node.has_tag_name("text") && (y_label(label).is_some() || x_label(label).is_some());
+        let tick = node.has_tag_name("text")
+            && ((want.y_label)(label).is_some() || x_label(label).is_some());
         if let Some(t) = node.attribute("transform") {
-            let rotated_title = node.has_tag_name("text") && t.starts_with("rotate(") && !tick;
-            if !(marker_group || rotated_title) {
-                return Err(element(&format!("a transform {t:?}")));
+            let rotated_title =
+                node.has_tag_name("text") && at_root && t.starts_with("rotate(") && !tick;
+            if !(marker || swatch || rotated_title) {
+                return Err(element(format!("a transform {t:?}")));
             }
         }
         if tick {
@@ -523,46 +799,50 @@ fn check_moves(root: Node) -> Result<(), ChartProblem> {
                 matches!(
                     a.name(),
                     "x" | "y" | "text-anchor" | "font-family" | "font-size" | "opacity" | "fill"
-                ) || (a.name() == "dy" && matches!(a.value(), "0.5ex" | "0.76em" | "-0.5ex"))
+                ) || (a.name() == "dy" && a.value() == "0.5ex")
             });
             if !plain {
-                return Err(element("a tick label with an offset or a transform"));
+                return Err(element("a tick label with an offset or a transform".into()));
             }
         }
-        if in_markers {
+        if panel {
             let known = node.attributes().all(|a| {
-                matches!(
-                    a.name(),
-                    "class"
-                        | "transform"
-                        | "data-config"
-                        | "data-distribution"
-                        | "data-condition"
-                        | "data-tokens"
-                        | "data-payload-bytes"
-                        | "data-relative-l2"
-                        | "r"
-                        | "points"
-                        | "fill"
-                        | "stroke"
-                        | "stroke-width"
-                )
+                a.name() == "class"
+                    || matches!(
+                        a.name(),
+                        "data-x-range" | "data-y-range" | "data-x-pixels" | "data-y-pixels"
+                    )
+                    || want
+                        .panels
+                        .first()
+                        .is_some_and(|p| p.attributes.iter().any(|(n, _)| *n == a.name()))
             });
             if !known {
-                return Err(element("a marker attribute the chart does not write"));
+                return Err(element("a panel attribute the chart does not write".into()));
             }
         }
+        if swatch
+            && node
+                .attributes()
+                .any(|a| !matches!(a.name(), "class" | "data-series" | "transform"))
+        {
+            return Err(element(
+                "a swatch attribute the chart does not write".into(),
+            ));
+        }
     }
-    Ok(())
+    Ok(strays)
 }
 
 /// "0.5%" -> 0.005.
-fn y_label(label: &str) -> Option<f64> {
-    let number = label.strip_suffix('%')?;
-    let plain = !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-    plain
-        .then(|| number.parse::<f64>().ok().map(|v| v / 100.0))
-        .flatten()
+fn percent_label(label: &str) -> Option<f64> {
+    decimal_label(label.strip_suffix('%')?).map(|v| v / 100.0)
+}
+
+/// "0.05" -> 0.05: digits and a point only.
+pub(crate) fn decimal_label(label: &str) -> Option<f64> {
+    let plain = !label.is_empty() && label.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    plain.then(|| label.parse::<f64>().ok()).flatten()
 }
 
 /// "5,000" -> 5000.
@@ -577,37 +857,27 @@ fn x_label(label: &str) -> Option<f64> {
     plain.then(|| groups.concat().parse::<f64>().ok()).flatten()
 }
 
-/// Circles and polygons outside the marker group must sit right of the plot (the legend).
-fn check_strays(root: Node, markers: Node, plot_right: f64, report: &mut Report) {
-    for node in root
-        .descendants()
-        .filter(|n| n.has_tag_name("circle") || n.has_tag_name("polygon"))
-    {
-        if node.ancestors().any(|a| a == markers) {
-            continue;
-        }
-        let xs: Vec<f64> = if node.has_tag_name("circle") {
-            node.attribute("cx")
-                .and_then(|v| v.parse().ok())
-                .into_iter()
-                .collect()
-        } else {
-            node.attribute("points")
-                .unwrap_or("")
-                .split_whitespace()
-                .filter_map(|p| p.split_once(',')?.0.parse().ok())
-                .collect()
-        };
-        let y = node
-            .attribute("cy")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(f64::NAN);
-        if xs.is_empty() || xs.iter().any(|&x| x <= plot_right) {
-            report.fail(Problem::Chart(ChartProblem::Stray {
-                element: node.tag_name().name().to_string(),
-                x: xs.first().copied().unwrap_or(f64::NAN),
-                y,
-            }));
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_read_as_the_chart_writes_them() {
+        assert_eq!(percent_label("0.5%"), Some(0.005));
+        assert_eq!(percent_label("0.5"), None);
+        assert_eq!(decimal_label("0.02"), Some(0.02));
+        assert_eq!(x_label("65,536"), Some(65536.0));
+        assert_eq!(x_label("65536"), None);
+        assert_eq!(thousands(46_080), "46,080");
+        assert_eq!(thousands(500), "500");
+    }
+
+    #[test]
+    fn the_style_rule_gives_100_distinct_pairs_then_repeats() {
+        let pairs: std::collections::BTreeSet<_> = (0..100).map(style).collect();
+        assert_eq!(pairs.len(), 100);
+        assert_eq!(style(100), style(0));
+        assert_eq!(style(21).0, "polygon");
+        assert_eq!(style(21).3, "#FF7F0E");
     }
 }

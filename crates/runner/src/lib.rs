@@ -24,6 +24,7 @@
 
 pub mod archive;
 pub mod attention;
+pub mod chart_style;
 pub mod evidence;
 pub mod format;
 pub mod hashing;

@@ -28,15 +28,14 @@
 //!   rendered cells.
 
 pub mod bytes;
+mod chart;
 pub mod protocol;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use roxmltree::{Document, Node};
 use serde::Deserialize;
 
-use crate::chart::{ALLOWED, Axis, element_children, translate};
 use crate::comparisons::close;
 use crate::files::{self, MAX_TEXT_BYTES};
 use crate::manifest::{Git, Platform, Tool, check_weight_file};
@@ -47,7 +46,7 @@ use crate::protocol::ModelName;
 use crate::report::{Checked, Note, Problem, Report};
 use crate::{MANIFEST, Options, parse_json};
 use bytes::FLOAT32_BYTES_PER_TOKEN;
-use protocol::{QualityProtocol, Run, Window};
+use protocol::{QualityProtocol, Run};
 
 /// The manifest format of model-quality evidence.
 pub const QUALITY_FORMAT: &str = "model-quality-evidence/1";
@@ -61,8 +60,6 @@ pub const QUALITY_FILES: [&str; 5] = [
 ];
 /// The chart.
 pub const QUALITY_CHART: &str = "quality-vs-bytes.svg";
-/// Colours the chart's palette holds before it goes round.
-pub const PALETTE_COLOURS: usize = 10;
 /// How far below zero a KL value may be (rounding).
 pub const KL_SLACK: f64 = 1e-12;
 
@@ -368,7 +365,7 @@ pub fn audit(
     }
     if let Some(svg) = texts.get(QUALITY_CHART) {
         match std::str::from_utf8(svg) {
-            Ok(text) => check_chart(text, &runs, &aggregates, report),
+            Ok(text) => chart::check_chart(text, &p.study, &runs, &aggregates, report),
             Err(_) => report.fail(Problem::QualityChart(ChartProblem::Document {
                 reason: "not UTF-8".into(),
             })),
@@ -1144,217 +1141,4 @@ fn check_markdown(
         }
     }
     report.count(Checked::MarkdownCells, cells);
-}
-
-/// The chart: markers exactly the summary rows with positive mean KL, each with its data and
-/// at the pixel the declared log mapping gives it, shaped by schedule, hollow for a policy
-/// other than `uniform`, one colour per setting; a line labelled `float32`.
-fn check_chart(svg: &str, runs: &[Run], aggregates: &[Aggregate], report: &mut Report) {
-    let fail =
-        |report: &mut Report, problem: ChartProblem| report.fail(Problem::QualityChart(problem));
-    let doc = match Document::parse(svg) {
-        Ok(doc) => doc,
-        Err(e) => {
-            return fail(
-                report,
-                ChartProblem::Document {
-                    reason: e.to_string(),
-                },
-            );
-        }
-    };
-    let root = doc.root_element();
-    if root.tag_name().name() != "svg"
-        || root.tag_name().namespace() != Some("http://www.w3.org/2000/svg")
-    {
-        return fail(
-            report,
-            ChartProblem::Document {
-                reason: "the root is not an svg element".into(),
-            },
-        );
-    }
-    for node in root.descendants().filter(|n| n.is_element()) {
-        let name = node.tag_name().name();
-        let bad_attribute = node.attributes().find(|a| {
-            let n = a.name().to_ascii_lowercase();
-            n.contains("href") || n.starts_with("on") || n == "style" || a.value().contains("url(")
-        });
-        if !ALLOWED.contains(&name) || bad_attribute.is_some() {
-            return fail(
-                report,
-                ChartProblem::Element {
-                    what: format!("a {name} element or one of its attributes"),
-                },
-            );
-        }
-    }
-    let groups: Vec<Node> = root
-        .descendants()
-        .filter(|n| n.has_tag_name("g") && n.attribute("id") == Some("markers"))
-        .collect();
-    let [markers] = groups.as_slice() else {
-        return fail(
-            report,
-            ChartProblem::Mapping {
-                what: format!("{} marker groups", groups.len()),
-            },
-        );
-    };
-    let axis = |range: &str, pixels: &str| {
-        Axis::parse(markers.attribute(range), markers.attribute(pixels))
-    };
-    let (Some(x_axis), Some(y_axis)) = (
-        axis("data-x-range", "data-x-pixels"),
-        axis("data-y-range", "data-y-pixels"),
-    ) else {
-        return fail(
-            report,
-            ChartProblem::Mapping {
-                what: "data-x/y-range or data-x/y-pixels".into(),
-            },
-        );
-    };
-    let has_text = |want: &str| {
-        root.descendants()
-            .any(|n| n.has_tag_name("text") && n.text().unwrap_or("").trim() == want)
-    };
-    if !has_text("float32") {
-        fail(
-            report,
-            ChartProblem::Label {
-                expected: "float32".into(),
-            },
-        );
-    }
-    let expected: Vec<(&Run, &Aggregate)> = runs
-        .iter()
-        .zip(aggregates)
-        .filter(|(_, a)| a.kl_mean > 0.0)
-        .collect();
-    let found: Vec<Node> = element_children(*markers).collect();
-    if found.len() != expected.len() {
-        fail(
-            report,
-            ChartProblem::Marker {
-                index: found.len().min(expected.len()),
-                found: format!("{} markers", found.len()),
-                expected: format!("{} markers", expected.len()),
-            },
-        );
-    }
-    let mut colours: BTreeMap<String, String> = BTreeMap::new();
-    let mut placed = 0;
-    for (index, (node, (run, a))) in found.iter().zip(&expected).enumerate() {
-        let data = |name: &str| node.attribute(name).unwrap_or("");
-        let number = |name: &str| data(name).parse::<f64>().ok();
-        let (setting, policy, schedule) = (
-            run.setting.to_string(),
-            run.policy.to_string(),
-            run.schedule.to_string(),
-        );
-        let same = node.has_tag_name("g")
-            && node.attribute("class") == Some("marker")
-            && data("data-setting") == setting
-            && data("data-policy") == policy
-            && data("data-schedule") == schedule
-            && number("data-bytes-per-token").is_some_and(|v| close(v, a.bytes_per_token))
-            && number("data-kl-mean").is_some_and(|v| close(v, a.kl_mean));
-        if !same {
-            fail(
-                report,
-                ChartProblem::Marker {
-                    index,
-                    found: format!(
-                        "{} {} {} {} B/token KL {}",
-                        data("data-setting"),
-                        data("data-policy"),
-                        data("data-schedule"),
-                        data("data-bytes-per-token"),
-                        data("data-kl-mean")
-                    ),
-                    expected: format!(
-                        "{setting} {policy} {schedule} {:?} B/token KL {:?}",
-                        a.bytes_per_token, a.kl_mean
-                    ),
-                },
-            );
-            continue;
-        }
-        let style = |what: String| ChartProblem::Style {
-            config: setting.clone(),
-            distribution: format!("{policy} {schedule}"),
-            tokens: index,
-            what,
-        };
-        let Some((x, y)) = translate(*node) else {
-            fail(report, style("no translate(X,Y) transform".into()));
-            continue;
-        };
-        let (ex, ey) = (x_axis.pixel(a.bytes_per_token), y_axis.pixel(a.kl_mean));
-        if (x - ex).abs() > 1.0 || (y - ey).abs() > 1.0 {
-            fail(
-                report,
-                ChartProblem::Position {
-                    config: setting.clone(),
-                    distribution: format!("{policy} {schedule}"),
-                    tokens: index,
-                    x,
-                    y,
-                    ex,
-                    ey,
-                },
-            );
-        }
-        let children: Vec<Node> = element_children(*node).collect();
-        let corners = |n: &Node| n.attribute("points").map(|p| p.split_whitespace().count());
-        let shape_ok = match (children.as_slice(), run.schedule) {
-            ([c], protocol::Schedule::Prefill) => c.has_tag_name("circle"),
-            ([c], protocol::Schedule::Streaming) => {
-                c.has_tag_name("polygon") && corners(c) == Some(3)
-            }
-            ([c], protocol::Schedule::Causal) => c.has_tag_name("polygon") && corners(c) == Some(4),
-            _ => false,
-        };
-        if !shape_ok {
-            fail(
-                report,
-                style(format!("not the {} schedule's shape", run.schedule)),
-            );
-            continue;
-        }
-        let child = children[0];
-        let hollow = child.attribute("fill") == Some("none");
-        let colour = if hollow {
-            child.attribute("stroke")
-        } else {
-            child.attribute("fill")
-        }
-        .unwrap_or("")
-        .to_string();
-        if hollow != (run.policy != Window::Uniform) {
-            fail(report, style(format!("hollow {hollow}")));
-        }
-        let setting_colour = colours.entry(setting.clone()).or_insert(colour.clone());
-        if *setting_colour != colour {
-            fail(
-                report,
-                style(format!(
-                    "colour {colour}, its setting's is {setting_colour}"
-                )),
-            );
-        }
-        placed += 1;
-    }
-    // The palette's ten colours go round: settings further apart than that may share one.
-    let distinct: BTreeSet<&String> = colours.values().collect();
-    if distinct.len() != colours.len().min(PALETTE_COLOURS) {
-        fail(
-            report,
-            ChartProblem::Element {
-                what: "two settings drawn in one colour".into(),
-            },
-        );
-    }
-    report.count(Checked::ChartMarkers, placed);
 }

@@ -40,6 +40,14 @@ struct Evidence {
 
 const IDS: [i64; 5] = [1, 2, 3, 4, 5];
 
+/// The chart with its first marker's x pixel prefixed by a 9 (the legend's swatches, which also
+/// have a translation, come before the markers).
+fn move_first_marker(svg: &str) -> String {
+    let marker = svg.find("<g class=\"marker\"").unwrap();
+    let at = marker + svg[marker..].find("translate(").unwrap() + "translate(".len();
+    format!("{}9{}", &svg[..at], &svg[at..])
+}
+
 fn sources() -> BTreeMap<String, String> {
     let root = workspace();
     let mut out = BTreeMap::new();
@@ -168,9 +176,13 @@ impl Evidence {
             "| setting | policy | schedule | first departure | generated text |\n|---|---|---|--:|---|\n\
              | float32 | - | - | - | `ten eleven twelve` |\n",
         );
-        let mut markers = String::new();
-        let x = |v: f64| (60.0 + 500.0 * (v / 1000.0).ln() / (100_000.0f64 / 1000.0).ln()).round();
-        let y = |v: f64| (400.0 - 380.0 * (v / 0.001).ln() / (1.0f64 / 0.001).ln()).round();
+        // The chart: one panel per schedule, prefill (the first row's) left of streaming, each
+        // mapping 1,000..100,000 B/token to 280 px and sharing KL 0.001..1 on 200 px. Series 0
+        // is g32_b4 uniform (filled, the first colour), series 1 g32_b2 + recent_f32:32 (hollow,
+        // the second colour); both circles.
+        let x = |v: f64, left: f64| left + 280.0 * (v / 1000.0).ln() / 100.0f64.ln();
+        let y = |v: f64| 228.0 - 200.0 * (v / 0.001).ln() / 1000.0f64.ln();
+        let mut panels = String::new();
         for (id, setting, policy, schedule, s, bytes) in &self.rows {
             let nll = -s.logp.iter().sum::<f64>() / positions;
             let kl_mean = s.kl.iter().sum::<f64>() / positions;
@@ -215,20 +227,33 @@ impl Evidence {
                 "| {setting} | {policy} | {schedule} | {} | `ten \\| eleven\\nthirteen` |\n",
                 departure.map_or("none".to_string(), |d| d.to_string())
             ));
-            let (shape, paint) = match (schedule.as_str(), policy.as_str()) {
-                ("prefill", _) => ("<circle r=\"5\"", "fill=\"#1f77b4\""),
-                (_, "uniform") => ("<polygon points=\"0,-6 5.2,3 -5.2,3\"", "fill=\"#ff7f0e\""),
-                _ => (
-                    "<polygon points=\"0,-6 5.2,3 -5.2,3\"",
-                    "fill=\"none\" stroke=\"#ff7f0e\"",
-                ),
+            let (left, paint) = match policy.as_str() {
+                "uniform" => (100.0, "fill=\"#1F77B4\" stroke=\"none\""),
+                _ => (460.0, "fill=\"none\" stroke=\"#FF7F0E\" stroke-width=\"2\""),
             };
-            markers.push_str(&format!(
-                "<g class=\"marker\" data-setting=\"{setting}\" data-policy=\"{policy}\" \
+            let y_ticks = if left == 100.0 {
+                "<text x=\"95\" y=\"228\">0.001</text>\n<text x=\"95\" y=\"28\">1</text>\n"
+            } else {
+                ""
+            };
+            panels.push_str(&format!(
+                "<g class=\"panel\" data-schedule=\"{schedule}\" data-x-range=\"1000 100000\" \
+                 data-y-range=\"0.001 1\" data-x-pixels=\"{left} {}\" data-y-pixels=\"228 28\">\n\
+                 <text x=\"{}\" y=\"20\">schedule: {schedule}</text>\n\
+                 <text x=\"{left}\" y=\"245\">1,000</text>\n<text x=\"{}\" y=\"245\">100,000</text>\n\
+                 {y_ticks}\
+                 <line class=\"float32\" x1=\"{f}\" y1=\"28\" x2=\"{f}\" y2=\"228\" stroke-dasharray=\"6 4\"/>\n\
+                 <text x=\"{f}\" y=\"40\">float32 46,080 B/token</text>\n\
+                 <g class=\"marker\" data-setting=\"{setting}\" data-policy=\"{policy}\" \
                  data-schedule=\"{schedule}\" data-bytes-per-token=\"{bytes:?}\" \
-                 data-kl-mean=\"{kl_mean:?}\" transform=\"translate({},{})\">{shape} {paint}/></g>\n",
-                x(*bytes),
-                y(kl_mean)
+                 data-kl-mean=\"{kl_mean:?}\" transform=\"translate({},{})\"><circle r=\"5\" {paint}/></g>\n\
+                 </g>\n",
+                left + 280.0,
+                left + 140.0,
+                left + 280.0,
+                x(*bytes, left),
+                y(kl_mean),
+                f = x(46_080.0, left),
             ));
         }
         self.results = Value::Array(results);
@@ -245,11 +270,19 @@ impl Evidence {
              ![](quality-vs-bytes.svg)\n"
         );
         self.svg = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"700\" height=\"440\">\n\
-             <line x1=\"545\" y1=\"20\" x2=\"545\" y2=\"400\" stroke=\"#000\" stroke-dasharray=\"4,4\"/>\n\
-             <text x=\"545\" y=\"15\">float32</text>\n\
-             <g id=\"markers\" data-x-range=\"1000 100000\" data-y-range=\"0.001 1\" \
-             data-x-pixels=\"60 560\" data-y-pixels=\"400 20\">\n{markers}</g>\n</svg>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"300\">\n\
+             <text x=\"10\" y=\"10\">tiny-quality: next-token KL against cache bytes</text>\n\
+             <text x=\"400\" y=\"280\">KV cache bytes per token (log)</text>\n\
+             <text x=\"400\" y=\"296\">one panel per schedule, each on its own scale</text>\n\
+             <text x=\"10\" y=\"100\" transform=\"rotate(-90 10 100)\">KL(p_f32 || p_packed) (log),</text>\n\
+             <text x=\"24\" y=\"100\" transform=\"rotate(-90 24 100)\">mean over positions and texts</text>\n\
+             <text x=\"760\" y=\"40\">settings (uniform policy)</text>\n\
+             <g class=\"swatch\" data-series=\"g32_b4\" transform=\"translate(770,56)\"><circle r=\"5\" fill=\"#1F77B4\" stroke=\"none\"/></g>\n\
+             <text x=\"780\" y=\"60\">g32_b4</text>\n\
+             <text x=\"760\" y=\"100\">with a budget policy (hollow)</text>\n\
+             <g class=\"swatch\" data-series=\"g32_b2 + recent_f32:32\" transform=\"translate(770,116)\"><circle r=\"5\" fill=\"none\" stroke=\"#FF7F0E\" stroke-width=\"2\"/></g>\n\
+             <text x=\"780\" y=\"120\">g32_b2 + recent_f32:32</text>\n\
+             {panels}</svg>\n"
         );
     }
 
@@ -430,7 +463,7 @@ fn ids_that_are_not_the_manifests_are_refused() {
 #[test]
 fn a_moved_chart_marker_is_named() {
     let mut e = Evidence::new();
-    e.svg = e.svg.replacen("translate(", "translate(1", 1);
+    e.svg = move_first_marker(&e.svg);
     let report = e.audit();
     assert_problem(&report, "marker position", |p| {
         matches!(p, Problem::QualityChart(ChartProblem::Position { .. }))
@@ -670,9 +703,7 @@ fn a_runner_study_passes_and_tampering_with_it_fails() {
 
     // A chart marker moved.
     let (_t, copy) = crate::support::copy_of(&dir);
-    crate::support::edit_text(&copy, "quality-vs-bytes.svg", |svg| {
-        svg.replacen("transform=\"translate(", "transform=\"translate(9", 1)
-    });
+    crate::support::edit_text(&copy, "quality-vs-bytes.svg", |svg| move_first_marker(&svg));
     crate::support::rehash(&copy);
     assert_problem(&audit::audit_dir(&copy, &workspace()), "marker", |p| {
         matches!(p, Problem::QualityChart(ChartProblem::Position { .. }))

@@ -1,11 +1,11 @@
 //! A small run altered the ways a forger would, with every manifest hash rewritten to match:
 //! several alterations per audit, each named by its own problem.
 
-use audit::Problem;
 use audit::chart::ChartProblem;
 use audit::markdown::MarkdownProblem;
 use audit::results::ResultsProblem;
 use audit::timings::TimingProblem;
+use audit::{Problem, Report};
 
 use crate::support::{
     array, assert_problem, audit, edit_arrays, edit_json, edit_text, rehash, small_copy,
@@ -240,34 +240,58 @@ fn summary_md_shows_only_checked_figures() {
     });
 }
 
-#[test]
-fn chart_markers_ticks_and_extras_are_checked() {
+/// The chart's marker lines, by line number.
+fn marker_lines(lines: &[String]) -> Vec<usize> {
+    (0..lines.len())
+        .filter(|&i| lines[i].starts_with("<g class=\"marker\""))
+        .collect()
+}
+
+/// Edits the chart's lines and audits the result, as a forger who rewrites the hash would.
+fn audit_chart_edit(edit: impl FnOnce(&mut Vec<String>)) -> Report {
     let (_tmp, dir) = small_copy();
     edit_text(&dir, "error-vs-bytes.svg", |svg| {
         let mut lines: Vec<String> = svg.lines().map(String::from).collect();
-        let markers: Vec<usize> = (0..lines.len())
-            .filter(|&i| lines[i].starts_with("<g class=\"marker\""))
-            .collect();
+        edit(&mut lines);
+        lines.join("\n") + "\n"
+    });
+    rehash(&dir);
+    audit(&dir)
+}
+
+/// The value of attribute `name` in an SVG line.
+fn attribute<'a>(line: &'a str, name: &str) -> &'a str {
+    let start = line.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+    &line[start..start + line[start..].find('"').unwrap()]
+}
+
+#[test]
+fn chart_markers_ticks_and_extras_are_checked() {
+    let report = audit_chart_edit(|lines| {
+        let markers = marker_lines(lines);
         // Move the first marker 40 px down; change the second one's error; recolour the third.
         let moved = &lines[markers[0]];
         let (head, tail) = moved.split_once("transform=\"translate(").unwrap();
         let (xy, rest) = tail.split_once(')').unwrap();
         let (x, y) = xy.split_once(',').unwrap();
-        let y: i32 = y.parse().unwrap();
-        lines[markers[0]] = format!("{head}transform=\"translate({x},{}){rest}", y + 40);
+        let y: f64 = y.parse().unwrap();
+        lines[markers[0]] = format!("{head}transform=\"translate({x},{}){rest}", y + 40.0);
         lines[markers[1]] =
             lines[markers[1]].replacen("data-relative-l2=\"0.", "data-relative-l2=\"0.0", 1);
-        lines[markers[2]] = lines[markers[2]].replacen("fill=\"#1F77B4\"", "fill=\"#D62728\"", 1);
-        // A stray marker in the plot, and a script.
+        let colour = attribute(&lines[markers[2]], "fill").to_string();
+        let other = if colour == "#D62728" {
+            "#1F77B4"
+        } else {
+            "#D62728"
+        };
+        lines[markers[2]] = lines[markers[2]].replacen(&colour, other, 1);
+        // A stray marker in the plot.
         let last = lines.len() - 1;
         lines.insert(
             last,
             "<circle cx=\"200\" cy=\"200\" r=\"5\" fill=\"#000000\"/>".into(),
         );
-        lines.join("\n") + "\n"
     });
-    rehash(&dir);
-    let report = audit(&dir);
     assert_problem(&report, "position", |p| {
         matches!(p, Problem::Chart(ChartProblem::Position { .. }))
     });
@@ -282,39 +306,41 @@ fn chart_markers_ticks_and_extras_are_checked() {
     });
 
     // A y tick label that does not say what its position means.
-    let (_tmp, dir) = small_copy();
-    edit_text(&dir, "error-vs-bytes.svg", |svg| {
-        let at = svg.find("text-anchor=\"end\"").unwrap();
-        let label_start = at + svg[at..].find(">\n").unwrap() + 2;
-        let label_end = label_start + svg[label_start..].find('%').unwrap();
-        format!("{}9{}", &svg[..label_start], &svg[label_end..])
+    let report = audit_chart_edit(|lines| {
+        let at = lines
+            .iter()
+            .position(|l| l.contains("text-anchor=\"end\" dy=\"0.5ex\">"))
+            .unwrap();
+        let (head, tail) = lines[at].split_once("dy=\"0.5ex\">").unwrap();
+        let rest = &tail[tail.find('%').unwrap()..];
+        lines[at] = format!("{head}dy=\"0.5ex\">9{rest}");
     });
-    rehash(&dir);
     assert_problem(
-        &audit(&dir),
+        &report,
         "tick",
         |p| matches!(p, Problem::Chart(ChartProblem::Tick { axis: "y", label, .. }) if label == "9%"),
     );
 
-    let (_tmp, dir) = small_copy();
-    edit_text(&dir, "error-vs-bytes.svg", |svg| {
-        svg.replacen("</svg>", "<script>alert(1)</script></svg>", 1)
+    let report = audit_chart_edit(|lines| {
+        let last = lines.len() - 1;
+        lines.insert(last, "<script>alert(1)</script>".into());
     });
-    rehash(&dir);
     assert_problem(
-        &audit(&dir),
+        &report,
         "script",
         |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("script")),
     );
 
     // A tick label shifted by an offset, so it shows a value where another belongs.
-    let (_tmp, dir) = small_copy();
-    edit_text(&dir, "error-vs-bytes.svg", |svg| {
-        svg.replacen("text-anchor=\"end\"", "dx=\"40\" text-anchor=\"end\"", 1)
+    let report = audit_chart_edit(|lines| {
+        let at = lines
+            .iter()
+            .position(|l| l.contains("text-anchor=\"end\" dy=\"0.5ex\">"))
+            .unwrap();
+        lines[at] = lines[at].replacen("text-anchor=\"end\"", "dx=\"40\" text-anchor=\"end\"", 1);
     });
-    rehash(&dir);
     assert_problem(
-        &audit(&dir),
+        &report,
         "offset",
         |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("offset")),
     );
@@ -330,6 +356,147 @@ fn chart_markers_ticks_and_extras_are_checked() {
     assert_problem(&audit(&dir), "mapping", |p| {
         matches!(p, Problem::Chart(ChartProblem::Mapping { .. }))
     });
+}
+
+#[test]
+fn a_marker_in_another_shape_paint_or_panel_fails() {
+    // A packed setting drawn hollow, as a budget policy would be.
+    let report = audit_chart_edit(|lines| {
+        let first = marker_lines(lines)[0];
+        let colour = attribute(&lines[first], "fill").to_string();
+        lines[first] = lines[first].replacen(
+            &format!("fill=\"{colour}\" stroke=\"none\""),
+            &format!("fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\""),
+            1,
+        );
+    });
+    assert_problem(
+        &report,
+        "hollow setting",
+        |p| matches!(p, Problem::Chart(ChartProblem::Style { what, .. }) if what.contains("filled")),
+    );
+
+    // A circle drawn as a square.
+    let report = audit_chart_edit(|lines| {
+        let first = marker_lines(lines)[0];
+        lines[first] = lines[first].replacen(
+            "<circle r=\"5\"",
+            "<polygon points=\"-4.5,-4.5 4.5,-4.5 4.5,4.5 -4.5,4.5\"",
+            1,
+        );
+    });
+    assert_problem(
+        &report,
+        "shape",
+        |p| matches!(p, Problem::Chart(ChartProblem::Style { what, .. }) if what.contains("circle")),
+    );
+
+    // The first panel's first marker moved into the next panel, at its right pixel there.
+    let report = audit_chart_edit(|lines| {
+        let first = marker_lines(lines)[0];
+        let marker = lines.remove(first);
+        let second_panel = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("<g class=\"panel\""))
+            .map(|(i, _)| i)
+            .nth(1)
+            .unwrap();
+        lines.insert(second_panel + 1, marker);
+    });
+    assert_problem(
+        &report,
+        "marker count",
+        |p| matches!(p, Problem::Chart(ChartProblem::Marker { found, .. }) if found.contains("markers in panel")),
+    );
+
+    // An extra marker: the first one twice.
+    let report = audit_chart_edit(|lines| {
+        let first = marker_lines(lines)[0];
+        let copy = lines[first].clone();
+        lines.insert(first, copy);
+    });
+    assert_problem(&report, "extra marker", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Marker { .. }))
+    });
+}
+
+#[test]
+fn panels_legend_and_float32_lines_are_checked() {
+    // A panel title that names another length.
+    let report = audit_chart_edit(|lines| {
+        let at = lines.iter().position(|l| l.contains(">N=")).unwrap();
+        lines[at] = lines[at].replacen(">N=", ">N=9", 1);
+    });
+    assert_problem(
+        &report,
+        "title",
+        |p| matches!(p, Problem::Chart(ChartProblem::Label { expected }) if expected.starts_with("N=")),
+    );
+
+    // The float32 line moved 30 px.
+    let report = audit_chart_edit(|lines| {
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("<line class=\"float32\""))
+            .unwrap();
+        let x: f64 = attribute(&lines[at], "x1").parse().unwrap();
+        lines[at] = lines[at].replace(&format!("=\"{x}\""), &format!("=\"{}\"", x - 30.0));
+    });
+    assert_problem(
+        &report,
+        "float32 line",
+        |p| matches!(p, Problem::Chart(ChartProblem::Mapping { what }) if what.contains("float32")),
+    );
+
+    // A legend swatch removed, and one drawn filled for a budget policy.
+    let report = audit_chart_edit(|lines| {
+        let swatches: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].starts_with("<g class=\"swatch\""))
+            .collect();
+        let last = *swatches.last().unwrap();
+        let colour = attribute(&lines[last], "stroke").to_string();
+        lines[last] = lines[last].replacen(
+            &format!("fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\""),
+            &format!("fill=\"{colour}\" stroke=\"none\""),
+            1,
+        );
+        lines.remove(swatches[0]);
+    });
+    assert_problem(&report, "legend", |p| {
+        matches!(p, Problem::Chart(ChartProblem::Legend { .. }))
+    });
+
+    // A white rectangle over the last panel, hiding its markers.
+    let report = audit_chart_edit(|lines| {
+        let last = lines.len() - 1;
+        lines.insert(
+            last,
+            "<rect x=\"0\" y=\"0\" width=\"2000\" height=\"2000\" fill=\"#FFFFFF\"/>".into(),
+        );
+    });
+    assert_problem(
+        &report,
+        "cover",
+        |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("rect")),
+    );
+
+    // A y axis of its own in one panel, so rows would not compare.
+    let report = audit_chart_edit(|lines| {
+        let at = lines
+            .iter()
+            .rposition(|l| l.starts_with("<g class=\"panel\""))
+            .unwrap();
+        let range = attribute(&lines[at], "data-y-range").to_string();
+        let (lo, hi) = range.split_once(' ').unwrap();
+        let hi: f64 = hi.parse().unwrap();
+        lines[at] = lines[at].replacen(&range, &format!("{lo} {:?}", hi * 2.0), 1);
+    });
+    assert_problem(
+        &report,
+        "y range",
+        |p| matches!(p, Problem::Chart(ChartProblem::Mapping { what }) if what.contains("y axis")),
+    );
 }
 
 #[test]
