@@ -8,14 +8,16 @@
 //! against its dims and type before anything is written, so a file this writer produces is one
 //! [`crate::GgufFile::parse`] and gguf-py's `GGUFReader` accept.
 //!
-//! Why by hand rather than a crate: of the Rust GGUF crates known to us, `candle-core`
-//! (`quantized::gguf_file::write`) writes GGUF but brings a whole tensor library (and its build
-//! time) for some 100 lines of serialization, and the small GGUF crates are readers, or little
-//! used and unreviewed. (crates.io's search could not be reached from the machine this was
-//! written on, so that survey is from memory, not a fresh look.) The format is simple and this
-//! crate already reads it; the writer is checked against this crate's reader and, byte for byte
-//! and value for value, against gguf-py (the `repack` crate's conformance fixtures and
-//! `scripts/check-gguf-py`).
+//! Why by hand rather than a crate: crates that write GGUF exist (`gguf-rs`, `gguf-rs-lib`,
+//! `ggus`, and `candle-core`'s `quantized::gguf_file`), but this crate already holds the format,
+//! in a reader whose every size is checked and which is fuzzed; the writer is that reader's
+//! inverse over the same types (the ggml type table, the value types) in a few hundred lines
+//! with no `unsafe`, where a dependency would bring a second definition of the type table to
+//! keep in agreement with the first (and, for candle, a whole tensor library). What matters is
+//! that ggml's readers accept the files, and that is tested directly: byte for byte and value
+//! for value against gguf-py (the `repack` crate's conformance fixtures under
+//! `tests/data/gguf/` and `scripts/check-gguf-py`, which also has gguf-py's own `GGUFWriter`
+//! write the same file).
 
 use crate::{DEFAULT_ALIGNMENT, MAX_DIMS, TensorType, ValueType};
 
