@@ -180,7 +180,12 @@ pub fn pin(
         if dir.is_absolute() {
             return Err(PinError::Absolute(dir.clone()));
         }
-        let full = base.join(dir);
+        // Named as given when the root manifest is in the current directory.
+        let full = if base == Path::new(".") {
+            dir.clone()
+        } else {
+            base.join(dir)
+        };
         if !full.join("manifest.json").is_file() {
             return Err(PinError::NotARun(full));
         }
