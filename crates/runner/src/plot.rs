@@ -111,7 +111,7 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
     } else {
         "distribution"
     };
-    let mut out = layout.open();
+    let mut out = layout.open()?;
     for (row, (condition, title)) in conditions.iter().enumerate() {
         for (column, &n) in protocol.tokens.iter().enumerate() {
             let mine: Vec<&Marker> = markers
@@ -133,19 +133,21 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
                     .is_empty()
                     .then_some("every error is 0: nothing to mark on a log scale"),
             };
-            out.push_str(&layout.open_panel(&panel));
-            let (x, y) = layout.axes(&panel);
-            for m in mine {
+            let points: Vec<(f64, f64)> = mine
+                .iter()
+                .map(|m| (m.payload_bytes as f64, m.relative_l2))
+                .collect();
+            let (opening, placed) = layout.panel(&panel, &points)?;
+            out.push_str(&opening);
+            for (m, (x, y)) in mine.iter().zip(placed) {
                 let _ = writeln!(
                     out,
-                    r#"<g class="marker" data-config="{}" data-{attribute}="{}" data-tokens="{}" data-payload-bytes="{}" data-relative-l2="{:?}" transform="translate({},{})">{}</g>"#,
+                    r#"<g class="marker" data-config="{}" data-{attribute}="{}" data-tokens="{}" data-payload-bytes="{}" data-relative-l2="{:?}" transform="translate({x},{y})">{}</g>"#,
                     m.label,
                     m.condition,
                     m.tokens,
                     m.payload_bytes,
                     m.relative_l2,
-                    x.pixel(m.payload_bytes as f64),
-                    y.pixel(m.relative_l2),
                     series_shape(m.series, m.budget)
                 );
             }

@@ -103,7 +103,7 @@ pub fn quality_vs_bytes(protocol: &QualityProtocol, summary: &Summary) -> Result
         x_label: &bytes_label,
         legend,
     };
-    let mut out = layout.open();
+    let mut out = layout.open()?;
     for (column, schedule) in schedules.iter().enumerate() {
         let mine: Vec<_> = markers.iter().filter(|m| m.schedule == *schedule).collect();
         let x_range = fitted(mine.iter().map(|m| m.bytes_per_token).chain([float32]))
@@ -120,21 +120,23 @@ pub fn quality_vs_bytes(protocol: &QualityProtocol, summary: &Summary) -> Result
                 .is_empty()
                 .then_some("every KL is 0: nothing to mark on a log scale"),
         };
-        out.push_str(&layout.open_panel(&panel));
-        let (x, y) = layout.axes(&panel);
-        for m in mine {
+        let points: Vec<(f64, f64)> = mine
+            .iter()
+            .map(|m| (m.bytes_per_token, m.kl_mean))
+            .collect();
+        let (opening, placed) = layout.panel(&panel, &points)?;
+        out.push_str(&opening);
+        for (m, (x, y)) in mine.iter().zip(placed) {
             let pair = (m.setting.clone(), m.policy.clone());
             let index = series.iter().position(|s| *s == pair).unwrap_or(0);
             let _ = writeln!(
                 out,
-                r#"<g class="marker" data-setting="{}" data-policy="{}" data-schedule="{}" data-bytes-per-token="{:?}" data-kl-mean="{:?}" transform="translate({},{})">{}</g>"#,
+                r#"<g class="marker" data-setting="{}" data-policy="{}" data-schedule="{}" data-bytes-per-token="{:?}" data-kl-mean="{:?}" transform="translate({x},{y})">{}</g>"#,
                 m.setting,
                 m.policy,
                 m.schedule,
                 m.bytes_per_token,
                 m.kl_mean,
-                x.pixel(m.bytes_per_token),
-                y.pixel(m.kl_mean),
                 series_shape(index, m.policy != "uniform")
             );
         }
