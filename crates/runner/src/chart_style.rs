@@ -1,10 +1,13 @@
 //! What error-vs-bytes.svg and quality-vs-bytes.svg share: the series' colours and shapes, the
-//! log axes, the panel grid and the legend, written as plain SVG.
+//! log axes, the panel grid and the legend.
 //!
 //! Both charts are small multiples: a grid of panels (each with its own log x axis, all sharing
-//! one log y axis so rows compare), and a legend right of the grid. The SVG is written here
-//! element by element rather than through a plotting library, so that each panel can be an SVG
-//! group declaring its own axis mapping, and the file is a function of its rows alone.
+//! one log y axis so rows compare), and a legend right of the grid. plotters draws everything
+//! but the data: each piece (the titles, a legend heading or label, a panel's body, its float32
+//! line) on its own document-sized SVG, from which the drawn elements are taken, so that they
+//! can be placed among the groups written here by hand, which plotters cannot emit: a panel
+//! group declaring its axis mapping, the markers carrying their data, and the legend's swatches.
+//! No map iteration and no clock: the file is a function of its rows alone.
 //!
 //! **Series style.** Series i (in the chart's own order) is drawn in colour
 //! `PALETTE[i % 20]` and shape `SHAPES[(i / 20) % 5]`: the first 20 series are circles in 20
@@ -13,21 +16,28 @@
 //! hollow one `fill="none" stroke="COLOUR" stroke-width="2"`. Every shape is a centred `circle`
 //! or `polygon`, so every shape can be drawn hollow.
 //!
-//! **Axes.** A value v on an axis whose values `lo..hi` land on pixels `a..b` is drawn at
-//! `a + (b - a) * ln(v / lo) / ln(hi / lo)`, rounded to a tenth of a pixel. Each axis is fitted
-//! to what it shows: `[min / 1.25, max * 1.25]`, widened about its geometric middle to at least
-//! one decade so that it holds at least two 1-2-5 ticks. Ticks are 1-2-5 times powers of ten
+//! **Axes.** Each panel is a plotters chart with log-scale coordinates on its plot area (280 x
+//! 200 px): a value v on an axis whose values `lo..hi` land on pixels `a..b` is drawn at
+//! `a + (b - a) * ln(v / lo) / ln(hi / lo)`, rounded towards `a` to a whole pixel (plotters'
+//! mapping, which nudges by 0.001 px first). The panel declares the `lo hi` and the `a b`
+//! plotters used, and every marker, grid line and tick label is placed by that chart. Each axis
+//! is fitted to what it shows: `[min / 1.25, max * 1.25]`, widened about its geometric middle
+//! to at least one decade so that it holds at least two 1-2-5 ticks. Ticks are 1-2-5 times powers of ten
 //! where labels fit, else powers of ten only, else every second (third, ...) power of ten.
 //!
 //! **Panel.** A `<g class="panel" ...data-x-range="LO HI" data-y-range="LO HI"
-//! data-x-pixels="A B" data-y-pixels="C D">` holds, in this order: its title (`<text>`), the
-//! frame (`<rect>`), grid lines, tick labels (x below each panel, y left of the first column's
-//! panels only), the float32 line (`<line class="float32">`, dashed) and its label, then the
-//! markers (`<g class="marker" ... transform="translate(X,Y)">` around one shape).
+//! data-x-pixels="A B" data-y-pixels="C D">` holds, in this order, what plotters drew: its title
+//! (`<text>`), the frame (`<rect fill="none">`), grid lines (`<polyline>`), tick labels (x below
+//! each panel, hanging from their pixel: `text-anchor="middle" dy="0.76em"`; y left of the first
+//! column's panels only, centred on theirs: `text-anchor="end" dy="0.5ex"`), the float32 label
+//! (and, with no marker, a note why); then the dashed float32 line, `<g class="float32">` around
+//! the dashes plotters draws (one `<polyline>` each); then the markers (`<g class="marker" ...
+//! transform="translate(X,Y)">` around one shape), at the pixels plotters' mapping gives.
 //!
-//! **Legend.** For each heading (`<text>`), one entry per series: `<g class="swatch"
+//! **Legend.** For each heading (a bold `<text>`), one entry per series: `<g class="swatch"
 //! data-series="LABEL" transform="translate(X,Y)">` around the series' own shape and paint,
-//! followed by its label as a `<text>`.
+//! followed by its label as a `<text>`. plotters writes a text's content on its own line, between
+//! the opening and closing tags.
 
 use std::fmt::Write as _;
 
@@ -531,6 +541,82 @@ mod tests {
             series_shape(21, true),
             r##"<polygon points="-4.5,-4.5 4.5,-4.5 4.5,4.5 -4.5,4.5" fill="none" stroke="#FF7F0E" stroke-width="2"/>"##
         );
+    }
+
+    fn layout<'a>(y_label: &'a dyn Fn(f64) -> String) -> Layout<'a> {
+        Layout {
+            title: "t".into(),
+            x_title: ["x", "x"],
+            y_title: ["y", "y"],
+            columns: 2,
+            rows: 1,
+            y_range: (0.01, 1.0),
+            y_label,
+            x_label: &bytes_label,
+            legend: vec![],
+        }
+    }
+
+    fn panel(column: usize) -> Panel<'static> {
+        Panel {
+            column,
+            row: 0,
+            title: "p".into(),
+            attributes: String::new(),
+            x_range: (100.0, 10_000.0),
+            float32: 5_000.0,
+            float32_label: "float32 5,000 B".into(),
+            empty_note: None,
+        }
+    }
+
+    /// The numbers after `name="` in `svg`.
+    fn pair(svg: &str, name: &str) -> (i32, i32) {
+        let start = svg.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        let text = &svg[start..start + svg[start..].find('"').unwrap()];
+        let (a, b) = text.split_once(' ').unwrap();
+        (a.parse().unwrap(), b.parse().unwrap())
+    }
+
+    #[test]
+    fn a_panel_declares_the_mapping_plotters_placed_its_markers_by() {
+        let y_label = |y: f64| significant(y);
+        let layout = layout(&y_label);
+        let points = [(100.0, 0.01), (10_000.0, 1.0), (1_000.0, 0.1)];
+        let (svg, placed) = layout.panel(&panel(1), &points).unwrap();
+        let (a, b) = pair(&svg, "data-x-pixels");
+        let (c, d) = pair(&svg, "data-y-pixels");
+        // The ends land on the declared pixels, and the middle (a decade in on both axes) where
+        // the declared mapping puts it, to the pixel.
+        assert_eq!(placed[0], (a, c));
+        assert_eq!(placed[1], (b, d));
+        // plotters' axis covers the plot area's pixels, first to last.
+        assert_eq!((b - a, c - d), (PLOT_WIDTH - 1, PLOT_HEIGHT - 1));
+        assert!((f64::from(placed[2].0) - f64::from(a + (b - a) / 2)).abs() <= 1.0);
+        assert!((f64::from(placed[2].1) - f64::from(c + (d - c) / 2)).abs() <= 1.0);
+        // The float32 line is dashes at one x, inside the plot; a second column's panel has no
+        // y tick labels; an x tick label sits at the pixel its value maps to.
+        let dashes: Vec<&str> = svg
+            .split("<g class=\"float32\">")
+            .nth(1)
+            .unwrap()
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("<polyline"))
+            .collect();
+        assert!(dashes.len() >= 2, "{svg}");
+        let f = layout.panel(&panel(1), &[(5_000.0, 1.0)]).unwrap().1[0].0;
+        assert!(dashes.iter().all(|l| l.contains(&format!("points=\"{f},"))));
+        assert!(!svg.contains("text-anchor=\"end\" font-family=\"sans-serif\" font-size=\"11\" opacity=\"1\" fill=\"#000000\""));
+        assert!(svg.contains(&format!(
+            "<text x=\"{}\" y=\"{}\" dy=\"0.76em\" text-anchor=\"middle\"",
+            placed[2].0,
+            c + 6
+        )));
+        let (first, _) = layout.panel(&panel(0), &[]).unwrap();
+        assert!(first.contains("dy=\"0.5ex\" text-anchor=\"end\""));
+        // The same panel gives the same bytes.
+        assert_eq!(layout.panel(&panel(1), &points).unwrap().0, svg);
     }
 
     #[test]

@@ -19,7 +19,8 @@
 //! <g class="panel" data-tokens="128" data-distribution="clean"
 //!    (a model's inputs: data-condition="l5" in place of data-distribution)
 //!    data-x-range="LO HI" data-y-range="LO HI" data-x-pixels="A B" data-y-pixels="C D">
-//!   <text>N=128 · clean</text> <rect .../> grid lines, tick labels, <line class="float32" .../> ...
+//!   <text>N=128 · clean</text> <rect .../> grid lines, tick labels, float32 label ...
+//!   <g class="float32"><polyline .../> (one per dash) </g>
 //!   <g class="marker" data-config="g8_b4" data-distribution="clean" data-tokens="128"
 //!      data-payload-bytes="8208" data-relative-l2="0.0979..." transform="translate(X,Y)">
 //!     <circle r="5" .../>

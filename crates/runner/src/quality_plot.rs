@@ -18,7 +18,8 @@
 //! ```text
 //! <g class="panel" data-schedule="prefill" data-x-range="LO HI" data-y-range="LO HI"
 //!    data-x-pixels="A B" data-y-pixels="C D">
-//!   <text>schedule: prefill</text> <rect .../> grid lines, tick labels, <line class="float32" .../> ...
+//!   <text>schedule: prefill</text> <rect .../> grid lines, tick labels, float32 label ...
+//!   <g class="float32"><polyline .../> (one per dash) </g>
 //!   <g class="marker" data-setting="g32_b4" data-policy="uniform" data-schedule="prefill"
 //!      data-bytes-per-token="5976.0" data-kl-mean="0.0123..." transform="translate(X,Y)">
 //!     <circle r="5" .../>
