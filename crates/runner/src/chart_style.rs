@@ -615,6 +615,18 @@ mod tests {
         )));
         let (first, _) = layout.panel(&panel(0), &[]).unwrap();
         assert!(first.contains("dy=\"0.5ex\" text-anchor=\"end\""));
+        // A panel with nothing to mark says so inside its plot area, left-aligned in grey.
+        let empty = Panel {
+            empty_note: Some("nothing here"),
+            ..panel(0)
+        };
+        let (note, _) = layout.panel(&empty, &[]).unwrap();
+        let (a, _) = pair(&note, "data-x-pixels");
+        assert!(note.contains(&format!(
+            "<text x=\"{}\" y=\"{}\" dy=\"0.5ex\" text-anchor=\"start\" font-family=\"sans-serif\" font-size=\"11\" opacity=\"1\" fill=\"#5A5A5A\">\nnothing here\n</text>",
+            a + 6,
+            (c + d) / 2
+        )));
         // The same panel gives the same bytes.
         assert_eq!(layout.panel(&panel(1), &points).unwrap().0, svg);
     }
