@@ -11,9 +11,10 @@
 //! data-config data-distribution (or data-condition) data-tokens data-payload-bytes
 //! data-relative-l2 transform="translate(X,Y)">` around one shape. The audit requires:
 //! - the panels in that order, each titled `N=128 · clean` (`N=128 · layer 5`), not overlapping,
-//!   all with one y range (so rows compare), and each with one dashed `<line class="float32">`
-//!   at the pixel its mapping gives the float32 K+V size at its length, labelled
-//!   `float32 65,536 B`;
+//!   all with one y range (so rows compare), and each with one dashed float32 line, a
+//!   `<g class="float32">` holding only its dashes (at least two vertical `<polyline>`s, as
+//!   plotters draws a dashed line, spanning the plot's height) at the pixel its mapping gives
+//!   the float32 K+V size at its length, labelled `float32 65,536 B`;
 //! - in each panel exactly its markers: one per configuration with a positive mean error there,
 //!   in configuration order, whose data equal the audit's own mean over seeds (or texts and KV
 //!   heads) and payload, with no other attribute;
@@ -22,15 +23,18 @@
 //!   then budget policies): colour [`PALETTE`]`[i % 20]`, shape [`SHAPES`]`[(i / 20) % 5]`,
 //!   filled for a packed setting and hollow (`fill="none"`, 2 px stroke) for a budget policy;
 //! - every text in a panel its title, its float32 label, the empty-panel note, or a tick label
-//!   at the pixel the panel's mapping gives its value (x below the plot, y left of it); at least
-//!   two x tick labels per panel and two y tick labels in each row's first panel;
+//!   at the pixel the panel's mapping gives its value, anchored as plotters anchors them (x below
+//!   the plot, `text-anchor="middle" dy="0.76em"`, hanging from it; y left of it,
+//!   `text-anchor="end" dy="0.5ex"`, centred on it), with no other offset; at least two x tick
+//!   labels per panel and two y tick labels in each row's first panel;
 //! - a legend right of the grid: under the heading `packed settings`, then
 //!   `budget policies (hollow)`, a `<g class="swatch" data-series="LABEL">` per configuration in
 //!   its own style, followed by its label; and besides it only the chart's title and its axis
 //!   titles (the y axis's says what a mean is over: seeds, or texts and heads);
 //! - no element outside what the chart uses (no script, image, link or foreign content), no
-//!   group but panels, markers and swatches, no transform but theirs and the rotated y title,
-//!   and no circle or polygon outside a marker or swatch.
+//!   group but panels, markers, swatches and float32 lines, no transform but theirs and the
+//!   rotated y title, no filled rect but the background nor any filled polyline, and no circle
+//!   or polygon outside a marker or swatch.
 
 pub use crate::problem::ChartProblem;
 use std::collections::BTreeMap;
@@ -218,6 +222,36 @@ pub(crate) fn translate(node: Node) -> Option<(f64, f64)> {
         .strip_suffix(')')?;
     let (x, y) = inner.split_once(',')?;
     Some((x.parse().ok()?, y.parse().ok()?))
+}
+
+/// Whether a float32 group draws one dashed vertical line at pixel `at` across the plot: at
+/// least two dashes (polylines; the elements check allows nothing else in it), every point
+/// within a pixel of `at` and on the y axis, together reaching within 10 px of both ends.
+fn dashed_vertical(group: Node, at: f64, y_axis: Axis) -> bool {
+    let dashes: Vec<Node> = group.children().filter(|n| n.is_element()).collect();
+    let mut points = Vec::new();
+    for dash in &dashes {
+        let Some(list) = dash.attribute("points") else {
+            return false;
+        };
+        for point in list.split_whitespace() {
+            let parsed = point
+                .split_once(',')
+                .and_then(|(x, y)| Some((x.parse::<f64>().ok()?, y.parse::<f64>().ok()?)));
+            let Some((x, y)) = parsed else {
+                return false;
+            };
+            points.push((x, y));
+        }
+    }
+    let (low, high) = y_axis.span();
+    let reach = |end: f64| points.iter().any(|(_, y)| (y - end).abs() <= 10.0);
+    dashes.len() >= 2
+        && points
+            .iter()
+            .all(|&(x, y)| (x - at).abs() <= 1.0 && y_axis.holds(y))
+        && reach(low)
+        && reach(high)
 }
 
 fn number(node: Node, name: &str) -> Option<f64> {
@@ -470,15 +504,11 @@ pub(crate) fn check_panels(
         check_panel_texts(*node, expected, x_axis, y_axis, want.y_label, &mut fail);
         let lines: Vec<Node> = node
             .children()
-            .filter(|n| n.has_tag_name("line") && n.attribute("class") == Some("float32"))
+            .filter(|n| n.has_tag_name("g") && n.attribute("class") == Some("float32"))
             .collect();
         let at = x_axis.pixel(expected.float32);
         let line_ok = x_axis.holds(at)
-            && matches!(lines.as_slice(), [line]
-            if [number(*line, "x1"), number(*line, "x2")]
-                .iter()
-                .all(|x| x.is_some_and(|x| (x - at).abs() <= 1.0))
-            && line.attribute("stroke-dasharray").is_some());
+            && matches!(lines.as_slice(), [line] if dashed_vertical(*line, at, y_axis));
         if !line_ok {
             fail(ChartProblem::Mapping {
                 what: format!(
@@ -487,7 +517,10 @@ pub(crate) fn check_panels(
                 ),
             });
         }
-        let found: Vec<Node> = node.children().filter(|n| n.has_tag_name("g")).collect();
+        let found: Vec<Node> = node
+            .children()
+            .filter(|n| n.has_tag_name("g") && n.attribute("class") != Some("float32"))
+            .collect();
         if found.len() != expected.markers.len() {
             fail(ChartProblem::Marker {
                 index: index + found.len().min(expected.markers.len()),
@@ -606,9 +639,11 @@ fn check_panel_texts(
         };
         let left = x < x_axis.span().0;
         let below = y > y_axis.span().1;
-        let (axis_name, axis, value, along) = match (left, below) {
-            (true, false) => ("y", y_axis, y_label(label), y),
-            (false, true) => ("x", x_axis, x_label(label), x),
+        // plotters hangs an x label below its pixel (top-anchored) and centres a y label on it,
+        // ending left of the plot.
+        let (axis_name, axis, value, along, anchor, dy) = match (left, below) {
+            (true, false) => ("y", y_axis, y_label(label), y, "end", "0.5ex"),
+            (false, true) => ("x", x_axis, x_label(label), x, "middle", "0.76em"),
             _ => {
                 fail(ChartProblem::Element {
                     what: format!("a text {label:?} in panel {:?}", want.title),
@@ -620,6 +655,13 @@ fn check_panel_texts(
             fail(tick(axis_name, "not a tick label of this axis".into()));
             continue;
         };
+        if text.attribute("text-anchor") != Some(anchor) || text.attribute("dy") != Some(dy) {
+            fail(tick(
+                axis_name,
+                format!("not anchored as its axis's labels are (text-anchor {anchor}, dy {dy})"),
+            ));
+            continue;
+        }
         counts[usize::from(axis_name == "x")] += 1;
         let expected = axis.pixel(value);
         if (along - expected).abs() > 1.0 || !axis.holds(along) {
@@ -762,10 +804,24 @@ fn check_elements(root: Node, want: &ExpectedChart) -> Result<Vec<ChartProblem>,
         let swatch = group && at_root && class_of(Some(node)) == Some("swatch");
         let marker =
             group && class_of(Some(node)) == Some("marker") && class_of(parent) == Some("panel");
-        if group && !(panel || swatch || marker) {
+        let float32 =
+            group && class_of(Some(node)) == Some("float32") && class_of(parent) == Some("panel");
+        if group && !(panel || swatch || marker || float32) {
             return Err(element(
-                "a group other than a panel, marker or swatch".into(),
+                "a group other than a panel, marker, swatch or float32 line".into(),
             ));
+        }
+        // The float32 line's group holds its dashes only, and carries nothing else.
+        let in_float32 =
+            parent.is_some_and(|p| p.has_tag_name("g")) && class_of(parent) == Some("float32");
+        if (float32 && node.attributes().any(|a| a.name() != "class"))
+            || (in_float32 && name != "polyline")
+        {
+            return Err(element("a float32 line other than dashes".into()));
+        }
+        // A filled polyline could cover markers as a filled rect could; plotters draws none.
+        if name == "polyline" && node.attribute("fill") != Some("none") {
+            return Err(element("a filled polyline".into()));
         }
         // A filled rectangle could cover markers: only the background, first, may be filled;
         // a panel's frame is an outline.
@@ -799,7 +855,7 @@ fn check_elements(root: Node, want: &ExpectedChart) -> Result<Vec<ChartProblem>,
                 matches!(
                     a.name(),
                     "x" | "y" | "text-anchor" | "font-family" | "font-size" | "opacity" | "fill"
-                ) || (a.name() == "dy" && a.value() == "0.5ex")
+                ) || (a.name() == "dy" && matches!(a.value(), "0.5ex" | "0.76em"))
             });
             if !plain {
                 return Err(element("a tick label with an offset or a transform".into()));

@@ -19,7 +19,8 @@
 //! <g class="panel" data-tokens="128" data-distribution="clean"
 //!    (a model's inputs: data-condition="l5" in place of data-distribution)
 //!    data-x-range="LO HI" data-y-range="LO HI" data-x-pixels="A B" data-y-pixels="C D">
-//!   <text>N=128 · clean</text> <rect .../> grid lines, tick labels, <line class="float32" .../> ...
+//!   <text>N=128 · clean</text> <rect .../> grid lines, tick labels, float32 label ...
+//!   <g class="float32"><polyline .../> (one per dash) </g>
 //!   <g class="marker" data-config="g8_b4" data-distribution="clean" data-tokens="128"
 //!      data-payload-bytes="8208" data-relative-l2="0.0979..." transform="translate(X,Y)">
 //!     <circle r="5" .../>
@@ -111,7 +112,7 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
     } else {
         "distribution"
     };
-    let mut out = layout.open();
+    let mut out = layout.open()?;
     for (row, (condition, title)) in conditions.iter().enumerate() {
         for (column, &n) in protocol.tokens.iter().enumerate() {
             let mine: Vec<&Marker> = markers
@@ -133,19 +134,21 @@ pub fn error_vs_bytes(protocol: &Protocol, rows: &[ResultRow]) -> Result<String,
                     .is_empty()
                     .then_some("every error is 0: nothing to mark on a log scale"),
             };
-            out.push_str(&layout.open_panel(&panel));
-            let (x, y) = layout.axes(&panel);
-            for m in mine {
+            let points: Vec<(f64, f64)> = mine
+                .iter()
+                .map(|m| (m.payload_bytes as f64, m.relative_l2))
+                .collect();
+            let (opening, placed) = layout.panel(&panel, &points)?;
+            out.push_str(&opening);
+            for (m, (x, y)) in mine.iter().zip(placed) {
                 let _ = writeln!(
                     out,
-                    r#"<g class="marker" data-config="{}" data-{attribute}="{}" data-tokens="{}" data-payload-bytes="{}" data-relative-l2="{:?}" transform="translate({},{})">{}</g>"#,
+                    r#"<g class="marker" data-config="{}" data-{attribute}="{}" data-tokens="{}" data-payload-bytes="{}" data-relative-l2="{:?}" transform="translate({x},{y})">{}</g>"#,
                     m.label,
                     m.condition,
                     m.tokens,
                     m.payload_bytes,
                     m.relative_l2,
-                    x.pixel(m.payload_bytes as f64),
-                    y.pixel(m.relative_l2),
                     series_shape(m.series, m.budget)
                 );
             }

@@ -18,7 +18,8 @@
 //! ```text
 //! <g class="panel" data-schedule="prefill" data-x-range="LO HI" data-y-range="LO HI"
 //!    data-x-pixels="A B" data-y-pixels="C D">
-//!   <text>schedule: prefill</text> <rect .../> grid lines, tick labels, <line class="float32" .../> ...
+//!   <text>schedule: prefill</text> <rect .../> grid lines, tick labels, float32 label ...
+//!   <g class="float32"><polyline .../> (one per dash) </g>
 //!   <g class="marker" data-setting="g32_b4" data-policy="uniform" data-schedule="prefill"
 //!      data-bytes-per-token="5976.0" data-kl-mean="0.0123..." transform="translate(X,Y)">
 //!     <circle r="5" .../>
@@ -103,7 +104,7 @@ pub fn quality_vs_bytes(protocol: &QualityProtocol, summary: &Summary) -> Result
         x_label: &bytes_label,
         legend,
     };
-    let mut out = layout.open();
+    let mut out = layout.open()?;
     for (column, schedule) in schedules.iter().enumerate() {
         let mine: Vec<_> = markers.iter().filter(|m| m.schedule == *schedule).collect();
         let x_range = fitted(mine.iter().map(|m| m.bytes_per_token).chain([float32]))
@@ -120,21 +121,23 @@ pub fn quality_vs_bytes(protocol: &QualityProtocol, summary: &Summary) -> Result
                 .is_empty()
                 .then_some("every KL is 0: nothing to mark on a log scale"),
         };
-        out.push_str(&layout.open_panel(&panel));
-        let (x, y) = layout.axes(&panel);
-        for m in mine {
+        let points: Vec<(f64, f64)> = mine
+            .iter()
+            .map(|m| (m.bytes_per_token, m.kl_mean))
+            .collect();
+        let (opening, placed) = layout.panel(&panel, &points)?;
+        out.push_str(&opening);
+        for (m, (x, y)) in mine.iter().zip(placed) {
             let pair = (m.setting.clone(), m.policy.clone());
             let index = series.iter().position(|s| *s == pair).unwrap_or(0);
             let _ = writeln!(
                 out,
-                r#"<g class="marker" data-setting="{}" data-policy="{}" data-schedule="{}" data-bytes-per-token="{:?}" data-kl-mean="{:?}" transform="translate({},{})">{}</g>"#,
+                r#"<g class="marker" data-setting="{}" data-policy="{}" data-schedule="{}" data-bytes-per-token="{:?}" data-kl-mean="{:?}" transform="translate({x},{y})">{}</g>"#,
                 m.setting,
                 m.policy,
                 m.schedule,
                 m.bytes_per_token,
                 m.kl_mean,
-                x.pixel(m.bytes_per_token),
-                y.pixel(m.kl_mean),
                 series_shape(index, m.policy != "uniform")
             );
         }

@@ -232,7 +232,8 @@ impl Evidence {
                 _ => (460.0, "fill=\"none\" stroke=\"#FF7F0E\" stroke-width=\"2\""),
             };
             let y_ticks = if left == 100.0 {
-                "<text x=\"95\" y=\"228\">0.001</text>\n<text x=\"95\" y=\"28\">1</text>\n"
+                "<text x=\"95\" y=\"228\" dy=\"0.5ex\" text-anchor=\"end\">0.001</text>\n\
+                 <text x=\"95\" y=\"28\" dy=\"0.5ex\" text-anchor=\"end\">1</text>\n"
             } else {
                 ""
             };
@@ -240,9 +241,11 @@ impl Evidence {
                 "<g class=\"panel\" data-schedule=\"{schedule}\" data-x-range=\"1000 100000\" \
                  data-y-range=\"0.001 1\" data-x-pixels=\"{left} {}\" data-y-pixels=\"228 28\">\n\
                  <text x=\"{}\" y=\"20\">schedule: {schedule}</text>\n\
-                 <text x=\"{left}\" y=\"245\">1,000</text>\n<text x=\"{}\" y=\"245\">100,000</text>\n\
+                 <text x=\"{left}\" y=\"234\" dy=\"0.76em\" text-anchor=\"middle\">1,000</text>\n\
+                 <text x=\"{}\" y=\"234\" dy=\"0.76em\" text-anchor=\"middle\">100,000</text>\n\
                  {y_ticks}\
-                 <line class=\"float32\" x1=\"{f}\" y1=\"28\" x2=\"{f}\" y2=\"228\" stroke-dasharray=\"6 4\"/>\n\
+                 <g class=\"float32\"><polyline fill=\"none\" points=\"{f},228 {f},130 \"/>\
+                 <polyline fill=\"none\" points=\"{f},120 {f},28 \"/></g>\n\
                  <text x=\"{f}\" y=\"40\">float32 46,080 B/token</text>\n\
                  <g class=\"marker\" data-setting=\"{setting}\" data-policy=\"{policy}\" \
                  data-schedule=\"{schedule}\" data-bytes-per-token=\"{bytes:?}\" \

@@ -259,6 +259,25 @@ fn audit_chart_edit(edit: impl FnOnce(&mut Vec<String>)) -> Report {
     audit(&dir)
 }
 
+/// The line of the chart's first y tick label's opening tag.
+fn y_tick_line(lines: &[String]) -> usize {
+    lines
+        .iter()
+        .position(|l| l.contains("dy=\"0.5ex\" text-anchor=\"end\""))
+        .unwrap()
+}
+
+/// The lines of the first float32 line's dashes.
+fn dash_lines(lines: &[String]) -> Vec<usize> {
+    let open = lines
+        .iter()
+        .position(|l| l == "<g class=\"float32\">")
+        .unwrap();
+    (open + 1..lines.len())
+        .take_while(|&i| lines[i].starts_with("<polyline"))
+        .collect()
+}
+
 /// The value of attribute `name` in an SVG line.
 fn attribute<'a>(line: &'a str, name: &str) -> &'a str {
     let start = line.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
@@ -305,15 +324,12 @@ fn chart_markers_ticks_and_extras_are_checked() {
         matches!(p, Problem::Chart(ChartProblem::Stray { .. }))
     });
 
-    // A y tick label that does not say what its position means.
+    // A y tick label that does not say what its position means (plotters writes a text's
+    // content on the line after its opening tag).
     let report = audit_chart_edit(|lines| {
-        let at = lines
-            .iter()
-            .position(|l| l.contains("text-anchor=\"end\" dy=\"0.5ex\">"))
-            .unwrap();
-        let (head, tail) = lines[at].split_once("dy=\"0.5ex\">").unwrap();
-        let rest = &tail[tail.find('%').unwrap()..];
-        lines[at] = format!("{head}dy=\"0.5ex\">9{rest}");
+        let at = y_tick_line(lines) + 1;
+        let rest = &lines[at][lines[at].find('%').unwrap()..];
+        lines[at] = format!("9{rest}");
     });
     assert_problem(
         &report,
@@ -333,16 +349,35 @@ fn chart_markers_ticks_and_extras_are_checked() {
 
     // A tick label shifted by an offset, so it shows a value where another belongs.
     let report = audit_chart_edit(|lines| {
-        let at = lines
-            .iter()
-            .position(|l| l.contains("text-anchor=\"end\" dy=\"0.5ex\">"))
-            .unwrap();
+        let at = y_tick_line(lines);
         lines[at] = lines[at].replacen("text-anchor=\"end\"", "dx=\"40\" text-anchor=\"end\"", 1);
     });
     assert_problem(
         &report,
         "offset",
         |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("offset")),
+    );
+
+    // An x tick label hung from its baseline rather than its top, so it would sit across the
+    // frame, and one shifted along by its anchor: both are not where plotters puts them.
+    let report = audit_chart_edit(|lines| {
+        let at = lines
+            .iter()
+            .position(|l| l.contains("dy=\"0.76em\" text-anchor=\"middle\""))
+            .unwrap();
+        lines[at] = lines[at].replacen("dy=\"0.76em\"", "dy=\"0.5ex\"", 1);
+        let at = y_tick_line(lines);
+        lines[at] = lines[at].replacen("text-anchor=\"end\"", "text-anchor=\"start\"", 1);
+    });
+    assert_problem(
+        &report,
+        "x anchor",
+        |p| matches!(p, Problem::Chart(ChartProblem::Tick { axis: "x", what, .. }) if what.contains("anchored")),
+    );
+    assert_problem(
+        &report,
+        "y anchor",
+        |p| matches!(p, Problem::Chart(ChartProblem::Tick { axis: "y", what, .. }) if what.contains("anchored")),
     );
 
     // Just an SVG document is not the chart.
@@ -425,8 +460,8 @@ fn a_marker_in_another_shape_paint_or_panel_fails() {
 fn panels_legend_and_float32_lines_are_checked() {
     // A panel title that names another length.
     let report = audit_chart_edit(|lines| {
-        let at = lines.iter().position(|l| l.contains(">N=")).unwrap();
-        lines[at] = lines[at].replacen(">N=", ">N=9", 1);
+        let at = lines.iter().position(|l| l.starts_with("N=")).unwrap();
+        lines[at] = lines[at].replacen("N=", "N=9", 1);
     });
     assert_problem(
         &report,
@@ -434,19 +469,67 @@ fn panels_legend_and_float32_lines_are_checked() {
         |p| matches!(p, Problem::Chart(ChartProblem::Label { expected }) if expected.starts_with("N=")),
     );
 
-    // The float32 line moved 30 px.
+    // The float32 line moved 30 px; drawn solid (one dash); cut to its lower half.
+    let moved = |lines: &mut Vec<String>| {
+        for at in dash_lines(lines) {
+            let x = attribute(&lines[at], "points")
+                .split(',')
+                .next()
+                .unwrap()
+                .to_string();
+            let shifted = x.parse::<i32>().unwrap() - 30;
+            lines[at] = lines[at].replace(&format!("{x},"), &format!("{shifted},"));
+        }
+    };
+    let solid = |lines: &mut Vec<String>| {
+        let dashes = dash_lines(lines);
+        let x = attribute(&lines[dashes[0]], "points")
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string();
+        lines[dashes[0]] =
+            format!("<polyline fill=\"none\" stroke=\"#5A5A5A\" points=\"{x},271 {x},72 \"/>");
+        lines.drain(dashes[1]..=*dashes.last().unwrap());
+    };
+    let halved = |lines: &mut Vec<String>| {
+        let dashes = dash_lines(lines);
+        lines.drain(dashes[dashes.len() / 2]..=*dashes.last().unwrap());
+    };
+    for (what, edit) in [
+        ("moved", &moved as &dyn Fn(&mut Vec<String>)),
+        ("solid", &solid),
+        ("halved", &halved),
+    ] {
+        let report = audit_chart_edit(edit);
+        assert_problem(
+            &report,
+            what,
+            |p| matches!(p, Problem::Chart(ChartProblem::Mapping { what }) if what.contains("float32")),
+        );
+    }
+
+    // Something other than dashes in a float32 line's group, and a filled polyline.
     let report = audit_chart_edit(|lines| {
-        let at = lines
-            .iter()
-            .position(|l| l.starts_with("<line class=\"float32\""))
-            .unwrap();
-        let x: f64 = attribute(&lines[at], "x1").parse().unwrap();
-        lines[at] = lines[at].replace(&format!("=\"{x}\""), &format!("=\"{}\"", x - 30.0));
+        let first = dash_lines(lines)[0];
+        lines.insert(first, "<text x=\"0\" y=\"0\">x</text>".into());
     });
     assert_problem(
         &report,
-        "float32 line",
-        |p| matches!(p, Problem::Chart(ChartProblem::Mapping { what }) if what.contains("float32")),
+        "float32 group",
+        |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("float32")),
+    );
+    let report = audit_chart_edit(|lines| {
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("<polyline"))
+            .unwrap();
+        lines[at] = lines[at].replacen("fill=\"none\"", "fill=\"#FFFFFF\"", 1);
+    });
+    assert_problem(
+        &report,
+        "filled polyline",
+        |p| matches!(p, Problem::Chart(ChartProblem::Element { what }) if what.contains("polyline")),
     );
 
     // A legend swatch removed, and one drawn filled for a budget policy.
