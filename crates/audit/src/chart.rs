@@ -45,6 +45,7 @@ use crate::comparisons::{Recomputed, close};
 use crate::plan::{ComparisonPlan, Config, InputPlan, Study, layer_condition};
 use crate::protocol::Protocol;
 use crate::report::{Checked, Problem, Report};
+use crate::text::thousands;
 
 /// Elements the chart may contain.
 const ALLOWED: [&str; 8] = [
@@ -286,19 +287,6 @@ fn conditions(p: &Protocol) -> Vec<(String, String)> {
             .map(|d| (d.name().to_string(), d.name().to_string()))
             .collect(),
     }
-}
-
-/// "65536" -> "65,536".
-pub(crate) fn thousands(n: u128) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 fn expected_chart(
@@ -924,8 +912,8 @@ mod tests {
         assert_eq!(decimal_label("0.02"), Some(0.02));
         assert_eq!(x_label("65,536"), Some(65536.0));
         assert_eq!(x_label("65536"), None);
-        assert_eq!(thousands(46_080), "46,080");
-        assert_eq!(thousands(500), "500");
+        assert_eq!(thousands(46_080u32), "46,080");
+        assert_eq!(thousands(500u32), "500");
     }
 
     #[test]

@@ -31,8 +31,9 @@ pub fn figures(text: &str) -> Vec<String> {
     out
 }
 
-/// 8208 -> "8,208".
-pub fn thousands(n: u64) -> String {
+/// 8208 -> "8,208" (any unsigned integer up to u128).
+pub fn thousands(n: impl Into<u128>) -> String {
+    let n: u128 = n.into();
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {

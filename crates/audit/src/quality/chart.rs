@@ -15,10 +15,9 @@
 use super::Aggregate;
 use super::bytes::FLOAT32_BYTES_PER_TOKEN;
 use super::protocol::{Run, Window};
-use crate::chart::{
-    ExpectedChart, ExpectedMarker, ExpectedPanel, check_panels, decimal_label, thousands,
-};
+use crate::chart::{ExpectedChart, ExpectedMarker, ExpectedPanel, check_panels, decimal_label};
 use crate::report::{Problem, Report};
+use crate::text::thousands;
 
 /// Checks the chart against the runs and the audit's aggregates (one per run).
 pub(super) fn check_chart(
