@@ -14,12 +14,12 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::archive::{self, MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
-use crate::format::thousands_u64 as thousands;
 use crate::plan::Storage;
 use crate::protocol::{
     Axes, Distribution, FROZEN, MAX_CONFIGURATIONS, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS,
     MAX_TIMED_CALLS, Protocol,
 };
+use evidence::format::thousands_u64 as thousands;
 
 /// Largest protocol file the runner reads (a protocol is a few hundred bytes).
 pub const MAX_PROTOCOL_FILE_BYTES: u64 = 1 << 20;

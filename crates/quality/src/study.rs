@@ -19,7 +19,7 @@
 //! Rows run texts first, then runs in protocol order; a row's id is
 //! `t{text}_{setting}_{policy}_{schedule}` with `:` in the policy written `-`.
 //!
-//! The directory (see [`crate::evidence`] for how it is staged and moved into place):
+//! The directory (see [`crate::write`] for how it is staged and moved into place):
 //! - `arrays.npz`: per text, in order, `t{i}_ids` (int64 `[T]`), `t{i}_f32_logp` (float64 `[T-1]`,
 //!   ln p_f32(ids[j+1] | ids[..=j]) from an f64 log-softmax of the f32 logits), `t{i}_f32_argmax`
 //!   (int64 `[T-1]`) and, when generating, `t{i}_f32_generated` (int64 `[tokens]`); then per row, in
@@ -28,8 +28,8 @@
 //! - `results.json`: one object per row ([`ResultRow`]), its aggregates computed from the arrays
 //!   exactly as the fields' docs say;
 //! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]);
-//! - `quality-vs-bytes.svg`: mean KL against cache bytes per token ([`crate::quality_plot`]);
-//! - `manifest.json`: [`crate::quality_evidence::QualityManifest`].
+//! - `quality-vs-bytes.svg`: mean KL against cache bytes per token ([`crate::chart`]);
+//! - `manifest.json`: [`crate::write::QualityManifest`].
 //!
 //! The float32 pass of each text is computed once and shared by its runs; the runs of a text are
 //! computed on a rayon pool, each from its own inputs only, so the files (but the manifest's
@@ -38,17 +38,17 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::metrics::{kl, log_softmax};
+use crate::{CacheSpec, Policy, QualityError, Schedule, Setting};
 use models::ModelName;
 use models::llama::{Llama, ModelError, argmax};
 use models::tokenizer::bpe::{Bpe, BpeError};
-use quality::metrics::{kl, log_softmax};
-use quality::{CacheSpec, Policy, QualityError, Schedule, Setting};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::evidence::EvidenceError;
-use crate::protocol::MAX_STUDY_NAME_CHARS;
+use evidence::EvidenceError;
+use evidence::MAX_STUDY_NAME_CHARS;
 
 /// Identifies this manifest layout.
 pub const QUALITY_MANIFEST_FORMAT: &str = "model-quality-evidence/1";
@@ -419,7 +419,7 @@ pub struct ResultRow {
     pub kl_max: f64,
     /// Share of positions whose argmax equals the f32 cache's.
     pub top1_agreement: f64,
-    /// End-state cache bytes / T (`quality::cache` docs).
+    /// End-state cache bytes / T (`crate::cache` docs).
     pub bytes_per_token: f64,
     /// 2 * layers * kv_heads * head_dim * 4.
     pub float32_bytes_per_token: usize,
@@ -482,7 +482,7 @@ pub fn run_study(
         .build()
         .map_err(|source| QualityStudyError::Threads { threads, source })?;
     let c = model.config();
-    let float32_bytes = quality::cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim);
+    let float32_bytes = crate::cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim);
     let done = AtomicUsize::new(0);
     let step = || progress(done.fetch_add(1, Ordering::SeqCst) + 1);
     let mut texts = Vec::with_capacity(all_ids.len());
@@ -590,8 +590,7 @@ fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, Quality
         float32_bytes,
     } = input;
     let positions = ids.len() - 1;
-    let packed =
-        model.forward_with_source(ids, |_, k, v| quality::PackedLayer::boxed(spec, k, v))?;
+    let packed = model.forward_with_source(ids, |_, k, v| crate::PackedLayer::boxed(spec, k, v))?;
     let logits = packed.logits.ok_or(QualityError::TooFewTokens(0))?;
     let mut logp = Vec::with_capacity(positions);
     let mut kls = Vec::with_capacity(positions);
@@ -608,7 +607,7 @@ fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, Quality
     }
     drop(logits);
     let generated = match (prompt, generate) {
-        (Some(prompt), Some(g)) => Some(quality::generate::greedy(
+        (Some(prompt), Some(g)) => Some(crate::generate::greedy(
             model,
             prompt,
             g.tokens,
@@ -619,7 +618,7 @@ fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, Quality
     };
     let c = model.config();
     let cache_bytes =
-        quality::cache::cache_bytes(&spec, c.layers, c.kv_heads, c.head_dim, ids.len())?;
+        crate::cache::cache_bytes(&spec, c.layers, c.kv_heads, c.head_dim, ids.len())?;
     let n = positions as f64;
     let sum = |xs: &[f64]| xs.iter().fold(0f64, |a, &x| a + x);
     let nll_f32 = -sum(f32_logp) / n;
@@ -627,7 +626,7 @@ fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, Quality
     let agree = maxes.iter().zip(f32_argmax).filter(|(a, b)| a == b).count();
     let (first_departure, generated_text) = match (&generated, f32_generated) {
         (Some(g), Some(f)) => (
-            Some(quality::generate::first_difference(f, g)),
+            Some(crate::generate::first_difference(f, g)),
             Some(decode(bpe, g)?),
         ),
         _ => (None, None),

@@ -11,7 +11,7 @@ use std::process::Command;
 use models::ModelName;
 use ndarray::Array1;
 use ndarray_npy::NpzReader;
-use runner::quality_study::{self, QualityProtocol, ResultRow};
+use quality::study::{self as quality_study, QualityProtocol, ResultRow};
 
 /// One short text (about 40 ids), three runs (a prefill, a streaming and a budget run), four
 /// generated tokens.
@@ -57,7 +57,7 @@ fn a_tiny_study_is_written_recomputable_and_independent_of_threads() {
     for threads in [1, 2] {
         let study = quality_study::run_study(&protocol, &model, &bpe, threads, &|_| {}).unwrap();
         let out = tmp.path().join(format!("threads-{threads}"));
-        runner::quality_evidence::write(&out, &protocol, "tiny".into(), &study, threads).unwrap();
+        quality::write::write(&out, &protocol, "tiny".into(), &study, threads).unwrap();
         dirs.push(out);
     }
     let dir = &dirs[0];

@@ -153,7 +153,7 @@ pub fn check_new_file(out: &Path) -> Result<(), KvDumpError> {
     if out.symlink_metadata().is_ok() {
         return Err(KvDumpError::Exists(out.to_path_buf()));
     }
-    let parent = crate::evidence::parent_dir(out);
+    let parent = evidence::parent_dir(out);
     if !parent.is_dir() {
         return Err(KvDumpError::NoDirectory {
             path: out.to_path_buf(),

@@ -5,7 +5,7 @@
 //! estimate above [`MAX_NPZ_BYTES`]. Everything here is checked arithmetic; an overflow is
 //! `None`, never a wrapped number.
 //!
-//! Members, in the order [`crate::evidence`] writes them: per input `<input>_q`, `_k`, `_v`,
+//! Members, in the order [`crate::write`] writes them: per input `<input>_q`, `_k`, `_v`,
 //! `_ref`; per comparison, for K then V and each stored segment, `codes`, `scales`, `shape`
 //! (and `zeros` when asymmetric) of a quantized segment or `values`, `shape` of a float32 one,
 //! then `<id>_out`. ndarray-npy appends `.npy` to every name.

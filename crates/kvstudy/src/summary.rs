@@ -9,9 +9,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tabled::builder::Builder;
-use tabled::settings::object::Columns;
-use tabled::settings::{Alignment, Style};
 
 use crate::plan::{float32_kv_bytes, plans};
 use crate::protocol::{Axes, Distribution, Mode, Policy, Protocol};
@@ -219,42 +216,9 @@ pub fn percent(fraction: f64) -> String {
     format!("{:.3}", fraction * 100.0)
 }
 
-pub use crate::format::{thousands, thousands_u64};
+pub use evidence::format::{thousands, thousands_u64};
 
-/// A table as header + rows of cells, rendered as aligned text or as markdown.
-pub struct Table {
-    pub headers: Vec<String>,
-    pub rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn build(&self) -> tabled::Table {
-        let mut builder = Builder::default();
-        builder.push_record(self.headers.clone());
-        for row in &self.rows {
-            builder.push_record(row.clone());
-        }
-        builder.build()
-    }
-
-    pub fn to_text(&self) -> String {
-        let mut table = self.build();
-        table
-            .with(Style::blank())
-            .modify(Columns::new(0..), Alignment::right());
-        let text = table.to_string();
-        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
-        lines.join("\n")
-    }
-
-    pub fn to_markdown(&self) -> String {
-        let mut table = self.build();
-        table
-            .with(Style::markdown())
-            .modify(Columns::new(1..), Alignment::right());
-        table.to_string()
-    }
-}
+pub use evidence::table::Table;
 
 fn error_cell(value: Option<f64>) -> String {
     value.map_or_else(|| "n/a".into(), |m| format!("{}%", percent(m)))

@@ -10,7 +10,7 @@
 //!
 //! A series is a (setting, policy) pair: first the pairs with policy `uniform`, labelled by
 //! their setting (`g32_b4`), then the others, labelled `g32_b4 + recent_f32:64`, each group in
-//! order of first appearance; series i gets [`crate::chart_style`]'s colour and shape i, filled
+//! order of first appearance; series i gets [`evidence::chart`]'s colour and shape i, filled
 //! for `uniform` and hollow otherwise, and the legend lists them under "settings (uniform
 //! policy)" and "with a budget policy (hollow)". One marker per summary row whose mean KL is
 //! positive (a log scale cannot place 0), carrying its data:
@@ -28,12 +28,12 @@
 //! ```
 //!
 //! Values are printed with Rust's `{:?}` for f64; the axis mapping and layout are
-//! [`crate::chart_style`]'s.
+//! [`evidence::chart`]'s.
 
 use std::fmt::Write as _;
 
-use crate::chart_style::{Layout, Panel, Series, bytes_label, fitted, series_shape, significant};
-use crate::quality_study::{QualityProtocol, Summary};
+use crate::study::{QualityProtocol, Summary};
+use evidence::chart::{Layout, Panel, Series, bytes_label, fitted, series_shape, significant};
 
 /// The series, in style order: (setting, policy), uniform pairs first.
 fn series(summary: &Summary) -> Vec<(String, String)> {

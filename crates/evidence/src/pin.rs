@@ -4,7 +4,8 @@
 //! directory's pin in `manifest.json` from the files as they are and keeps every other pin;
 //! `--replace-all` makes the given directories the whole set. Each directory must audit PASS
 //! first (the binary passes the audit in as the check, see [`pin`]) and its manifest.json must
-//! declare one of [`KNOWN_FORMATS`] (`packed-kv-evidence/1` or `model-quality-evidence/1`).
+//! declare one of the formats the caller knows (the runner: `packed-kv-evidence/1` and
+//! `model-quality-evidence/1`); this crate knows no study, so it is told both.
 //! `audit` with no argument checks those hashes and then audits each pinned directory. Paths are
 //! relative to the root manifest's own directory. Nothing is written unless every directory
 //! passes, and the manifest is replaced atomically.
@@ -16,31 +17,25 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::manifest::sha256_file;
+use crate::hashing::sha256_file;
 
 pub const ROOT_MANIFEST_FORMAT: &str = "evidence-pins/1";
 
-/// The evidence formats a pinned directory's manifest.json may declare (the audit picks its
-/// checker by this field).
-pub const KNOWN_FORMATS: [&str; 2] = [
-    crate::manifest::MANIFEST_FORMAT,
-    crate::quality_study::QUALITY_MANIFEST_FORMAT,
-];
-
-/// The `format` member of a run's manifest.json, or why there is none we know.
-fn manifest_format(path: &Path) -> Result<String, PinError> {
+/// The `format` member of a run's manifest.json, or why it is none of `known`.
+fn manifest_format(path: &Path, known: &[&str]) -> Result<String, PinError> {
     let text = std::fs::read_to_string(path).map_err(io(format!("reading {}", path.display())))?;
     let value: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
     let format = match value.get("format").and_then(|f| f.as_str()) {
         Some(format) => format.to_string(),
         None => "missing".to_string(),
     };
-    if KNOWN_FORMATS.contains(&format.as_str()) {
+    if known.contains(&format.as_str()) {
         Ok(format)
     } else {
         Err(PinError::UnknownFormat {
             path: path.to_path_buf(),
             format,
+            known: known.join(", "),
         })
     }
 }
@@ -84,11 +79,14 @@ pub enum PinError {
     )]
     NotARootManifest { path: PathBuf, reason: String },
     #[error(
-        "{} is not a run's manifest: its `format` is {format}, not one of {}",
-        path.display(),
-        KNOWN_FORMATS.join(", ")
+        "{} is not a run's manifest: its `format` is {format}, not one of {known}",
+        path.display()
     )]
-    UnknownFormat { path: PathBuf, format: String },
+    UnknownFormat {
+        path: PathBuf,
+        format: String,
+        known: String,
+    },
     /// The cause is the source, so it is printed once, after the context.
     #[error("{context}")]
     Io {
@@ -156,13 +154,15 @@ fn read_root(path: &Path) -> Result<Option<RootManifest>, PinError> {
     }
 }
 
-/// Pins each directory in the root manifest at `manifest_path`: `check` must accept it (the
-/// binary runs the audit), then every file in it is hashed. With [`PinScope::Update`] the other
+/// Pins each directory in the root manifest at `manifest_path`: its manifest.json must declare one
+/// of the `formats` the caller knows and `check` must accept it (the binary runs the audit),
+/// then every file in it is hashed. With [`PinScope::Update`] the other
 /// pins are kept. Nothing is written unless every directory is accepted.
 pub fn pin(
     manifest_path: &Path,
     dirs: &[PathBuf],
     scope: PinScope,
+    formats: &[&str],
     check: &dyn Fn(&Path) -> Result<(), String>,
 ) -> Result<Pinned, PinError> {
     let base = manifest_path
@@ -189,7 +189,7 @@ pub fn pin(
         if !full.join("manifest.json").is_file() {
             return Err(PinError::NotARun(full));
         }
-        manifest_format(&full.join("manifest.json"))?;
+        manifest_format(&full.join("manifest.json"), formats)?;
         check(&full).map_err(|report| PinError::AuditFailed {
             dir: full.clone(),
             report,
@@ -269,6 +269,9 @@ pub fn pin(
 mod tests {
     use super::*;
 
+    /// The formats the runner pins.
+    pub(super) const FORMATS: &[&str] = &["packed-kv-evidence/1", "model-quality-evidence/1"];
+
     /// A check that accepts every directory (the binary's is the audit).
     pub(super) fn accept(_: &Path) -> Result<(), String> {
         Ok(())
@@ -302,6 +305,7 @@ mod tests {
             &root,
             &dirs(&["evidence/a", "evidence/b"]),
             PinScope::Update,
+            FORMATS,
             &accept,
         );
         let first = first.unwrap();
@@ -314,6 +318,7 @@ mod tests {
             &root,
             &dirs(&["evidence/b", "evidence/c"]),
             PinScope::Update,
+            FORMATS,
             &accept,
         );
         let second = second.unwrap();
@@ -332,7 +337,14 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&root).unwrap()).unwrap();
         assert_eq!(written, second.manifest);
 
-        let third = pin(&root, &dirs(&["evidence/c"]), PinScope::ReplaceAll, &accept).unwrap();
+        let third = pin(
+            &root,
+            &dirs(&["evidence/c"]),
+            PinScope::ReplaceAll,
+            FORMATS,
+            &accept,
+        )
+        .unwrap();
         assert_eq!(keys(&third.manifest), ["evidence/c"]);
         assert_eq!(third.changes["evidence/a"], PinChange::Dropped);
         assert_eq!(third.changes["evidence/c"], PinChange::Unchanged);
@@ -344,7 +356,14 @@ mod tests {
         let root = tmp.path().join("manifest.json");
         fake_run(tmp.path(), "good", "[]");
         fake_run(tmp.path(), "bad", "[]");
-        pin(&root, &[PathBuf::from("good")], PinScope::Update, &accept).unwrap();
+        pin(
+            &root,
+            &[PathBuf::from("good")],
+            PinScope::Update,
+            FORMATS,
+            &accept,
+        )
+        .unwrap();
         let before = std::fs::read(&root).unwrap();
         let refuse_bad = |dir: &Path| {
             if dir.ends_with("bad") {
@@ -354,7 +373,7 @@ mod tests {
             }
         };
         let dirs = [PathBuf::from("good"), PathBuf::from("bad")];
-        let err = pin(&root, &dirs, PinScope::ReplaceAll, &refuse_bad).unwrap_err();
+        let err = pin(&root, &dirs, PinScope::ReplaceAll, FORMATS, &refuse_bad).unwrap_err();
         let PinError::AuditFailed { dir, report } = &err else {
             panic!("{err:?}");
         };
@@ -371,11 +390,11 @@ mod tests {
         fake_run(tmp.path(), "run", "[]");
         std::fs::write(&root, "{ not json").unwrap();
         let run = [PathBuf::from("run")];
-        let err = pin(&root, &run, PinScope::Update, &accept).unwrap_err();
+        let err = pin(&root, &run, PinScope::Update, FORMATS, &accept).unwrap_err();
         assert!(matches!(err, PinError::NotARootManifest { .. }), "{err:?}");
         assert!(err.to_string().contains("--replace-all"), "{err}");
         assert_eq!(std::fs::read_to_string(&root).unwrap(), "{ not json");
-        let replaced = pin(&root, &run, PinScope::ReplaceAll, &accept).unwrap();
+        let replaced = pin(&root, &run, PinScope::ReplaceAll, FORMATS, &accept).unwrap();
         assert_eq!(keys(&replaced.manifest), ["run"]);
     }
 
@@ -396,6 +415,7 @@ mod tests {
             &tmp.path().join("manifest.json"),
             &[PathBuf::from("run")],
             PinScope::Update,
+            FORMATS,
             &accept,
         )
         .unwrap_err();
@@ -411,7 +431,7 @@ mod tests {
 
 #[cfg(test)]
 mod format_tests {
-    use super::tests::accept;
+    use super::tests::{FORMATS, accept};
     use super::*;
 
     #[test]
@@ -429,12 +449,19 @@ mod format_tests {
         }
         let root = tmp.path().join("manifest.json");
         let dirs = [PathBuf::from("kv"), PathBuf::from("quality")];
-        let pinned = pin(&root, &dirs, PinScope::Update, &accept).unwrap();
+        let pinned = pin(&root, &dirs, PinScope::Update, FORMATS, &accept).unwrap();
         assert_eq!(
             pinned.manifest.evidence.keys().collect::<Vec<_>>(),
             ["kv", "quality"]
         );
-        let err = pin(&root, &[PathBuf::from("odd")], PinScope::Update, &accept).unwrap_err();
+        let err = pin(
+            &root,
+            &[PathBuf::from("odd")],
+            PinScope::Update,
+            FORMATS,
+            &accept,
+        )
+        .unwrap_err();
         assert!(
             matches!(&err, PinError::UnknownFormat { format, .. } if format == "other/1"),
             "{err}"

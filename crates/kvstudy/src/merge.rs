@@ -22,14 +22,17 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use crate::archive;
-use crate::evidence::{self, EvidenceError, MemberSink};
-use crate::hashing::sha256_hex;
-use crate::manifest::{self, Counts, Manifest, MergedShard, protocol_sha256};
+use evidence::EvidenceError;
+
+use crate::manifest::{Counts, Manifest, MergedShard, protocol_sha256};
 use crate::plan::{Plan, Shard, plans};
 use crate::protocol::Protocol;
 use crate::study::ResultRow;
 use crate::summary::{self, Summary};
 use crate::timing::Timings;
+use crate::write::{self, MemberSink};
+use evidence::hashing::{sha256_file, sha256_hex};
+use evidence::provenance::source_hashes;
 
 /// Largest manifest, results or timings file a merge reads (an honest one is far smaller).
 const MAX_JSON_BYTES: u64 = 1 << 30;
@@ -143,7 +146,7 @@ pub enum MergeError {
     },
     /// The merged directory could not be written.
     #[error("writing the merged run")]
-    Write(#[from] EvidenceError),
+    Write(#[from] crate::write::WriteError),
 }
 
 /// A merged run, as written.
@@ -197,8 +200,8 @@ fn parse<T: serde::de::DeserializeOwned>(
 
 /// Reads one shard's manifest and checks its files against it.
 fn read_shard(dir: &Path) -> Result<ShardRun, MergeError> {
-    let bytes = read_capped(&dir.join(evidence::MANIFEST))?;
-    let manifest: Manifest = parse(dir, evidence::MANIFEST, &bytes)?;
+    let bytes = read_capped(&dir.join(write::MANIFEST))?;
+    let manifest: Manifest = parse(dir, write::MANIFEST, &bytes)?;
     let Some(record) = manifest.shard.clone() else {
         return Err(MergeError::NotAShard { dir: dir.into() });
     };
@@ -206,14 +209,14 @@ fn read_shard(dir: &Path) -> Result<ShardRun, MergeError> {
         return Err(MergeError::ProtocolHash { dir: dir.into() });
     }
     let mut run_files = vec![
-        evidence::ARRAYS,
-        evidence::RESULTS,
-        evidence::SUMMARY,
-        evidence::SUMMARY_MD,
-        evidence::PLOT,
+        write::ARRAYS,
+        write::RESULTS,
+        write::SUMMARY,
+        write::SUMMARY_MD,
+        write::PLOT,
     ];
     if manifest.protocol.timing.is_some() {
-        run_files.push(evidence::TIMINGS);
+        run_files.push(write::TIMINGS);
     }
     if let Some(file) = run_files
         .iter()
@@ -226,7 +229,7 @@ fn read_shard(dir: &Path) -> Result<ShardRun, MergeError> {
     }
     for (file, recorded) in &manifest.outputs {
         let path = dir.join(file);
-        let actual = manifest::sha256_file(&path).map_err(|source| MergeError::Read {
+        let actual = sha256_file(&path).map_err(|source| MergeError::Read {
             path: path.clone(),
             source,
         })?;
@@ -256,7 +259,7 @@ fn check_set(dirs: &[PathBuf]) -> Result<Vec<ShardRun>, MergeError> {
         .map(|d| read_shard(d))
         .collect::<Result<Vec<_>, _>>()?;
     let first = shards.first().ok_or(MergeError::NoShards)?;
-    let own_sources = manifest::source_hashes();
+    let own_sources = source_hashes();
     for s in &shards {
         let same =
             s.manifest.protocol == first.manifest.protocol && s.shard.count == first.shard.count;
@@ -292,7 +295,7 @@ fn check_set(dirs: &[PathBuf]) -> Result<Vec<ShardRun>, MergeError> {
 
 /// Merges the shards in `dirs` into a new evidence directory `out`.
 pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
-    evidence::check_new(out)?;
+    evidence::check_new(out).map_err(crate::write::WriteError::from)?;
     let shards = check_set(dirs)?;
     let protocol = shards[0].manifest.protocol.clone();
     let plans = plans(&protocol);
@@ -301,8 +304,8 @@ pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
     let mut timings: Option<Timings> = None;
     let mut owner: BTreeMap<String, usize> = BTreeMap::new();
     for (position, s) in shards.iter().enumerate() {
-        let bytes = read_capped(&s.dir.join(evidence::RESULTS))?;
-        let shard_rows: Vec<ResultRow> = parse(&s.dir, evidence::RESULTS, &bytes)?;
+        let bytes = read_capped(&s.dir.join(write::RESULTS))?;
+        let shard_rows: Vec<ResultRow> = parse(&s.dir, write::RESULTS, &bytes)?;
         let inputs = s.shard.inputs(&protocol).map_err(|_| MergeError::Rows {
             dir: s.dir.clone(),
             shard: s.shard,
@@ -320,8 +323,8 @@ pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
         }
         rows.extend(shard_rows);
         if protocol.timing.is_some() {
-            let bytes = read_capped(&s.dir.join(evidence::TIMINGS))?;
-            let shard_timings: Timings = parse(&s.dir, evidence::TIMINGS, &bytes)?;
+            let bytes = read_capped(&s.dir.join(write::TIMINGS))?;
+            let shard_timings: Timings = parse(&s.dir, write::TIMINGS, &bytes)?;
             let merged = timings.get_or_insert_with(|| Timings {
                 measurements: Vec::new(),
                 ..shard_timings.clone()
@@ -402,7 +405,7 @@ pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
             let dir = &shards[position].dir;
             let problem = |what: String| EvidenceError::Npz(format!("{}: {what}", dir.display()));
             if archives[position].is_none() {
-                let path = dir.join(evidence::ARRAYS);
+                let path = dir.join(write::ARRAYS);
                 let file = File::open(&path).map_err(|e| problem(e.to_string()))?;
                 let zip = zip::ZipArchive::new(file).map_err(|e| problem(e.to_string()))?;
                 archives[position] = Some(zip);
@@ -420,13 +423,13 @@ pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
         }
         Ok(())
     };
-    let outputs = evidence::Outputs {
+    let outputs = write::Outputs {
         protocol: &protocol,
         rows: &rows,
         summary: &summary,
         timings: timings.as_ref(),
     };
-    let manifest = evidence::write_merged(out, &mut copy, outputs, manifest)?;
+    let manifest = write::write_merged(out, &mut copy, outputs, manifest)?;
     Ok(Merged {
         protocol,
         summary,
@@ -461,7 +464,7 @@ fn belongs(name: &str, id: &str) -> bool {
 
 /// The names (without `.npy`) of the members of a shard's archive.
 fn member_names(dir: &Path) -> Result<BTreeSet<String>, MergeError> {
-    let path = dir.join(evidence::ARRAYS);
+    let path = dir.join(write::ARRAYS);
     let problem = |what: String| MergeError::Arrays {
         dir: dir.to_path_buf(),
         problem: what,

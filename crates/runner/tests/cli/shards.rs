@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use runner::merge::{MergeError, merge};
+use kvstudy::merge::{MergeError, merge};
 use sha2::{Digest, Sha256};
 
 fn workspace() -> PathBuf {

@@ -1,5 +1,5 @@
 //! Records, at build time, what produced a run: the SHA-256 of every source file that can change
-//! the runner's output (LF-normalised, so a Windows checkout hashes the same), the rustc version,
+//! a study's output (LF-normalised, so a Windows checkout hashes the same), the rustc version,
 //! the target, and the versions of the crates that do the work. A binary run outside the
 //! repository still knows them.
 
@@ -9,7 +9,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+// The crate's own hashing module, so the build and the audit hash sources by one rule.
 #[path = "src/hashing.rs"]
+#[allow(dead_code)]
 mod hashing;
 
 /// Files and directories (relative to the workspace root) whose contents produce a run.
@@ -20,10 +22,15 @@ const SOURCE_ROOTS: &[&str] = &[
     "experiments",
     "crates/bitpack/Cargo.toml",
     "crates/bitpack/src",
+    "crates/evidence/Cargo.toml",
+    "crates/evidence/build.rs",
+    "crates/evidence/src",
     "crates/gguf-file/Cargo.toml",
     "crates/gguf-file/src",
     "crates/kvcodec/Cargo.toml",
     "crates/kvcodec/src",
+    "crates/kvstudy/Cargo.toml",
+    "crates/kvstudy/src",
     "crates/models/Cargo.toml",
     "crates/models/src",
     "crates/nprand/Cargo.toml",
@@ -31,7 +38,6 @@ const SOURCE_ROOTS: &[&str] = &[
     "crates/quality/Cargo.toml",
     "crates/quality/src",
     "crates/runner/Cargo.toml",
-    "crates/runner/build.rs",
     "crates/runner/src",
     "crates/weights/Cargo.toml",
     "crates/weights/src",
@@ -40,8 +46,10 @@ const SOURCE_ROOTS: &[&str] = &[
 /// Crates whose versions the manifest records.
 const RECORDED_CRATES: &[&str] = &[
     "bitpack",
+    "evidence",
     "gguf-file",
     "kvcodec",
+    "kvstudy",
     "models",
     "nprand",
     "quality",

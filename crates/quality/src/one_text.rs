@@ -7,11 +7,11 @@
 //! are generated): `prompt_tokens`, `ids_f32`, `ids`, `text_f32`, `text`, `first_difference`
 //! (the first generated position where the packed cache's greedy text departs, or `null`).
 
+use crate::generate::{self, Generation};
+use crate::{CacheSpec, Measurement, Policy, QualityError, Schedule, Setting};
 use models::llama::{self, Llama, ModelError};
 use models::tokenizer::bpe::{Bpe, BpeError};
 use models::{ModelFiles, ModelName};
-use quality::generate::{self, Generation};
-use quality::{CacheSpec, Measurement, Policy, QualityError, Schedule, Setting};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -80,7 +80,7 @@ pub struct GenerationReport {
 }
 
 /// Without `--prompt`, generation continues the text's first tokens, at most this many: each
-/// generated token is one pass over the prompt and what came before (`quality::generate`).
+/// generated token is one pass over the prompt and what came before (`crate::generate`).
 pub const DEFAULT_PROMPT_TOKENS: usize = 32;
 
 /// The layers of SmolLM2-135M, for the progress count before the model is loaded.
@@ -123,7 +123,7 @@ pub fn measure(
 ) -> Result<Report, QualityCmdError> {
     let ids = bpe.encode(request.text)?;
     let layers = model.config().layers;
-    let measurement = quality::measure(model, &ids, spec, &mut *progress)?;
+    let measurement = crate::measure(model, &ids, spec, &mut *progress)?;
     let generation = if request.generate == 0 {
         None
     } else {

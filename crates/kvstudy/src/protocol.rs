@@ -15,10 +15,7 @@ pub const FROZEN: &str = include_str!("../../../experiments/packed-kv/protocol.j
 /// Where the frozen protocol lives in the repository (recorded in manifests).
 pub const FROZEN_PATH: &str = "experiments/packed-kv/protocol.json";
 
-/// Longest study name, in characters. The name is printed into markdown headings and the chart
-/// title, so it is also limited to ASCII letters, digits, '-', '_' and '.' (no spaces, newlines,
-/// '|' or markup).
-pub const MAX_STUDY_NAME_CHARS: usize = 64;
+pub use evidence::MAX_STUDY_NAME_CHARS;
 
 /// Largest K, V or q a protocol may ask for, in elements (2^27: 512 MiB as f32; a run holds a
 /// few such matrices and their f64 decodings at once). The same bound applies to the padded
@@ -28,7 +25,7 @@ pub const MAX_MATRIX_ELEMENTS: usize = 1 << 27;
 
 /// Most configurations (settings plus budget policies) a protocol may hold: the chart gives each
 /// its own colour and shape, and has that many distinct pairs
-/// ([`crate::chart_style::DISTINCT_SERIES`]); a larger sweep is split into several protocols.
+/// ([`evidence::chart::DISTINCT_SERIES`]); a larger sweep is split into several protocols.
 pub const MAX_CONFIGURATIONS: usize = 100;
 /// Largest number of timed (or warm-up) calls a protocol may ask for; every timed call is one
 /// line of timings.json.

@@ -1,8 +1,8 @@
 //! Writing a model-quality study as an evidence directory (format
 //! [`QUALITY_MANIFEST_FORMAT`]): its arrays, results, summary, markdown, chart and manifest,
 //! staged and moved into place like every evidence directory. The study itself (protocol, run,
-//! summary) is [`crate::quality_study`]'s; the markdown and the chart are
-//! [`crate::quality_report`]'s and [`crate::quality_plot`]'s.
+//! summary) is [`crate::study`]'s; the markdown and the chart are [`crate::report`]'s and
+//! [`crate::chart`]'s.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,10 +11,11 @@ use models::ModelFiles;
 use ndarray::Array1;
 use serde::{Deserialize, Serialize};
 
-use crate::evidence::{self, EvidenceError, Writer};
-use crate::manifest::build_info;
-use crate::manifest::{Git, ModelRecord, Platform, Tool, git_info, source_hashes};
-use crate::quality_study::{
+use evidence::provenance::{Git, Platform, Tool, git_info, source_hashes, source_roots};
+use evidence::{EvidenceError, Writer};
+use models::ModelRecord;
+
+use crate::study::{
     PLOT, QUALITY_MANIFEST_FORMAT, QualityProtocol, QualityStudyError, RESULTS, ResultRow, SUMMARY,
     SUMMARY_MD, Study, run_study, summarize,
 };
@@ -81,9 +82,13 @@ pub fn write(
     let results: Vec<ResultRow> = study.rows.iter().map(|r| r.result.clone()).collect();
     let float32_bytes = results.first().map_or(0, |r| r.float32_bytes_per_token);
     let summary = summarize(protocol, &results, float32_bytes);
-    let markdown = crate::quality_report::summary_markdown(protocol, study, &summary);
-    let svg =
-        crate::quality_plot::quality_vs_bytes(protocol, &summary).map_err(EvidenceError::Plot)?;
+    let markdown = crate::report::summary_markdown(protocol, study, &summary);
+    let svg = crate::chart::quality_vs_bytes(protocol, &summary).map_err(|message| {
+        EvidenceError::Chart {
+            file: PLOT,
+            message,
+        }
+    })?;
     let files: Vec<(&str, Vec<u8>)> = vec![
         (RESULTS, evidence::json_bytes(RESULTS, &results)?),
         (SUMMARY, evidence::json_bytes(SUMMARY, &summary)?),
@@ -105,10 +110,7 @@ pub fn write(
         model: ModelRecord::new(protocol.model, ids),
         threads,
         git: git_info(),
-        source_roots: build_info::SOURCE_ROOTS
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
+        source_roots: source_roots(),
         sources: source_hashes(),
         outputs: BTreeMap::new(),
     };

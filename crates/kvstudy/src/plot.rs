@@ -10,7 +10,7 @@
 //! grid, lists the configurations under "packed settings" and then "budget policies (hollow)".
 //!
 //! Series are the configurations in protocol order (packed settings, then budget policies);
-//! series i gets [`crate::chart_style`]'s colour and shape i (distinct for the first
+//! series i gets [`evidence::chart`]'s colour and shape i (distinct for the first
 //! [`DISTINCT_SERIES`]); packed settings are filled, budget policies hollow. One marker per
 //! configuration, length and condition with a positive mean error (a log scale cannot show an
 //! exact result), the mean over seeds (or over texts and KV heads), carrying its data:
@@ -28,16 +28,16 @@
 //! </g>
 //! ```
 //!
-//! The axis mapping and layout are [`crate::chart_style`]'s. Drawn from results.json's rows
+//! The axis mapping and layout are [`evidence::chart`]'s. Drawn from results.json's rows
 //! only, with no map iteration and no clock, so the same rows give the same bytes.
 
 use std::fmt::Write as _;
 
-pub use crate::chart_style::DISTINCT_SERIES;
-use crate::chart_style::{Layout, Panel, Series, bytes_label, fitted, series_shape, significant};
 use crate::plan::{Plan, float32_kv_bytes, layer_condition, plans};
 use crate::protocol::Protocol;
 use crate::study::ResultRow;
+pub use evidence::chart::DISTINCT_SERIES;
+use evidence::chart::{Layout, Panel, Series, bytes_label, fitted, series_shape, significant};
 
 /// A configuration's mean error at one length and condition.
 struct Marker {

@@ -9,9 +9,10 @@
 //! departure from the float32 cache's greedy text and the text itself (in a code span, newlines
 //! written `\n`, `|` escaped).
 
-use crate::format::thousands;
-use crate::quality_study::{QualityProtocol, Study, Summary};
-use crate::summary::Table;
+use evidence::format::thousands;
+use evidence::table::Table;
+
+use crate::study::{QualityProtocol, Study, Summary};
 
 /// 1234.5 -> "1,234.5".
 fn bytes_cell(x: f64) -> String {

@@ -15,13 +15,13 @@ use std::collections::BTreeSet;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use runner::archive::{self, MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
-use runner::manifest::{Counts, Manifest};
-use runner::plan::Storage;
-use runner::protocol::{
+use kvstudy::archive::{self, MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
+use kvstudy::plan::Storage;
+use kvstudy::protocol::{
     FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS, Mode, Protocol,
 };
-use runner::{evidence, pipeline, summary};
+use kvstudy::run::{Run, run_protocol};
+use kvstudy::{summary, write};
 
 const EXTREME: [u64; 7] = [0, 1, 1 << 31, 1 << 32, 1 << 40, 1 << 62, u64::MAX];
 const DISTRIBUTIONS: [&str; 3] = ["clean", "early_focus", "recent_focus"];
@@ -411,21 +411,14 @@ proptest! {
         check_bounds(&p)?;
         let tmp = tempfile::tempdir().unwrap();
         let out = tmp.path().join("run");
-        let mut writer = evidence::Writer::create(&out).unwrap();
-        let run = pipeline::run(&p, &p.inputs(), 2, &mut writer, |_| {});
-        prop_assert!(run.is_ok(), "{:?}", run.err());
-        let rows = run.unwrap().rows;
-        prop_assert_eq!(rows.len(), p.comparison_count());
-        let summary = summary::summarize(&p, &rows, None);
-        prop_assert!(!summary::render(&p, &summary).is_empty());
-
-        let counts = Counts { inputs: p.inputs().len(), comparisons: rows.len(), timings: 0 };
-        let manifest = Manifest::new("props".into(), p.clone(), counts);
-        let outputs = evidence::Outputs { protocol: &p, rows: &rows, summary: &summary, timings: None };
-        let written = writer.finish(outputs, manifest);
-        prop_assert!(written.is_ok(), "{:?}", written.err());
+        let run = Run { protocol: &p, source: "props", shard: None, threads: 2 };
+        let finished = run_protocol(&run, &out, |_| {});
+        prop_assert!(finished.is_ok(), "{:?}", finished.err());
+        let finished = finished.unwrap();
+        prop_assert_eq!(finished.manifest.counts.comparisons, p.comparison_count());
+        prop_assert!(!summary::render(&p, &finished.summary).is_empty());
         let planned = archive::members(&p);
-        let file = std::fs::File::open(out.join(evidence::ARRAYS)).unwrap();
+        let file = std::fs::File::open(out.join(write::ARRAYS)).unwrap();
         let size = file.metadata().unwrap().len();
         let zip = zip::ZipArchive::new(file).unwrap();
         let names: BTreeSet<String> = zip.file_names().map(str::to_string).collect();

@@ -12,7 +12,7 @@
 //!    with nothing else running ([`crate::timing`]).
 //!
 //! The sink sees every input before any comparison because arrays.npz lists them so (the
-//! archived layout; see [`crate::evidence`]). Results do not depend on the thread count: each
+//! archived layout; see [`crate::write`]). Results do not depend on the thread count: each
 //! comparison is computed by one thread from the same input, and the sink gets them in run
 //! order.
 
