@@ -1,5 +1,5 @@
-//! The straightforward implementation, kept as the oracle the fast [`pack`](super::pack) and
-//! [`unpack`](super::unpack) are tested against bit for bit: it pads the whole matrix, then
+//! The straightforward implementation, kept as the oracle the fast [`pack`](fn@super::pack) and
+//! [`unpack`](fn@super::unpack) are tested against bit for bit: it pads the whole matrix, then
 //! packs column by column through `bitpack`'s word streams (qzeros through transposes). Slow;
 //! not for production use.
 
