@@ -134,8 +134,9 @@ struct TreeComparison {
 }
 
 impl TreeComparison {
+    /// Files that differ, are missing or were added (a missing root counts through its files).
     fn changed(&self) -> usize {
-        self.missing_roots.len() + self.differs.len() + self.not_in_tree.len() + self.unlisted.len()
+        self.differs.len() + self.not_in_tree.len() + self.unlisted.len()
     }
 
     fn problems(self, tree: &Path) -> Vec<SourceProblem> {

@@ -1,6 +1,7 @@
 //! The audit as a user (and an adversary) meets it, in one test binary:
 //!
 //! - `archived`: the archived evidence and the root manifest PASS;
+//! - `commit`: archived sources are checked at the commit that made them, not in the tree;
 //! - `tampering`: a small run, made once, altered the ways a forger would (every manifest hash
 //!   rewritten to match), several alterations per audit, each a FAIL naming the problem;
 //! - `adversary`: the nine attacks of the "audit that trusts nothing" issue, one test each;
@@ -15,6 +16,7 @@
 mod adversary;
 mod archived;
 mod archives;
+mod commit;
 mod models;
 mod properties;
 mod protocols;
