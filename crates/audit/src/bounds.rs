@@ -18,8 +18,6 @@ pub const MAX_ARCHIVE_MEMBERS: usize = 65_535;
 pub const MAX_ARCHIVE_BYTES: u64 = u32::MAX as u64;
 /// Longest study name.
 pub const MAX_STUDY_NAME: usize = 64;
-/// Most settings plus budget policies: the chart's distinct (colour, shape) pairs.
-pub const MAX_CONFIGURATIONS: usize = 100;
 /// Operations timed per comparison.
 pub const TIMED_OPERATIONS: usize = 5;
 
@@ -69,17 +67,6 @@ impl Protocol {
         self.validate_source()?;
         non_empty_unique("tokens", &self.tokens)?;
         non_empty_unique("settings", &self.settings)?;
-        // The chart has this many distinct (colour, shape) pairs, one per configuration.
-        let configurations =
-            self.settings.len() + self.budget.as_ref().map_or(0, |b| b.policies.len());
-        if configurations > MAX_CONFIGURATIONS {
-            return Err(refuse(
-                "settings",
-                format!(
-                    "{configurations} configurations (settings plus budget policies); at most {MAX_CONFIGURATIONS}"
-                ),
-            ));
-        }
         if self.features == 0 || self.queries == 0 {
             return Err(refuse("features/queries", "must be at least 1"));
         }
@@ -469,15 +456,6 @@ mod tests {
         assert_eq!(refused(&p).as_deref(), Some("focus"));
         p["focus"] = json!({ "window": 4, "gain": 2.0 });
         assert_eq!(refused(&p), None);
-        // At most 100 configurations, so that each has its own style in the chart.
-        let settings: Vec<Value> = (1..=101)
-            .map(|g| json!({ "group_size": g, "bits": 4 }))
-            .collect();
-        p["settings"] = json!(settings[..100]);
-        assert_eq!(refused(&p), None);
-        p["settings"] = json!(settings);
-        assert_eq!(refused(&p).as_deref(), Some("settings"));
-        p["settings"] = json!([{ "group_size": 8, "bits": 4 }]);
         // A gain shifts keys towards the mean query: zero is allowed, a negative one is not.
         p["focus"]["gain"] = json!(0.0);
         assert_eq!(refused(&p), None);

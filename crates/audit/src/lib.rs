@@ -5,7 +5,10 @@
 //! bit), re-decodes every code with its own decoder and holds it to the quantization rule,
 //! recomputes every scale, attention output, metric, payload, summary figure, table cell and
 //! chart marker, checks every hash, and requires the run's sources to be exactly the runner's
-//! own, matching the tree it is given. It reads arrays.npz only in the canonical layout on which
+//! own, matching the tree it is given. Of the charts it checks the figures, not the style: each
+//! marker's data, panel and position, the axes, ticks, float32 line and legend entries, and that
+//! nothing hides, moves or fakes a marker; colours, marker shapes and paint are the runner's to
+//! choose ([`chart`]). It reads arrays.npz only in the canonical layout on which
 //! NumPy and it cannot disagree, and it opens only regular files inside the directory and tree it
 //! was given, with size caps.
 //!

@@ -605,9 +605,12 @@ pub enum ChartProblem {
         /// Where it belongs.
         ey: f64,
     },
-    /// A marker drawn in another shape, paint or colour than its legend says.
-    #[error("marker {config} {distribution} N={tokens} is not drawn as its legend says ({what})")]
-    Style {
+    /// A marker (or legend swatch) not drawn as a point at its position: not one circle or
+    /// polygon centred on it, unpainted, or reaching further than a marker may.
+    #[error(
+        "marker {config} {distribution} N={tokens} is not one point shape at its position ({what})"
+    )]
+    Shape {
         /// Its configuration.
         config: String,
         /// Its condition: a distribution, or a model's layer (`l5`).

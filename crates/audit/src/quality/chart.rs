@@ -2,15 +2,14 @@
 //! side by side, each `<g class="panel" data-schedule="prefill">` declaring its log-log mapping
 //! and holding its markers, `<g class="marker" data-setting data-policy data-schedule
 //! data-bytes-per-token data-kl-mean transform="translate(X,Y)">`. The audit requires what
-//! [`crate::chart`] requires of a chart of panels: exactly the runs with a positive mean KL, in
-//! run order, in their schedule's panel, with the audit's recomputed bytes per token and mean
-//! KL, within a pixel of the panel's mapping; each panel titled `schedule: prefill`, one y range
-//! for all, its dashed float32 line at 46,080 B/token labelled `float32 46,080 B/token`; tick
-//! labels at their pixel. A series is a (setting, policy) pair: the pairs with policy `uniform`
-//! first, then the others, each in order of first appearance; series i is drawn in the audit's
-//! own style i ([`crate::chart::PALETTE`], [`crate::chart::SHAPES`]), hollow for a policy other
-//! than `uniform`, and listed in the legend under `settings (uniform policy)` (labelled
-//! `g32_b4`) or `with a budget policy (hollow)` (labelled `g32_b4 + recent_f32:64`).
+//! [`crate::chart`] requires of a chart of panels (the figures, not the style): exactly the runs
+//! with a positive mean KL, in run order, in their schedule's panel, with the audit's recomputed
+//! bytes per token and mean KL, within a pixel of the panel's mapping, each drawn as a point
+//! there; each panel titled `schedule: prefill`, one y range for all, its float32 line at 46,080
+//! B/token labelled `float32 46,080 B/token`; tick labels at their pixel. A series is a
+//! (setting, policy) pair: the pairs with policy `uniform` first, then the others, each in order
+//! of first appearance; the legend lists them in that order, under `settings (uniform policy)`
+//! (labelled `g32_b4`) or `with a budget policy (hollow)` (labelled `g32_b4 + recent_f32:64`).
 
 use super::Aggregate;
 use super::bytes::FLOAT32_BYTES_PER_TOKEN;
@@ -66,8 +65,6 @@ pub(super) fn check_chart(
                         ],
                         x: a.bytes_per_token,
                         y: a.kl_mean,
-                        series: series.iter().position(|s| *s == pair(run)).unwrap_or(0),
-                        hollow: run.policy != Window::Uniform,
                         config: setting,
                         condition: format!("{policy} {schedule}"),
                         tokens: index,
@@ -85,18 +82,16 @@ pub(super) fn check_chart(
             }
         })
         .collect();
-    let group = |uniform: bool| -> Vec<(String, usize, bool)> {
+    let group = |uniform: bool| -> Vec<String> {
         series
             .iter()
-            .enumerate()
-            .filter(|(_, (_, policy))| (policy == "uniform") == uniform)
-            .map(|(i, (setting, policy))| {
-                let label = if uniform {
+            .filter(|(_, policy)| (policy == "uniform") == uniform)
+            .map(|(setting, policy)| {
+                if uniform {
                     setting.clone()
                 } else {
                     format!("{setting} + {policy}")
-                };
-                (label, i, !uniform)
+                }
             })
             .collect()
     };

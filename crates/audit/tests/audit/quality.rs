@@ -178,8 +178,8 @@ impl Evidence {
         );
         // The chart: one panel per schedule, prefill (the first row's) left of streaming, each
         // mapping 1,000..100,000 B/token to 280 px and sharing KL 0.001..1 on 200 px. Series 0
-        // is g32_b4 uniform (filled, the first colour), series 1 g32_b2 + recent_f32:32 (hollow,
-        // the second colour); both circles.
+        // is g32_b4 uniform, series 1 g32_b2 + recent_f32:32; both circles, painted as the runner
+        // paints them (the audit does not check paint).
         let x = |v: f64, left: f64| left + 280.0 * (v / 1000.0).ln() / 100.0f64.ln();
         let y = |v: f64| 228.0 - 200.0 * (v / 0.001).ln() / 1000.0f64.ln();
         let mut panels = String::new();
