@@ -1,10 +1,10 @@
 //! A small run altered the ways a forger would, with every manifest hash rewritten to match:
 //! several alterations per audit, each named by its own problem.
 
-use audit::chart::ChartProblem;
-use audit::markdown::MarkdownProblem;
-use audit::results::ResultsProblem;
-use audit::timings::TimingProblem;
+use audit::packed_kv::chart::ChartProblem;
+use audit::packed_kv::markdown::MarkdownProblem;
+use audit::packed_kv::results::ResultsProblem;
+use audit::packed_kv::timings::TimingProblem;
 use audit::{Problem, Report};
 
 use crate::support::{
@@ -654,7 +654,7 @@ fn missing_extra_truncated_and_malformed_files_fail() {
     assert_problem(
         &report,
         "missing",
-        |p| matches!(p, Problem::File(audit::files::FileError::Missing { path }) if path.ends_with("summary.json")),
+        |p| matches!(p, Problem::File(audit::common::files::FileError::Missing { path }) if path.ends_with("summary.json")),
     );
     assert_problem(
         &report,
