@@ -6,5 +6,5 @@ use fuzz as _;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = audit::npz::parse(data);
+    let _ = audit::common::npz::parse(data);
 });

@@ -6,7 +6,7 @@ use fuzz as _;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(protocol) = serde_json::from_slice::<audit::protocol::Protocol>(data) {
+    if let Ok(protocol) = serde_json::from_slice::<audit::packed_kv::protocol::Protocol>(data) {
         let _ = protocol.validate();
     }
 });

@@ -46,7 +46,7 @@ fn main() {
                              `{}`) here or in any directory above; run `audit` inside the \
                              repository, give an evidence directory (`audit DIR`), or name the \
                              root manifest (`audit --manifest FILE`)",
-                            audit::manifest::ROOT_MANIFEST_FORMAT
+                            audit::ROOT_MANIFEST_FORMAT
                         );
                         std::process::exit(2);
                     }

@@ -4,9 +4,10 @@
 
 use std::path::Path;
 
-use audit::npz::{NpyError, NpzError, ZipError};
-use audit::sources::SourceProblem;
-use audit::{Problem, files::FileError};
+use audit::Problem;
+use audit::common::files::FileError;
+use audit::common::npz::{NpyError, NpzError, ZipError};
+use audit::common::sources::SourceProblem;
 use ndarray::Array2;
 
 use crate::support::{
@@ -241,7 +242,8 @@ fn git_provenance_is_checked() {
 #[test]
 fn a_code_flipped_near_a_tie_is_caught_by_the_rule() {
     let (_tmp, dir) = copy_of(&workspace().join("evidence/packed-kv"));
-    let archive = audit::npz::Archive::new(std::fs::read(dir.join("arrays.npz")).unwrap()).unwrap();
+    let archive =
+        audit::common::npz::Archive::new(std::fs::read(dir.join("arrays.npz")).unwrap()).unwrap();
     // Among the 8-bit V codes (feature axis, no padding at D = 32), the element nearest a tie.
     let mut best: Option<(f64, String, usize, u8)> = None;
     for name in archive
@@ -302,8 +304,9 @@ fn a_code_flipped_near_a_tie_is_caught_by_the_rule() {
 /// Recomputes, as a forger would, everything that depends on comparison `id`'s codes: its
 /// output, its results row, the summary means, the summary.md tables and the chart marker.
 fn forge_downstream(dir: &Path, id: &str) {
-    use audit::decoder::{Grid, GroupAxis, decode, offsets};
-    let archive = audit::npz::Archive::new(std::fs::read(dir.join("arrays.npz")).unwrap()).unwrap();
+    use audit::packed_kv::decoder::{Grid, GroupAxis, decode, offsets};
+    let archive =
+        audit::common::npz::Archive::new(std::fs::read(dir.join("arrays.npz")).unwrap()).unwrap();
     let input = &id[..id.rfind("_g").unwrap()];
     let group: usize = id[id.rfind("_g").unwrap() + 2..id.rfind("_b").unwrap()]
         .parse()
@@ -316,7 +319,7 @@ fn forge_downstream(dir: &Path, id: &str) {
             group_size: group,
             bits: 8,
             axis,
-            mode: audit::protocol::Mode::Symmetric,
+            mode: audit::packed_kv::protocol::Mode::Symmetric,
         };
         let (rows, _, groups) = grid.view();
         let scales = archive
@@ -332,7 +335,7 @@ fn forge_downstream(dir: &Path, id: &str) {
     let reference = archive
         .matrix::<f64>(&format!("{input}_ref"), [4, 32])
         .unwrap();
-    let out = audit::attention::attention(
+    let out = audit::packed_kv::attention::attention(
         q.view(),
         decoded("k", GroupAxis::Token).view(),
         decoded("v", GroupAxis::Feature).view(),

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use audit::npz::{Archive, NpzError};
+use audit::common::npz::{Archive, NpzError};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 

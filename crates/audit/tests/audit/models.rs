@@ -10,9 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use audit::chart::ChartProblem;
-use audit::markdown::MarkdownProblem;
-use audit::report::{Checked, Note};
+use audit::common::report::{Checked, Note};
+use audit::packed_kv::chart::ChartProblem;
+use audit::packed_kv::markdown::MarkdownProblem;
 use audit::{Options, Problem};
 use models::ModelName;
 

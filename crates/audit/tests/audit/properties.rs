@@ -2,9 +2,9 @@
 //! audit's decoder and rule agree with the codec on everything the codec encodes (the codec is a
 //! dev-dependency only, as a second implementation to test against).
 
-use audit::decoder::{Grid, GroupAxis, decode, offsets};
-use audit::npz::Archive;
-use audit::protocol::Mode;
+use audit::common::npz::Archive;
+use audit::packed_kv::decoder::{Grid, GroupAxis, decode, offsets};
+use audit::packed_kv::protocol::Mode;
 use ndarray::Array2;
 use proptest::prelude::*;
 
@@ -88,8 +88,8 @@ proptest! {
         // And every code is the audit's rule's code.
         for ((t, f), &v) in x.indexed_iter() {
             let (position, g) = grid.locate(t, f);
-            let stored = audit::decoder::code_at(packed.code_bytes(), bits, position);
-            let rule = audit::rules::code(mode, bits, v, packed.scales()[g], offsets[g]);
+            let stored = audit::packed_kv::decoder::code_at(packed.code_bytes(), bits, position);
+            let rule = audit::packed_kv::rules::code(mode, bits, v, packed.scales()[g], offsets[g]);
             prop_assert_eq!(stored, rule);
         }
     }

@@ -175,7 +175,8 @@ fn any_model_protocol() -> impl Strategy<Value = Value> {
 }
 
 fn audit_accepts(text: &str) -> bool {
-    serde_json::from_str::<audit::protocol::Protocol>(text).is_ok_and(|p| p.validate().is_ok())
+    serde_json::from_str::<audit::packed_kv::protocol::Protocol>(text)
+        .is_ok_and(|p| p.validate().is_ok())
 }
 
 proptest! {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use audit::problem::{ChartProblem, MarkdownProblem};
+use audit::common::problem::{ChartProblem, MarkdownProblem};
 use audit::{Problem, Report};
 use ndarray::Array1;
 use ndarray_npy::NpzWriter;
@@ -51,14 +51,14 @@ fn move_first_marker(svg: &str) -> String {
 fn sources() -> BTreeMap<String, String> {
     let root = workspace();
     let mut out = BTreeMap::new();
-    for top in audit::sources::SOURCE_ROOTS {
+    for top in audit::common::sources::SOURCE_ROOTS {
         for entry in walkdir::WalkDir::new(root.join(top)).follow_links(false) {
             let entry = entry.unwrap();
             if entry.file_type().is_file() {
                 let path = entry.path().strip_prefix(&root).unwrap();
                 let path: Vec<_> = path.iter().map(|p| p.to_string_lossy()).collect();
                 let bytes = std::fs::read(entry.path()).unwrap();
-                out.insert(path.join("/"), audit::hashes::source_hash(&bytes));
+                out.insert(path.join("/"), audit::common::hashes::source_hash(&bytes));
             }
         }
     }
@@ -71,7 +71,7 @@ fn mean(values: &[f64]) -> f64 {
 
 /// 26928.0 -> "26,928.0".
 fn bytes_cell(v: f64) -> String {
-    audit::quality::bytes_cell(v)
+    audit::model_quality::tables::bytes_cell(v)
 }
 
 impl Evidence {
@@ -140,7 +140,7 @@ impl Evidence {
                        "ids": { "t0": IDS } },
             "threads": 1,
             "git": null,
-            "source_roots": audit::sources::SOURCE_ROOTS,
+            "source_roots": audit::common::sources::SOURCE_ROOTS,
             "sources": sources(),
             "outputs": {}
         });
@@ -178,8 +178,8 @@ impl Evidence {
         );
         // The chart: one panel per schedule, prefill (the first row's) left of streaming, each
         // mapping 1,000..100,000 B/token to 280 px and sharing KL 0.001..1 on 200 px. Series 0
-        // is g32_b4 uniform (filled, the first colour), series 1 g32_b2 + recent_f32:32 (hollow,
-        // the second colour); both circles.
+        // is g32_b4 uniform, series 1 g32_b2 + recent_f32:32; both circles, painted as the runner
+        // paints them (the audit does not check paint).
         let x = |v: f64, left: f64| left + 280.0 * (v / 1000.0).ln() / 100.0f64.ln();
         let y = |v: f64| 228.0 - 200.0 * (v / 0.001).ln() / 1000.0f64.ln();
         let mut panels = String::new();
@@ -323,7 +323,7 @@ impl Evidence {
         std::fs::write(dir.join("summary.md"), &self.markdown).unwrap();
         std::fs::write(dir.join("quality-vs-bytes.svg"), &self.svg).unwrap();
         let mut manifest = self.manifest.clone();
-        for name in audit::quality::QUALITY_FILES {
+        for name in audit::model_quality::QUALITY_FILES {
             let bytes = std::fs::read(dir.join(name)).unwrap();
             manifest["outputs"][name] = hex::encode(Sha256::digest(bytes)).into();
         }
@@ -345,10 +345,19 @@ fn hand_built_evidence_passes_with_every_figure_rederived() {
     let text = report.render();
     assert!(text.contains("the model was not re-run"), "{text}");
     assert!(text.contains("generated text was not re-decoded"), "{text}");
-    assert_eq!(report.counted(audit::report::Checked::ResultRows), 2);
-    assert_eq!(report.counted(audit::report::Checked::Positions), 8);
-    assert_eq!(report.counted(audit::report::Checked::BytesPerToken), 2);
-    assert_eq!(report.counted(audit::report::Checked::ChartMarkers), 2);
+    assert_eq!(
+        report.counted(audit::common::report::Checked::ResultRows),
+        2
+    );
+    assert_eq!(report.counted(audit::common::report::Checked::Positions), 8);
+    assert_eq!(
+        report.counted(audit::common::report::Checked::BytesPerToken),
+        2
+    );
+    assert_eq!(
+        report.counted(audit::common::report::Checked::ChartMarkers),
+        2
+    );
 }
 
 #[test]
@@ -593,7 +602,7 @@ fn arrays_out_of_order_or_of_another_dtype_are_refused() {
     assert_problem(
         &audit::audit_dir(&dir, &workspace()),
         "dtype",
-        |p| matches!(p, Problem::Array(audit::npz::ArrayError::Dtype { name, .. }) if name == "t0_ids"),
+        |p| matches!(p, Problem::Array(audit::common::npz::ArrayError::Dtype { name, .. }) if name == "t0_ids"),
     );
 }
 
@@ -668,8 +677,14 @@ fn a_runner_study_passes_and_tampering_with_it_fails() {
     quality::write::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
     let report = audit::audit_dir(&dir, &workspace());
     assert_pass(&report);
-    assert_eq!(report.counted(audit::report::Checked::ResultRows), 3);
-    assert_eq!(report.counted(audit::report::Checked::Positions), 3 * 11);
+    assert_eq!(
+        report.counted(audit::common::report::Checked::ResultRows),
+        3
+    );
+    assert_eq!(
+        report.counted(audit::common::report::Checked::Positions),
+        3 * 11
+    );
 
     // A log-prob changed (hashes rewritten): the recorded NLL no longer follows.
     let (_t, copy) = crate::support::copy_of(&dir);

@@ -2,7 +2,7 @@
 //! run table checked), a merge of them audits like any run, and what makes a shard a shard, or
 //! a merge a merge, is checked.
 
-use audit::timings::TimingProblem;
+use audit::packed_kv::timings::TimingProblem;
 use audit::{Checked, Problem};
 
 use crate::support::{SMALL, assert_pass, assert_problem, audit, edit_json, make_shard, rehash};

@@ -151,21 +151,21 @@ impl AnyArray {
 pub fn edit_arrays(dir: &Path, edit: impl FnOnce(&mut Vec<(String, AnyArray)>)) {
     let path = dir.join("arrays.npz");
     let bytes = std::fs::read(&path).unwrap();
-    let archive = audit::npz::Archive::new(bytes).unwrap();
+    let archive = audit::common::npz::Archive::new(bytes).unwrap();
     let mut reader = NpzReader::new(std::fs::File::open(&path).unwrap()).unwrap();
     let mut arrays = Vec::new();
     for name in archive.names() {
         let array = match archive.info(name).unwrap().dtype {
-            audit::npz::Dtype::U8 => {
+            audit::common::npz::Dtype::U8 => {
                 AnyArray::U8(reader.by_name::<OwnedRepr<u8>, IxDyn>(name).unwrap())
             }
-            audit::npz::Dtype::I32 => {
+            audit::common::npz::Dtype::I32 => {
                 AnyArray::I32(reader.by_name::<OwnedRepr<i32>, IxDyn>(name).unwrap())
             }
-            audit::npz::Dtype::F32 => {
+            audit::common::npz::Dtype::F32 => {
                 AnyArray::F32(reader.by_name::<OwnedRepr<f32>, IxDyn>(name).unwrap())
             }
-            audit::npz::Dtype::I64 => {
+            audit::common::npz::Dtype::I64 => {
                 AnyArray::I64(reader.by_name::<OwnedRepr<i64>, IxDyn>(name).unwrap())
             }
             _ => AnyArray::F64(reader.by_name::<OwnedRepr<f64>, IxDyn>(name).unwrap()),

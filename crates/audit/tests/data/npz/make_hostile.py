@@ -589,7 +589,7 @@ def main():
         "numpy": np.__version__,
         "python": platform.python_version(),
         "about": "Hostile and honest npz archives for the audit's strict reader "
-                 "(crates/audit/src/npz), written by make_hostile.py: for each, the verdict "
+                 "(crates/audit/src/common/npz), written by make_hostile.py: for each, the verdict "
                  "the audit must give ('accept' or the rule ids it may report first) and what "
                  "numpy.load(path, allow_pickle=False) reads ('arrays' when every key gives "
                  "an ndarray, else 'error' with each key's result under 'members'); and "

@@ -1,0 +1,212 @@
+//! Bytes per token of a packed cache at its end state, written again from the format's rule (the
+//! quality crate's `cache.rs`, "Bytes per token"):
+//!
+//! - per layer, per KV head, for K and for V, token j belongs to a *unit* (s, e): along the
+//!   token axis the group holding it (s = G * floor(j / G), e = s + G); along the feature axis
+//!   the token alone (s = j, e = j + 1);
+//! - at the end state n = T; a unit is complete unless the schedule is `streaming` and e > n;
+//! - its tier: not complete → float32; `uniform` → low; `recent_f32:W` → low if e + W <= n,
+//!   else float32; `recent8:W` → low if e + W <= n, else 8 bits; `early8:W` → 8 bits if s < W,
+//!   else low;
+//! - each run of consecutive positions in one tier is one codec tensor of `len` tokens x
+//!   head_dim, costing the codec's payload (the same formula the audit holds packed-KV segments
+//!   to, [`crate::packed_kv::tensors::Stored`]: packed code bytes of the padded grouped view, 4
+//!   bytes per f32 scale, packed zero points when asymmetric, 8 shape bytes), and float32
+//!   positions cost 4 bytes per value;
+//! - the cache's bytes are the sum times layers times KV heads; bytes per token divides by T.
+//!
+//! Sizes are counted in u128, so no protocol can overflow them.
+
+use crate::model_quality::protocol::{Run, Schedule, Window};
+use crate::packed_kv::decoder::GroupAxis;
+use crate::packed_kv::protocol::Mode;
+
+/// SmolLM2's layers.
+pub const LAYERS: u128 = 30;
+/// SmolLM2's KV heads.
+pub const KV_HEADS: u128 = 3;
+/// SmolLM2's head dimension.
+pub const HEAD_DIM: usize = 64;
+/// The float32 cache's bytes per token: 2 * 30 * 3 * 64 * 4.
+pub const FLOAT32_BYTES_PER_TOKEN: u128 = 2 * LAYERS * KV_HEADS * HEAD_DIM as u128 * 4;
+
+/// The codec's payload of one `tokens` x `features` tensor of `bits`-bit codes in groups of
+/// `group` along `axis`.
+pub fn tensor_bytes(
+    mode: Mode,
+    bits: u32,
+    group: usize,
+    axis: GroupAxis,
+    tokens: usize,
+    features: usize,
+) -> u128 {
+    let (rows, len) = match axis {
+        GroupAxis::Token => (features as u128, tokens as u128),
+        GroupAxis::Feature => (tokens as u128, features as u128),
+    };
+    let group = group as u128;
+    let groups = rows * len.div_ceil(group);
+    let stream = |count: u128| (count * u128::from(bits)).div_ceil(8);
+    let zero_points = match mode {
+        Mode::Symmetric => 0,
+        Mode::Asymmetric => stream(groups),
+    };
+    stream(groups * group) + 4 * groups + zero_points + 8
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Low,
+    High,
+    F32,
+}
+
+fn tier(run: &Run, axis: GroupAxis, j: usize, n: usize) -> Tier {
+    let g = run.setting.group_size;
+    let (s, e) = match axis {
+        GroupAxis::Token => {
+            let s = j / g * g;
+            (s, s.saturating_add(g))
+        }
+        GroupAxis::Feature => (j, j + 1),
+    };
+    if run.schedule == Schedule::Streaming && e > n {
+        return Tier::F32;
+    }
+    let before_window = |w: usize| e.saturating_add(w) <= n;
+    match run.policy {
+        Window::Uniform => Tier::Low,
+        Window::RecentF32(w) if before_window(w) => Tier::Low,
+        Window::RecentF32(_) => Tier::F32,
+        Window::Recent8(w) if before_window(w) => Tier::Low,
+        Window::Recent8(_) => Tier::High,
+        Window::Early8(w) if s < w => Tier::High,
+        Window::Early8(_) => Tier::Low,
+    }
+}
+
+fn side_bytes(run: &Run, axis: GroupAxis, tokens: usize) -> u128 {
+    let s = run.setting;
+    let mut bytes = 0;
+    let mut start = 0;
+    while start < tokens {
+        let t = tier(run, axis, start, tokens);
+        let mut end = start + 1;
+        while end < tokens && tier(run, axis, end, tokens) == t {
+            end += 1;
+        }
+        let len = end - start;
+        bytes += match t {
+            Tier::F32 => (len * HEAD_DIM * 4) as u128,
+            Tier::Low => tensor_bytes(s.mode, s.bits, s.group_size, axis, len, HEAD_DIM),
+            Tier::High => tensor_bytes(s.mode, 8, s.group_size, axis, len, HEAD_DIM),
+        };
+        start = end;
+    }
+    bytes
+}
+
+/// The cache's bytes for `tokens` tokens of SmolLM2 under `run`.
+pub fn cache_bytes(run: &Run, tokens: usize) -> u128 {
+    let (k, v) = if run.setting.swap {
+        (GroupAxis::Feature, GroupAxis::Token)
+    } else {
+        (GroupAxis::Token, GroupAxis::Feature)
+    };
+    LAYERS * KV_HEADS * (side_bytes(run, k, tokens) + side_bytes(run, v, tokens))
+}
+
+/// Bytes per token: cache bytes as f64 over T as f64.
+pub fn bytes_per_token(run: &Run, tokens: usize) -> f64 {
+    cache_bytes(run, tokens) as f64 / tokens as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model_quality::protocol::{RunLabels, parse_policy, parse_schedule, parse_setting};
+    use crate::packed_kv::decoder::Grid;
+
+    fn run(label: &str, policy: &str, schedule: &str) -> Run {
+        let setting = parse_setting(label).unwrap();
+        Run {
+            written: RunLabels {
+                setting: label.into(),
+                policy: policy.into(),
+                schedule: schedule.into(),
+            },
+            setting,
+            policy: parse_policy(policy, &setting).unwrap(),
+            schedule: parse_schedule(schedule).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_tensor_costs_what_a_stored_segment_costs() {
+        for (mode, bits, group, axis, tokens) in [
+            (Mode::Symmetric, 4, 32, GroupAxis::Token, 37),
+            (Mode::Asymmetric, 3, 32, GroupAxis::Feature, 37),
+            (Mode::Symmetric, 2, 16, GroupAxis::Token, 5),
+        ] {
+            let grid = Grid {
+                tokens,
+                features: HEAD_DIM,
+                group_size: group,
+                bits,
+                axis,
+                mode,
+            };
+            let zeros = match mode {
+                Mode::Symmetric => 0,
+                Mode::Asymmetric => grid.stream_bytes(grid.groups()),
+            };
+            let stored = grid.stream_bytes(grid.positions()) + 4 * grid.groups() + zeros + 8;
+            assert_eq!(
+                tensor_bytes(mode, bits, group, axis, tokens, HEAD_DIM),
+                stored as u128
+            );
+        }
+    }
+
+    /// Hand-computed: per KV head of SmolLM2 (64 features), times 30 layers x 3 heads = 90.
+    #[test]
+    fn bytes_per_token_follow_the_rule_by_hand() {
+        let cases: [(&str, &str, &str, usize, u128); 7] = [
+            // K: 64 rows x 1 group of 32 (5 tokens padded) at 4 bits = 1,024 B + 64 scales x 4
+            // + 8 = 1,288; V: 5 rows x 2 groups of 32 = 320 codes = 160 B + 10 x 4 + 8 = 208.
+            ("g32_b4", "uniform", "prefill", 5, 90 * (1288 + 208)),
+            // Causal ends where prefill does.
+            ("g32_b4", "uniform", "causal", 5, 90 * (1288 + 208)),
+            // Streaming: K's group 0..32 is not complete at n = 5: float32 5 x 64 x 4 = 1,280;
+            // V's units are single tokens, all complete.
+            ("g32_b4", "uniform", "streaming", 5, 90 * (1280 + 208)),
+            // Asymmetric 2 bits, 64 tokens: K 64 rows x 2 groups: 4,096 codes = 1,024 B, 128
+            // scales = 512, 128 zero points = 32 B, + 8 = 1,576; V 64 x 2 groups: the same.
+            ("g32_b2_asym", "uniform", "prefill", 64, 90 * (1576 + 1576)),
+            // recent_f32:32 at T = 64: K's group 0..32 (32 + 32 <= 64) low = 64 x 32 x 2 / 8
+            // = 512 + 256 + 8 = 776, group 32..64 float32 = 8,192; V tokens 0..32 low: 32 rows
+            // x 2 groups = 2,048 codes = 512 + 256 + 8 = 776, tokens 32..64 float32 = 8,192.
+            (
+                "g32_b2",
+                "recent_f32:32",
+                "prefill",
+                64,
+                90 * 2 * (776 + 8192),
+            ),
+            // early8:32 at T = 64: 8-bit first group: 2,048 + 256 + 8 = 2,312, then 776 each.
+            ("g32_b2", "early8:32", "prefill", 64, 90 * 2 * (2312 + 776)),
+            // swap: K along features (as V above) and V along tokens (as K above).
+            ("g32_b4_swap", "uniform", "prefill", 5, 90 * (208 + 1288)),
+        ];
+        for (setting, policy, schedule, tokens, bytes) in cases {
+            let r = run(setting, policy, schedule);
+            assert_eq!(
+                cache_bytes(&r, tokens),
+                bytes,
+                "{setting} {policy} {schedule}"
+            );
+            assert_eq!(bytes_per_token(&r, tokens), bytes as f64 / tokens as f64);
+        }
+        assert_eq!(FLOAT32_BYTES_PER_TOKEN, 46_080);
+    }
+}

@@ -1,0 +1,58 @@
+//! Model-quality evidence (`model-quality-evidence/1`): what a SmolLM2 run scores when its KV
+//! cache is packed, checked from the arrays up.
+//!
+//! # What a PASS means for this format
+//!
+//! The per-position log-probs, KL values, argmaxes and generated ids in arrays.npz rest on the
+//! model's weight hash (held to the audit's own pin, and with `--models` the file itself
+//! hashed), the token ids the manifest records (one list per text, checked in length and range
+//! and equal to the archived ids) and the runner's byte-reproducibility test. **The audit does
+//! not run the model**: there is no second forward pass. It re-derives from those arrays every
+//! aggregate of results.json (NLL, perplexity, KL mean and max, top-1 agreement,
+//! first departure), every bytes-per-token figure (from the setting, policy and T with its own
+//! implementation of the cache-size rule, [`bytes`]), every value of summary.json, every cell of
+//! summary.md's tables and every chart marker, and it checks each file's hash and the run's
+//! sources as for packed-KV evidence. Generated text is not re-decoded (the audit has no
+//! tokenizer): its report says so in a note.
+//!
+//! The checks:
+//! - the protocol: schema and bounds ([`protocol`]), unknown fields refused;
+//! - the files: exactly manifest.json and [`QUALITY_FILES`], each hashing as recorded; the
+//!   sources as for packed-KV manifests ([`crate::common::sources`]); the model record pinned, its
+//!   ids `t{i}` one list per text of T = min(max_tokens, the text's length) >= 2 ids below 49,152;
+//! - arrays.npz: exactly the members the format lists, in order, each of its dtype and shape;
+//!   `t{i}_ids` the manifest's ids; every log-prob finite and <= 0, every KL finite and >= 0
+//!   (-1e-12 allowed for rounding), every argmax and generated id below 49,152;
+//! - results.json, summary.json, summary.md and quality-vs-bytes.svg re-derived as above, to
+//!   the audit's relative tolerance ([`crate::common::tolerance::close`]) for figures and
+//!   exactly for rendered cells.
+
+//!
+//! The modules, one concern each: [`protocol`] (schema and bounds), [`bytes`] (the cache-size
+//! rule), [`manifest`] (the manifest and its model record), [`arrays`] (arrays.npz: members,
+//! ranges and what each row derives from them), [`results`] (results.json), [`summary`] (the
+//! aggregates over texts and summary.json), [`tables`] (summary.md), [`chart`]
+//! (quality-vs-bytes.svg) and [`directory`] (the top-level check, in order).
+
+pub mod arrays;
+pub mod bytes;
+pub mod chart;
+pub mod directory;
+pub mod manifest;
+pub mod protocol;
+pub mod results;
+pub mod summary;
+pub mod tables;
+
+/// The manifest format of model-quality evidence.
+pub const QUALITY_FORMAT: &str = "model-quality-evidence/1";
+/// The files a model-quality run writes besides manifest.json.
+pub const QUALITY_FILES: [&str; 5] = [
+    "arrays.npz",
+    "results.json",
+    "summary.json",
+    "summary.md",
+    "quality-vs-bytes.svg",
+];
+/// The chart.
+pub const QUALITY_CHART: &str = "quality-vs-bytes.svg";

@@ -1,0 +1,392 @@
+//! The model-quality protocol (`experiments/model-quality/protocol.json`), read with the audit's
+//! own types and held to the format's bounds; setting, policy and schedule labels are parsed
+//! here again with the quality crate's rules (`g<GROUP>_b<BITS>[_asym][_swap]`; `uniform`,
+//! `recent_f32:W`, `recent8:W`, `early8:W` with W a positive multiple of the group size;
+//! `prefill`, `streaming`, `causal`, the last with `uniform` only), and the widths and group
+//! sizes the KV codec allows ([`Mode::supports`], a group size of at least 1).
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::common::problem::ProtocolError;
+use crate::packed_kv::bounds::MAX_STUDY_NAME;
+use crate::packed_kv::protocol::Mode;
+
+/// Most texts a protocol lists.
+pub const MAX_TEXTS: usize = 8;
+/// Most runs a protocol lists.
+pub const MAX_RUNS: usize = 64;
+/// Longest text name.
+pub const MAX_TEXT_NAME: usize = 32;
+/// Fewest and most ids scored per text.
+pub const TOKEN_RANGE: std::ops::RangeInclusive<usize> = 2..=2048;
+/// Most generated tokens.
+pub const MAX_GENERATED: usize = 64;
+
+/// A model-quality study's protocol.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QualityProtocol {
+    /// The study's name.
+    pub study: String,
+    /// Only `smollm2` (read as text, so another name is named rather than unparsed).
+    pub model: String,
+    /// The texts, written out in full.
+    pub texts: Vec<QualityText>,
+    /// Each text's ids are cut to this many.
+    pub max_tokens: usize,
+    /// The cache configurations, in run order.
+    pub runs: Vec<RunLabels>,
+    /// Greedy generation, if any.
+    #[serde(default)]
+    pub generate: Option<Generate>,
+}
+
+/// One text.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QualityText {
+    /// 1 to 32 of `[A-Za-z0-9-_.]`.
+    pub name: String,
+    /// The text itself.
+    pub text: String,
+}
+
+/// One run as the protocol spells it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunLabels {
+    /// `g<GROUP>_b<BITS>[_asym][_swap]`.
+    pub setting: String,
+    /// `uniform`, `recent_f32:W`, `recent8:W` or `early8:W`.
+    pub policy: String,
+    /// `prefill`, `streaming` or `causal`.
+    pub schedule: String,
+}
+
+/// Greedy generation after a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Generate {
+    /// Prompt: the first this many ids of each text.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub tokens: usize,
+}
+
+/// A codec setting for the whole cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QualitySetting {
+    /// Elements per group.
+    pub group_size: usize,
+    /// Width of the low tier.
+    pub bits: u32,
+    /// Symmetric or asymmetric.
+    pub mode: Mode,
+    /// K grouped along features and V along tokens.
+    pub swap: bool,
+}
+
+impl fmt::Display for QualitySetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "g{}_b{}", self.group_size, self.bits)?;
+        if self.mode == Mode::Asymmetric {
+            f.write_str("_asym")?;
+        }
+        if self.swap {
+            f.write_str("_swap")?;
+        }
+        Ok(())
+    }
+}
+
+/// How the cache spends its bytes over positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// Every position at the setting's width.
+    Uniform,
+    /// The last W tokens at 8 bits.
+    Recent8(usize),
+    /// The first W tokens at 8 bits.
+    Early8(usize),
+    /// A float32 window of the last W tokens.
+    RecentF32(usize),
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Window::Uniform => f.write_str("uniform"),
+            Window::Recent8(w) => write!(f, "recent8:{w}"),
+            Window::Early8(w) => write!(f, "early8:{w}"),
+            Window::RecentF32(w) => write!(f, "recent_f32:{w}"),
+        }
+    }
+}
+
+/// When the cache is quantized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Once, for the whole text.
+    Prefill,
+    /// Token by token, a group quantized when it fills.
+    Streaming,
+    /// The whole cache re-packed before each step.
+    Causal,
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Schedule::Prefill => "prefill",
+            Schedule::Streaming => "streaming",
+            Schedule::Causal => "causal",
+        })
+    }
+}
+
+/// One parsed run, with its labels as the protocol writes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// The labels as written (row ids and archive names use them as written; results and
+    /// summaries print the parsed values back).
+    pub written: RunLabels,
+    /// The setting.
+    pub setting: QualitySetting,
+    /// The policy.
+    pub policy: Window,
+    /// The schedule.
+    pub schedule: Schedule,
+}
+
+impl Run {
+    /// The row id for text `text`: `t{text}_{setting}_{policy}_{schedule}` with the labels as
+    /// the protocol writes them, ':' written '-' (as the runner names rows).
+    pub fn id(&self, text: usize) -> String {
+        let w = &self.written;
+        format!(
+            "t{text}_{}_{}_{}",
+            w.setting,
+            w.policy.replace(':', "-"),
+            w.schedule
+        )
+    }
+}
+
+/// Parses a setting label as the quality crate does; None if it would refuse it.
+pub fn parse_setting(label: &str) -> Option<QualitySetting> {
+    let mut parts = label.split('_');
+    let number = |part: Option<&str>, prefix: char| -> Option<usize> {
+        let digits = part?.strip_prefix(prefix)?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    };
+    let group_size = number(parts.next(), 'g')?;
+    let bits = u32::try_from(number(parts.next(), 'b')?).ok()?;
+    let rest: Vec<&str> = parts.collect();
+    let (mode, swap) = match rest.as_slice() {
+        [] => (Mode::Symmetric, false),
+        ["asym"] => (Mode::Asymmetric, false),
+        ["swap"] => (Mode::Symmetric, true),
+        ["asym", "swap"] => (Mode::Asymmetric, true),
+        _ => return None,
+    };
+    (group_size > 0 && mode.supports(bits)).then_some(QualitySetting {
+        group_size,
+        bits,
+        mode,
+        swap,
+    })
+}
+
+/// Parses a policy label for `setting`; None if the quality crate would refuse it.
+pub fn parse_policy(label: &str, setting: &QualitySetting) -> Option<Window> {
+    if label == "uniform" {
+        return Some(Window::Uniform);
+    }
+    let (name, window) = label.split_once(':')?;
+    if window.is_empty() || !window.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let window: usize = window.parse().ok()?;
+    if window == 0 || !window.is_multiple_of(setting.group_size) {
+        return None;
+    }
+    match name {
+        "recent8" => Some(Window::Recent8(window)),
+        "early8" => Some(Window::Early8(window)),
+        "recent_f32" => Some(Window::RecentF32(window)),
+        _ => None,
+    }
+}
+
+/// Parses a schedule label.
+pub fn parse_schedule(label: &str) -> Option<Schedule> {
+    match label {
+        "prefill" => Some(Schedule::Prefill),
+        "streaming" => Some(Schedule::Streaming),
+        "causal" => Some(Schedule::Causal),
+        _ => None,
+    }
+}
+
+fn refuse(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
+    ProtocolError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+fn plain_name(name: &str, longest: usize) -> bool {
+    (1..=longest).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+impl QualityProtocol {
+    /// Applies the format's bounds and parses every run; the first field refused is named.
+    pub fn validate(&self) -> Result<Vec<Run>, ProtocolError> {
+        if !plain_name(&self.study, MAX_STUDY_NAME) {
+            return Err(refuse(
+                "study",
+                "1 to 64 ASCII letters, digits, '-', '_' or '.'",
+            ));
+        }
+        if self.model != "smollm2" {
+            return Err(refuse(
+                "model",
+                "only smollm2 (an encoder has no next-token distribution)",
+            ));
+        }
+        if !(1..=MAX_TEXTS).contains(&self.texts.len()) {
+            return Err(refuse("texts", "1 to 8 texts"));
+        }
+        let mut names = BTreeSet::new();
+        for (i, t) in self.texts.iter().enumerate() {
+            if !plain_name(&t.name, MAX_TEXT_NAME) || !names.insert(t.name.as_str()) {
+                return Err(refuse(
+                    format!("texts[{i}].name"),
+                    "unique, 1 to 32 ASCII letters, digits, '-', '_' or '.'",
+                ));
+            }
+        }
+        if !TOKEN_RANGE.contains(&self.max_tokens) {
+            return Err(refuse("max_tokens", "2 to 2048"));
+        }
+        if !(1..=MAX_RUNS).contains(&self.runs.len()) {
+            return Err(refuse("runs", "1 to 64 runs"));
+        }
+        let mut runs = Vec::new();
+        let mut ids = BTreeSet::new();
+        for (i, r) in self.runs.iter().enumerate() {
+            let setting = parse_setting(&r.setting).ok_or_else(|| {
+                refuse(
+                    format!("runs[{i}].setting"),
+                    "g<GROUP>_b<BITS>[_asym][_swap] with a width and group size the codec stores",
+                )
+            })?;
+            let policy = parse_policy(&r.policy, &setting).ok_or_else(|| {
+                refuse(
+                    format!("runs[{i}].policy"),
+                    "uniform, recent_f32:W, recent8:W or early8:W, W a positive multiple of the \
+                     group size",
+                )
+            })?;
+            let schedule = parse_schedule(&r.schedule).ok_or_else(|| {
+                refuse(
+                    format!("runs[{i}].schedule"),
+                    "prefill, streaming or causal",
+                )
+            })?;
+            if schedule == Schedule::Causal && policy != Window::Uniform {
+                return Err(refuse(
+                    format!("runs[{i}].schedule"),
+                    "causal only with the uniform policy",
+                ));
+            }
+            let run = Run {
+                written: r.clone(),
+                setting,
+                policy,
+                schedule,
+            };
+            if !ids.insert((&r.setting, &r.policy, &r.schedule)) {
+                return Err(refuse(format!("runs[{i}]"), "listed twice"));
+            }
+            runs.push(run);
+        }
+        if let Some(g) = self.generate
+            && (g.prompt_tokens == 0 || !(1..=MAX_GENERATED).contains(&g.tokens))
+        {
+            return Err(refuse(
+                "generate",
+                "prompt_tokens at least 1 and tokens 1 to 64",
+            ));
+        }
+        Ok(runs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_parse_as_the_quality_crate_parses_them() {
+        for label in [
+            "g32_b4",
+            "g32_b4_asym",
+            "g32_b4_swap",
+            "g64_b2_asym_swap",
+            "g8_b8",
+        ] {
+            assert_eq!(parse_setting(label).unwrap().to_string(), label);
+        }
+        assert_eq!(parse_setting("g32_b1_asym").unwrap().bits, 1);
+        for label in [
+            "",
+            "g32",
+            "g32_b4_",
+            "g0_b4",
+            "g32_b1",
+            "g32_b9",
+            "g32_b4_swap_asym",
+            "G32_b4",
+            "g32_b+4",
+            "g32_b4_q",
+        ] {
+            assert_eq!(parse_setting(label), None, "{label}");
+        }
+        let s = parse_setting("g32_b2").unwrap();
+        assert_eq!(
+            parse_policy("recent_f32:64", &s),
+            Some(Window::RecentF32(64))
+        );
+        for label in [
+            "recent8:48",
+            "early8:0",
+            "recent8",
+            "late8:32",
+            "early8:-32",
+        ] {
+            assert_eq!(parse_policy(label, &s), None, "{label}");
+        }
+        assert_eq!(parse_schedule("stream"), None);
+        let run = Run {
+            written: RunLabels {
+                setting: "g32_b2".into(),
+                policy: "recent_f32:64".into(),
+                schedule: "streaming".into(),
+            },
+            setting: s,
+            policy: Window::RecentF32(64),
+            schedule: Schedule::Streaming,
+        };
+        assert_eq!(run.id(0), "t0_g32_b2_recent_f32-64_streaming");
+    }
+}

@@ -1,0 +1,247 @@
+//! summary.md of a model-quality run: the tables it must hold (the run table, the quality table,
+//! and when generating one table per text), every cell the audit's own rendering, and no figure
+//! in free text but the names the protocol bounds.
+
+use super::QUALITY_CHART;
+use super::bytes::FLOAT32_BYTES_PER_TOKEN;
+use super::protocol::{QualityProtocol, Run};
+use super::results::QualityRow;
+use super::summary::Aggregate;
+use crate::common::markdown::{Block, blocks, figures};
+use crate::common::problem::MarkdownProblem;
+use crate::common::report::{Checked, Problem, Report};
+
+/// 46080.0 -> "46,080.0".
+pub fn bytes_cell(value: f64) -> String {
+    let text = format!("{value:.1}");
+    let (whole, fraction) = text.split_once('.').unwrap_or((&text, "0"));
+    let (sign, digits) = whole.strip_prefix('-').map_or(("", whole), |d| ("-", d));
+    let mut grouped = String::new();
+    for (k, c) in digits.chars().enumerate() {
+        if k > 0 && (digits.len() - k).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(c);
+    }
+    format!("{sign}{grouped}.{fraction}")
+}
+
+/// The tables summary.md must hold, in order: the run table, the quality table, and when
+/// generating one table per text.
+pub fn expected_tables(
+    p: &QualityProtocol,
+    runs: &[Run],
+    tokens: &[usize],
+    aggregates: &[Aggregate],
+    rows: &[QualityRow],
+) -> Vec<(&'static str, Vec<Vec<String>>)> {
+    let join = |items: Vec<String>| items.join(", ");
+    let mut run_table = vec![
+        vec!["quantity".to_string(), "value".into()],
+        vec!["model".into(), p.model.clone()],
+        vec![
+            "texts".into(),
+            join(p.texts.iter().map(|t| t.name.clone()).collect()),
+        ],
+        vec![
+            "tokens scored per text".into(),
+            join(tokens.iter().map(|t| (t - 1).to_string()).collect()),
+        ],
+        vec!["runs".into(), runs.len().to_string()],
+        vec![
+            "generated tokens".into(),
+            p.generate.map_or(0, |g| g.tokens).to_string(),
+        ],
+    ];
+    if let Some(g) = p.generate {
+        run_table.push(vec!["prompt tokens".into(), g.prompt_tokens.to_string()]);
+    }
+    let mut tables = vec![("run", run_table)];
+    let header = [
+        "setting",
+        "policy",
+        "schedule",
+        "NLL",
+        "perplexity",
+        "ppl change",
+        "KL mean",
+        "KL max",
+        "top-1",
+        "bytes/token",
+    ];
+    let mut quality = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    if let Some(first) = aggregates.first() {
+        quality.push(vec![
+            "float32".into(),
+            "-".into(),
+            "-".into(),
+            format!("{:.6}", first.nll_f32),
+            format!("{:.4}", first.perplexity_f32()),
+            "0.000%".into(),
+            "0".into(),
+            "0".into(),
+            "100.000%".into(),
+            crate::common::text::thousands(FLOAT32_BYTES_PER_TOKEN as u64),
+        ]);
+    }
+    for (run, a) in runs.iter().zip(aggregates) {
+        quality.push(vec![
+            run.setting.to_string(),
+            run.policy.to_string(),
+            run.schedule.to_string(),
+            format!("{:.6}", a.nll),
+            format!("{:.4}", a.perplexity()),
+            format!(
+                "{:.3}%",
+                (a.perplexity() / a.perplexity_f32() - 1.0) * 100.0
+            ),
+            format!("{:.6}", a.kl_mean),
+            format!("{:.6}", a.kl_max),
+            format!("{:.3}%", a.top1_agreement * 100.0),
+            bytes_cell(a.bytes_per_token),
+        ]);
+    }
+    tables.push(("quality", quality));
+    if p.generate.is_some() {
+        let shown = |text: &str| {
+            text.replace('\r', "\\r")
+                .replace('\n', "\\n")
+                .trim()
+                .to_string()
+        };
+        for i in 0..tokens.len() {
+            let mut table = vec![
+                [
+                    "setting",
+                    "policy",
+                    "schedule",
+                    "first departure",
+                    "generated text",
+                ]
+                .iter()
+                .map(|h| h.to_string())
+                .collect::<Vec<_>>(),
+            ];
+            let text_rows: Vec<&QualityRow> = rows.iter().filter(|r| r.text == i).collect();
+            if let Some(first) = text_rows.first() {
+                table.push(vec![
+                    "float32".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    shown(first.f32_generated_text.as_deref().unwrap_or("")),
+                ]);
+            }
+            for row in text_rows {
+                let departure = match &row.first_departure {
+                    Some(serde_json::Value::Number(n)) => n.to_string(),
+                    _ => "none".into(),
+                };
+                table.push(vec![
+                    row.setting.clone(),
+                    row.policy.clone(),
+                    row.schedule.clone(),
+                    departure,
+                    shown(row.generated_text.as_deref().unwrap_or("")),
+                ]);
+            }
+            tables.push(("generation", table));
+        }
+    }
+    tables
+}
+
+pub(super) fn check_markdown(
+    text: &str,
+    p: &QualityProtocol,
+    runs: &[Run],
+    tokens: &[usize],
+    aggregates: &[Aggregate],
+    rows: &[QualityRow],
+    report: &mut Report,
+) {
+    let fail =
+        |report: &mut Report, problem: MarkdownProblem| report.fail(Problem::Markdown(problem));
+    let blocks = match blocks(text) {
+        Ok(blocks) => blocks,
+        Err(problem) => return fail(report, problem),
+    };
+    // Names the protocol bounds (the study's and the texts') may hold digits; nothing else in
+    // free text may.
+    let mut names: Vec<&str> = p.texts.iter().map(|t| t.name.as_str()).collect();
+    names.push(&p.study);
+    names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+    let mut found_tables = Vec::new();
+    for block in &blocks {
+        let text = match block {
+            Block::Heading(_, t) | Block::Paragraph(t) => t.clone(),
+            Block::Chart { alt, dest } => {
+                if dest != QUALITY_CHART {
+                    fail(
+                        report,
+                        MarkdownProblem::Markup {
+                            what: format!("an image of {dest:?}"),
+                        },
+                    );
+                }
+                alt.clone()
+            }
+            Block::Table(rows) => {
+                found_tables.push(rows);
+                continue;
+            }
+        };
+        let mut stripped = text.clone();
+        for name in &names {
+            stripped = stripped.replace(name, " ");
+        }
+        if let Some(figure) = figures(&stripped).into_iter().next() {
+            fail(report, MarkdownProblem::Figure { figure, text });
+        }
+    }
+    let expected = expected_tables(p, runs, tokens, aggregates, rows);
+    if found_tables.len() != expected.len() {
+        fail(
+            report,
+            MarkdownProblem::Structure {
+                position: found_tables.len().min(expected.len()),
+                found: format!("{} tables", found_tables.len()),
+                expected: format!("{} tables", expected.len()),
+            },
+        );
+    }
+    let mut cells = 0;
+    for (got, (name, want)) in found_tables.iter().zip(&expected) {
+        let dims = |rows: &Vec<Vec<String>>| (rows.len(), rows.first().map_or(0, Vec::len));
+        if dims(got) != dims(want) || got.iter().any(|r| r.len() != want[0].len()) {
+            fail(
+                report,
+                MarkdownProblem::TableShape {
+                    table: name,
+                    found: dims(got),
+                    expected: dims(want),
+                },
+            );
+            continue;
+        }
+        let mut first = None;
+        for (r, (g, w)) in got.iter().zip(want).enumerate() {
+            for (c, (gc, wc)) in g.iter().zip(w).enumerate() {
+                cells += 1;
+                if gc != wc && first.is_none() {
+                    first = Some(MarkdownProblem::Cell {
+                        table: name,
+                        row: r,
+                        column: c,
+                        found: gc.clone(),
+                        expected: wc.clone(),
+                    });
+                }
+            }
+        }
+        if let Some(problem) = first {
+            fail(report, problem);
+        }
+    }
+    report.count(Checked::MarkdownCells, cells);
+}
