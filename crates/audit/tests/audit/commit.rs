@@ -6,16 +6,23 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use audit::hashes::source_hash;
-use audit::manifest::Git;
-use audit::sources::{SOURCE_ROOTS, SourceProblem, check_recorded};
+use audit::common::hashes::source_hash;
+use audit::common::manifest::Git;
+use audit::common::sources::{SOURCE_ROOTS, SourceProblem, check_recorded};
 use audit::{Note, Problem, Report};
 
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)
-        .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"])
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "commit.gpgsign=false",
+        ])
         .args(args)
         .output()
         .expect("git starts");
@@ -46,7 +53,12 @@ fn repository(dir: &Path) -> String {
 fn listed(dir: &Path) -> BTreeMap<String, String> {
     git(dir, &["ls-files"])
         .lines()
-        .map(|p| (p.to_string(), source_hash(&std::fs::read(dir.join(p)).unwrap())))
+        .map(|p| {
+            (
+                p.to_string(),
+                source_hash(&std::fs::read(dir.join(p)).unwrap()),
+            )
+        })
         .collect()
 }
 
