@@ -37,6 +37,13 @@ pub enum KvError {
         /// Its value.
         value: f32,
     },
+    /// A setting label that is not of the form `g<GROUP>_b<BITS>[_asym][_swap]`, or names a
+    /// setting the codec refuses.
+    #[error(
+        "setting {0:?} is not of the form g<GROUP>_b<BITS>[_asym][_swap] (e.g. g32_b4, \
+         g32_b4_asym, g32_b4_swap; symmetric widths 2-8, asymmetric 1-8, group size >= 1)"
+    )]
+    SettingLabel(String),
     /// A group size of 0.
     #[error("group size must be at least 1, got 0")]
     ZeroGroupSize,

@@ -6,6 +6,9 @@
 //! - [`mode`]: symmetric or asymmetric;
 //! - [`layout`]: grouping axis, mode, bit width, group size and the grouped-view geometry they
 //!   imply;
+//! - [`setting`]: one setting for a whole K and V cache ([`KvSetting`]: group size, width, mode,
+//!   the axes K and V are grouped along, and its label `g32_b4_asym_swap`), parsed and validated
+//!   once;
 //! - [`symmetric`] and [`asymmetric`]: the two per-group quantizers (scales, zero points, codes);
 //! - [`quantize`]: encode and decode a matrix under a layout (the fast paths, with runtime
 //!   choice of a [`Kernel`]);
@@ -57,6 +60,7 @@ pub mod mode;
 pub mod packed;
 pub mod quantize;
 pub mod reference;
+pub mod setting;
 pub mod symmetric;
 
 /// The repository README's Rust examples ("Use the codec as a library"), run as doc tests so
@@ -75,3 +79,4 @@ pub use quantize::{
     decode, decode_exact, decode_exact_tokens_into, decode_into, decode_into_with, encode,
     encode_reusing, encode_reusing_with, encode_with,
 };
+pub use setting::{Axes, KvSetting};

@@ -128,7 +128,8 @@ pub fn members(protocol: &Protocol) -> Vec<Member> {
         for plan in &plans {
             let id = plan.id(input);
             let suffixed = matches!(plan, Plan::Budget { .. });
-            let axes = plan.axes();
+            let setting = plan.setting();
+            let axes = setting.axes();
             for (tensor, axis) in [("k", axes.k()), ("v", axes.v())] {
                 for (index, segment) in plan.segments(input.tokens).iter().enumerate() {
                     let suffix = if suffixed {
@@ -140,7 +141,8 @@ pub fn members(protocol: &Protocol) -> Vec<Member> {
                     let len = (segment.end - segment.start) as u64;
                     match segment.storage {
                         Storage::Quantized { bits, mode } => {
-                            let view = grouped_view(axis, len, features, plan.group_size() as u64);
+                            let view =
+                                grouped_view(axis, len, features, setting.group_size() as u64);
                             let bits = u64::from(bits);
                             let codes = view.and_then(|v| v.codes()?.checked_mul(bits));
                             push(name("codes"), codes.map(|b| b.div_ceil(8)));

@@ -4,18 +4,17 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{Axes, Budget, Distribution, Mode, Policy, Protocol, Setting};
+use crate::protocol::{Axes, Budget, Distribution, KvSetting, Mode, Policy, Protocol};
 
 /// How one comparison stores the cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Plan {
-    /// The whole cache at one (group size, bits) setting.
-    Packed(Setting),
-    /// A budget policy with the codec fixed.
+    /// The whole cache at one setting.
+    Packed(KvSetting),
+    /// A budget policy with the codec fixed: `setting` is its low tier.
     Budget {
         policy: Policy,
-        group_size: usize,
-        low_bits: u32,
+        setting: KvSetting,
         window: usize,
     },
 }
@@ -30,18 +29,11 @@ impl Plan {
         }
     }
 
-    /// The axes K and V are grouped along: the setting's, or the default for a budget policy.
-    pub fn axes(&self) -> Axes {
-        match self {
-            Plan::Packed(s) => s.axes,
-            Plan::Budget { .. } => Axes::default(),
-        }
-    }
-
-    pub fn group_size(&self) -> usize {
+    /// The setting K and V are stored at: the packed setting, or a budget's low tier (whose
+    /// quantized segments differ from it only in width).
+    pub fn setting(&self) -> KvSetting {
         match *self {
-            Plan::Packed(s) => s.group_size,
-            Plan::Budget { group_size, .. } => group_size,
+            Plan::Packed(s) | Plan::Budget { setting: s, .. } => s,
         }
     }
 
@@ -52,16 +44,15 @@ impl Plan {
                 start: 0,
                 end: tokens,
                 storage: Storage::Quantized {
-                    bits: s.bits,
-                    mode: s.mode,
+                    bits: s.bits(),
+                    mode: s.mode(),
                 },
             }],
             Plan::Budget {
                 policy,
-                low_bits,
+                setting,
                 window,
-                ..
-            } => policy.segments(tokens, window, low_bits),
+            } => policy.segments(tokens, window, setting.bits()),
         }
     }
 
@@ -76,17 +67,13 @@ impl Plan {
 /// Every plan of the protocol, packed-KV settings first.
 pub fn plans(protocol: &Protocol) -> Vec<Plan> {
     let mut plans: Vec<Plan> = protocol.settings.iter().map(|&s| Plan::Packed(s)).collect();
-    if let Some(Budget {
-        group_size,
-        low_bits,
-        window,
-        policies,
-    }) = &protocol.budget
-    {
+    if let Some(budget) = &protocol.budget {
+        let Budget {
+            window, policies, ..
+        } = budget;
         plans.extend(policies.iter().map(|&policy| Plan::Budget {
             policy,
-            group_size: *group_size,
-            low_bits: *low_bits,
+            setting: budget.setting(),
             window: *window,
         }));
     }
@@ -279,8 +266,15 @@ impl InputSpec {
 
 /// Identifier of one packed-KV comparison, e.g. `s7_n128_clean_g8_b4`, or
 /// `s7_n128_clean_g32_b2_asym` for an asymmetric setting.
-pub fn comparison_id(input: &InputSpec, setting: &Setting) -> String {
+pub fn comparison_id(input: &InputSpec, setting: &KvSetting) -> String {
     format!("{}_{}", input.id(), setting.label())
+}
+
+/// The label of a setting recorded field by field (a result or summary row). A record that is no
+/// valid setting, which a run never writes, is labelled by its group size and width alone.
+pub fn recorded_label(group_size: usize, bits: u32, mode: Mode, axes: Axes) -> String {
+    KvSetting::new(group_size, bits, mode, axes)
+        .map_or_else(|_| format!("g{group_size}_b{bits}"), |s| s.label())
 }
 
 /// Identifier of one budget comparison, e.g. `s7_n128_clean_budget_recent8`.

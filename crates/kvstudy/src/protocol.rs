@@ -49,7 +49,7 @@ pub struct Protocol {
     pub focus: Option<Focus>,
     /// (group size, bits, mode, axes) settings; K is grouped on tokens and V on features unless
     /// a setting swaps them.
-    pub settings: Vec<Setting>,
+    pub settings: Vec<KvSetting>,
     /// Where generated inputs come from; absent when a model provides them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator: Option<GeneratorSpec>,
@@ -92,38 +92,12 @@ pub struct Text {
 
 pub use models::ModelName;
 
-/// Which axis K and V are each grouped along.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Axes {
-    /// K per channel along tokens, V per token along features (KIVI's layout; the default).
-    #[default]
-    KTokenVFeature,
-    /// The swap: K per token along features, V per channel along tokens.
-    KFeatureVToken,
-}
+/// Which axis K and V are each grouped along, and the codec setting: the codec's own types,
+/// parsed and validated once when the protocol is read.
+pub use kvcodec::{Axes, KvSetting};
 
-impl Axes {
-    /// The axis K is grouped along.
-    pub fn k(self) -> kvcodec::GroupAxis {
-        match self {
-            Axes::KTokenVFeature => kvcodec::GroupAxis::Token,
-            Axes::KFeatureVToken => kvcodec::GroupAxis::Feature,
-        }
-    }
-
-    /// The axis V is grouped along.
-    pub fn v(self) -> kvcodec::GroupAxis {
-        match self {
-            Axes::KTokenVFeature => kvcodec::GroupAxis::Feature,
-            Axes::KFeatureVToken => kvcodec::GroupAxis::Token,
-        }
-    }
-}
-
-/// Whether axes are left out of records (serde's `skip_serializing_if`).
+/// Whether axes are left out of records (serde's `skip_serializing_if`; results and summaries
+/// write a setting's fields themselves).
 pub fn is_default_axes(axes: &Axes) -> bool {
     *axes == Axes::KTokenVFeature
 }
@@ -138,6 +112,20 @@ pub struct Budget {
     /// W: how many tokens the high-precision window holds.
     pub window: usize,
     pub policies: Vec<Policy>,
+}
+
+impl Budget {
+    /// The setting every policy's low tier is stored at: symmetric `low_bits` codes in groups of
+    /// `group_size`, K along tokens and V along features (its 8-bit tier is the same at 8 bits).
+    pub fn setting(&self) -> KvSetting {
+        KvSetting::new(
+            self.group_size,
+            self.low_bits,
+            Mode::Symmetric,
+            Axes::default(),
+        )
+        .expect("a budget's codec is validated when the protocol is read")
+    }
 }
 
 /// Where the high-precision window sits and what it stores.
@@ -225,20 +213,6 @@ pub struct Focus {
     pub gain: f32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Setting {
-    pub group_size: usize,
-    /// 2 to 8 symmetric, 1 to 8 asymmetric.
-    pub bits: u32,
-    /// Symmetric unless stated (and then not written, so symmetric records read as before).
-    #[serde(default, skip_serializing_if = "is_symmetric")]
-    pub mode: Mode,
-    /// K on tokens and V on features unless stated (and then not written).
-    #[serde(default, skip_serializing_if = "is_default_axes")]
-    pub axes: Axes,
-}
-
 /// How a group's values become codes: the codec's own mode (serialized `"symmetric"` /
 /// `"asymmetric"`, left out of records when symmetric so they read as before).
 pub use kvcodec::Mode;
@@ -246,14 +220,6 @@ pub use kvcodec::Mode;
 /// Whether a mode is left out of records (serde's `skip_serializing_if`).
 pub fn is_symmetric(mode: &Mode) -> bool {
     *mode == Mode::Symmetric
-}
-
-/// Suffix of ids and labels: none for symmetric, `_asym` for asymmetric.
-pub fn mode_suffix(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Symmetric => "",
-        Mode::Asymmetric => "_asym",
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -298,21 +264,5 @@ impl EntropyRule {
         seed_part
             .checked_add(tokens_part)?
             .checked_add(u128::from(self.offset))
-    }
-}
-
-impl Setting {
-    /// `g8_b4`, `g32_b2_asym` for an asymmetric setting, `g32_b4_swap` when K and V swap axes.
-    pub fn label(&self) -> String {
-        let axes = match self.axes {
-            Axes::KTokenVFeature => "",
-            Axes::KFeatureVToken => "_swap",
-        };
-        format!(
-            "g{}_b{}{}{axes}",
-            self.group_size,
-            self.bits,
-            mode_suffix(self.mode)
-        )
     }
 }

@@ -8,13 +8,13 @@
 //! and compared with the float64 reference. How a run walks its inputs and writes what it
 //! computes is [`crate::pipeline`]'s business; this module computes one comparison.
 
-use kvcodec::{GroupAxis, Layout, PackedTensor};
+use kvcodec::{GroupAxis, PackedTensor};
 use ndarray::{Array2, ArrayView2, ArrayViewMut2, s};
 use serde::{Deserialize, Serialize};
 
 use crate::attention::{TokenRows, attention, max_abs, relative_l2};
 use crate::plan::{InputSource, InputSpec, Plan, SegmentPlan, Storage, float32_kv_bytes};
-use crate::protocol::{Axes, Distribution, Mode, Policy, Protocol, Setting};
+use crate::protocol::{Axes, Distribution, KvSetting, Mode, Policy, Protocol};
 
 /// Which study a comparison belongs to (`"packed_kv"` or `"budget"` in results.json).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -73,19 +73,20 @@ impl Segment {
     }
 }
 
-/// Stores `x` (N x D) segment by segment, quantized ones grouped along `axis`.
+/// Stores `x` (N x D) segment by segment, quantized ones grouped along `axis` in `setting`'s
+/// groups and mode at the segment's width.
 pub fn encode_segments(
     x: ArrayView2<f32>,
     axis: GroupAxis,
-    group_size: usize,
+    setting: KvSetting,
     plan: &[SegmentPlan],
 ) -> kvcodec::Result<Vec<Segment>> {
     plan.iter()
         .map(|&segment| {
             let rows = x.slice(s![segment.start..segment.end, ..]);
             let data = match segment.storage {
-                Storage::Quantized { bits, mode } => {
-                    let layout = Layout::with_mode(axis, mode, bits, group_size)?;
+                Storage::Quantized { bits, .. } => {
+                    let layout = setting.with_bits(bits)?.layout(axis);
                     SegmentData::Packed(kvcodec::encode(rows, layout)?)
                 }
                 Storage::Float32 => SegmentData::Float32(rows.to_owned()),
@@ -213,17 +214,12 @@ impl ResultRow {
     pub fn label(&self) -> String {
         match self.policy {
             Some(policy) => policy.to_string(),
-            None => Setting {
-                group_size: self.group_size,
-                bits: self.bits,
-                mode: self.mode,
-                axes: if self.k_axis == GroupAxis::Token {
-                    Axes::KTokenVFeature
-                } else {
-                    Axes::KFeatureVToken
-                },
-            }
-            .label(),
+            None => crate::plan::recorded_label(
+                self.group_size,
+                self.bits,
+                self.mode,
+                Axes::with_k(self.k_axis),
+            ),
         }
     }
 
@@ -242,9 +238,10 @@ impl ResultRow {
 pub fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Result<Comparison> {
     let spec = input.spec;
     let segments = plan.segments(spec.tokens);
-    let axes = plan.axes();
-    let k = encode_segments(input.k, axes.k(), plan.group_size(), &segments)?;
-    let v = encode_segments(input.v, axes.v(), plan.group_size(), &segments)?;
+    let setting = plan.setting();
+    let axes = setting.axes();
+    let k = encode_segments(input.k, axes.k(), setting, &segments)?;
+    let v = encode_segments(input.v, axes.v(), setting, &segments)?;
     let out = attention(
         input.q.mapv(f64::from).view(),
         &StoredCache(&k),
@@ -252,20 +249,9 @@ pub fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Resu
     );
     let k_payload_bytes: usize = k.iter().map(Segment::payload_bytes).sum();
     let v_payload_bytes: usize = v.iter().map(Segment::payload_bytes).sum();
-    let (study, bits, mode, policy, window) = match *plan {
-        Plan::Packed(s) => (Study::PackedKv, s.bits, s.mode, None, None),
-        Plan::Budget {
-            policy,
-            low_bits,
-            window,
-            ..
-        } => (
-            Study::Budget,
-            low_bits,
-            Mode::Symmetric,
-            Some(policy),
-            Some(window),
-        ),
+    let (study, policy, window) = match *plan {
+        Plan::Packed(_) => (Study::PackedKv, None, None),
+        Plan::Budget { policy, window, .. } => (Study::Budget, Some(policy), Some(window)),
     };
     let mut row = ResultRow {
         id: plan.id(&spec),
@@ -279,9 +265,9 @@ pub fn compare(protocol: &Protocol, input: &Input, plan: &Plan) -> kvcodec::Resu
         text: None,
         layer: None,
         kv_head: None,
-        group_size: plan.group_size(),
-        bits,
-        mode,
+        group_size: setting.group_size(),
+        bits: setting.bits(),
+        mode: setting.mode(),
         policy,
         window,
         segments,
@@ -326,7 +312,8 @@ mod tests {
     fn segments_round_trip_and_count_their_own_bytes() {
         let x = Array2::from_shape_fn((40, 8), |(t, f)| ((t * 8 + f) as f32 * 0.37).sin());
         let plan = Policy::RecentF32.segments(40, 8, 4);
-        let segments = encode_segments(x.view(), GroupAxis::Token, 32, &plan).unwrap();
+        let setting: KvSetting = "g32_b4".parse().unwrap();
+        let segments = encode_segments(x.view(), GroupAxis::Token, setting, &plan).unwrap();
         assert_eq!(segments.len(), 2);
         // 32 tokens x 8 features at 4 bits in one group per column, then 8 raw tokens.
         assert_eq!(segments[0].payload_bytes(), 32 * 8 / 2 + 8 * 4 + 8);

@@ -48,6 +48,13 @@ pub struct PackedRow {
     pub payload_bytes: BTreeMap<String, usize>,
 }
 
+impl PackedRow {
+    /// The row's setting label (`g8_b4`, `g32_b2_asym_swap`).
+    pub fn label(&self) -> String {
+        crate::plan::recorded_label(self.group_size, self.bits, self.mode, self.axes)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BudgetRow {
     pub policy: Policy,
@@ -77,19 +84,19 @@ pub fn summarize(protocol: &Protocol, rows: &[ResultRow], timings: Option<&Timin
         .iter()
         .map(|s| {
             let mine = select(rows, Study::PackedKv, |r| {
-                r.group_size == s.group_size
-                    && r.bits == s.bits
-                    && r.mode == s.mode
-                    && r.k_axis == s.axes.k()
+                r.group_size == s.group_size()
+                    && r.bits == s.bits()
+                    && r.mode == s.mode()
+                    && r.k_axis == s.axes().k()
             });
             let clean = mean_where(&mine, |r| {
                 r.distribution == Some(Distribution::Clean) || r.layer.is_some()
             });
             PackedRow {
-                group_size: s.group_size,
-                bits: s.bits,
-                mode: s.mode,
-                axes: s.axes,
+                group_size: s.group_size(),
+                bits: s.bits(),
+                mode: s.mode(),
+                axes: s.axes(),
                 clean_inputs: clean.map_or(0, |(_, n)| n),
                 mean_relative_l2_clean: clean.map(|(m, _)| m),
                 mean_relative_l2_clean_percent: clean.map(|(m, _)| percent(m)),
@@ -316,15 +323,10 @@ pub fn packed_by_distribution_table(protocol: &Protocol, summary: &Summary) -> T
     by_distribution_table(
         protocol,
         "setting",
-        summary.packed_kv.iter().map(|r| {
-            let setting = crate::protocol::Setting {
-                group_size: r.group_size,
-                bits: r.bits,
-                mode: r.mode,
-                axes: r.axes,
-            };
-            (setting.label(), &r.mean_relative_l2, &r.payload_bytes)
-        }),
+        summary
+            .packed_kv
+            .iter()
+            .map(|r| (r.label(), &r.mean_relative_l2, &r.payload_bytes)),
     )
 }
 

@@ -32,7 +32,7 @@ use thiserror::Error;
 
 use crate::attention::attention;
 use crate::plan::{Plan, SegmentPlan};
-use crate::protocol::Axes;
+use crate::protocol::KvSetting;
 use crate::protocol::Timing;
 use crate::study::{Input, Segment, StoredCache, decode_segments_into, encode_segments};
 
@@ -243,13 +243,12 @@ impl Timer {
 /// Everything one comparison's operations need, prepared before timing starts.
 struct Workload<'a, 'b> {
     input: &'a Input<'b>,
-    group_size: usize,
+    /// The setting K and V are stored at (with their axes).
+    setting: KvSetting,
     segments: Vec<SegmentPlan>,
     q: Array2<f64>,
     k: Vec<Segment>,
     v: Vec<Segment>,
-    /// The axes K and V are grouped along.
-    axes: Axes,
     /// Where decode_k and decode_v write (N x D): made once, so no call pays for fresh pages.
     decoded: Array2<f32>,
 }
@@ -257,15 +256,14 @@ struct Workload<'a, 'b> {
 impl<'a, 'b> Workload<'a, 'b> {
     fn new(input: &'a Input<'b>, plan: &Plan) -> kvcodec::Result<Self> {
         let segments = plan.segments(input.spec.tokens);
-        let group_size = plan.group_size();
-        let axes = plan.axes();
+        let setting = plan.setting();
+        let axes = setting.axes();
         Ok(Workload {
             input,
-            group_size,
-            axes,
+            setting,
             q: input.q.mapv(f64::from),
-            k: encode_segments(input.k, axes.k(), group_size, &segments)?,
-            v: encode_segments(input.v, axes.v(), group_size, &segments)?,
+            k: encode_segments(input.k, axes.k(), setting, &segments)?,
+            v: encode_segments(input.v, axes.v(), setting, &segments)?,
             decoded: Array2::zeros(input.k.dim()),
             segments,
         })
@@ -288,8 +286,8 @@ impl<'a, 'b> Workload<'a, 'b> {
             Operation::EncodeK => {
                 self.k = black_box(encode_segments(
                     black_box(self.input.k),
-                    self.axes.k(),
-                    self.group_size,
+                    self.setting.axes().k(),
+                    self.setting,
                     &self.segments,
                 ))
                 .expect("encoded once already");
@@ -297,8 +295,8 @@ impl<'a, 'b> Workload<'a, 'b> {
             Operation::EncodeV => {
                 self.v = black_box(encode_segments(
                     black_box(self.input.v),
-                    self.axes.v(),
-                    self.group_size,
+                    self.setting.axes().v(),
+                    self.setting,
                     &self.segments,
                 ))
                 .expect("encoded once already");
@@ -332,7 +330,6 @@ pub fn median(values: &mut [u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::Setting;
 
     /// A 8-token input and two settings, timed with 2 repeats.
     fn tiny() -> (Array2<f32>, Array2<f64>, Vec<Plan>, Timing) {
@@ -340,12 +337,15 @@ mod tests {
         let reference = Array2::zeros((1, 4));
         let plans = [(4, 4), (8, 8)]
             .map(|(group_size, bits)| {
-                Plan::Packed(Setting {
-                    group_size,
-                    bits,
-                    mode: crate::protocol::Mode::Symmetric,
-                    axes: Default::default(),
-                })
+                Plan::Packed(
+                    KvSetting::new(
+                        group_size,
+                        bits,
+                        kvcodec::Mode::Symmetric,
+                        Default::default(),
+                    )
+                    .unwrap(),
+                )
             })
             .to_vec();
         let timing = Timing {

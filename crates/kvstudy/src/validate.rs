@@ -336,13 +336,7 @@ impl Protocol {
         positive("features", self.features)?;
         positive("queries", self.queries)?;
         self.validate_sizes()?;
-        for (i, s) in self.settings.iter().enumerate() {
-            kvcodec::Layout::with_mode(kvcodec::GroupAxis::Token, s.mode, s.bits, s.group_size)
-                .map_err(|source| ProtocolError::Layout {
-                    field: format!("settings[{i}]"),
-                    source,
-                })?;
-        }
+        // Each setting's group size and width were validated as it was read (`KvSetting`).
         self.validate_focus()?;
         self.validate_budget()?;
         // The member count first: it bounds every list, so the loops below stay short.
@@ -515,8 +509,8 @@ impl Protocol {
         for (i, setting) in self.settings.iter().enumerate() {
             for &tokens in &self.tokens {
                 let field = || format!("settings[{i}].group_size");
-                let axes = setting.axes;
-                self.check_grouped_view(field, axes, setting.group_size, tokens, (0, tokens))?;
+                let (axes, group_size) = (setting.axes(), setting.group_size());
+                self.check_grouped_view(field, axes, group_size, tokens, (0, tokens))?;
             }
         }
         let Some(budget) = &self.budget else {
@@ -810,30 +804,34 @@ mod tests {
             ProtocolError::Layout { field, source } => (field, source),
             other => panic!("not a layout refusal: {other:?}"),
         };
+        // A setting is refused as it is read (`KvSetting`), naming the setting and the codec's
+        // reason.
+        let refused_setting = |e: ProtocolError, want: KvError| match e {
+            ProtocolError::Parse { field, message } => {
+                assert!(message.starts_with(&want.to_string()), "{message}");
+                field
+            }
+            other => panic!("not a refusal of the setting: {other:?}"),
+        };
+        let symmetric = |bits| KvError::UnsupportedBits {
+            bits,
+            mode: Mode::Symmetric,
+        };
         assert_eq!(
-            layout(err(|v| v["settings"][2]["bits"] = 9.into())),
-            (
-                "settings[2]".into(),
-                KvError::UnsupportedBits {
-                    bits: 9,
-                    mode: Mode::Symmetric
-                }
-            )
+            refused_setting(err(|v| v["settings"][2]["bits"] = 9.into()), symmetric(9)),
+            "settings[2]"
         );
         assert_eq!(
-            layout(err(|v| v["settings"][0]["group_size"] = 0.into())),
-            ("settings[0]".into(), KvError::ZeroGroupSize)
+            refused_setting(
+                err(|v| v["settings"][0]["group_size"] = 0.into()),
+                KvError::ZeroGroupSize
+            ),
+            "settings[0]"
         );
         // Symmetric 1-bit has no code besides zero; asymmetric 1-bit does.
         assert_eq!(
-            layout(err(|v| v["settings"][0]["bits"] = 1.into())),
-            (
-                "settings[0]".into(),
-                KvError::UnsupportedBits {
-                    bits: 1,
-                    mode: Mode::Symmetric
-                }
-            )
+            refused_setting(err(|v| v["settings"][0]["bits"] = 1.into()), symmetric(1)),
+            "settings[0]"
         );
         assert_eq!(
             layout(err(|v| v["budget"]["low_bits"] = 1.into())),
@@ -879,7 +877,7 @@ mod tests {
             ])
         })
         .unwrap();
-        assert_eq!(p.settings[0].mode, Mode::Symmetric);
+        assert_eq!(p.settings[0].mode(), Mode::Symmetric);
         assert_eq!(p.settings[1].label(), "g32_b2_asym");
         // A symmetric setting serializes as before, with no mode field.
         let text = serde_json::to_string(&p.settings[0]).unwrap();

@@ -233,18 +233,18 @@ fn members(p: &Protocol) -> Vec<Member> {
     }
     for (input, n) in &inputs {
         for s in &p.settings {
-            let asym = if s.mode == Mode::Asymmetric {
+            let asym = if s.mode() == Mode::Asymmetric {
                 "_asym"
             } else {
                 ""
             };
-            let id = format!("{input}_g{}_b{}{asym}", s.group_size, s.bits);
+            let id = format!("{input}_g{}_b{}{asym}", s.group_size(), s.bits());
             for t in ["k", "v"] {
                 let storage = Storage::Quantized {
-                    bits: s.bits,
-                    mode: s.mode,
+                    bits: s.bits(),
+                    mode: s.mode(),
                 };
-                tensor(&mut push, &id, t, "", *n, storage, s.group_size as u128);
+                tensor(&mut push, &id, t, "", *n, storage, s.group_size() as u128);
             }
             push(format!("{id}_out"), q * d * 8);
         }
@@ -293,7 +293,7 @@ fn check_bounds(p: &Protocol) -> Result<(), TestCaseError> {
         prop_assert!(n * d <= max, "k, v");
         prop_assert!(n <= i32::MAX as u128);
         for s in &p.settings {
-            let g = s.group_size as u128;
+            let g = s.group_size() as u128;
             prop_assert!(fits(padded(d, n, g)), "K of {s:?} at N = {n}");
             prop_assert!(fits(padded(n, d, g)), "V of {s:?} at N = {n}");
         }

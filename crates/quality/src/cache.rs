@@ -47,13 +47,13 @@ use models::llama::{HookError, KvSource, row_of};
 use ndarray::{Array3, Axis, s};
 
 use crate::error::QualityError;
-use crate::setting::{Policy, Schedule, Setting};
+use crate::setting::{KvSetting, Policy, Schedule};
 
 /// One cache configuration: a setting, a policy and a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheSpec {
     /// The codec setting (low tier).
-    pub setting: Setting,
+    pub setting: KvSetting,
     /// How bytes are spent over positions.
     pub policy: Policy,
     /// When the cache is quantized.
@@ -64,15 +64,15 @@ impl CacheSpec {
     /// Checks that the combination exists (`causal` is defined for `uniform` only) and that the
     /// codec accepts its layouts.
     pub fn new(
-        setting: Setting,
+        setting: KvSetting,
         policy: Policy,
         schedule: Schedule,
     ) -> Result<CacheSpec, QualityError> {
         if schedule == Schedule::Causal && policy != Policy::Uniform {
             return Err(QualityError::CausalPolicy(policy.to_string()));
         }
-        setting.layout(GroupAxis::Token, setting.bits)?;
-        setting.layout(GroupAxis::Token, 8)?;
+        // The 8-bit tier exists in every mode; the setting itself was validated when made.
+        setting.with_bits(8)?;
         Ok(CacheSpec {
             setting,
             policy,
@@ -153,10 +153,10 @@ fn round_trip(x: &Array3<f32>, layout: Layout) -> Result<Array3<f32>, QualityErr
 impl Side {
     fn new(raw: &Array3<f32>, axis: GroupAxis, spec: &CacheSpec) -> Result<Side, QualityError> {
         let raw = raw.as_standard_layout().into_owned();
-        let low_layout = spec.setting.layout(axis, spec.setting.bits)?;
+        let low_layout = spec.setting.layout(axis);
         let high = match spec.policy {
             Policy::Recent8 { .. } | Policy::Early8 { .. } => {
-                Some(round_trip(&raw, spec.setting.layout(axis, 8)?)?)
+                Some(round_trip(&raw, spec.setting.with_bits(8)?.layout(axis))?)
             }
             Policy::Uniform | Policy::RecentF32 { .. } => None,
         };
@@ -169,7 +169,7 @@ impl Side {
         };
         let mut partial = Vec::new();
         if spec.schedule == Schedule::Causal && axis == GroupAxis::Token {
-            let group = spec.setting.group_size;
+            let group = spec.setting.group_size();
             for i in 0..raw.dim().1 {
                 let start = i / group * group;
                 partial.push(round_trip(
@@ -188,7 +188,7 @@ impl Side {
     }
 
     fn row(&self, spec: &CacheSpec, tokens: usize, head: usize, i: usize, j: usize) -> &[f32] {
-        let (start, end) = unit(self.axis, spec.setting.group_size, j);
+        let (start, end) = unit(self.axis, spec.setting.group_size(), j);
         let n = match spec.schedule {
             Schedule::Prefill => tokens,
             Schedule::Streaming | Schedule::Causal => i + 1,
@@ -216,8 +216,8 @@ impl PackedLayer {
         Ok(PackedLayer {
             spec,
             tokens: k.dim().1,
-            k: Side::new(k, spec.setting.k_axis(), &spec)?,
-            v: Side::new(v, spec.setting.v_axis(), &spec)?,
+            k: Side::new(k, spec.setting.axes().k(), &spec)?,
+            v: Side::new(v, spec.setting.axes().v(), &spec)?,
         })
     }
 
@@ -260,7 +260,7 @@ fn side_bytes(
 ) -> Result<usize, QualityError> {
     let complete = |end: usize| spec.schedule != Schedule::Streaming || end <= tokens;
     let tier_of = |j: usize| {
-        let (start, end) = unit(axis, spec.setting.group_size, j);
+        let (start, end) = unit(axis, spec.setting.group_size(), j);
         tier(spec.policy, start, end, tokens, complete(end))
     };
     let mut bytes = 0;
@@ -274,8 +274,8 @@ fn side_bytes(
         let len = run_end - run_start;
         bytes += match t {
             Tier::F32 => len * head_dim * 4,
-            Tier::Low => tensor_bytes(spec.setting.layout(axis, spec.setting.bits)?, len, head_dim),
-            Tier::High => tensor_bytes(spec.setting.layout(axis, 8)?, len, head_dim),
+            Tier::Low => tensor_bytes(spec.setting.layout(axis), len, head_dim),
+            Tier::High => tensor_bytes(spec.setting.with_bits(8)?.layout(axis), len, head_dim),
         };
         run_start = run_end;
     }
@@ -291,8 +291,8 @@ pub fn cache_bytes(
     head_dim: usize,
     tokens: usize,
 ) -> Result<usize, QualityError> {
-    let per_head = side_bytes(spec, spec.setting.k_axis(), tokens, head_dim)?
-        + side_bytes(spec, spec.setting.v_axis(), tokens, head_dim)?;
+    let per_head = side_bytes(spec, spec.setting.axes().k(), tokens, head_dim)?
+        + side_bytes(spec, spec.setting.axes().v(), tokens, head_dim)?;
     Ok(layers * kv_heads * per_head)
 }
 
@@ -306,7 +306,7 @@ mod tests {
     use super::*;
 
     fn spec(setting: &str, policy: &str, schedule: Schedule) -> CacheSpec {
-        let setting: Setting = setting.parse().unwrap();
+        let setting: KvSetting = setting.parse().unwrap();
         CacheSpec::new(setting, Policy::parse(policy, &setting).unwrap(), schedule).unwrap()
     }
 
@@ -314,9 +314,9 @@ mod tests {
     fn counted_bytes_are_the_codecs_payload_bytes() {
         let x = ndarray::Array2::from_shape_fn((37, 64), |(t, f)| (t * 7 + f) as f32 * 0.01);
         for label in ["g32_b4", "g32_b3_asym", "g16_b2_swap"] {
-            let setting: Setting = label.parse().unwrap();
+            let setting: KvSetting = label.parse().unwrap();
             for axis in [GroupAxis::Token, GroupAxis::Feature] {
-                let layout = setting.layout(axis, setting.bits).unwrap();
+                let layout = setting.layout(axis);
                 let packed = kvcodec::encode(x.view(), layout).unwrap();
                 assert_eq!(tensor_bytes(layout, 37, 64), packed.payload_bytes());
             }
@@ -343,7 +343,7 @@ mod tests {
 
     #[test]
     fn causal_is_refused_with_a_budget_policy() {
-        let setting: Setting = "g32_b4".parse().unwrap();
+        let setting: KvSetting = "g32_b4".parse().unwrap();
         let err = CacheSpec::new(setting, Policy::Early8 { window: 32 }, Schedule::Causal);
         assert!(matches!(err, Err(QualityError::CausalPolicy(_))));
         let _ = spec("g32_b4", "uniform", Schedule::Causal);

@@ -6,12 +6,9 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum QualityError {
-    /// A setting label that is not of the form the runner uses.
-    #[error(
-        "setting {0:?} is not of the form g<GROUP>_b<BITS>[_asym][_swap] (e.g. g32_b4, \
-         g32_b4_asym, g32_b4_swap; symmetric widths 2-8, asymmetric 1-8, group size >= 1)"
-    )]
-    Setting(String),
+    /// A setting label the codec refuses (its message names the form).
+    #[error(transparent)]
+    Setting(kvcodec::KvError),
     /// A budget policy label that is not one of the known forms.
     #[error(
         "policy {0:?} is not one of uniform, recent8:W, early8:W, recent_f32:W (W a positive \

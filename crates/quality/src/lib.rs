@@ -34,7 +34,7 @@ pub mod write;
 
 pub use cache::{CacheSpec, PackedLayer};
 pub use error::QualityError;
-pub use setting::{Policy, Schedule, Setting};
+pub use setting::{KvSetting, Policy, Schedule};
 
 use models::llama::Llama;
 use serde::Serialize;

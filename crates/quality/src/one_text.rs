@@ -8,7 +8,7 @@
 //! (the first generated position where the packed cache's greedy text departs, or `null`).
 
 use crate::generate::{self, Generation};
-use crate::{CacheSpec, Measurement, Policy, QualityError, Schedule, Setting};
+use crate::{CacheSpec, KvSetting, Measurement, Policy, QualityError, Schedule};
 use models::llama::{self, Llama, ModelError};
 use models::tokenizer::bpe::{Bpe, BpeError};
 use models::{ModelFiles, ModelName};
@@ -43,7 +43,7 @@ pub enum QualityCmdError {
 pub struct Request<'a> {
     /// The model (only SmolLM2 is a decoder).
     pub model: ModelName,
-    /// Setting label, `g<GROUP>_b<BITS>[_asym][_swap]`.
+    /// KvSetting label, `g<GROUP>_b<BITS>[_asym][_swap]`.
     pub setting: &'a str,
     /// Policy label.
     pub policy: &'a str,
@@ -96,7 +96,7 @@ pub fn spec(request: &Request<'_>) -> Result<CacheSpec, QualityCmdError> {
     if request.model != ModelName::SmolLm2 {
         return Err(QualityCmdError::Encoder(request.model));
     }
-    let setting: Setting = request.setting.parse()?;
+    let setting: KvSetting = request.setting.parse().map_err(QualityError::Setting)?;
     let policy = Policy::parse(request.policy, &setting)?;
     let schedule: Schedule = request.schedule.parse()?;
     Ok(CacheSpec::new(setting, policy, schedule)?)

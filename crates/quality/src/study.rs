@@ -39,7 +39,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::metrics::{kl, log_softmax};
-use crate::{CacheSpec, Policy, QualityError, Schedule, Setting};
+use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
 use models::ModelName;
 use models::llama::{Llama, ModelError, argmax};
 use models::tokenizer::bpe::{Bpe, BpeError};
@@ -104,7 +104,7 @@ pub struct QualityText {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
-    /// Setting label.
+    /// KvSetting label.
     pub setting: String,
     /// Policy label.
     pub policy: String,
@@ -162,10 +162,10 @@ impl RunSpec {
     /// The cache configuration, or the field (`runs[i].setting`, ...) that is refused.
     pub fn spec(&self, index: usize) -> Result<CacheSpec, QualityProtocolError> {
         let at = |name: &str| format!("runs[{index}].{name}");
-        let setting: Setting = self
+        let setting: KvSetting = self
             .setting
             .parse()
-            .map_err(|e: QualityError| field(at("setting"), e.to_string()))?;
+            .map_err(|e: kvcodec::KvError| field(at("setting"), e.to_string()))?;
         let policy = Policy::parse(&self.policy, &setting)
             .map_err(|e| field(at("policy"), e.to_string()))?;
         let schedule: Schedule = self
@@ -395,7 +395,7 @@ pub struct ResultRow {
     pub id: String,
     /// The text's index.
     pub text: usize,
-    /// Setting label.
+    /// KvSetting label.
     pub setting: String,
     /// Policy label.
     pub policy: String,
@@ -685,7 +685,7 @@ pub struct Float32Row {
 /// A run averaged over the texts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SummaryRow {
-    /// Setting label.
+    /// KvSetting label.
     pub setting: String,
     /// Policy label.
     pub policy: String,

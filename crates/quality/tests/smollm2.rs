@@ -13,7 +13,7 @@ use models::tokenizer::bpe::Bpe;
 use models::{ModelName, files};
 use ndarray::{Array1, Ix0, Ix1, OwnedRepr};
 use ndarray_npy::NpzReader;
-use quality::{CacheSpec, Measurement, Policy, Schedule, Setting};
+use quality::{CacheSpec, KvSetting, Measurement, Policy, Schedule};
 
 fn model() -> &'static (Llama, Bpe) {
     static MODEL: OnceLock<(Llama, Bpe)> = OnceLock::new();
@@ -44,7 +44,7 @@ impl Npz {
 }
 
 fn run(ids: &[u32], setting: &str, schedule: Schedule) -> Measurement {
-    let setting: Setting = setting.parse().unwrap();
+    let setting: KvSetting = setting.parse().unwrap();
     let spec = CacheSpec::new(setting, Policy::Uniform, schedule).unwrap();
     let m = quality::measure(&model().0, ids, spec, |_| {}).unwrap();
     eprintln!(

@@ -6,7 +6,7 @@ use kvcodec::GroupAxis;
 use models::llama::{LayerWeights, Llama, LlamaConfig, LlamaWeights};
 use ndarray::{Array2, Array3, Axis, s};
 use quality::cache::{self, Tier, tier};
-use quality::{CacheSpec, PackedLayer, Policy, Schedule, Setting};
+use quality::{CacheSpec, KvSetting, PackedLayer, Policy, Schedule};
 
 /// 2 layers, hidden 32, 4 query heads and 2 KV heads of 8, FFN 24, vocabulary 30.
 fn tiny() -> Llama {
@@ -55,7 +55,7 @@ fn tiny() -> Llama {
 const IDS: [u32; 19] = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8];
 
 fn spec(setting: &str, policy: &str, schedule: Schedule) -> CacheSpec {
-    let setting: Setting = setting.parse().unwrap();
+    let setting: KvSetting = setting.parse().unwrap();
     CacheSpec::new(setting, Policy::parse(policy, &setting).unwrap(), schedule).unwrap()
 }
 
@@ -87,7 +87,7 @@ struct LiteralSide {
 
 impl LiteralSide {
     fn append(&mut self, spec: &CacheSpec, new: &Array3<f32>) {
-        let g = spec.setting.group_size;
+        let g = spec.setting.group_size();
         for (h, row) in new.axis_iter(Axis(0)).enumerate() {
             self.raw[h].push_row(row.row(0)).unwrap();
             self.held[h].push_row(row.row(0)).unwrap();
@@ -117,9 +117,9 @@ impl LiteralSide {
                         let bits = if want == Tier::High {
                             8
                         } else {
-                            spec.setting.bits
+                            spec.setting.bits()
                         };
-                        let layout = spec.setting.layout(self.axis, bits).unwrap();
+                        let layout = spec.setting.with_bits(bits).unwrap().layout(self.axis);
                         kvcodec::decode(&kvcodec::encode(from.view(), layout).unwrap())
                     }
                 };
@@ -157,8 +157,8 @@ fn streaming_in_one_pass_equals_a_literal_token_by_token_loop() {
             .map(|_| {
                 let mut k = empty();
                 let mut v = empty();
-                k.axis = spec.setting.k_axis();
-                v.axis = spec.setting.v_axis();
+                k.axis = spec.setting.axes().k();
+                v.axis = spec.setting.axes().v();
                 (k, v)
             })
             .collect();
