@@ -8,6 +8,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = runner::protocol::Protocol::from_json(text);
+        let _ = kvstudy::protocol::Protocol::from_json(text);
     }
 });

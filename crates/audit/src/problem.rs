@@ -416,6 +416,14 @@ pub enum SourceProblem {
         /// The file.
         path: String,
     },
+    /// A file under the roots at the recorded commit that the manifest does not list.
+    #[error("source hash mismatch: {path} is in commit {commit} but not in the manifest")]
+    UnlistedAtCommit {
+        /// The commit.
+        commit: String,
+        /// The file.
+        path: String,
+    },
     /// A commit that is not a full hexadecimal object id.
     #[error("the recorded git commit {commit:?} is not a full hexadecimal object id")]
     CommitForm {

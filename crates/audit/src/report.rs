@@ -87,6 +87,14 @@ impl Checked {
 pub enum Note {
     /// Source hashes were compared with this tree.
     Tree(String),
+    /// Source hashes were compared with the recorded commit; the tree has changed this many of
+    /// the sources since (an archive is tied to its commit, not to the working tree).
+    Commit {
+        /// The commit.
+        commit: String,
+        /// Sources that differ, are missing or were added in the tree since.
+        changed_in_tree: usize,
+    },
     /// Timings cannot be recomputed.
     TimingsForm,
     /// The recorded commit could not be looked up, and why.
@@ -108,6 +116,23 @@ impl fmt::Display for Note {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Note::Tree(tree) => write!(f, "source hashes compared with the tree at {tree}"),
+            Note::Commit {
+                commit,
+                changed_in_tree: 0,
+            } => write!(
+                f,
+                "source hashes compared with the recorded commit {commit} (the tree's sources \
+                 are the same)"
+            ),
+            Note::Commit {
+                commit,
+                changed_in_tree,
+            } => write!(
+                f,
+                "source hashes compared with the recorded commit {commit}; the tree has changed \
+                 {changed_in_tree} of them since (scripts/refresh-evidence --check says whether \
+                 the outputs would change)"
+            ),
             Note::TimingsForm => f.write_str(
                 "timings cannot be recomputed: timings.json was checked for completeness and \
                  form, and the summary medians against it",

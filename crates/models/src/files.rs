@@ -5,10 +5,12 @@
 //! Nothing here downloads: a command that needs a model and finds none fails with
 //! [`FilesError::Missing`], whose message is the command to run.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
@@ -166,6 +168,36 @@ impl ModelFiles {
     /// The weight file.
     pub fn weights(&self) -> PathBuf {
         self.path(self.model.weight_file())
+    }
+}
+
+/// Where a run's model inputs came from: the model file (by hash) and, per pass (a text's first
+/// N tokens, `t{text}_n{tokens}`), the token ids the model saw.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRecord {
+    /// `minilm` or `smollm2`.
+    pub name: ModelName,
+    /// The PyPI wheel the files come from (`name==version`).
+    pub wheel: String,
+    /// The weight file's name.
+    pub weight_file: String,
+    /// Its SHA-256, checked against the pin before the run.
+    pub weight_sha256: String,
+    /// Token ids per pass.
+    pub ids: BTreeMap<String, Vec<u32>>,
+}
+
+impl ModelRecord {
+    /// The record of `model`'s pinned files with the given passes' ids.
+    pub fn new(model: ModelName, ids: BTreeMap<String, Vec<u32>>) -> ModelRecord {
+        ModelRecord {
+            name: model,
+            wheel: model.wheel().into(),
+            weight_file: model.weight_file().into(),
+            weight_sha256: model.weight_sha256().into(),
+            ids,
+        }
     }
 }
 

@@ -31,5 +31,5 @@ pub mod tokenizer;
 pub mod transformer;
 
 pub use capture::{Capture, LayerCapture};
-pub use files::{ModelFiles, ModelName};
+pub use files::{ModelFiles, ModelName, ModelRecord};
 pub use transformer::{ModelError, ModelShape, Transformer, load};

@@ -9,7 +9,11 @@
 //!   policy (the rules, written once), and its bytes;
 //! - [`metrics`]: log-softmax, NLL, KL and top-1 agreement in f64;
 //! - [`generate`]: greedy generation with a packed cache;
-//! - [`error`]: typed errors.
+//! - [`error`]: typed errors;
+//! - [`one_text`]: `runner quality`, one text under one configuration, with greedy text;
+//! - [`study`]: `runner quality --protocol`, an archived study (protocol, runs, summary), with
+//!   its summary.md ([`report`]) and chart ([`chart`]), written as an evidence directory by
+//!   [`write`](mod@write).
 //!
 //! [`measure`] runs one text under one [`CacheSpec`]: one plain pass (the float32 cache) and
 //! one pass on the packed cache (`Llama::forward_with_source`). With a float32 "packed" cache
@@ -18,10 +22,15 @@
 #![warn(missing_docs)]
 
 pub mod cache;
+pub mod chart;
 pub mod error;
 pub mod generate;
 pub mod metrics;
+pub mod one_text;
+pub mod report;
 pub mod setting;
+pub mod study;
+pub mod write;
 
 pub use cache::{CacheSpec, PackedLayer};
 pub use error::QualityError;

@@ -8,13 +8,10 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use runner::evidence;
-use runner::manifest::{Counts, Manifest, ModelRecord, ShardRecord, protocol_sha256};
-use runner::pipeline::{self, Progress};
-use runner::plan::Shard;
-use runner::protocol::{FROZEN_PATH, Protocol};
-use runner::summary;
-use runner::timing::Operation;
+use kvstudy::plan::Shard;
+use kvstudy::protocol::{FROZEN_PATH, Protocol};
+use kvstudy::run::{Run, run_protocol};
+use kvstudy::summary;
 
 /// Runs the packed-KV study (or a user-written protocol) into a new evidence directory.
 #[derive(Parser)]
@@ -114,7 +111,7 @@ enum Command {
         /// A UTF-8 file holding the text.
         #[arg(long, value_name = "FILE")]
         text_file: Option<PathBuf>,
-        /// Codec setting, g<GROUP>_b<BITS>[_asym][_swap] (K along tokens and V along features;
+        /// Codec setting, `g<GROUP>_b<BITS>[_asym][_swap]` (K along tokens and V along features;
         /// `_swap`: K along features, V along tokens).
         #[arg(long, default_value = "g32_b4")]
         setting: String,
@@ -188,7 +185,7 @@ fn real_main() -> Result<()> {
             replace_all,
         }) => pin(&manifest, &dirs, replace_all),
         Some(Command::Merge { out, shards }) => {
-            let merged = runner::merge::merge(&out, &shards)?;
+            let merged = kvstudy::merge::merge(&out, &shards)?;
             let text = format!(
                 "{}merged {} shards into {}\n",
                 summary::render(&merged.protocol, &merged.summary),
@@ -225,10 +222,10 @@ fn real_main() -> Result<()> {
             let model = model.context("--model is required without --protocol")?;
             let text = match (text, text_file) {
                 (Some(text), _) => text,
-                (None, Some(path)) => runner::kv::read_text_file(&path)?,
+                (None, Some(path)) => kvstudy::capture::read_text_file(&path)?,
                 (None, None) => unreachable!("clap requires --text or --text-file"),
             };
-            let request = runner::quality::Request {
+            let request = quality::one_text::Request {
                 model,
                 setting: &setting,
                 policy: &policy,
@@ -237,15 +234,15 @@ fn real_main() -> Result<()> {
                 prompt: prompt.as_deref(),
                 generate,
             };
-            let steps = runner::quality::steps(&request);
+            let steps = quality::one_text::steps(&request);
             let bar = progress_bar(steps as u64, "passes");
             let start = std::time::Instant::now();
-            let report = runner::quality::run(&request, |done| bar.set_position(done as u64))?;
+            let report = quality::one_text::run(&request, |done| bar.set_position(done as u64))?;
             bar.finish_and_clear();
             let out = if json {
                 format!("{}\n", serde_json::to_string(&report)?)
             } else {
-                runner::quality::render(&report)
+                quality::one_text::render(&report)
             };
             let _ = std::io::stdout().lock().write_all(out.as_bytes());
             eprintln!(
@@ -261,7 +258,7 @@ fn real_main() -> Result<()> {
 /// `runner pin`: each directory must pass the audit (against the workspace the binaries were
 /// built from) before its files are hashed.
 fn pin(manifest: &std::path::Path, dirs: &[PathBuf], replace_all: bool) -> Result<()> {
-    use runner::pin::{PinChange, PinScope};
+    use evidence::pin::{PinChange, PinScope};
     let scope = if replace_all {
         PinScope::ReplaceAll
     } else {
@@ -283,7 +280,12 @@ fn pin(manifest: &std::path::Path, dirs: &[PathBuf], replace_all: bool) -> Resul
             .collect();
         Err(failures.join("\n"))
     };
-    let pinned = runner::pin::pin(manifest, dirs, scope, &check)?;
+    // The formats the audit knows how to check: the two studies' evidence.
+    let formats = [
+        kvstudy::manifest::MANIFEST_FORMAT,
+        quality::study::QUALITY_MANIFEST_FORMAT,
+    ];
+    let pinned = evidence::pin::pin(manifest, dirs, scope, &formats, &check)?;
     let mut text = String::new();
     for (dir, change) in &pinned.changes {
         let files = pinned
@@ -312,11 +314,11 @@ fn quality_study(
     out: Option<PathBuf>,
     threads: Option<u16>,
 ) -> Result<()> {
-    use runner::quality_evidence;
-    use runner::quality_study::{self, QualityProtocol};
+    use quality::study::{self as quality_study, QualityProtocol};
+    use quality::write as quality_evidence;
     let out = out.context("--out is required with --protocol")?;
     evidence::check_new(&out)?;
-    let text = runner::validate::read_protocol_file(protocol_path)?;
+    let text = kvstudy::validate::read_protocol_file(protocol_path)?;
     let protocol = QualityProtocol::from_json(&text)
         .with_context(|| format!("protocol {}", protocol_path.display()))?;
     let threads = threads.map_or_else(
@@ -353,7 +355,7 @@ fn quality_study(
     let summary = quality_study::summarize(&protocol, &results, float32);
     let text = format!(
         "{}\nwrote {}\n",
-        runner::quality_report::quality_table(&summary).to_text(),
+        quality::report::quality_table(&summary).to_text(),
         out.display()
     );
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
@@ -370,17 +372,17 @@ fn kv(
     text_file: Option<PathBuf>,
     out: &std::path::Path,
 ) -> Result<()> {
-    runner::kv::check_new_file(out)?;
+    kvstudy::capture::check_new_file(out)?;
     let text = match (text, text_file) {
         (Some(text), _) => text,
-        (None, Some(path)) => runner::kv::read_text_file(&path)?,
+        (None, Some(path)) => kvstudy::capture::read_text_file(&path)?,
         (None, None) => unreachable!("clap requires --text or --text-file"),
     };
     let files = models::ModelFiles::locate(model)?;
     let loaded = models::load(&files)?;
     let ids = loaded.encode(&text)?;
     let capture = loaded.forward(&ids)?;
-    runner::kv::write_npz(out, model, &capture)?;
+    kvstudy::capture::write_npz(out, model, &capture)?;
     let message = format!(
         "{model}: {} tokens, {} layers; wrote {}\n",
         capture.ids.len(),
@@ -397,7 +399,7 @@ fn run(args: RunArgs) -> Result<()> {
     let (protocol, source) = match &args.protocol {
         None => (Protocol::frozen(), format!("embedded {FROZEN_PATH}")),
         Some(path) => {
-            let text = runner::validate::read_protocol_file(path)?;
+            let text = kvstudy::validate::read_protocol_file(path)?;
             let protocol = Protocol::from_json(&text)
                 .with_context(|| format!("protocol {}", path.display()))?;
             (protocol, path.display().to_string())
@@ -421,68 +423,31 @@ fn run(args: RunArgs) -> Result<()> {
     if let Some(model) = &protocol.model {
         models::ModelFiles::locate(model.name)?;
     }
-    let inputs = match args.shard {
-        Some(shard) => shard.inputs(&protocol)?,
-        None => protocol.inputs(),
-    };
-    let configurations = protocol.comparison_count() / protocol.inputs().len();
-    let total = inputs.len() * configurations;
-    let slice = args
-        .shard
-        .map_or_else(String::new, |s| format!(", shard {s}"));
-    eprintln!(
-        "runner: {} ({source}{slice}): {} inputs x {configurations} configurations = {total} \
-         comparisons",
-        protocol.study,
-        inputs.len(),
-    );
-
     let threads = args.threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, |n| n.get()),
         usize::from,
     );
-    let mut writer = evidence::Writer::create(&out)?;
-    let timed = protocol
-        .timing
-        .map_or(0, |t| total * Operation::ALL.len() * t.repeats);
-    let bar = progress_bar((inputs.len() + total + timed) as u64, "steps");
-    let record = pipeline::run(&protocol, &inputs, threads, &mut writer, |step| {
-        let done = match step {
-            Progress::Inputs(n) => n,
-            Progress::Comparisons(n) => inputs.len() + n,
-            Progress::Timings(n) => inputs.len() + total + n,
-        };
-        bar.set_position(done as u64);
-    })?;
-    bar.finish_and_clear();
-
-    let summary = summary::summarize(&protocol, &record.rows, record.timings.as_ref());
-    let mut manifest = Manifest::new(
-        source,
-        protocol.clone(),
-        Counts {
-            inputs: inputs.len(),
-            comparisons: record.rows.len(),
-            timings: record.timings.as_ref().map_or(0, |t| t.measurements.len()),
-        },
-    );
-    manifest.threads = Some(threads);
-    manifest.model = protocol
-        .model
-        .as_ref()
-        .map(|m| ModelRecord::new(m.name, record.ids.clone()));
-    manifest.shard = args.shard.map(|shard| ShardRecord {
-        index: shard.index,
-        count: shard.count,
-        protocol_sha256: protocol_sha256(&protocol),
-    });
-    let outputs = evidence::Outputs {
+    let run = Run {
         protocol: &protocol,
-        rows: &record.rows,
-        summary: &summary,
-        timings: record.timings.as_ref(),
+        source: &source,
+        shard: args.shard,
+        threads,
     };
-    writer.finish(outputs, manifest)?;
+    let inputs = run.inputs()?.len();
+    let configurations = run.configurations();
+    let slice = args
+        .shard
+        .map_or_else(String::new, |s| format!(", shard {s}"));
+    eprintln!(
+        "runner: {} ({source}{slice}): {inputs} inputs x {configurations} configurations = {} \
+         comparisons",
+        protocol.study,
+        inputs * configurations,
+    );
+    let bar = progress_bar(run.steps()? as u64, "steps");
+    let finished = run_protocol(&run, &out, |done| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+    let summary = finished.summary;
     let text = format!(
         "{}wrote {}\n",
         summary::render(&protocol, &summary),

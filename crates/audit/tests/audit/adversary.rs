@@ -539,7 +539,14 @@ fn re_pinning_a_forged_directory_does_not_make_it_pass() {
     // `runner pin` would refuse it; an adversary writes the pins without that check.
     let skip_audit = |_: &Path| Ok(());
     let dirs = [Path::new("evidence/small").to_path_buf()];
-    runner::pin::pin(&root, &dirs, runner::pin::PinScope::Update, &skip_audit).unwrap();
+    evidence::pin::pin(
+        &root,
+        &dirs,
+        evidence::pin::PinScope::Update,
+        &["packed-kv-evidence/1"],
+        &skip_audit,
+    )
+    .unwrap();
     let reports = audit::audit_pins(&root, &workspace());
     assert!(reports[0].passed(), "{}", reports[0].render());
     assert!(!reports[1].passed());

@@ -380,7 +380,7 @@ fn a_shard_records_the_ids_of_its_own_passes_only_and_a_merge_all() {
     assert_pass(&audit(&second));
     // Their merge records both passes, and audits like a whole run.
     let merged = tmp.path().join("merged");
-    runner::merge::merge(&merged, &[first.clone(), second.clone()]).unwrap();
+    kvstudy::merge::merge(&merged, &[first.clone(), second.clone()]).unwrap();
     assert_pass(&audit(&merged));
 
     // The other shard's pass added to the first's record.

@@ -184,14 +184,14 @@ proptest! {
     #[test]
     fn the_audit_accepts_exactly_the_protocols_the_runner_accepts(protocol in any_protocol()) {
         let text = protocol.to_string();
-        let runner = runner::protocol::Protocol::from_json(&text);
+        let runner = kvstudy::protocol::Protocol::from_json(&text);
         prop_assert_eq!(runner.is_ok(), audit_accepts(&text), "runner: {:?}\n{}", runner.err(), text);
     }
 
     #[test]
     fn the_audit_accepts_exactly_the_model_protocols_the_runner_accepts(protocol in any_model_protocol()) {
         let text = protocol.to_string();
-        let runner = runner::protocol::Protocol::from_json(&text);
+        let runner = kvstudy::protocol::Protocol::from_json(&text);
         prop_assert_eq!(runner.is_ok(), audit_accepts(&text), "runner: {:?}\n{}", runner.err(), text);
     }
 }
@@ -206,7 +206,7 @@ fn the_frozen_and_archived_protocols_are_accepted_by_both() {
     ] {
         let text = std::fs::read_to_string(crate::support::workspace().join(path)).unwrap();
         assert!(
-            runner::protocol::Protocol::from_json(&text).is_ok(),
+            kvstudy::protocol::Protocol::from_json(&text).is_ok(),
             "{path}"
         );
         assert!(audit_accepts(&text), "{path}");

@@ -662,10 +662,10 @@ const RUNNER_TINY: &str = r#"{
 #[test]
 fn a_runner_study_passes_and_tampering_with_it_fails() {
     models::files::locate_or_fetch(models::ModelName::SmolLm2).expect("the model is available");
-    let protocol = runner::quality_study::QualityProtocol::from_json(RUNNER_TINY).unwrap();
+    let protocol = quality::study::QualityProtocol::from_json(RUNNER_TINY).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("quality");
-    runner::quality_evidence::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
+    quality::write::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
     let report = audit::audit_dir(&dir, &workspace());
     assert_pass(&report);
     assert_eq!(report.counted(audit::report::Checked::ResultRows), 3);

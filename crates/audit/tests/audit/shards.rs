@@ -22,7 +22,7 @@ fn shards_and_merge() -> (
         })
         .collect();
     let merged = tmp.path().join("merged");
-    runner::merge::merge(&merged, &dirs).unwrap();
+    kvstudy::merge::merge(&merged, &dirs).unwrap();
     (tmp, dirs, merged)
 }
 

@@ -1,4 +1,4 @@
-//! Shared helpers: a small run made once with the runner's library, private copies of evidence,
+//! Shared helpers: a small run made once with the study's library, private copies of evidence,
 //! the forger's tools (edit arrays or JSON, then rewrite every hash), and typed assertions.
 
 use std::path::{Path, PathBuf};
@@ -38,50 +38,22 @@ pub const SMALL: &str = r#"{
   "timing": { "warmup": 0, "repeats": 2, "shuffle_seed": 1 }
 }"#;
 
-/// Runs `protocol` with the runner's library into `out` (which must not exist).
+/// Runs `protocol` with the study's library into `out` (which must not exist).
 pub fn make_run(protocol: &str, out: &Path) {
     make_shard(protocol, None, out);
 }
 
-/// Runs `protocol`, or the shard `(index, count)` of it, into `out`, as `runner --shard` does.
+/// Runs `protocol`, or the shard `(index, count)` of it, into `out`, as `runner --shard` does
+/// (the study's own entry point, on two threads).
 pub fn make_shard(protocol: &str, shard: Option<(usize, usize)>, out: &Path) {
-    use runner::manifest::{Counts, Manifest, ModelRecord, ShardRecord, protocol_sha256};
-    let protocol = runner::protocol::Protocol::from_json(protocol).expect("a valid protocol");
-    let inputs = match shard {
-        Some((index, count)) => runner::plan::Shard { index, count }
-            .inputs(&protocol)
-            .unwrap(),
-        None => protocol.inputs(),
-    };
-    let mut writer = runner::evidence::Writer::create(out).expect("a new directory");
-    let threads = 2;
-    let record = runner::pipeline::run(&protocol, &inputs, threads, &mut writer, |_| {})
-        .expect("the run succeeds");
-    let (rows, timings, ids) = (record.rows, record.timings, record.ids);
-    let summary = runner::summary::summarize(&protocol, &rows, timings.as_ref());
-    let counts = Counts {
-        inputs: inputs.len(),
-        comparisons: rows.len(),
-        timings: timings.as_ref().map_or(0, |t| t.measurements.len()),
-    };
-    let mut manifest = Manifest::new("a test protocol".into(), protocol.clone(), counts);
-    manifest.threads = Some(threads);
-    manifest.model = protocol
-        .model
-        .as_ref()
-        .map(|m| ModelRecord::new(m.name, ids.clone()));
-    manifest.shard = shard.map(|(index, count)| ShardRecord {
-        index,
-        count,
-        protocol_sha256: protocol_sha256(&protocol),
-    });
-    let outputs = runner::evidence::Outputs {
+    let protocol = kvstudy::protocol::Protocol::from_json(protocol).expect("a valid protocol");
+    let run = kvstudy::run::Run {
         protocol: &protocol,
-        rows: &rows,
-        summary: &summary,
-        timings: timings.as_ref(),
+        source: "a test protocol",
+        shard: shard.map(|(index, count)| kvstudy::plan::Shard { index, count }),
+        threads: 2,
     };
-    writer.finish(outputs, manifest).expect("written");
+    kvstudy::run::run_protocol(&run, out, |_| {}).expect("the run succeeds");
 }
 
 /// The small run, made once per test binary.

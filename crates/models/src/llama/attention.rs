@@ -1,0 +1,153 @@
+//! The attention half of a block: splitting projections into heads, RoPE, and causal
+//! grouped-query attention over K/V arrays or over a [`KvSource`].
+
+use ndarray::{Array2, Array3, Axis, s};
+use rayon::prelude::*;
+
+use super::source::KvSource;
+use crate::ops;
+
+/// [tokens, heads * head_dim] -> [heads, tokens, head_dim].
+pub(super) fn split_heads(y: Array2<f32>, heads: usize) -> Array3<f32> {
+    let (t, width) = y.dim();
+    let d = width / heads;
+    Array3::from_shape_fn((heads, t, d), |(h, i, j)| y[[i, h * d + j]])
+}
+
+/// cos and sin of pos * base^(-2i / head_dim) for pos = start..start + t, [t, head_dim / 2],
+/// computed in f64 with `libm` and rounded once to f32.
+pub(super) fn rope_table(
+    start: usize,
+    t: usize,
+    head_dim: usize,
+    base: f32,
+) -> (Array2<f32>, Array2<f32>) {
+    let half = head_dim / 2;
+    let freq: Vec<f64> = (0..half)
+        .map(|i| libm::pow(f64::from(base), -((2 * i) as f64) / head_dim as f64))
+        .collect();
+    let angle = |row: usize, i: usize| (start + row) as f64 * freq[i];
+    (
+        Array2::from_shape_fn((t, half), |(p, i)| libm::cos(angle(p, i)) as f32),
+        Array2::from_shape_fn((t, half), |(p, i)| libm::sin(angle(p, i)) as f32),
+    )
+}
+
+/// Rotates channel pairs (2i, 2i + 1) of every head and position in place.
+pub(super) fn rope(x: &mut Array3<f32>, cos: &Array2<f32>, sin: &Array2<f32>) {
+    for mut head in x.axis_iter_mut(Axis(0)) {
+        for (pos, mut row) in head.axis_iter_mut(Axis(0)).enumerate() {
+            for i in 0..cos.ncols() {
+                let (c, s) = (cos[[pos, i]], sin[[pos, i]]);
+                let (a, b) = (row[2 * i], row[2 * i + 1]);
+                row[2 * i] = a * c - b * s;
+                row[2 * i + 1] = a * s + b * c;
+            }
+        }
+    }
+}
+
+/// Causal grouped-query attention: q [heads, T, d] for positions start..start + T, k and v
+/// [kv_heads, start + T, d] (standard layout) -> [T, heads * d]. Heads run in parallel; each
+/// output is computed in one fixed order.
+pub(super) fn attention(
+    q: &Array3<f32>,
+    k: &Array3<f32>,
+    v: &Array3<f32>,
+    start: usize,
+) -> Array2<f32> {
+    let (heads, t, d) = q.dim();
+    let group = heads / k.dim().0;
+    let scale = 1.0 / (d as f32).sqrt();
+    let per_head: Vec<Array2<f32>> = (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let q = q.index_axis(Axis(0), h);
+            let k = k.index_axis(Axis(0), h / group);
+            let v = v.index_axis(Axis(0), h / group);
+            let k = k.to_slice().expect("standard layout");
+            let v = v.to_slice().expect("standard layout");
+            let mut out = Array2::<f32>::zeros((t, d));
+            let mut scores = vec![0f32; start + t];
+            for i in 0..t {
+                let qi = q.row(i);
+                let qi = qi.as_slice().expect("standard layout");
+                let seen = start + i + 1;
+                for (j, score) in scores[..seen].iter_mut().enumerate() {
+                    *score = ops::dot(qi, &k[j * d..(j + 1) * d]) * scale;
+                }
+                ops::softmax_in_place(&mut scores[..seen]);
+                let mut row = out.row_mut(i);
+                for (j, &p) in scores[..seen].iter().enumerate() {
+                    for (o, &x) in row.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+                        *o += p * x;
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    let mut out = Array2::<f32>::zeros((t, heads * d));
+    for (h, part) in per_head.iter().enumerate() {
+        out.slice_mut(s![.., h * d..(h + 1) * d]).assign(part);
+    }
+    out
+}
+
+/// [`attention`] over positions 0..T with rows from `source`: the same scores, softmax and
+/// weighted sums in the same order. A row that is not `head_dim` long is refused.
+pub(super) fn attention_from(
+    q: &Array3<f32>,
+    source: &dyn KvSource,
+    kv_heads: usize,
+) -> Result<Array2<f32>, String> {
+    let (heads, t, d) = q.dim();
+    let group = heads / kv_heads;
+    let scale = 1.0 / (d as f32).sqrt();
+    let per_head: Vec<Result<Array2<f32>, String>> = (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let q = q.index_axis(Axis(0), h);
+            let kv = h / group;
+            let mut out = Array2::<f32>::zeros((t, d));
+            let mut scores = vec![0f32; t];
+            for i in 0..t {
+                let qi = q.row(i);
+                let qi = qi.as_slice().expect("standard layout");
+                let seen = i + 1;
+                for (j, score) in scores[..seen].iter_mut().enumerate() {
+                    let k = source.key(kv, i, j);
+                    if k.len() != d {
+                        return Err(format!(
+                            "the key of head {kv} at position {j} for query {i} has {} values, \
+                             not {d}",
+                            k.len()
+                        ));
+                    }
+                    *score = ops::dot(qi, k) * scale;
+                }
+                ops::softmax_in_place(&mut scores[..seen]);
+                let mut row = out.row_mut(i);
+                for (j, &p) in scores[..seen].iter().enumerate() {
+                    let v = source.value(kv, i, j);
+                    if v.len() != d {
+                        return Err(format!(
+                            "the value of head {kv} at position {j} for query {i} has {} \
+                             values, not {d}",
+                            v.len()
+                        ));
+                    }
+                    for (o, &x) in row.iter_mut().zip(v) {
+                        *o += p * x;
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .collect();
+    let mut out = Array2::<f32>::zeros((t, heads * d));
+    for (h, part) in per_head.into_iter().enumerate() {
+        out.slice_mut(s![.., h * d..(h + 1) * d]).assign(&part?);
+    }
+    Ok(out)
+}

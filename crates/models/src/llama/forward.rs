@@ -1,0 +1,255 @@
+//! The batched causal passes: [`Llama::forward`], its K/V hook and its [`KvSource`] variant,
+//! and the pieces of a block they share with token-by-token decoding.
+
+use ndarray::{Array2, Array3, Axis, s};
+
+use super::Llama;
+use super::attention::{attention, attention_from, rope, rope_table, split_heads};
+use super::error::{HookError, ModelError};
+use super::load::LayerWeights;
+use super::source::KvSource;
+use crate::capture::{Capture, LayerCapture};
+use crate::ops;
+
+impl Llama {
+    /// The causal pass over `ids`: every layer's q, k (after RoPE) and v, the stream after the
+    /// last block, and the logits at every position.
+    pub fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError> {
+        self.forward_with(ids, |_, _, _| Ok(()))
+    }
+
+    /// [`Llama::forward`], calling `hook(layer, k, v)` on each layer's keys (after RoPE) and
+    /// values, both [kv_heads, tokens, head_dim], before attention reads them. The hook may
+    /// change the values (not the shapes); later layers then see the effect. The capture keeps
+    /// what each layer computed, before the hook.
+    pub fn forward_with<F>(&self, ids: &[u32], mut hook: F) -> Result<Capture, ModelError>
+    where
+        F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
+    {
+        self.check_ids(ids)?;
+        let mut cache = KvCache::new(self.config.layers);
+        let (hidden, layers) = self.run(ids, &mut cache, &mut hook)?;
+        let normed = self.final_norm(&hidden);
+        let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
+        Ok(Capture {
+            ids: ids.to_vec(),
+            layers,
+            hidden,
+            logits: Some(logits),
+        })
+    }
+
+    /// Runs `ids` at the positions after those in `cache`, whose K/V attention reads first;
+    /// appends the new (hooked) K/V to it. Returns the stream after the last block and what each
+    /// layer computed. Every output row is computed exactly as in a batched pass over all
+    /// positions (each element one [`ops::dot`] of its own row, attention over positions in
+    /// order, the same RoPE table entry for a position), so decoding token by token gives the
+    /// same bits as one pass.
+    pub(super) fn run<F>(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache,
+        hook: &mut F,
+    ) -> Result<(Array2<f32>, Vec<LayerCapture>), ModelError>
+    where
+        F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
+    {
+        let c = &self.config;
+        let t = ids.len();
+        let start = cache.len;
+        let mut x = self.embed(ids);
+        let (cos, sin) = rope_table(start, t, c.head_dim, c.rope_base);
+        let mut layers = Vec::with_capacity(c.layers);
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let captured = self.layer_qkv(w, &x, &cos, &sin);
+            let (mut k, mut v) = (captured.k.clone(), captured.v.clone());
+            hook(l, &mut k, &mut v).map_err(|e| ModelError::Hook {
+                layer: l,
+                problem: e.to_string(),
+            })?;
+            check_hooked_shapes(l, &captured, &k, &v)?;
+            let (past_k, past_v) = &mut cache.layers[l];
+            *past_k = append_positions(past_k, &k);
+            *past_v = append_positions(past_v, &v);
+            let attended = attention(&captured.q, past_k, past_v, start);
+            self.layer_rest(w, &mut x, &attended);
+            layers.push(captured);
+        }
+        cache.len += t;
+        Ok((x, layers))
+    }
+
+    /// The causal pass over `ids` where attention reads what `source(layer, k, v)` hands back
+    /// instead of the layer's own K/V: `k` (after RoPE) and `v` are [kv_heads, tokens,
+    /// head_dim], and the returned [`KvSource`] says, for each query position i and key position
+    /// j <= i, which key and value rows attention reads. A cache that changes as tokens arrive
+    /// (e.g. a group quantized once it fills) is a source whose rows depend on i. Attention is
+    /// [`Llama::forward`]'s, one [`ops::dot`] per score in the same order, so a source that
+    /// returns the layer's own rows gives the bits of [`Llama::forward`]. The capture keeps what
+    /// each layer computed.
+    pub fn forward_with_source<F>(&self, ids: &[u32], source: F) -> Result<Capture, ModelError>
+    where
+        F: FnMut(usize, &Array3<f32>, &Array3<f32>) -> Result<Box<dyn KvSource>, HookError>,
+    {
+        let (hidden, layers) = self.hidden_with_source(ids, source)?;
+        let normed = self.final_norm(&hidden);
+        let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
+        Ok(Capture {
+            ids: ids.to_vec(),
+            layers,
+            hidden,
+            logits: Some(logits),
+        })
+    }
+
+    /// [`Llama::forward_with_source`] without the LM head: the stream after the last block
+    /// [tokens, hidden] and what each layer computed.
+    pub fn hidden_with_source<F>(
+        &self,
+        ids: &[u32],
+        mut source: F,
+    ) -> Result<(Array2<f32>, Vec<LayerCapture>), ModelError>
+    where
+        F: FnMut(usize, &Array3<f32>, &Array3<f32>) -> Result<Box<dyn KvSource>, HookError>,
+    {
+        self.check_ids(ids)?;
+        let c = &self.config;
+        let mut x = self.embed(ids);
+        let (cos, sin) = rope_table(0, ids.len(), c.head_dim, c.rope_base);
+        let mut layers = Vec::with_capacity(c.layers);
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let captured = self.layer_qkv(w, &x, &cos, &sin);
+            let hook = |e: HookError| ModelError::Hook {
+                layer: l,
+                problem: e.to_string(),
+            };
+            let read = source(l, &captured.k, &captured.v).map_err(hook)?;
+            let attended = attention_from(&captured.q, read.as_ref(), c.kv_heads)
+                .map_err(|problem| ModelError::Hook { layer: l, problem })?;
+            self.layer_rest(w, &mut x, &attended);
+            layers.push(captured);
+        }
+        Ok((x, layers))
+    }
+
+    /// The token embeddings of `ids` (checked), [tokens, hidden].
+    pub(super) fn embed(&self, ids: &[u32]) -> Array2<f32> {
+        let mut x = Array2::<f32>::zeros((ids.len(), self.config.hidden));
+        for (mut row, &id) in x.axis_iter_mut(Axis(0)).zip(ids) {
+            row.assign(&self.weights.token_embd.row(id as usize));
+        }
+        x
+    }
+
+    /// A block's q, k (both after RoPE) and v for the stream `x`.
+    pub(super) fn layer_qkv(
+        &self,
+        w: &LayerWeights,
+        x: &Array2<f32>,
+        cos: &Array2<f32>,
+        sin: &Array2<f32>,
+    ) -> LayerCapture {
+        let c = &self.config;
+        let mut h = x.clone();
+        ops::rms_norm(&mut h, &w.attn_norm, c.rms_eps);
+        let mut q = split_heads(ops::linear(h.view(), w.q.view(), None), c.heads);
+        let mut k = split_heads(ops::linear(h.view(), w.k.view(), None), c.kv_heads);
+        let v = split_heads(ops::linear(h.view(), w.v.view(), None), c.kv_heads);
+        rope(&mut q, cos, sin);
+        rope(&mut k, cos, sin);
+        LayerCapture { q, k, v }
+    }
+
+    /// The rest of a block after attention: the output projection and the feed-forward layer,
+    /// both added to the stream `x`.
+    pub(super) fn layer_rest(&self, w: &LayerWeights, x: &mut Array2<f32>, attended: &Array2<f32>) {
+        *x += &ops::linear(attended.view(), w.o.view(), None);
+        let mut h = x.clone();
+        ops::rms_norm(&mut h, &w.ffn_norm, self.config.rms_eps);
+        let mut gate = ops::linear(h.view(), w.gate.view(), None);
+        let up = ops::linear(h.view(), w.up.view(), None);
+        gate.zip_mut_with(&up, |g, &u| *g = ops::silu(*g) * u);
+        *x += &ops::linear(gate.view(), w.down.view(), None);
+    }
+
+    /// The LM head's input: `output_norm` (RMSNorm) applied to the stream after the last block
+    /// ([`Capture::hidden`]).
+    pub fn final_norm(&self, hidden: &Array2<f32>) -> Array2<f32> {
+        let mut normed = hidden.clone();
+        ops::rms_norm(&mut normed, &self.weights.output_norm, self.config.rms_eps);
+        normed
+    }
+
+    pub(super) fn check_ids(&self, ids: &[u32]) -> Result<(), ModelError> {
+        if ids.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if ids.len() > self.config.context {
+            return Err(ModelError::TooManyTokens {
+                tokens: ids.len(),
+                context: self.config.context,
+            });
+        }
+        if let Some((position, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id as usize >= self.config.vocab)
+        {
+            return Err(ModelError::UnknownToken {
+                id,
+                position,
+                vocabulary: self.config.vocab,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Each layer's keys and values of the positions run so far, [kv_heads, positions, head_dim].
+pub(super) struct KvCache {
+    layers: Vec<(Array3<f32>, Array3<f32>)>,
+    len: usize,
+}
+
+impl KvCache {
+    pub(super) fn new(layers: usize) -> KvCache {
+        let empty = || Array3::zeros((0, 0, 0));
+        KvCache {
+            layers: (0..layers).map(|_| (empty(), empty())).collect(),
+            len: 0,
+        }
+    }
+}
+
+/// `past` followed by `new` along the positions (standard layout); `past` may be empty.
+pub(super) fn append_positions(past: &Array3<f32>, new: &Array3<f32>) -> Array3<f32> {
+    if past.is_empty() {
+        return new.as_standard_layout().into_owned();
+    }
+    let (heads, p, d) = past.dim();
+    let mut out = Array3::zeros((heads, p + new.dim().1, d));
+    out.slice_mut(s![.., ..p, ..]).assign(past);
+    out.slice_mut(s![.., p.., ..]).assign(new);
+    out
+}
+
+/// The K/V hook of [`Llama::forward_with`] may change values, not shapes.
+fn check_hooked_shapes(
+    layer: usize,
+    captured: &LayerCapture,
+    k: &Array3<f32>,
+    v: &Array3<f32>,
+) -> Result<(), ModelError> {
+    if k.dim() != captured.k.dim() || v.dim() != captured.v.dim() {
+        return Err(ModelError::Hook {
+            layer,
+            problem: format!(
+                "changed the shapes of k and v from {:?} to {:?} and {:?}",
+                captured.k.dim(),
+                k.dim(),
+                v.dim()
+            ),
+        });
+    }
+    Ok(())
+}

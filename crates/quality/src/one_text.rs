@@ -1,0 +1,236 @@
+//! `runner quality`: one text through SmolLM2 with the float32 cache and with a packed cache
+//! (the `quality` crate), printed as a short table or one JSON object.
+//!
+//! JSON members: `setting`, `policy`, `schedule`, `tokens`, `nll_f32`, `perplexity_f32`, `nll`,
+//! `perplexity`, `kl_mean`, `kl_max`, `top1_agreement`, `bytes_per_token`,
+//! `f32_bytes_per_token` (the `quality::Measurement`), and `generation` (`null` when no tokens
+//! are generated): `prompt_tokens`, `ids_f32`, `ids`, `text_f32`, `text`, `first_difference`
+//! (the first generated position where the packed cache's greedy text departs, or `null`).
+
+use crate::generate::{self, Generation};
+use crate::{CacheSpec, Measurement, Policy, QualityError, Schedule, Setting};
+use models::llama::{self, Llama, ModelError};
+use models::tokenizer::bpe::{Bpe, BpeError};
+use models::{ModelFiles, ModelName};
+use serde::Serialize;
+use thiserror::Error;
+
+/// Why `runner quality` cannot measure.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum QualityCmdError {
+    /// An encoder has no next-token distribution.
+    #[error(
+        "{0} is an encoder: it has no next-token distribution; `runner quality` measures smollm2"
+    )]
+    Encoder(ModelName),
+    /// A label, the cache or the measurement was refused.
+    #[error(transparent)]
+    Quality(#[from] QualityError),
+    /// The model cannot be loaded or run.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The model files are missing.
+    #[error(transparent)]
+    Files(#[from] models::files::FilesError),
+    /// The text cannot be tokenized or the ids decoded.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] BpeError),
+}
+
+/// What to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    /// The model (only SmolLM2 is a decoder).
+    pub model: ModelName,
+    /// Setting label, `g<GROUP>_b<BITS>[_asym][_swap]`.
+    pub setting: &'a str,
+    /// Policy label.
+    pub policy: &'a str,
+    /// Schedule label.
+    pub schedule: &'a str,
+    /// The text (teacher forcing).
+    pub text: &'a str,
+    /// The generation prompt; the text's first [`DEFAULT_PROMPT_TOKENS`] tokens when `None`.
+    pub prompt: Option<&'a str>,
+    /// Greedy tokens to generate.
+    pub generate: usize,
+}
+
+/// The measurement and the greedy texts.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The teacher-forcing numbers.
+    #[serde(flatten)]
+    pub measurement: Measurement,
+    /// Greedy generation with both caches.
+    pub generation: Option<GenerationReport>,
+}
+
+/// Greedy generation with its decoded texts.
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerationReport {
+    /// Ids and the first difference.
+    #[serde(flatten)]
+    pub ids: Generation,
+    /// The float32 cache's generated text.
+    pub text_f32: String,
+    /// The packed cache's generated text.
+    pub text: String,
+}
+
+/// Without `--prompt`, generation continues the text's first tokens, at most this many: each
+/// generated token is one pass over the prompt and what came before (`crate::generate`).
+pub const DEFAULT_PROMPT_TOKENS: usize = 32;
+
+/// The layers of SmolLM2-135M, for the progress count before the model is loaded.
+const SMOLLM2_LAYERS: usize = 30;
+
+/// Progress steps of a request: two passes of every layer, then one per generated token.
+pub fn steps(request: &Request<'_>) -> usize {
+    2 * SMOLLM2_LAYERS + request.generate
+}
+
+/// Parses the labels into a cache configuration (before any model is loaded).
+pub fn spec(request: &Request<'_>) -> Result<CacheSpec, QualityCmdError> {
+    if request.model != ModelName::SmolLm2 {
+        return Err(QualityCmdError::Encoder(request.model));
+    }
+    let setting: Setting = request.setting.parse()?;
+    let policy = Policy::parse(request.policy, &setting)?;
+    let schedule: Schedule = request.schedule.parse()?;
+    Ok(CacheSpec::new(setting, policy, schedule)?)
+}
+
+/// Loads SmolLM2 and measures; `progress` gets the steps done (see [`steps`]).
+pub fn run(
+    request: &Request<'_>,
+    mut progress: impl FnMut(usize),
+) -> Result<Report, QualityCmdError> {
+    let spec = spec(request)?;
+    let files = ModelFiles::locate(request.model)?;
+    let (model, bpe) = llama::load_with_tokenizer(&files)?;
+    measure(&model, &bpe, request, spec, &mut progress)
+}
+
+/// [`run`] with a loaded model.
+pub fn measure(
+    model: &Llama,
+    bpe: &Bpe,
+    request: &Request<'_>,
+    spec: CacheSpec,
+    progress: &mut dyn FnMut(usize),
+) -> Result<Report, QualityCmdError> {
+    let ids = bpe.encode(request.text)?;
+    let layers = model.config().layers;
+    let measurement = crate::measure(model, &ids, spec, &mut *progress)?;
+    let generation = if request.generate == 0 {
+        None
+    } else {
+        let prompt = match request.prompt {
+            Some(prompt) => bpe.encode(prompt)?,
+            None => ids[..ids.len().min(DEFAULT_PROMPT_TOKENS)].to_vec(),
+        };
+        let ids = generate::compare(model, &prompt, request.generate, spec, |n| {
+            progress(2 * layers + n)
+        })?;
+        Some(GenerationReport {
+            text_f32: String::from_utf8_lossy(&bpe.decode(&ids.ids_f32)?).into_owned(),
+            text: String::from_utf8_lossy(&bpe.decode(&ids.ids)?).into_owned(),
+            ids,
+        })
+    };
+    Ok(Report {
+        measurement,
+        generation,
+    })
+}
+
+/// The short table `runner quality` prints without `--json`.
+pub fn render(report: &Report) -> String {
+    let m = &report.measurement;
+    let mut out = format!(
+        "smollm2, {} tokens: setting {}, policy {}, schedule {}\n\
+         {:<22}{:>16}{:>16}\n",
+        m.tokens, m.setting, m.policy, m.schedule, "", "float32 cache", "packed cache"
+    );
+    let mut row = |name: &str, a: String, b: String| {
+        out.push_str(&format!("{name:<22}{a:>16}{b:>16}\n"));
+    };
+    row(
+        "NLL (nats/token)",
+        format!("{:.6}", m.nll_f32),
+        format!("{:.6}", m.nll),
+    );
+    row(
+        "perplexity",
+        format!("{:.4}", m.perplexity_f32),
+        format!("{:.4}", m.perplexity),
+    );
+    row("KL mean", "-".into(), format!("{:.6}", m.kl_mean));
+    row("KL max", "-".into(), format!("{:.6}", m.kl_max));
+    row(
+        "top-1 agreement",
+        "-".into(),
+        format!("{:.4}", m.top1_agreement),
+    );
+    row(
+        "cache bytes/token",
+        m.f32_bytes_per_token.to_string(),
+        format!("{:.1}", m.bytes_per_token),
+    );
+    if let Some(g) = &report.generation {
+        out.push_str(&format!(
+            "greedy, {} tokens after {} prompt tokens:\n  float32: {:?}\n  packed:  {:?}\n  {}\n",
+            g.ids.ids.len(),
+            g.ids.prompt_tokens,
+            g.text_f32,
+            g.text,
+            match g.ids.first_difference {
+                Some(i) => format!("first difference at generated token {i}"),
+                None => "identical".to_string(),
+            }
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(model: ModelName, setting: &'static str) -> Request<'static> {
+        Request {
+            model,
+            setting,
+            policy: "uniform",
+            schedule: "prefill",
+            text: "x",
+            prompt: None,
+            generate: 0,
+        }
+    }
+
+    #[test]
+    fn an_encoder_and_unknown_labels_are_refused_before_loading() {
+        let err = spec(&request(ModelName::MiniLm, "g32_b4")).unwrap_err();
+        assert!(
+            err.to_string().contains("no next-token distribution"),
+            "{err}"
+        );
+        let err = spec(&request(ModelName::SmolLm2, "int4")).unwrap_err();
+        assert!(
+            err.to_string().contains("g<GROUP>_b<BITS>[_asym][_swap]"),
+            "{err}"
+        );
+        let mut r = request(ModelName::SmolLm2, "g32_b4_swap");
+        assert!(spec(&r).is_ok());
+        r.schedule = "online";
+        assert!(
+            spec(&r)
+                .unwrap_err()
+                .to_string()
+                .contains("prefill, streaming")
+        );
+    }
+}

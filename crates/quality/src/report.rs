@@ -1,0 +1,217 @@
+//! summary.md of a model-quality study.
+//!
+//! As in the packed-KV summary, every figure is in a table and the text between them holds none.
+//! The tables: the run (model, texts, tokens scored per text, runs, generated tokens), the
+//! quality table (a float32 row, then one row per run averaged over the texts: NLL with 6
+//! decimals, perplexity with 4, the perplexity change against the float32 cache in percent with
+//! 3, KL mean and max with 6, top-1 agreement in percent with 3, bytes per token with 1 and
+//! thousands separators), and, when generating, one table per text with each run's first
+//! departure from the float32 cache's greedy text and the text itself (in a code span, newlines
+//! written `\n`, `|` escaped).
+
+use evidence::format::thousands;
+use evidence::table::Table;
+
+use crate::study::{QualityProtocol, Study, Summary};
+
+/// 1234.5 -> "1,234.5".
+fn bytes_cell(x: f64) -> String {
+    let text = format!("{x:.1}");
+    match text.split_once('.') {
+        Some((whole, frac)) => match whole.parse::<usize>() {
+            Ok(n) => format!("{}.{frac}", thousands(n)),
+            Err(_) => text,
+        },
+        None => text,
+    }
+}
+
+/// `text` as a markdown code span inside a table cell.
+pub fn code_cell(text: &str) -> String {
+    let body = text
+        .replace('\r', "\\r")
+        .replace('\n', "\\n")
+        .replace('|', "\\|");
+    let longest = body.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest + 1);
+    if longest == 0 {
+        format!("{fence}{body}{fence}")
+    } else {
+        format!("{fence} {body} {fence}")
+    }
+}
+
+/// The run table.
+pub fn run_table(protocol: &QualityProtocol, study: &Study) -> Table {
+    let join = |items: Vec<String>| items.join(", ");
+    let mut rows = vec![
+        ("model", protocol.model.to_string()),
+        (
+            "texts",
+            join(protocol.texts.iter().map(|t| t.name.clone()).collect()),
+        ),
+        (
+            "tokens scored per text",
+            join(
+                study
+                    .texts
+                    .iter()
+                    .map(|t| t.ids.len().saturating_sub(1).to_string())
+                    .collect(),
+            ),
+        ),
+        ("runs", protocol.runs.len().to_string()),
+        (
+            "generated tokens",
+            protocol.generate.map_or(0, |g| g.tokens).to_string(),
+        ),
+    ];
+    if let Some(g) = protocol.generate {
+        rows.push(("prompt tokens", g.prompt_tokens.to_string()));
+    }
+    Table {
+        headers: vec!["quantity".into(), "value".into()],
+        rows: rows
+            .into_iter()
+            .map(|(k, v)| vec![k.to_string(), v])
+            .collect(),
+    }
+}
+
+/// The quality table: the float32 row, then a row per run.
+pub fn quality_table(summary: &Summary) -> Table {
+    let headers = [
+        "setting",
+        "policy",
+        "schedule",
+        "NLL",
+        "perplexity",
+        "ppl change",
+        "KL mean",
+        "KL max",
+        "top-1",
+        "bytes/token",
+    ];
+    let f = &summary.float32;
+    let mut rows = vec![vec![
+        "float32".to_string(),
+        "-".into(),
+        "-".into(),
+        format!("{:.6}", f.nll),
+        format!("{:.4}", f.perplexity),
+        "0.000%".into(),
+        "0".into(),
+        "0".into(),
+        "100.000%".into(),
+        thousands(f.bytes_per_token),
+    ]];
+    for r in &summary.rows {
+        rows.push(vec![
+            r.setting.clone(),
+            r.policy.clone(),
+            r.schedule.clone(),
+            format!("{:.6}", r.nll),
+            format!("{:.4}", r.perplexity),
+            format!("{:.3}%", (r.perplexity / r.perplexity_f32 - 1.0) * 100.0),
+            format!("{:.6}", r.kl_mean),
+            format!("{:.6}", r.kl_max),
+            format!("{:.3}%", r.top1_agreement * 100.0),
+            bytes_cell(r.bytes_per_token),
+        ]);
+    }
+    Table {
+        headers: headers.iter().map(|h| h.to_string()).collect(),
+        rows,
+    }
+}
+
+/// The greedy texts of text `t`: the float32 cache's, then each run's.
+pub fn generation_table(study: &Study, t: usize) -> Table {
+    let mut rows = Vec::new();
+    if let Some(text) = study.texts.get(t).and_then(|x| x.generated_text.as_deref()) {
+        rows.push(vec![
+            "float32".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            code_cell(text),
+        ]);
+    }
+    for row in study.rows.iter().filter(|r| r.result.text == t) {
+        let r = &row.result;
+        let departure = match r.first_departure {
+            Some(Some(i)) => i.to_string(),
+            _ => "none".into(),
+        };
+        rows.push(vec![
+            r.setting.clone(),
+            r.policy.clone(),
+            r.schedule.clone(),
+            departure,
+            code_cell(r.generated_text.as_deref().unwrap_or("")),
+        ]);
+    }
+    Table {
+        headers: [
+            "setting",
+            "policy",
+            "schedule",
+            "first departure",
+            "generated text",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect(),
+        rows,
+    }
+}
+
+/// summary.md's text.
+pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Summary) -> String {
+    let mut md = String::new();
+    let mut line = |text: &str| {
+        md.push_str(text);
+        md.push_str("\n\n");
+    };
+    line(&format!("# Model-quality summary: `{}`", protocol.study));
+    line(
+        "Every figure of this run is in a table below; the text only says what the tables hold. \
+         The model reads each text by teacher forcing, once with the float-precision cache and \
+         once per run with a packed cache; NLL is in nats per token, KL is the divergence of the \
+         packed cache's next-token distribution from the float-precision one, top-one \
+         agreement is the share of positions with the same most likely token, and bytes per \
+         token count the cache at the end of the text. Each row is the mean over the texts \
+         (the KL maximum is the largest over them). All per-position numbers are in arrays.npz \
+         and every row per text in results.json.",
+    );
+    line("## Run");
+    line(&run_table(protocol, study).to_markdown());
+    line("## Quality against the float cache");
+    line(&quality_table(summary).to_markdown());
+    if protocol.generate.is_some() {
+        line("## Greedy text");
+        line(
+            "Greedy continuations of each text's first tokens: the float cache's first, then \
+             each run's, with the index of the first generated token that departs from it.",
+        );
+        for (t, text) in protocol.texts.iter().enumerate() {
+            line(&format!("### Text `{}`", text.name));
+            line(&generation_table(study, t).to_markdown());
+        }
+    }
+    md.push_str("![Mean KL against cache bytes per token](quality-vs-bytes.svg)\n");
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_formatted_as_the_spec_says() {
+        assert_eq!(bytes_cell(46080.0), "46,080.0");
+        assert_eq!(bytes_cell(5976.25), "5,976.2");
+        assert_eq!(code_cell("a|b\nc"), "`a\\|b\\nc`");
+        assert_eq!(code_cell("x `y`"), "`` x `y` ``");
+    }
+}

@@ -1,0 +1,835 @@
+//! `runner quality --protocol FILE --out DIR`: an archived model-quality study. SmolLM2 reads
+//! each of the protocol's texts with the float32 cache and with packed caches (the `quality`
+//! crate's settings, policies and schedules), and the run is written as an evidence directory
+//! of format [`QUALITY_MANIFEST_FORMAT`].
+//!
+//! The protocol (`experiments/model-quality/protocol.json`; unknown fields are refused, and every
+//! refusal names its field):
+//! - `study`: a name (1 to 64 characters of `[A-Za-z0-9-_.]`);
+//! - `model`: `smollm2` only (an encoder has no next-token distribution);
+//! - `texts`: 1 to 8, unique names of 1 to 32 characters of `[A-Za-z0-9-_.]`; each text is
+//!   encoded with SmolLM2's BPE (no BOS) and cut to its first `max_tokens` ids
+//!   (2 <= `max_tokens` <= 2048); a shorter text is used whole, but needs at least 2 ids;
+//! - `runs`: 1 to 64, unique, each a `setting` (`g<GROUP>_b<BITS>[_asym][_swap]`), a `policy`
+//!   (`uniform`, `recent_f32:W`, `recent8:W`, `early8:W`) and a `schedule` (`prefill`,
+//!   `streaming`, `causal`), exactly what `quality::setting` parses and `CacheSpec::new`
+//!   accepts;
+//! - `generate` (optional): `prompt_tokens` (1 to the shortest text's ids) and `tokens` (1 to 64).
+//!
+//! Rows run texts first, then runs in protocol order; a row's id is
+//! `t{text}_{setting}_{policy}_{schedule}` with `:` in the policy written `-`.
+//!
+//! The directory (see [`crate::write`] for how it is staged and moved into place):
+//! - `arrays.npz`: per text, in order, `t{i}_ids` (int64 `[T]`), `t{i}_f32_logp` (float64 `[T-1]`,
+//!   ln p_f32(ids[j+1] | ids[..=j]) from an f64 log-softmax of the f32 logits), `t{i}_f32_argmax`
+//!   (int64 `[T-1]`) and, when generating, `t{i}_f32_generated` (int64 `[tokens]`); then per row, in
+//!   run order, `<id>_logp`, `<id>_kl` (float64 `[T-1]`, KL(p_f32 || p_packed) over the whole
+//!   vocabulary), `<id>_argmax` (int64 `[T-1]`) and, when generating, `<id>_generated`;
+//! - `results.json`: one object per row ([`ResultRow`]), its aggregates computed from the arrays
+//!   exactly as the fields' docs say;
+//! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]);
+//! - `quality-vs-bytes.svg`: mean KL against cache bytes per token ([`crate::chart`]);
+//! - `manifest.json`: [`crate::write::QualityManifest`].
+//!
+//! The float32 pass of each text is computed once and shared by its runs; the runs of a text are
+//! computed on a rayon pool, each from its own inputs only, so the files (but the manifest's
+//! `threads`, git and tool facts) do not depend on the thread count.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::metrics::{kl, log_softmax};
+use crate::{CacheSpec, Policy, QualityError, Schedule, Setting};
+use models::ModelName;
+use models::llama::{Llama, ModelError, argmax};
+use models::tokenizer::bpe::{Bpe, BpeError};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use evidence::EvidenceError;
+use evidence::MAX_STUDY_NAME_CHARS;
+
+/// Identifies this manifest layout.
+pub const QUALITY_MANIFEST_FORMAT: &str = "model-quality-evidence/1";
+/// results.json.
+pub const RESULTS: &str = "results.json";
+/// summary.json.
+pub const SUMMARY: &str = "summary.json";
+/// summary.md.
+pub const SUMMARY_MD: &str = "summary.md";
+/// The chart.
+pub const PLOT: &str = "quality-vs-bytes.svg";
+/// Most texts in a protocol.
+pub const MAX_TEXTS: usize = 8;
+/// Longest text name.
+pub const MAX_TEXT_NAME_CHARS: usize = 32;
+/// Most runs in a protocol.
+pub const MAX_RUNS: usize = 64;
+/// Largest `max_tokens`.
+pub const MAX_TOKENS: usize = 2048;
+/// Most generated tokens.
+pub const MAX_GENERATED: usize = 64;
+
+/// A model-quality protocol, as read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QualityProtocol {
+    /// The study's name.
+    pub study: String,
+    /// Only `smollm2`.
+    pub model: ModelName,
+    /// The texts, in order.
+    pub texts: Vec<QualityText>,
+    /// Ids kept per text.
+    pub max_tokens: usize,
+    /// The cache configurations.
+    pub runs: Vec<RunSpec>,
+    /// Greedy generation, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate: Option<Generate>,
+}
+
+/// One text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QualityText {
+    /// Its name.
+    pub name: String,
+    /// Its text.
+    pub text: String,
+}
+
+/// One cache configuration, as labels.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// Setting label.
+    pub setting: String,
+    /// Policy label.
+    pub policy: String,
+    /// Schedule label.
+    pub schedule: String,
+}
+
+/// Greedy generation from each text's first ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Generate {
+    /// Prompt ids (the text's first).
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub tokens: usize,
+}
+
+/// Why a model-quality protocol is refused; each names the field to change.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum QualityProtocolError {
+    /// The JSON does not fit the schema (unknown field, wrong type, unknown model).
+    #[error("protocol field `{field}`: {message}")]
+    Parse {
+        /// The field's path, or `(top level)`.
+        field: String,
+        /// What the parser said.
+        message: String,
+    },
+    /// A value out of bounds or refused.
+    #[error("protocol field `{field}`: {problem}")]
+    Field {
+        /// The field's path (`runs[2].policy`).
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+fn field(field: impl Into<String>, problem: impl Into<String>) -> QualityProtocolError {
+    QualityProtocolError::Field {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+fn is_name(name: &str, max: usize) -> bool {
+    (1..=max).contains(&name.chars().count())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+impl RunSpec {
+    /// The cache configuration, or the field (`runs[i].setting`, ...) that is refused.
+    pub fn spec(&self, index: usize) -> Result<CacheSpec, QualityProtocolError> {
+        let at = |name: &str| format!("runs[{index}].{name}");
+        let setting: Setting = self
+            .setting
+            .parse()
+            .map_err(|e: QualityError| field(at("setting"), e.to_string()))?;
+        let policy = Policy::parse(&self.policy, &setting)
+            .map_err(|e| field(at("policy"), e.to_string()))?;
+        let schedule: Schedule = self
+            .schedule
+            .parse()
+            .map_err(|e: QualityError| field(at("schedule"), e.to_string()))?;
+        CacheSpec::new(setting, policy, schedule).map_err(|e| field(at("schedule"), e.to_string()))
+    }
+
+    /// The row id of this run on text `text`.
+    pub fn row_id(&self, text: usize) -> String {
+        format!(
+            "t{text}_{}_{}_{}",
+            self.setting,
+            self.policy.replace(':', "-"),
+            self.schedule
+        )
+    }
+}
+
+impl QualityProtocol {
+    /// Parses and validates (everything but what needs the tokenizer: see [`encode_texts`]).
+    pub fn from_json(text: &str) -> Result<QualityProtocol, QualityProtocolError> {
+        let deserializer = &mut serde_json::Deserializer::from_str(text);
+        let protocol: QualityProtocol =
+            serde_path_to_error::deserialize(deserializer).map_err(|err| {
+                let path = err.path().to_string();
+                QualityProtocolError::Parse {
+                    field: if path == "." {
+                        "(top level)".into()
+                    } else {
+                        path
+                    },
+                    message: err.into_inner().to_string(),
+                }
+            })?;
+        protocol.validate()?;
+        Ok(protocol)
+    }
+
+    /// Checks every bound that does not need the tokenizer.
+    pub fn validate(&self) -> Result<(), QualityProtocolError> {
+        if !is_name(&self.study, MAX_STUDY_NAME_CHARS) {
+            return Err(field(
+                "study",
+                format!("must be 1 to {MAX_STUDY_NAME_CHARS} characters of [A-Za-z0-9-_.]"),
+            ));
+        }
+        if self.model != ModelName::SmolLm2 {
+            return Err(field(
+                "model",
+                format!(
+                    "{} is an encoder: it has no next-token distribution; only smollm2",
+                    self.model
+                ),
+            ));
+        }
+        if !(1..=MAX_TEXTS).contains(&self.texts.len()) {
+            return Err(field(
+                "texts",
+                format!("must hold 1 to {MAX_TEXTS} texts, got {}", self.texts.len()),
+            ));
+        }
+        let mut names = BTreeSet::new();
+        for (i, text) in self.texts.iter().enumerate() {
+            if !is_name(&text.name, MAX_TEXT_NAME_CHARS) {
+                return Err(field(
+                    format!("texts[{i}].name"),
+                    format!("must be 1 to {MAX_TEXT_NAME_CHARS} characters of [A-Za-z0-9-_.]"),
+                ));
+            }
+            if !names.insert(text.name.as_str()) {
+                return Err(field(
+                    format!("texts[{i}].name"),
+                    format!("{} is listed twice", text.name),
+                ));
+            }
+        }
+        if !(2..=MAX_TOKENS).contains(&self.max_tokens) {
+            return Err(field(
+                "max_tokens",
+                format!("must be 2 to {MAX_TOKENS}, got {}", self.max_tokens),
+            ));
+        }
+        if !(1..=MAX_RUNS).contains(&self.runs.len()) {
+            return Err(field(
+                "runs",
+                format!("must hold 1 to {MAX_RUNS} runs, got {}", self.runs.len()),
+            ));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, run) in self.runs.iter().enumerate() {
+            run.spec(i)?;
+            if !seen.insert(run) {
+                return Err(field(
+                    format!("runs[{i}]"),
+                    format!(
+                        "{} {} {} is listed twice",
+                        run.setting, run.policy, run.schedule
+                    ),
+                ));
+            }
+        }
+        if let Some(g) = self.generate {
+            if g.prompt_tokens == 0 {
+                return Err(field("generate.prompt_tokens", "must be at least 1, got 0"));
+            }
+            if g.prompt_tokens > self.max_tokens {
+                return Err(field(
+                    "generate.prompt_tokens",
+                    format!(
+                        "{} exceeds max_tokens, {}",
+                        g.prompt_tokens, self.max_tokens
+                    ),
+                ));
+            }
+            if !(1..=MAX_GENERATED).contains(&g.tokens) {
+                return Err(field(
+                    "generate.tokens",
+                    format!("must be 1 to {MAX_GENERATED}, got {}", g.tokens),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The cache configurations, in protocol order (validated).
+    pub fn specs(&self) -> Result<Vec<CacheSpec>, QualityProtocolError> {
+        self.runs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.spec(i))
+            .collect()
+    }
+}
+
+/// Why a study cannot run or be written.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum QualityStudyError {
+    /// The protocol is refused.
+    #[error(transparent)]
+    Protocol(#[from] QualityProtocolError),
+    /// The cache or a measurement is refused.
+    #[error(transparent)]
+    Quality(#[from] QualityError),
+    /// The model cannot run.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The model files are missing.
+    #[error(transparent)]
+    Files(#[from] models::files::FilesError),
+    /// The tokenizer failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] BpeError),
+    /// The thread pool cannot be built.
+    #[error("starting {threads} worker threads")]
+    Threads {
+        /// Threads asked for.
+        threads: usize,
+        /// Rayon's error.
+        #[source]
+        source: rayon::ThreadPoolBuildError,
+    },
+    /// Writing the directory failed.
+    #[error(transparent)]
+    Evidence(#[from] EvidenceError),
+}
+
+/// Encodes each text and cuts it to `max_tokens` ids; refuses a text with fewer than 2 ids or
+/// fewer than `generate.prompt_tokens`, naming `texts[i].text`.
+pub fn encode_texts(
+    protocol: &QualityProtocol,
+    bpe: &Bpe,
+) -> Result<Vec<Vec<u32>>, QualityStudyError> {
+    let mut out = Vec::with_capacity(protocol.texts.len());
+    for (i, text) in protocol.texts.iter().enumerate() {
+        let mut ids = bpe.encode(&text.text)?;
+        ids.truncate(protocol.max_tokens);
+        let least = protocol.generate.map_or(2, |g| g.prompt_tokens.max(2));
+        if ids.len() < least {
+            return Err(field(
+                format!("texts[{i}].text"),
+                format!("encodes to {} ids; at least {least} are needed", ids.len()),
+            )
+            .into());
+        }
+        out.push(ids);
+    }
+    Ok(out)
+}
+
+/// The float32 pass of one text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextResult {
+    /// The ids scored (after the cut).
+    pub ids: Vec<u32>,
+    /// ln p_f32 of each next id, per position (T - 1).
+    pub logp: Vec<f64>,
+    /// The f32 logits' argmax per position (T - 1).
+    pub argmax: Vec<u32>,
+    /// The greedy continuation with the float32 cache, when generating.
+    pub generated: Option<Vec<u32>>,
+    /// Its UTF-8 lossy decode.
+    pub generated_text: Option<String>,
+}
+
+/// One row: a run on a text, with its per-position arrays.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// What results.json holds.
+    pub result: ResultRow,
+    /// ln p_packed of each next id.
+    pub logp: Vec<f64>,
+    /// KL(p_f32 || p_packed) per position.
+    pub kl: Vec<f64>,
+    /// The packed logits' argmax per position.
+    pub argmax: Vec<u32>,
+    /// The greedy continuation with the packed cache, when generating.
+    pub generated: Option<Vec<u32>>,
+}
+
+/// One object of results.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultRow {
+    /// `t{text}_{setting}_{policy}_{schedule}`, ':' written '-'.
+    pub id: String,
+    /// The text's index.
+    pub text: usize,
+    /// Setting label.
+    pub setting: String,
+    /// Policy label.
+    pub policy: String,
+    /// Schedule label.
+    pub schedule: String,
+    /// T.
+    pub tokens: usize,
+    /// T - 1.
+    pub positions: usize,
+    /// -(sum of `t{i}_f32_logp` in order) / (T - 1).
+    pub nll_f32: f64,
+    /// -(sum of `<id>_logp` in order) / (T - 1).
+    pub nll: f64,
+    /// exp(nll_f32).
+    pub perplexity_f32: f64,
+    /// exp(nll).
+    pub perplexity: f64,
+    /// (sum of `<id>_kl` in order) / (T - 1).
+    pub kl_mean: f64,
+    /// max of `<id>_kl`.
+    pub kl_max: f64,
+    /// Share of positions whose argmax equals the f32 cache's.
+    pub top1_agreement: f64,
+    /// End-state cache bytes / T (`crate::cache` docs).
+    pub bytes_per_token: f64,
+    /// 2 * layers * kv_heads * head_dim * 4.
+    pub float32_bytes_per_token: usize,
+    /// The first generated index that differs from the f32 cache's (`null`: none); absent
+    /// without generation.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub first_departure: Option<Option<usize>>,
+    /// UTF-8 lossy decode of `<id>_generated`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generated_text: Option<String>,
+    /// UTF-8 lossy decode of `t{i}_f32_generated`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f32_generated_text: Option<String>,
+}
+
+/// A member that is present, `null` included (absent is `None` by `default`).
+fn present<'de, D>(deserializer: D) -> Result<Option<Option<usize>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Option::<usize>::deserialize(deserializer).map(Some)
+}
+
+/// A finished study in memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Study {
+    /// Per text, in order.
+    pub texts: Vec<TextResult>,
+    /// Per row: texts, then runs in protocol order.
+    pub rows: Vec<Row>,
+}
+
+/// Progress steps of a protocol: per text, its float32 pass, then one per run.
+pub fn steps(protocol: &QualityProtocol) -> usize {
+    protocol.texts.len() * (1 + protocol.runs.len())
+}
+
+fn decode(bpe: &Bpe, ids: &[u32]) -> Result<String, QualityStudyError> {
+    Ok(String::from_utf8_lossy(&bpe.decode(ids)?).into_owned())
+}
+
+/// Runs the study on `threads` worker threads; `progress` receives the steps done (see
+/// [`steps`]) and may be called from any of them.
+pub fn run_study(
+    protocol: &QualityProtocol,
+    model: &Llama,
+    bpe: &Bpe,
+    threads: usize,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<Study, QualityStudyError> {
+    protocol.validate()?;
+    let specs = protocol.specs()?;
+    let all_ids = encode_texts(protocol, bpe)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|source| QualityStudyError::Threads { threads, source })?;
+    let c = model.config();
+    let float32_bytes = crate::cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim);
+    let done = AtomicUsize::new(0);
+    let step = || progress(done.fetch_add(1, Ordering::SeqCst) + 1);
+    let mut texts = Vec::with_capacity(all_ids.len());
+    let mut rows = Vec::with_capacity(all_ids.len() * specs.len());
+    for (t, ids) in all_ids.into_iter().enumerate() {
+        let positions = ids.len() - 1;
+        // The float32 pass, shared by every run of this text.
+        let capture = model.forward(&ids)?;
+        let logits = capture.logits.ok_or(QualityError::TooFewTokens(0))?;
+        let mut f32_rows = Vec::with_capacity(positions);
+        let mut f32_logp = Vec::with_capacity(positions);
+        let mut f32_argmax = Vec::with_capacity(positions);
+        for j in 0..positions {
+            let row = logits.row(j);
+            let row = row
+                .as_slice()
+                .ok_or(QualityError::TooFewTokens(ids.len()))?;
+            let ls = log_softmax(row);
+            f32_logp.push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
+            f32_argmax.push(argmax(row));
+            f32_rows.push(ls);
+        }
+        drop(logits);
+        let prompt = protocol.generate.map(|g| &ids[..g.prompt_tokens]);
+        let f32_generated = match (prompt, protocol.generate) {
+            (Some(prompt), Some(g)) => Some(model.generate_greedy(prompt, g.tokens)?),
+            _ => None,
+        };
+        let f32_generated_text = f32_generated
+            .as_deref()
+            .map(|g| decode(bpe, g))
+            .transpose()?;
+        step();
+        let text_rows: Vec<Result<Row, QualityStudyError>> = pool.install(|| {
+            specs
+                .par_iter()
+                .zip(&protocol.runs)
+                .map(|(spec, run)| {
+                    let row = one_row(
+                        model,
+                        bpe,
+                        RowInput {
+                            text: t,
+                            ids: &ids,
+                            spec: *spec,
+                            run,
+                            f32_rows: &f32_rows,
+                            f32_logp: &f32_logp,
+                            f32_argmax: &f32_argmax,
+                            prompt,
+                            generate: protocol.generate,
+                            f32_generated: f32_generated.as_deref(),
+                            f32_generated_text: f32_generated_text.as_deref(),
+                            float32_bytes,
+                        },
+                    );
+                    step();
+                    row
+                })
+                .collect()
+        });
+        for row in text_rows {
+            rows.push(row?);
+        }
+        texts.push(TextResult {
+            ids,
+            logp: f32_logp,
+            argmax: f32_argmax,
+            generated: f32_generated,
+            generated_text: f32_generated_text,
+        });
+    }
+    Ok(Study { texts, rows })
+}
+
+/// What one row is computed from.
+struct RowInput<'a> {
+    text: usize,
+    ids: &'a [u32],
+    spec: CacheSpec,
+    run: &'a RunSpec,
+    f32_rows: &'a [Vec<f64>],
+    f32_logp: &'a [f64],
+    f32_argmax: &'a [u32],
+    prompt: Option<&'a [u32]>,
+    generate: Option<Generate>,
+    f32_generated: Option<&'a [u32]>,
+    f32_generated_text: Option<&'a str>,
+    float32_bytes: usize,
+}
+
+fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, QualityStudyError> {
+    let RowInput {
+        text,
+        ids,
+        spec,
+        run,
+        f32_rows,
+        f32_logp,
+        f32_argmax,
+        prompt,
+        generate,
+        f32_generated,
+        f32_generated_text,
+        float32_bytes,
+    } = input;
+    let positions = ids.len() - 1;
+    let packed = model.forward_with_source(ids, |_, k, v| crate::PackedLayer::boxed(spec, k, v))?;
+    let logits = packed.logits.ok_or(QualityError::TooFewTokens(0))?;
+    let mut logp = Vec::with_capacity(positions);
+    let mut kls = Vec::with_capacity(positions);
+    let mut maxes = Vec::with_capacity(positions);
+    for (j, f32_row) in f32_rows.iter().enumerate() {
+        let row = logits.row(j);
+        let row = row
+            .as_slice()
+            .ok_or(QualityError::TooFewTokens(ids.len()))?;
+        let ls = log_softmax(row);
+        logp.push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
+        kls.push(kl(f32_row, &ls));
+        maxes.push(argmax(row));
+    }
+    drop(logits);
+    let generated = match (prompt, generate) {
+        (Some(prompt), Some(g)) => Some(crate::generate::greedy(
+            model,
+            prompt,
+            g.tokens,
+            spec,
+            |_| {},
+        )?),
+        _ => None,
+    };
+    let c = model.config();
+    let cache_bytes =
+        crate::cache::cache_bytes(&spec, c.layers, c.kv_heads, c.head_dim, ids.len())?;
+    let n = positions as f64;
+    let sum = |xs: &[f64]| xs.iter().fold(0f64, |a, &x| a + x);
+    let nll_f32 = -sum(f32_logp) / n;
+    let nll = -sum(&logp) / n;
+    let agree = maxes.iter().zip(f32_argmax).filter(|(a, b)| a == b).count();
+    let (first_departure, generated_text) = match (&generated, f32_generated) {
+        (Some(g), Some(f)) => (
+            Some(crate::generate::first_difference(f, g)),
+            Some(decode(bpe, g)?),
+        ),
+        _ => (None, None),
+    };
+    Ok(Row {
+        result: ResultRow {
+            id: run.row_id(text),
+            text,
+            setting: spec.setting.to_string(),
+            policy: spec.policy.to_string(),
+            schedule: spec.schedule.to_string(),
+            tokens: ids.len(),
+            positions,
+            nll_f32,
+            nll,
+            perplexity_f32: libm::exp(nll_f32),
+            perplexity: libm::exp(nll),
+            kl_mean: sum(&kls) / n,
+            kl_max: kls.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x)),
+            top1_agreement: agree as f64 / n,
+            bytes_per_token: cache_bytes as f64 / ids.len() as f64,
+            float32_bytes_per_token: float32_bytes,
+            first_departure,
+            generated_text,
+            f32_generated_text: f32_generated_text.map(str::to_string),
+        },
+        logp,
+        kl: kls,
+        argmax: maxes,
+        generated,
+    })
+}
+
+/// summary.json: the float32 row and a row per run, each averaged over the texts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Texts averaged over.
+    pub texts: usize,
+    /// The float32 cache.
+    pub float32: Float32Row,
+    /// Per run, in protocol order.
+    pub rows: Vec<SummaryRow>,
+}
+
+/// The float32 cache's row of the summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Float32Row {
+    /// Mean over texts of `nll_f32`.
+    pub nll: f64,
+    /// exp(nll).
+    pub perplexity: f64,
+    /// 2 * layers * kv_heads * head_dim * 4.
+    pub bytes_per_token: usize,
+}
+
+/// A run averaged over the texts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SummaryRow {
+    /// Setting label.
+    pub setting: String,
+    /// Policy label.
+    pub policy: String,
+    /// Schedule label.
+    pub schedule: String,
+    /// Mean over texts (in text order) of the rows' `nll_f32`.
+    pub nll_f32: f64,
+    /// Mean over texts of `nll`.
+    pub nll: f64,
+    /// exp(nll_f32) of the mean.
+    pub perplexity_f32: f64,
+    /// exp(nll) of the mean.
+    pub perplexity: f64,
+    /// Mean over texts of `kl_mean`.
+    pub kl_mean: f64,
+    /// Max over texts of `kl_max`.
+    pub kl_max: f64,
+    /// Mean over texts of `top1_agreement`.
+    pub top1_agreement: f64,
+    /// Mean over texts of `bytes_per_token`.
+    pub bytes_per_token: f64,
+    /// The float32 cache's bytes per token.
+    pub float32_bytes_per_token: usize,
+}
+
+/// The summary of `rows` (texts, then runs in protocol order).
+pub fn summarize(protocol: &QualityProtocol, rows: &[ResultRow], float32_bytes: usize) -> Summary {
+    let runs = protocol.runs.len();
+    let texts = protocol.texts.len();
+    let n = texts as f64;
+    let mean = |r: usize, f: &dyn Fn(&ResultRow) -> f64| {
+        (0..texts).fold(0f64, |a, t| a + f(&rows[t * runs + r])) / n
+    };
+    let out: Vec<SummaryRow> = (0..runs)
+        .filter(|&r| rows.len() == texts * runs && r < rows.len())
+        .map(|r| {
+            let nll_f32 = mean(r, &|x| x.nll_f32);
+            let nll = mean(r, &|x| x.nll);
+            SummaryRow {
+                setting: rows[r].setting.clone(),
+                policy: rows[r].policy.clone(),
+                schedule: rows[r].schedule.clone(),
+                nll_f32,
+                nll,
+                perplexity_f32: libm::exp(nll_f32),
+                perplexity: libm::exp(nll),
+                kl_mean: mean(r, &|x| x.kl_mean),
+                kl_max: (0..texts).fold(f64::NEG_INFINITY, |m, t| m.max(rows[t * runs + r].kl_max)),
+                top1_agreement: mean(r, &|x| x.top1_agreement),
+                bytes_per_token: mean(r, &|x| x.bytes_per_token),
+                float32_bytes_per_token: float32_bytes,
+            }
+        })
+        .collect();
+    let nll = out.first().map_or(f64::NAN, |r| r.nll_f32);
+    Summary {
+        texts,
+        float32: Float32Row {
+            nll,
+            perplexity: libm::exp(nll),
+            bytes_per_token: float32_bytes,
+        },
+        rows: out,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn protocol() -> serde_json::Value {
+        serde_json::json!({
+            "study": "model-quality",
+            "model": "smollm2",
+            "texts": [ { "name": "a", "text": "Some words here." } ],
+            "max_tokens": 64,
+            "runs": [ { "setting": "g32_b4", "policy": "uniform", "schedule": "prefill" } ],
+            "generate": { "prompt_tokens": 2, "tokens": 3 }
+        })
+    }
+
+    fn refused(edit: impl FnOnce(&mut serde_json::Value)) -> String {
+        let mut v = protocol();
+        edit(&mut v);
+        match QualityProtocol::from_json(&v.to_string()).unwrap_err() {
+            QualityProtocolError::Parse { field, .. }
+            | QualityProtocolError::Field { field, .. } => field,
+        }
+    }
+
+    #[test]
+    fn a_valid_protocol_parses_and_row_ids_write_colons_as_dashes() {
+        let p = QualityProtocol::from_json(&protocol().to_string()).unwrap();
+        let run = RunSpec {
+            setting: "g32_b2".into(),
+            policy: "recent_f32:64".into(),
+            schedule: "streaming".into(),
+        };
+        assert_eq!(run.row_id(0), "t0_g32_b2_recent_f32-64_streaming");
+        assert_eq!(p.specs().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn each_refusal_names_its_field() {
+        assert_eq!(refused(|v| v["colour"] = 1.into()), "colour");
+        assert_eq!(refused(|v| v["model"] = "minilm".into()), "model");
+        assert_eq!(refused(|v| v["model"] = "gpt".into()), "model");
+        assert_eq!(refused(|v| v["max_tokens"] = 1.into()), "max_tokens");
+        assert_eq!(refused(|v| v["max_tokens"] = 4096.into()), "max_tokens");
+        assert_eq!(refused(|v| v["texts"] = serde_json::json!([])), "texts");
+        assert_eq!(
+            refused(|v| v["texts"][0]["name"] = "a b".into()),
+            "texts[0].name"
+        );
+        assert_eq!(
+            refused(|v| v["runs"][0]["setting"] = "int4".into()),
+            "runs[0].setting"
+        );
+        assert_eq!(
+            refused(|v| v["runs"][0]["policy"] = "recent8:48".into()),
+            "runs[0].policy"
+        );
+        assert_eq!(
+            refused(|v| {
+                v["runs"][0]["policy"] = "recent8:32".into();
+                v["runs"][0]["schedule"] = "causal".into();
+            }),
+            "runs[0].schedule"
+        );
+        assert_eq!(
+            refused(|v| {
+                let run = v["runs"][0].clone();
+                v["runs"].as_array_mut().unwrap().push(run);
+            }),
+            "runs[1]"
+        );
+        assert_eq!(
+            refused(|v| v["generate"]["tokens"] = 65.into()),
+            "generate.tokens"
+        );
+        assert_eq!(
+            refused(|v| v["generate"]["prompt_tokens"] = 0.into()),
+            "generate.prompt_tokens"
+        );
+        assert_eq!(refused(|v| v["runs"][0]["bits"] = 4.into()), "runs[0].bits");
+    }
+}

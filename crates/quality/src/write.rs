@@ -1,0 +1,139 @@
+//! Writing a model-quality study as an evidence directory (format
+//! [`QUALITY_MANIFEST_FORMAT`]): its arrays, results, summary, markdown, chart and manifest,
+//! staged and moved into place like every evidence directory. The study itself (protocol, run,
+//! summary) is [`crate::study`]'s; the markdown and the chart are [`crate::report`]'s and
+//! [`crate::chart`]'s.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use models::ModelFiles;
+use ndarray::Array1;
+use serde::{Deserialize, Serialize};
+
+use evidence::provenance::{Git, Platform, Tool, git_info, source_hashes, source_roots};
+use evidence::{EvidenceError, Writer};
+use models::ModelRecord;
+
+use crate::study::{
+    PLOT, QUALITY_MANIFEST_FORMAT, QualityProtocol, QualityStudyError, RESULTS, ResultRow, SUMMARY,
+    SUMMARY_MD, Study, run_study, summarize,
+};
+
+/// manifest.json of a model-quality run: the packed-KV manifest's provenance fields, this
+/// protocol and the model's ids.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityManifest {
+    /// [`QUALITY_MANIFEST_FORMAT`].
+    pub format: String,
+    /// The runner and its crates.
+    pub tool: Tool,
+    /// Where it ran.
+    pub platform: Platform,
+    /// The protocol file's path.
+    pub protocol_source: String,
+    /// The protocol as read.
+    pub protocol: QualityProtocol,
+    /// The model file and, per text (`t{i}`), the ids scored.
+    pub model: ModelRecord,
+    /// Worker threads (the outputs do not depend on it).
+    pub threads: usize,
+    /// The commit, when built in a repository.
+    pub git: Option<Git>,
+    /// Files and directories whose contents produce a run.
+    pub source_roots: Vec<String>,
+    /// SHA-256 of each source file, LF-normalised.
+    pub sources: BTreeMap<String, String>,
+    /// SHA-256 of each output file's raw bytes.
+    pub outputs: BTreeMap<String, String>,
+}
+
+fn i64s(xs: &[u32]) -> Array1<i64> {
+    xs.iter().map(|&x| i64::from(x)).collect()
+}
+
+/// Writes `study` into the new directory `out` (staged, then moved into place).
+pub fn write(
+    out: &Path,
+    protocol: &QualityProtocol,
+    protocol_source: String,
+    study: &Study,
+    threads: usize,
+) -> Result<QualityManifest, QualityStudyError> {
+    let mut writer = Writer::create(out)?;
+    for (t, text) in study.texts.iter().enumerate() {
+        let id = format!("t{t}");
+        writer.add_array(&id, "ids", &i64s(&text.ids))?;
+        writer.add_array(&id, "f32_logp", &Array1::from(text.logp.clone()))?;
+        writer.add_array(&id, "f32_argmax", &i64s(&text.argmax))?;
+        if let Some(g) = &text.generated {
+            writer.add_array(&id, "f32_generated", &i64s(g))?;
+        }
+    }
+    for row in &study.rows {
+        let id = &row.result.id;
+        writer.add_array(id, "logp", &Array1::from(row.logp.clone()))?;
+        writer.add_array(id, "kl", &Array1::from(row.kl.clone()))?;
+        writer.add_array(id, "argmax", &i64s(&row.argmax))?;
+        if let Some(g) = &row.generated {
+            writer.add_array(id, "generated", &i64s(g))?;
+        }
+    }
+    let results: Vec<ResultRow> = study.rows.iter().map(|r| r.result.clone()).collect();
+    let float32_bytes = results.first().map_or(0, |r| r.float32_bytes_per_token);
+    let summary = summarize(protocol, &results, float32_bytes);
+    let markdown = crate::report::summary_markdown(protocol, study, &summary);
+    let svg = crate::chart::quality_vs_bytes(protocol, &summary).map_err(|message| {
+        EvidenceError::Chart {
+            file: PLOT,
+            message,
+        }
+    })?;
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        (RESULTS, evidence::json_bytes(RESULTS, &results)?),
+        (SUMMARY, evidence::json_bytes(SUMMARY, &summary)?),
+        (SUMMARY_MD, markdown.into_bytes()),
+        (PLOT, svg.into_bytes()),
+    ];
+    let ids = study
+        .texts
+        .iter()
+        .enumerate()
+        .map(|(t, text)| (format!("t{t}"), text.ids.clone()))
+        .collect();
+    let mut manifest = QualityManifest {
+        format: QUALITY_MANIFEST_FORMAT.into(),
+        tool: Tool::current(),
+        platform: Platform::current(),
+        protocol_source,
+        protocol: protocol.clone(),
+        model: ModelRecord::new(protocol.model, ids),
+        threads,
+        git: git_info(),
+        source_roots: source_roots(),
+        sources: source_hashes(),
+        outputs: BTreeMap::new(),
+    };
+    writer.finish_files(&files, |outputs| {
+        manifest.outputs = outputs;
+        evidence::json_bytes(evidence::MANIFEST, &manifest)
+    })?;
+    Ok(manifest)
+}
+
+/// Loads SmolLM2, runs `protocol` and writes it into `out`; `progress` as in [`run_study`].
+pub fn run(
+    protocol: &QualityProtocol,
+    protocol_source: String,
+    out: &Path,
+    threads: usize,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<(QualityManifest, Study), QualityStudyError> {
+    evidence::check_new(out)?;
+    protocol.validate()?;
+    let files = ModelFiles::locate(protocol.model)?;
+    let (model, bpe) = models::llama::load_with_tokenizer(&files)?;
+    let study = run_study(protocol, &model, &bpe, threads, progress)?;
+    let manifest = write(out, protocol, protocol_source, &study, threads)?;
+    Ok((manifest, study))
+}

@@ -1,0 +1,236 @@
+//! `runner quality --protocol FILE --out DIR` on the real SmolLM2: a tiny study is written as a
+//! model-quality evidence directory whose numbers can be recomputed from its own arrays, whose
+//! float32 numbers are `quality::measure`'s, and whose files do not depend on the thread count.
+//!
+//! The model is fetched on first use (`scripts/fetch-models`, pinned and hash-checked).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+use models::ModelName;
+use ndarray::Array1;
+use ndarray_npy::NpzReader;
+use quality::study::{self as quality_study, QualityProtocol, ResultRow};
+
+/// One short text (about 40 ids), three runs (a prefill, a streaming and a budget run), four
+/// generated tokens.
+const TINY: &str = r#"{
+  "study": "tiny-quality",
+  "model": "smollm2",
+  "texts": [ { "name": "short", "text": "The runner writes every result into a new directory, with a manifest that pins the hash of each file it wrote, so a later audit can recompute the tables and check each figure against the arrays it came from." } ],
+  "max_tokens": 40,
+  "runs": [
+    { "setting": "g8_b4", "policy": "uniform", "schedule": "prefill" },
+    { "setting": "g8_b2", "policy": "uniform", "schedule": "streaming" },
+    { "setting": "g8_b2", "policy": "recent_f32:16", "schedule": "streaming" }
+  ],
+  "generate": { "prompt_tokens": 8, "tokens": 4 }
+}"#;
+
+fn npz(path: &Path) -> NpzReader<std::fs::File> {
+    NpzReader::new(std::fs::File::open(path).unwrap()).unwrap()
+}
+
+fn f64s(npz: &mut NpzReader<std::fs::File>, name: &str) -> Array1<f64> {
+    npz.by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn i64s(npz: &mut NpzReader<std::fs::File>, name: &str) -> Array1<i64> {
+    npz.by_name(name).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn runner(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(args)
+        .output()
+        .expect("runner starts")
+}
+
+#[test]
+fn a_tiny_study_is_written_recomputable_and_independent_of_threads() {
+    let files = models::files::locate_or_fetch(ModelName::SmolLm2).expect("the model is fetched");
+    let (model, bpe) = models::llama::load_with_tokenizer(&files).unwrap();
+    let protocol = QualityProtocol::from_json(TINY).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut dirs = Vec::new();
+    for threads in [1, 2] {
+        let study = quality_study::run_study(&protocol, &model, &bpe, threads, &|_| {}).unwrap();
+        let out = tmp.path().join(format!("threads-{threads}"));
+        quality::write::write(&out, &protocol, "tiny".into(), &study, threads).unwrap();
+        dirs.push(out);
+    }
+    let dir = &dirs[0];
+
+    // Exactly the spec's files.
+    let names: BTreeSet<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let want: BTreeSet<String> = [
+        "arrays.npz",
+        "manifest.json",
+        "quality-vs-bytes.svg",
+        "results.json",
+        "summary.json",
+        "summary.md",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(names, want);
+
+    // One and two threads: the same bytes.
+    for file in ["arrays.npz", "results.json", "summary.json", "summary.md"] {
+        let a = std::fs::read(dirs[0].join(file)).unwrap();
+        let b = std::fs::read(dirs[1].join(file)).unwrap();
+        assert!(a == b, "{file} differs between 1 and 2 threads");
+    }
+
+    // The manifest: its format, the ids scored and the hash of every other file.
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["format"], "model-quality-evidence/1");
+    let ids: Vec<u32> = serde_json::from_value(manifest["model"]["ids"]["t0"].clone()).unwrap();
+    assert_eq!(ids.len(), 40, "the text is cut to max_tokens");
+    assert_eq!(ids, bpe.encode(&protocol.texts[0].text).unwrap()[..40]);
+    assert_eq!(manifest["outputs"].as_object().unwrap().len(), 5);
+
+    // Members in the spec's order.
+    let zip = zip::ZipArchive::new(std::fs::File::open(dir.join("arrays.npz")).unwrap()).unwrap();
+    let members: Vec<&str> = zip.file_names().collect();
+    let mut want = vec![
+        "t0_ids.npy",
+        "t0_f32_logp.npy",
+        "t0_f32_argmax.npy",
+        "t0_f32_generated.npy",
+    ];
+    let row_ids = [
+        "t0_g8_b4_uniform_prefill",
+        "t0_g8_b2_uniform_streaming",
+        "t0_g8_b2_recent_f32-16_streaming",
+    ];
+    let row_members: Vec<String> = row_ids
+        .iter()
+        .flat_map(|id| ["logp", "kl", "argmax", "generated"].map(|p| format!("{id}_{p}.npy")))
+        .collect();
+    want.extend(row_members.iter().map(String::as_str));
+    let mut sorted_members = members.clone();
+    sorted_members.sort();
+    let mut sorted_want = want.clone();
+    sorted_want.sort();
+    assert_eq!(sorted_members, sorted_want);
+
+    // results.json's aggregates are the arrays', recomputed here as the spec words them.
+    let rows: Vec<ResultRow> =
+        serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        row_ids
+    );
+    let mut arrays = npz(&dir.join("arrays.npz"));
+    let f32_logp = f64s(&mut arrays, "t0_f32_logp");
+    let f32_argmax = i64s(&mut arrays, "t0_f32_argmax");
+    let f32_generated = i64s(&mut arrays, "t0_f32_generated");
+    assert_eq!(i64s(&mut arrays, "t0_ids").len(), 40);
+    let n = 39.0;
+    let sum = |xs: &Array1<f64>| xs.iter().fold(0f64, |a, &x| a + x);
+    for row in &rows {
+        let logp = f64s(&mut arrays, &format!("{}_logp", row.id));
+        let kl = f64s(&mut arrays, &format!("{}_kl", row.id));
+        let argmax = i64s(&mut arrays, &format!("{}_argmax", row.id));
+        let generated = i64s(&mut arrays, &format!("{}_generated", row.id));
+        assert_eq!((row.tokens, row.positions), (40, 39));
+        assert_eq!(row.nll_f32, -sum(&f32_logp) / n);
+        assert_eq!(row.nll, -sum(&logp) / n);
+        assert_eq!(row.perplexity, row.nll.exp());
+        assert_eq!(row.kl_mean, sum(&kl) / n);
+        assert_eq!(
+            row.kl_max,
+            kl.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x))
+        );
+        let agree = argmax
+            .iter()
+            .zip(&f32_argmax)
+            .filter(|(a, b)| a == b)
+            .count();
+        assert_eq!(row.top1_agreement, agree as f64 / n);
+        assert_eq!(row.float32_bytes_per_token, 46_080);
+        assert!(row.bytes_per_token < 46_080.0, "{}", row.bytes_per_token);
+        let departure = generated
+            .iter()
+            .zip(&f32_generated)
+            .position(|(a, b)| a != b);
+        assert_eq!(row.first_departure, Some(departure));
+        let ids: Vec<u32> = generated.iter().map(|&x| x as u32).collect();
+        let text = String::from_utf8_lossy(&bpe.decode(&ids).unwrap()).into_owned();
+        assert_eq!(row.generated_text.as_deref(), Some(text.as_str()));
+        assert!(row.kl_mean > 0.0, "a packed cache changes the distribution");
+    }
+
+    // The float32 numbers and the first run's numbers are `quality::measure`'s.
+    let spec = protocol.specs().unwrap()[0];
+    let measured = quality::measure(&model, &ids, spec, |_| {}).unwrap();
+    assert_eq!(f32_logp.to_vec(), measured.positions.logp_f32);
+    assert_eq!(rows[0].nll_f32, measured.nll_f32);
+    assert_eq!(rows[0].nll, measured.nll);
+    assert_eq!(rows[0].kl_mean, measured.kl_mean);
+    assert_eq!(rows[0].kl_max, measured.kl_max);
+    assert_eq!(rows[0].top1_agreement, measured.top1_agreement);
+    assert_eq!(rows[0].bytes_per_token, measured.bytes_per_token);
+    assert_eq!(
+        f64s(&mut arrays, "t0_g8_b4_uniform_prefill_kl").to_vec(),
+        measured.positions.kl
+    );
+
+    // The summary's single text is the rows themselves; the chart marks every run.
+    let summary: quality_study::Summary =
+        serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary.rows.len(), 3);
+    assert_eq!(summary.rows[1].kl_mean, rows[1].kl_mean);
+    let svg = std::fs::read_to_string(dir.join("quality-vs-bytes.svg")).unwrap();
+    assert_eq!(svg.matches(r#"<g class="marker""#).count(), 3);
+    let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(md.contains("| float32 "), "{md}");
+
+    // An existing --out is refused before anything runs.
+    let protocol_file = tmp.path().join("tiny.json");
+    std::fs::write(&protocol_file, TINY).unwrap();
+    let output = runner(&[
+        "quality",
+        "--protocol",
+        protocol_file.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("already exists"), "{stderr}");
+}
+
+#[test]
+fn a_bad_protocol_is_refused_naming_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (edit, field) in [
+        (("\"max_tokens\": 40", "\"max_tokens\": 1"), "`max_tokens`"),
+        (("\"g8_b2\"", "\"g8_b1x\""), "`runs[1].setting`"),
+        (
+            ("\"tokens\": 4", "\"tokens\": 4, \"top_k\": 3"),
+            "`generate.top_k`",
+        ),
+    ] {
+        let file = tmp.path().join("bad.json");
+        std::fs::write(&file, TINY.replacen(edit.0, edit.1, 1)).unwrap();
+        let out = tmp.path().join("never");
+        let output = runner(&[
+            "quality",
+            "--protocol",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(field), "{field}: {stderr}");
+        assert!(!out.exists());
+    }
+}
