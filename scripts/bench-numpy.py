@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times the `bench` binary's operations as one would write them in NumPy, on the same sizes,
 with memcpy (np.copyto of 256 MiB) measured in the same process, so the two can be set side by
-side as ratios (README, "Speed").
+side as ratios (docs/speed.md).
 
     python3 scripts/bench-numpy.py [--quick] [--json] [--compare BENCH_JSON]
 

@@ -21,7 +21,7 @@ pub struct Target {
     pub ratio: f64,
 }
 
-/// Every goal of the issue, in the order the README lists them.
+/// Every goal of the issue, in the order docs/speed.md lists them.
 pub const TARGETS: &[Target] = &[
     Target {
         name: "KV encode, feature axis",

@@ -1,5 +1,5 @@
 //! The runner's bounds on a protocol, applied independently: [`Protocol::validate`] refuses
-//! what the runner's validator refuses before a run (README, "Protocols and generators"). A
+//! what the runner's validator refuses before a run (docs/protocols.md). A
 //! protocol the runner would refuse cannot have produced the evidence, and one outside these
 //! bounds could make the audit itself allocate without limit while re-deriving its inputs.
 

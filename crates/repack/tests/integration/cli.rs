@@ -134,7 +134,7 @@ fn act_order_gptq_to_awq_and_back_gives_the_original_tensors_byte_for_byte() {
         dir.path().join("back.safetensors"),
     );
     let input = data("library/gptq_actorder_b4.safetensors");
-    // Both outputs as the README quotes them.
+    // Both outputs as docs/weights.md quotes them.
     let printed = convert_ok("gptq", "awq", "32", path(&input), path(&awq));
     assert_eq!(
         printed,
@@ -291,7 +291,7 @@ fn nf4_to_gptq_is_refused_because_it_needs_requantization() {
                levels scaled by a per-block absmax, and no integer code with a scale and zero \
                point reproduces them exactly; this tool only converts what it can prove \
                bit-identical, so it refuses";
-    // The README quotes the --from gptq line.
+    // docs/weights.md quotes the --from gptq line.
     for (from, message) in [
         ("gptq", format!("repack: error: layer \"proj\": {why}\n")),
         ("nf4", format!("repack: error: {why}\n")),
@@ -641,7 +641,7 @@ fn odd_sizes_are_padded_recorded_and_cropped_through_two_conversions() {
     );
 }
 
-/// The README's realistic-size example: a synthetic 4096 x 4096 GPTQ layer (4-bit, group 128,
+/// docs/weights.md's realistic-size example: a synthetic 4096 x 4096 GPTQ layer (4-bit, group 128,
 /// patterned codes; its bytes follow from the shapes alone) converted to AWQ by the binary.
 /// `cargo test --release -p repack --test integration a_4096_square -- --nocapture` prints it.
 #[test]

@@ -5,7 +5,7 @@
 //! known, it is checked too: a valid file reads back what was written, a truncated one is
 //! refused, and a shape the bytes cannot back is refused by its size.
 //!
-//! These complement the coverage-guided fuzz targets in `fuzz/` (README, "Fuzzing"): they run
+//! These complement the coverage-guided fuzz targets in `fuzz/` (docs/fuzzing.md): they run
 //! on every `cargo test`, and they start from valid files, which a fuzzer has to discover.
 
 use ndarray::Array2;
