@@ -203,19 +203,8 @@ pub fn json_bytes<T: Serialize + ?Sized>(
     Ok(text.into_bytes())
 }
 
-pub fn write_json<T: Serialize + ?Sized>(
-    path: &Path,
-    file: &'static str,
-    value: &T,
-) -> Result<(), EvidenceError> {
-    let mut text = serde_json::to_string_pretty(value)
-        .map_err(|source| EvidenceError::Json { file, source })?;
-    text.push('\n');
-    write_file(path, text.as_bytes())
-}
-
 /// Creates `path` (which must not exist), writes `bytes` and syncs them to disk.
-pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EvidenceError> {
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), EvidenceError> {
     let context = || format!("writing {}", path.display());
     let mut file = File::create_new(path).map_err(io(context()))?;
     file.write_all(bytes).map_err(io(context()))?;
