@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent f64 NumPy forward pass of all-MiniLM-L6-v2 over a second text; writes the
-fixture `minilm_check.npz` that `tests/minilm.rs` compares the Rust port against.
+fixture `minilm_check.npz` that `tests/models/minilm.rs` compares the Rust port against.
 
 For generating the committed fixture only: the tests run Rust alone. Written from the model's
 conventions (post-LN BERT, LayerNorm eps 1e-12, exact GELU, 12 heads of 32, no mask), not from

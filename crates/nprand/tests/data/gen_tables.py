@@ -2,7 +2,7 @@
 
     python3 tests/data/gen_tables.py > src/tables.rs && cargo fmt -p nprand
 
-The test `tables_match_fixture` (tests/fixture.rs) checks every entry of the
+The test `tables_match_fixture` (tests/nprand/fixture.rs) checks every entry of the
 generated file against the JSON, so the two cannot drift apart silently.
 """
 

@@ -1,5 +1,5 @@
 """Independent float64 check of the packed-cache quality numbers on a second text, for
-`crates/quality/tests/smollm2.rs`.
+`crates/quality/tests/quality/smollm2.rs`.
 
 Run from the workspace root after `scripts/fetch-models` (numpy 2.4.6, gguf 0.19.0 (gguf-py),
 tokenizers 0.23.3 for the ids only; about a minute on 2 cores):

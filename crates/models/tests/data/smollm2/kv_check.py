@@ -1,4 +1,4 @@
-"""Independent float64 check of SmolLM2 on a second text, for `tests/smollm2.rs`.
+"""Independent float64 check of SmolLM2 on a second text, for `tests/models/smollm2.rs`.
 
 Run from the workspace root after `scripts/fetch-models` (numpy 2.4.6, gguf 0.19.0,
 tokenizers 0.23.3; about a minute on 2 cores):

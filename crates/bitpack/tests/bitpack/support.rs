@@ -1,8 +1,6 @@
 //! Probes shared by the stream and bit-plane tests: inputs where a wrong bit position, slot
 //! order or sign extension shows up as a visibly wrong code.
 
-#![allow(dead_code)] // each test binary uses its own subset
-
 use bitpack::Bits;
 
 /// Lengths around every boundary a packer has: empty, a partial first byte, whole groups of 8

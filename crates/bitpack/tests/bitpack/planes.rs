@@ -1,12 +1,10 @@
 //! Bit planes: the fast split and join held to the reference on every width, probe and length.
 
-mod common;
-
+use crate::support::{self, LENGTHS, probes};
 use bitpack::Bits;
 use bitpack::BitsError;
 use bitpack::planes::{self as bitplane, BitPlanes};
 use bitpack::stream as bits;
-use common::{LENGTHS, probes};
 
 #[test]
 fn every_width_probe_and_length_splits_and_joins_like_the_reference() {
@@ -40,7 +38,7 @@ fn every_width_probe_and_length_splits_and_joins_like_the_reference() {
 #[test]
 fn single_plane_widths_are_the_dense_stream() {
     for bits in [1, 2, 4, 8].map(|b| Bits::new(b).unwrap()) {
-        let codes = common::patterned(bits, 100);
+        let codes = support::patterned(bits, 100);
         let planes = bitplane::split(bits, &codes).unwrap();
         assert_eq!(
             planes.planes(),

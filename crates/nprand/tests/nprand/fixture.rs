@@ -47,7 +47,7 @@ struct StudyDraw {
 }
 
 fn fixture() -> Fixture {
-    let text = include_str!("data/numpy-default-rng.json");
+    let text = include_str!("../data/numpy-default-rng.json");
     serde_json::from_str(text).expect("fixture parses")
 }
 

@@ -2,14 +2,12 @@
 //! kernel this CPU has and into dirty, misaligned buffers; the i32 view; refusals; and
 //! byte-for-byte conformance with compressed-tensors' pack_to_int32.
 
-mod common;
-
 use std::path::PathBuf;
 
+use crate::support::{self, LENGTHS, probes};
 use bitpack::Bits;
 use bitpack::BitsError;
 use bitpack::stream::{self as bits, imp};
-use common::{LENGTHS, probes};
 use ndarray::{Array1, Array2};
 use ndarray_npy::read_npy;
 
@@ -176,7 +174,7 @@ fn streams_past_the_streaming_threshold_match_the_portable_kernel() {
     // on; check them there against the portable kernel (the oracle is too slow at this size).
     let len = imp::STREAM_MIN_BYTES + 67;
     for bits in [Bits::new(3).unwrap(), Bits::EIGHT] {
-        let codes = common::random(bits, len * 8 / bits.get() as usize, 0x1234_5678);
+        let codes = support::random(bits, len * 8 / bits.get() as usize, 0x1234_5678);
         let mut portable = vec![0u8; bits.byte_count(codes.len())];
         imp::pack_bytes_into(imp::Kernel::Portable, bits, &codes, &mut portable).unwrap();
         assert_eq!(bits::pack_bytes(bits, &codes).unwrap(), portable, "{bits}");
