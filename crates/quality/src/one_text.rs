@@ -43,7 +43,7 @@ pub enum QualityCmdError {
 pub struct Request<'a> {
     /// The model (only SmolLM2 is a decoder).
     pub model: ModelName,
-    /// KvSetting label, `g<GROUP>_b<BITS>[_asym][_swap]`.
+    /// Setting label, `g<GROUP>_b<BITS>[_asym][_swap]` (parsed by [`KvSetting`]).
     pub setting: &'a str,
     /// Policy label.
     pub policy: &'a str,

@@ -104,7 +104,7 @@ pub struct QualityText {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
-    /// KvSetting label.
+    /// Setting label (a [`KvSetting`]).
     pub setting: String,
     /// Policy label.
     pub policy: String,
@@ -395,7 +395,7 @@ pub struct ResultRow {
     pub id: String,
     /// The text's index.
     pub text: usize,
-    /// KvSetting label.
+    /// Setting label (a [`KvSetting`]).
     pub setting: String,
     /// Policy label.
     pub policy: String,
@@ -685,7 +685,7 @@ pub struct Float32Row {
 /// A run averaged over the texts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SummaryRow {
-    /// KvSetting label.
+    /// Setting label (a [`KvSetting`]).
     pub setting: String,
     /// Policy label.
     pub policy: String,
