@@ -5,7 +5,8 @@
 //! bit), re-decodes every code with its own decoder and holds it to the quantization rule,
 //! recomputes every scale, attention output, metric, payload, summary figure, table cell and
 //! chart marker, checks every hash, and requires the run's sources to be exactly the runner's
-//! own, matching the tree it is given. Of the charts it checks the figures, not the style: each
+//! own, at the git commit the run records (or, without one, in the tree it is given:
+//! [`common::sources`]). Of the charts it checks the figures, not the style: each
 //! marker's data, panel and position, the axes, ticks, float32 line and legend entries, and that
 //! nothing hides, moves or fakes a marker; colours, marker shapes and paint are the runner's to
 //! choose ([`common::panels`]). It reads arrays.npz only in the canonical layout on which
@@ -27,12 +28,12 @@
 //! by its tests) and `rand_chacha`/`rand_distr` to re-derive inputs; `serde_json` to parse JSON,
 //! `sha2` to hash, `crc32fast` for the ZIP checksums, `pulldown-cmark` to read markdown as a
 //! renderer does, `roxmltree` to read the SVG, `ndarray` for arrays, `walkdir` to list source
-//! trees, `clap` and `anyhow` for the binary. It never depends on the codec or the runner, and
-//! shares no code with them: the decoder, the quantization rule, attention, the strict npz reader
+//! trees, `clap` and `anyhow` for the binary. It never depends on the codec, the studies or the
+//! runner, and shares no code with them: the decoder, the quantization rule, attention, the strict npz reader
 //! and every table are written here again from the evidence format's spec; the models' sizes and
-//! pinned hashes are its own copy too ([`common::models::ModelName`]). (Its tests use the runner,
-//! the codec and the models crate as dev-dependencies, to make runs to tamper with and to find
-//! the model files.)
+//! pinned hashes are its own copy too ([`common::models::ModelName`]). (Its tests use the two
+//! studies' libraries (`kvstudy`, `quality`), `evidence`, the codec and the models crate as
+//! dev-dependencies, to make runs to tamper with and to find the model files; never the runner.)
 //!
 //! # Model-quality evidence
 //!
