@@ -321,17 +321,8 @@ fn quality_study(
     let text = kvstudy::validate::read_protocol_file(protocol_path)?;
     let protocol = QualityProtocol::from_json(&text)
         .with_context(|| format!("protocol {}", protocol_path.display()))?;
-    let threads = threads.map_or_else(
-        || std::thread::available_parallelism().map_or(1, |n| n.get()),
-        usize::from,
-    );
-    let cleanup = evidence::remove_stale_staging(&evidence::parent_dir(&out));
-    for dir in &cleanup.removed {
-        eprintln!(
-            "runner: removed {}, the staging directory of a run that is no longer running",
-            dir.display()
-        );
-    }
+    let threads = threads_or_cores(threads);
+    clean_up_dead_runs(&out);
     eprintln!(
         "runner: {} ({}): {} texts x {} runs on {threads} threads",
         protocol.study,
@@ -405,28 +396,12 @@ fn run(args: RunArgs) -> Result<()> {
             (protocol, path.display().to_string())
         }
     };
-    // Before this run adds its own: runs killed while writing leave their staging directories.
-    let cleanup = evidence::remove_stale_staging(&evidence::parent_dir(&out));
-    for dir in &cleanup.removed {
-        eprintln!(
-            "runner: removed {}, the staging directory of a run that is no longer running",
-            dir.display()
-        );
-    }
-    for (path, err) in &cleanup.failed {
-        eprintln!(
-            "runner: warning: could not clean up {}: {err}",
-            path.display()
-        );
-    }
+    clean_up_dead_runs(&out);
     // A model's run needs its files: say how to fetch them before anything is computed.
     if let Some(model) = &protocol.model {
         models::ModelFiles::locate(model.name)?;
     }
-    let threads = args.threads.map_or_else(
-        || std::thread::available_parallelism().map_or(1, |n| n.get()),
-        usize::from,
-    );
+    let threads = threads_or_cores(args.threads);
     let run = Run {
         protocol: &protocol,
         source: &source,
@@ -456,6 +431,32 @@ fn run(args: RunArgs) -> Result<()> {
     // The run is complete on disk; a closed stdout pipe must not turn it into a panic.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(())
+}
+
+/// The worker threads asked for, or one per core.
+fn threads_or_cores(threads: Option<u16>) -> usize {
+    threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        usize::from,
+    )
+}
+
+/// Removes, beside `out`, the staging directories of runs that were killed while writing (before
+/// this run adds its own), saying what it removed and what it could not.
+fn clean_up_dead_runs(out: &std::path::Path) {
+    let cleanup = evidence::remove_stale_staging(&evidence::parent_dir(out));
+    for dir in &cleanup.removed {
+        eprintln!(
+            "runner: removed {}, the staging directory of a run that is no longer running",
+            dir.display()
+        );
+    }
+    for (path, err) in &cleanup.failed {
+        eprintln!(
+            "runner: warning: could not clean up {}: {err}",
+            path.display()
+        );
+    }
 }
 
 /// A progress bar on stderr when it is a terminal; hidden otherwise (logs, pipes, CI).

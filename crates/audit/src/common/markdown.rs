@@ -97,6 +97,43 @@ pub(crate) fn blocks(text: &str) -> Result<Vec<Block>, MarkdownProblem> {
     Ok(out)
 }
 
+/// Compares a table read from summary.md with the audit's own rendering of it: the same shape
+/// (rows and columns, header included), then every cell. Returns how many cells were compared
+/// (none when the shapes differ) and the problem, if any: the shape, or the first differing cell.
+pub(crate) fn compare_table(
+    table: &'static str,
+    got: &[Vec<String>],
+    want: &[Vec<String>],
+) -> (usize, Option<MarkdownProblem>) {
+    let dims = |rows: &[Vec<String>]| (rows.len(), rows.first().map_or(0, Vec::len));
+    let width = dims(want).1;
+    if dims(got) != dims(want) || got.iter().any(|r| r.len() != width) {
+        let problem = MarkdownProblem::TableShape {
+            table,
+            found: dims(got),
+            expected: dims(want),
+        };
+        return (0, Some(problem));
+    }
+    let mut cells = 0;
+    let mut first = None;
+    for (r, (g, w)) in got.iter().zip(want).enumerate() {
+        for (c, (gc, wc)) in g.iter().zip(w).enumerate() {
+            cells += 1;
+            if gc != wc && first.is_none() {
+                first = Some(MarkdownProblem::Cell {
+                    table,
+                    row: r,
+                    column: c,
+                    found: gc.clone(),
+                    expected: wc.clone(),
+                });
+            }
+        }
+    }
+    (cells, first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use super::bytes::FLOAT32_BYTES_PER_TOKEN;
 use super::protocol::{QualityProtocol, Run};
 use super::results::QualityRow;
 use super::summary::Aggregate;
-use crate::common::markdown::{Block, blocks, figures};
+use crate::common::markdown::{Block, blocks, compare_table, figures};
 use crate::common::problem::MarkdownProblem;
 use crate::common::report::{Checked, Problem, Report};
 
@@ -212,34 +212,9 @@ pub(super) fn check_markdown(
     }
     let mut cells = 0;
     for (got, (name, want)) in found_tables.iter().zip(&expected) {
-        let dims = |rows: &Vec<Vec<String>>| (rows.len(), rows.first().map_or(0, Vec::len));
-        if dims(got) != dims(want) || got.iter().any(|r| r.len() != want[0].len()) {
-            fail(
-                report,
-                MarkdownProblem::TableShape {
-                    table: name,
-                    found: dims(got),
-                    expected: dims(want),
-                },
-            );
-            continue;
-        }
-        let mut first = None;
-        for (r, (g, w)) in got.iter().zip(want).enumerate() {
-            for (c, (gc, wc)) in g.iter().zip(w).enumerate() {
-                cells += 1;
-                if gc != wc && first.is_none() {
-                    first = Some(MarkdownProblem::Cell {
-                        table: name,
-                        row: r,
-                        column: c,
-                        found: gc.clone(),
-                        expected: wc.clone(),
-                    });
-                }
-            }
-        }
-        if let Some(problem) = first {
+        let (compared, problem) = compare_table(name, got, want);
+        cells += compared;
+        if let Some(problem) = problem {
             fail(report, problem);
         }
     }

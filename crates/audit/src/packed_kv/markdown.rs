@@ -17,7 +17,7 @@
 
 pub use crate::common::problem::MarkdownProblem;
 
-use crate::common::markdown::{Block, blocks};
+use crate::common::markdown::{Block, blocks, compare_table};
 use crate::common::report::{Checked, Problem, Report};
 pub use crate::common::text::figures;
 use crate::common::text::{percent, thousands};
@@ -376,36 +376,9 @@ pub fn check(
             (Block::Table(got_rows), Block::Table(want_rows)) => {
                 let name = tables[table_index].1.name;
                 table_index += 1;
-                let dims = |rows: &Vec<Vec<String>>| (rows.len(), rows.first().map_or(0, Vec::len));
-                if dims(got_rows) != dims(want_rows)
-                    || got_rows.iter().any(|r| r.len() != want_rows[0].len())
-                {
-                    fail(
-                        report,
-                        MarkdownProblem::TableShape {
-                            table: name,
-                            found: dims(got_rows),
-                            expected: dims(want_rows),
-                        },
-                    );
-                    continue;
-                }
-                let mut first = None;
-                for (r, (g, w)) in got_rows.iter().zip(want_rows).enumerate() {
-                    for (c, (gc, wc)) in g.iter().zip(w).enumerate() {
-                        cells += 1;
-                        if gc != wc && first.is_none() {
-                            first = Some(MarkdownProblem::Cell {
-                                table: name,
-                                row: r,
-                                column: c,
-                                found: gc.clone(),
-                                expected: wc.clone(),
-                            });
-                        }
-                    }
-                }
-                if let Some(problem) = first {
+                let (compared, problem) = compare_table(name, got_rows, want_rows);
+                cells += compared;
+                if let Some(problem) = problem {
                     fail(report, problem);
                 }
             }
