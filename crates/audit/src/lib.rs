@@ -91,10 +91,10 @@ use std::path::{Path, PathBuf};
 
 use common::files::{self, FileError, MAX_TEXT_BYTES};
 pub use common::manifest::ROOT_MANIFEST_FORMAT;
-pub use common::options::Options;
+pub use common::options::{Models, Options};
 pub use common::outputs::MANIFEST;
 pub use common::pins::find_root_manifest;
-pub use common::report::{Checked, Note, Problem, Report};
+pub use common::report::{Checked, Note, Problem, Report, Verdict};
 pub use model_quality::QUALITY_FORMAT;
 pub use packed_kv::manifest::MANIFEST_FORMAT;
 pub use packed_kv::{RUN_FILES, TIMINGS};

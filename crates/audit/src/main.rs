@@ -1,6 +1,7 @@
-//! `audit [DIR]`: PASS or FAIL for an evidence directory, or for everything the root manifest
-//! pins when no directory is given; `--models DIR` also hashes a model run's weight file. Exit
-//! status 0 only for PASS.
+//! `audit [DIR]`: PASS, UNVERIFIED or FAIL for an evidence directory, or for everything the root
+//! manifest pins when no directory is given. Model evidence is re-derived by re-running the
+//! models from the model cache; without them it is UNVERIFIED. Exit status 0 only for PASS, 3
+//! for UNVERIFIED, 1 for FAIL, 2 for a usage error.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -22,17 +23,33 @@ struct Cli {
     /// from].
     #[arg(long, value_name = "DIR")]
     tree: Option<PathBuf>,
-    /// Model cache holding `<model>/<weight file>`: a model run's weight file is hashed and
-    /// must have the recorded SHA-256. Without it, that file is not checked (the audit never
-    /// runs the model).
-    #[arg(long, value_name = "DIR")]
+    /// Model cache holding `<model>/<files>`, as scripts/fetch-models fills it: every model
+    /// pass of real-model and model-quality evidence is re-run from these (hash-checked) files
+    /// [default: $KVPACK_MODELS, else model-cache/ in the workspace]. Evidence whose model is
+    /// missing is UNVERIFIED, not PASS.
+    #[arg(long, value_name = "DIR", conflicts_with = "no_models")]
     models: Option<PathBuf>,
+    /// Do not re-run models: quick, and model evidence is UNVERIFIED (exit status 3).
+    #[arg(long)]
+    no_models: bool,
+    /// Re-run only K model passes per directory, chosen from the hash of its arrays.npz; the
+    /// report names them, and a PASS covers only those passes.
+    #[arg(long, value_name = "K", conflicts_with = "no_models")]
+    sample: Option<usize>,
 }
 
 fn main() {
     let cli = Cli::parse();
     let tree = cli.tree.unwrap_or_else(audit::default_tree);
-    let options = audit::Options { models: cli.models };
+    let mut options = if cli.no_models {
+        audit::Options::without_models()
+    } else {
+        audit::Options::default()
+    };
+    if let Some(dir) = cli.models {
+        options.models = audit::Models::Cache(dir);
+    }
+    options.sample = cli.sample;
     let reports = match &cli.dir {
         Some(dir) => vec![audit::audit_dir_with(dir, &tree, &options)],
         None => {
@@ -55,12 +72,13 @@ fn main() {
             audit::audit_pins_with(&manifest, &tree, &options)
         }
     };
-    let passed = reports.iter().all(|r| r.passed());
+    let verdict = audit::Verdict::of_all(&reports);
     let mut text: String = reports.iter().map(|r| r.render()).collect();
-    text.push_str(if passed { "PASS\n" } else { "FAIL\n" });
+    text.push_str(verdict.word());
+    text.push('\n');
     // A closed pipe (`audit | head`) is not a reason to panic; the exit status still tells.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
-    std::process::exit(if passed { 0 } else { 1 });
+    std::process::exit(verdict.exit_code());
 }
 
 /// The root manifest found from the current directory upwards.

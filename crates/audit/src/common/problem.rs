@@ -148,6 +148,46 @@ pub enum Problem {
         /// What is wrong.
         reason: String,
     },
+    /// A model pass whose re-run does not give the archived bits: the recorded ids are not the
+    /// text's, or an array differs from what the model computes from them.
+    #[error(
+        "model pass {pass}: {array}[{index}] is {found} in the evidence; the model re-run gives {expected}"
+    )]
+    Rerun {
+        /// The pass (`t0_n128`, or a model-quality row id).
+        pass: String,
+        /// The array (or `ids`).
+        array: String,
+        /// The first differing element (flat index).
+        index: usize,
+        /// What the evidence holds.
+        found: String,
+        /// What the re-run gives.
+        expected: String,
+    },
+    /// The model could not run a recorded pass.
+    #[error("model pass {pass} could not be re-run: {reason}")]
+    RerunFailed {
+        /// The pass.
+        pass: String,
+        /// Why.
+        reason: String,
+    },
+    /// Two passes of one text that must agree on a prefix (a causal model's K and V, both
+    /// models' ids) do not.
+    #[error(
+        "{array} differs from {longer} at element {index} of its first {tokens} rows; passes of one text must agree there"
+    )]
+    Prefix {
+        /// The shorter pass's array.
+        array: String,
+        /// The longer pass's array.
+        longer: String,
+        /// The shorter pass's tokens.
+        tokens: usize,
+        /// The first differing element (flat index).
+        index: usize,
+    },
     /// An attention output (or reference) that differs from the audit's recomputation.
     #[error("{array} differs from {what} by {diff:.3e} (relative)")]
     Attention {

@@ -21,8 +21,13 @@ pub enum Checked {
     ArchiveMembers,
     /// Inputs whose q, k and v were re-derived from the protocol.
     InputsRederived,
-    /// A model's inputs, whose q, k and v were read from the archive (not re-derived).
-    InputsArchived,
+    /// A model's inputs read from the archive (f32, exact shapes, finite), then checked
+    /// downstream as any input.
+    ModelInputsRead,
+    /// A model's inputs, whose q, k and v were re-derived by re-running the model.
+    InputsFromModel,
+    /// Model passes re-run (a text's first N tokens; for model-quality, one cache's pass).
+    PassesRerun,
     /// Reference outputs recomputed.
     References,
     /// Result rows.
@@ -58,9 +63,11 @@ impl Checked {
             Checked::SourcesAtCommit => "source hashes (against the recorded commit)",
             Checked::ArchiveMembers => "archive members (canonical zip and .npy)",
             Checked::InputsRederived => "inputs re-derived from the protocol (q, k, v bit for bit)",
-            Checked::InputsArchived => {
-                "model inputs taken from the archive (q, k, v finite; the model not re-run)"
+            Checked::ModelInputsRead => "model inputs read (q, k, v of exact shape, finite)",
+            Checked::InputsFromModel => {
+                "model inputs re-derived by re-running the model (q, k, v bit for bit)"
             }
+            Checked::PassesRerun => "model passes re-run from the pinned weights",
             Checked::References => "references (attention recomputed)",
             Checked::ResultRows => "result rows",
             Checked::Comparisons => "comparisons (outputs recomputed from decoded codes)",
@@ -71,9 +78,7 @@ impl Checked {
             Checked::MarkdownCells => "summary.md table cells",
             Checked::ChartMarkers => "chart markers (value and position)",
             Checked::Timings => "raw timings (form only)",
-            Checked::Positions => {
-                "scored positions (log-prob, KL and argmax; the model not re-run)"
-            }
+            Checked::Positions => "scored positions (log-prob, KL and argmax read and checked)",
             Checked::BytesPerToken => {
                 "bytes-per-token figures (re-derived from the cache-size rule)"
             }
@@ -99,17 +104,21 @@ pub enum Note {
     TimingsForm,
     /// The recorded commit could not be looked up, and why.
     CommitNotChecked(String),
-    /// A model run's q, k and v were not re-derived: the audit does not run the model.
-    ModelNotRerun,
-    /// No model directory was given (`--models`), so the model file's hash was not checked.
-    ModelFileNotChecked(String),
-    /// The model file's hash was checked against the recorded one.
-    ModelFileChecked(String),
-    /// A model-quality run's log-probs, KL values, argmaxes and generated ids were read, not
-    /// recomputed: the audit does not run the model.
-    QualityModelNotRerun,
-    /// Generated text is not re-decoded (the audit has no tokenizer).
+    /// Model evidence was not re-derived because the audit was told not to use models.
+    ModelsNotUsed,
+    /// Model evidence was not re-derived: the model is not in the cache (the folder looked in).
+    ModelMissing(String),
+    /// The model files in this folder were read once, hashed, held to the audit's pins and run.
+    ModelFilesChecked(String),
+    /// Generated text was not re-decoded (no tokenizer loaded).
     GeneratedTextNotDecoded,
+    /// A sampled audit re-ran these passes of that many.
+    Sampled {
+        /// The passes re-run.
+        passes: Vec<String>,
+        /// All model passes of the evidence.
+        of: usize,
+    },
 }
 
 impl fmt::Display for Note {
@@ -140,29 +149,29 @@ impl fmt::Display for Note {
             Note::CommitNotChecked(why) => {
                 write!(f, "the recorded git commit was not checked: {why}")
             }
-            Note::ModelNotRerun => f.write_str(
-                "the model was not re-run: its inputs (q, k, v) were taken from arrays.npz and \
-                 rest on the recorded model hash, the recorded token ids and the runner's \
-                 byte-reproducibility test; everything computed from them was checked",
-            ),
-            Note::ModelFileNotChecked(file) => write!(
+            Note::ModelsNotUsed => {
+                f.write_str("models not used (--no-models): the model passes were not re-run")
+            }
+            Note::ModelMissing(folder) => write!(
                 f,
-                "the model file {file} was not checked (no --models directory given)"
+                "the model is not in {folder}: the model passes were not re-run (fetch it with \
+                 scripts/fetch-models, or name a cache with --models DIR)"
             ),
-            Note::QualityModelNotRerun => f.write_str(
-                "the model was not re-run: the per-position log-probs, KL values, argmaxes and \
-                 generated ids were taken from arrays.npz and rest on the recorded model hash, \
-                 the recorded token ids and the runner's byte-reproducibility test; every \
-                 aggregate, table cell, chart marker and bytes-per-token figure was re-derived \
-                 from them",
+            Note::ModelFilesChecked(folder) => write!(
+                f,
+                "model files in {folder} read once, hashed against the audit's pins, and run"
             ),
             Note::GeneratedTextNotDecoded => f.write_str(
-                "generated text was not re-decoded (the audit has no tokenizer): only \
+                "generated text was not re-decoded (the model's tokenizer was not loaded): only \
                  first_departure was checked against the generated ids",
             ),
-            Note::ModelFileChecked(path) => {
-                write!(f, "the model file {path} has the recorded SHA-256")
-            }
+            Note::Sampled { passes, of } => write!(
+                f,
+                "sampled audit: {} of {of} model passes re-run ({}), chosen by the hash of \
+                 arrays.npz; the others were not re-derived",
+                passes.len(),
+                passes.join(", ")
+            ),
         }
     }
 }
@@ -178,6 +187,53 @@ pub struct Report {
     pub notes: Vec<Note>,
     /// Every failure found.
     pub problems: Vec<Problem>,
+    /// What the audit could not re-derive (model passes without the models): a report with
+    /// no problem but something here is UNVERIFIED, not PASS.
+    pub unverified: Vec<String>,
+}
+
+/// An audit's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Everything checked and found right.
+    Pass,
+    /// Nothing wrong was found, but part of the evidence was not re-derived.
+    Unverified,
+    /// Something is wrong.
+    Fail,
+}
+
+impl Verdict {
+    /// `PASS`, `UNVERIFIED` or `FAIL`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Pass => "PASS",
+            Verdict::Unverified => "UNVERIFIED",
+            Verdict::Fail => "FAIL",
+        }
+    }
+
+    /// The audit binary's exit status: 0, 3 or 1 (2 is a usage error).
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Verdict::Pass => 0,
+            Verdict::Unverified => 3,
+            Verdict::Fail => 1,
+        }
+    }
+
+    /// The outcome of several audits: the worst of them.
+    pub fn of_all<'r>(reports: impl IntoIterator<Item = &'r Report>) -> Verdict {
+        reports
+            .into_iter()
+            .map(Report::verdict)
+            .max_by_key(|v| match v {
+                Verdict::Pass => 0,
+                Verdict::Unverified => 1,
+                Verdict::Fail => 2,
+            })
+            .unwrap_or(Verdict::Pass)
+    }
 }
 
 impl Report {
@@ -217,21 +273,61 @@ impl Report {
             .map_or(0, |(_, n)| *n)
     }
 
-    /// Whether nothing failed.
+    /// Adds what another report found (its counts, notes, problems and gaps), in its order.
+    pub fn absorb(&mut self, other: Report) {
+        for (what, n) in other.counts {
+            self.count(what, n);
+        }
+        for note in other.notes {
+            self.note(note);
+        }
+        self.problems.extend(other.problems);
+        for what in other.unverified {
+            self.unverified(what);
+        }
+    }
+
+    /// Records something the audit could not re-derive.
+    pub fn unverified(&mut self, what: impl Into<String>) {
+        let what = what.into();
+        if !self.unverified.contains(&what) {
+            self.unverified.push(what);
+        }
+    }
+
+    /// PASS, UNVERIFIED or FAIL.
+    pub fn verdict(&self) -> Verdict {
+        if !self.problems.is_empty() {
+            Verdict::Fail
+        } else if !self.unverified.is_empty() {
+            Verdict::Unverified
+        } else {
+            Verdict::Pass
+        }
+    }
+
+    /// Whether everything was checked and nothing failed (PASS).
     pub fn passed(&self) -> bool {
-        self.problems.is_empty()
+        self.verdict() == Verdict::Pass
+    }
+
+    /// Whether something failed.
+    pub fn failed(&self) -> bool {
+        !self.problems.is_empty()
     }
 
     /// PASS with what was checked, or FAIL with one line per problem.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let verdict = if self.passed() { "PASS" } else { "FAIL" };
-        let _ = writeln!(out, "{verdict} {}", self.subject);
+        let _ = writeln!(out, "{} {}", self.verdict().word(), self.subject);
         for (what, n) in &self.counts {
             let _ = writeln!(out, "  {n:>9} {}", what.label());
         }
         for note in &self.notes {
             let _ = writeln!(out, "  note: {note}");
+        }
+        for what in &self.unverified {
+            let _ = writeln!(out, "  not re-derived: {what}");
         }
         for problem in &self.problems {
             // Messages quote untrusted text; control characters must not forge lines.

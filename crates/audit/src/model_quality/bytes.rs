@@ -54,14 +54,20 @@ pub fn tensor_bytes(
     stream(groups * group) + 4 * groups + zero_points + 8
 }
 
+/// Where a unit of the cache is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tier {
+pub enum Tier {
+    /// The setting's width.
     Low,
+    /// 8 bits.
     High,
+    /// float32.
     F32,
 }
 
-fn tier(run: &Run, axis: GroupAxis, j: usize, n: usize) -> Tier {
+/// The tier of token j's unit along `axis` when the cache holds n tokens (module docs); the
+/// rule the cache-size count and the audit's own packed cache ([`super::cache`]) share.
+pub fn tier(run: &Run, axis: GroupAxis, j: usize, n: usize) -> Tier {
     let g = run.setting.group_size;
     let (s, e) = match axis {
         GroupAxis::Token => {
@@ -106,13 +112,18 @@ fn side_bytes(run: &Run, axis: GroupAxis, tokens: usize) -> u128 {
     bytes
 }
 
-/// The cache's bytes for `tokens` tokens of SmolLM2 under `run`.
-pub fn cache_bytes(run: &Run, tokens: usize) -> u128 {
-    let (k, v) = if run.setting.swap {
+/// The axes K and V are grouped along: K along tokens and V along features, or swapped.
+pub fn axes(run: &Run) -> (GroupAxis, GroupAxis) {
+    if run.setting.swap {
         (GroupAxis::Feature, GroupAxis::Token)
     } else {
         (GroupAxis::Token, GroupAxis::Feature)
-    };
+    }
+}
+
+/// The cache's bytes for `tokens` tokens of SmolLM2 under `run`.
+pub fn cache_bytes(run: &Run, tokens: usize) -> u128 {
+    let (k, v) = axes(run);
     LAYERS * KV_HEADS * (side_bytes(run, k, tokens) + side_bytes(run, v, tokens))
 }
 

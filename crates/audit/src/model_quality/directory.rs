@@ -9,12 +9,12 @@ use super::manifest::{QualityManifest, check_fields, check_model};
 use super::results::{QualityRow, check_results};
 use super::summary::{Aggregate, QualitySummary, aggregate, check_summary};
 use super::tables::check_markdown;
-use super::{QUALITY_CHART, QUALITY_FILES, chart};
+use super::{QUALITY_CHART, QUALITY_FILES, chart, rerun};
 use crate::common::npz::{self, Archive};
 use crate::common::options::Options;
 use crate::common::outputs::{MANIFEST, Texts, parse_json, read_files};
 use crate::common::problem::{ChartProblem, MarkdownProblem};
-use crate::common::report::{Checked, Note, Problem, Report};
+use crate::common::report::{Checked, Problem, Report};
 
 /// Audits a directory whose manifest has format [`super::QUALITY_FORMAT`].
 pub fn audit(
@@ -33,7 +33,6 @@ pub fn audit(
         Ok(runs) => runs,
         Err(e) => return report.fail(Problem::Protocol(e)),
     };
-    report.note(Note::QualityModelNotRerun);
     let (texts, archive) = read_outputs(dir, &manifest, report);
     crate::common::sources::check_recorded(
         tree,
@@ -43,13 +42,23 @@ pub fn audit(
         report,
     );
     check_fields(tree, &manifest, report);
-    let Some(tokens) = check_model(&manifest, options, report) else {
+    let Some(tokens) = check_model(&manifest, report) else {
         return;
     };
     let derived = match archive {
         Some(Ok(archive)) => {
             report.count(Checked::ArchiveMembers, archive.names().len());
-            check_arrays(&manifest, &runs, &tokens, &archive, report)
+            let derived = check_arrays(&manifest, &runs, &tokens, &archive, report);
+            rerun::check_consistency(p, &runs, &tokens, &archive, report);
+            let ids: Vec<Vec<u32>> = (0..p.texts.len())
+                .map(|i| manifest.model.ids[&format!("t{i}")].clone())
+                .collect();
+            let arrays_sha256 = manifest
+                .outputs
+                .get("arrays.npz")
+                .map_or("", String::as_str);
+            rerun::check(p, &runs, &ids, arrays_sha256, &archive, options, report);
+            derived
         }
         Some(Err(e)) => {
             report.fail(Problem::Archive(e));

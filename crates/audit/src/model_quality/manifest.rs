@@ -8,9 +8,8 @@ use serde::Deserialize;
 
 use super::protocol::QualityProtocol;
 use crate::common::files::{self, MAX_TEXT_BYTES};
-use crate::common::manifest::{Git, Platform, Tool, check_weight_file};
+use crate::common::manifest::{Git, Platform, Tool};
 use crate::common::models::ModelName;
-use crate::common::options::Options;
 use crate::common::report::{Problem, Report};
 
 /// A model-quality manifest.json.
@@ -91,11 +90,7 @@ pub(super) fn check_fields(tree: &Path, manifest: &QualityManifest, report: &mut
 
 /// The model record: pinned file, one id list per text; returns each text's T if the ids can
 /// be used.
-pub(super) fn check_model(
-    manifest: &QualityManifest,
-    options: &Options,
-    report: &mut Report,
-) -> Option<Vec<usize>> {
+pub(super) fn check_model(manifest: &QualityManifest, report: &mut Report) -> Option<Vec<usize>> {
     let record = &manifest.model;
     let p = &manifest.protocol;
     let model = ModelName::SmolLm2;
@@ -122,12 +117,6 @@ pub(super) fn check_model(
             );
         }
     }
-    check_weight_file(
-        model,
-        &record.weight_sha256,
-        options.models.as_deref(),
-        report,
-    );
     let expected: BTreeSet<String> = (0..p.texts.len()).map(|i| format!("t{i}")).collect();
     let recorded: BTreeSet<String> = record.ids.keys().cloned().collect();
     if recorded != expected {

@@ -3,17 +3,17 @@
 //!
 //! # What a PASS means for this format
 //!
-//! The per-position log-probs, KL values, argmaxes and generated ids in arrays.npz rest on the
-//! model's weight hash (held to the audit's own pin, and with `--models` the file itself
-//! hashed), the token ids the manifest records (one list per text, checked in length and range
-//! and equal to the archived ids) and the runner's byte-reproducibility test. **The audit does
-//! not run the model**: there is no second forward pass. It re-derives from those arrays every
-//! aggregate of results.json (NLL, perplexity, KL mean and max, top-1 agreement,
-//! first departure), every bytes-per-token figure (from the setting, policy and T with its own
+//! The audit re-runs SmolLM2 ([`rerun`]): it re-tokenizes each text and requires the recorded
+//! ids, runs the float32 pass and every run's pass with its own implementation of the packed
+//! cache ([`cache`]) in the model's KV hook, and requires every per-position log-prob, KL value
+//! and argmax bit for bit, and every generated id. From those arrays it then re-derives every
+//! aggregate of results.json (NLL, perplexity, KL mean and max, top-1 agreement, first
+//! departure), every bytes-per-token figure (from the setting, policy and T with its own
 //! implementation of the cache-size rule, [`bytes`]), every value of summary.json, every cell of
 //! summary.md's tables and every chart marker, and it checks each file's hash and the run's
-//! sources as for packed-KV evidence. Generated text is not re-decoded (the audit has no
-//! tokenizer): its report says so in a note.
+//! sources as for packed-KV evidence. Without the model the report is UNVERIFIED (Pinsker's
+//! inequality and the first generated token are still checked); with `--sample K` only the
+//! passes it names were re-run. Generated text is not re-decoded: its report says so in a note.
 //!
 //! The checks:
 //! - the protocol: schema and bounds ([`protocol`]), unknown fields refused;
@@ -29,17 +29,20 @@
 
 //!
 //! The modules, one concern each: [`protocol`] (schema and bounds), [`bytes`] (the cache-size
-//! rule), [`manifest`] (the manifest and its model record), [`arrays`] (arrays.npz: members,
+//! rule), [`cache`] (the packed cache a re-run reads), [`rerun`] (the passes re-run, and the
+//! checks that need no model), [`manifest`] (the manifest and its model record), [`arrays`] (arrays.npz: members,
 //! ranges and what each row derives from them), [`results`] (results.json), [`summary`] (the
 //! aggregates over texts and summary.json), [`tables`] (summary.md), [`chart`]
 //! (quality-vs-bytes.svg) and [`directory`] (the top-level check, in order).
 
 pub mod arrays;
 pub mod bytes;
+pub mod cache;
 pub mod chart;
 pub mod directory;
 pub mod manifest;
 pub mod protocol;
+pub mod rerun;
 pub mod results;
 pub mod summary;
 pub mod tables;

@@ -196,7 +196,7 @@ fn check_input(
         // Read from the archive by `inputs::archived`: comparing them with themselves says
         // nothing.
         InputSource::Model { .. } => {
-            report.count(Checked::InputsArchived, 1);
+            report.count(Checked::ModelInputsRead, 1);
             &[]
         }
     };

@@ -12,7 +12,7 @@ use crate::common::report::{Checked, Problem, Report};
 use crate::common::sources;
 use crate::packed_kv::manifest::{self, Manifest, Scope, check_manifest_fields, check_scope};
 use crate::packed_kv::{
-    RUN_FILES, TIMINGS, chart, comparisons, markdown, plan, results, summary, timings,
+    RUN_FILES, TIMINGS, chart, comparisons, markdown, model_inputs, plan, results, summary, timings,
 };
 
 /// Audits a directory whose manifest has format [`manifest::MANIFEST_FORMAT`] (or none).
@@ -49,10 +49,9 @@ pub fn audit(
     manifest::check_model(
         &manifest,
         &plan::inputs_of(&manifest.protocol, scope.shard),
-        options.models.as_deref(),
         report,
     );
-    check_contents(&manifest, scope, outputs, archive, report);
+    check_contents(&manifest, scope, options, outputs, archive, report);
 }
 
 /// The files a run of this manifest's protocol writes, besides the manifest.
@@ -83,6 +82,7 @@ fn read_outputs(
 fn check_contents(
     manifest: &Manifest,
     scope: Scope,
+    options: &Options,
     outputs: Texts,
     archive: Option<Result<npz::Archive, npz::NpzError>>,
     report: &mut Report,
@@ -106,7 +106,9 @@ fn check_contents(
     let recomputed = match archive {
         Some(Ok(archive)) => {
             report.count(Checked::ArchiveMembers, archive.names().len());
-            comparisons::check(p, &inputs, &comparisons, &rows, &archive, report)
+            let recomputed = comparisons::check(p, &inputs, &comparisons, &rows, &archive, report);
+            model_inputs::check(manifest, &inputs, &archive, options, report);
+            recomputed
         }
         Some(Err(e)) => {
             report.fail(Problem::Archive(e));

@@ -12,8 +12,8 @@ use serde::Deserialize;
 
 use crate::common::files::{self, MAX_TEXT_BYTES};
 use crate::common::hashes;
-use crate::common::manifest::{Git, Platform, Tool, check_weight_file};
-use crate::common::report::{Note, Problem, Report};
+use crate::common::manifest::{Git, Platform, Tool};
+use crate::common::report::{Problem, Report};
 use crate::packed_kv::plan::{self, InputPlan};
 use crate::packed_kv::protocol::{self, Protocol};
 use crate::packed_kv::timings;
@@ -116,15 +116,9 @@ pub struct ModelRecord {
 /// this directory (`inputs`: a shard's only its own), each of N ids below the vocabulary size,
 /// and MiniLM's opening with `[CLS]` and closing with `[SEP]`.
 ///
-/// With `models` (`audit --models DIR`), the weight file `DIR/<name>/<weight_file>` is hashed
-/// and must have the recorded SHA-256; without it a note says the file was not checked. Either
-/// way the audit does not run the model: a note says what the archived inputs rest on.
-pub fn check_model(
-    manifest: &Manifest,
-    inputs: &[InputPlan],
-    models: Option<&Path>,
-    report: &mut Report,
-) {
+/// The weight file itself is hashed when the model is re-run
+/// ([`crate::packed_kv::model_inputs`]).
+pub fn check_model(manifest: &Manifest, inputs: &[InputPlan], report: &mut Report) {
     let fail = |report: &mut Report, field: &str, found: String, expected: String| {
         report.fail(Problem::ModelRecord {
             field: field.to_string(),
@@ -152,7 +146,6 @@ pub fn check_model(
         }
         (Some(source), Some(record)) => (source, record),
     };
-    report.note(Note::ModelNotRerun);
     let model = source.name;
     let pin = model.pin();
     for (field, found, expected) in [
@@ -219,8 +212,6 @@ pub fn check_model(
             );
         }
     }
-
-    check_weight_file(model, &record.weight_sha256, models, report);
 }
 
 /// What part of its protocol a directory holds: all of it (a run or a merge of N shards), or

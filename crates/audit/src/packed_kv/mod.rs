@@ -11,6 +11,7 @@ pub mod directory;
 pub mod inputs;
 pub mod manifest;
 pub mod markdown;
+pub mod model_inputs;
 pub mod plan;
 pub mod protocol;
 pub mod results;

@@ -1,6 +1,7 @@
-//! Runs whose inputs come from a real model's K/V cache. The audit does not run the model: it
-//! takes q, k and v from arrays.npz and checks everything computed from them, and it holds the
-//! manifest's model record (weight hash, token ids) to its own pins and to the run. A small
+//! Runs whose inputs come from a real model's K/V cache. The audit re-runs the model from the
+//! pinned weights and requires the archived q, k and v bit for bit, re-tokenizes the texts and
+//! requires the recorded ids, checks everything computed from them, and holds the manifest's
+//! model record (weight hash, token ids) to its own pins and to the run. A small
 //! MiniLM run (one text, N = 40, layers 0 and 5, one KV head, a swapped and an asymmetric
 //! setting, two budget policies), made once with the runner's library, altered as a forger would.
 //!
@@ -13,7 +14,7 @@ use std::sync::OnceLock;
 use audit::common::report::{Checked, Note};
 use audit::packed_kv::chart::ChartProblem;
 use audit::packed_kv::markdown::MarkdownProblem;
-use audit::{Options, Problem};
+use audit::{Models, Options, Problem, Verdict};
 use models::ModelName;
 
 use crate::support::{
@@ -88,35 +89,49 @@ fn minilm_run() -> &'static Path {
 
 fn with_models(dir: &Path, models: &Path) -> audit::Report {
     let options = Options {
-        models: Some(models.to_path_buf()),
+        models: Models::Cache(models.to_path_buf()),
+        sample: None,
     };
     audit::audit_dir_with(dir, &workspace(), &options)
 }
 
-#[test]
-fn a_model_run_passes_and_says_its_inputs_were_taken_not_rederived() {
-    let report = audit(minilm_run());
-    assert_pass(&report);
-    // Two inputs (layers 0 and 5), read from the archive; nothing drawn.
-    assert_eq!(report.counted(Checked::InputsArchived), 2);
-    assert_eq!(report.counted(Checked::InputsRederived), 0);
-    assert_eq!(report.counted(Checked::Comparisons), 8);
-    assert!(report.notes.contains(&Note::ModelNotRerun));
-    assert!(report.notes.contains(&Note::ModelFileNotChecked(
-        "minilm/model.safetensors".into()
-    )));
+/// The audit without re-running the model, for forgeries another check names (quicker).
+fn audit_quick(dir: &Path) -> audit::Report {
+    audit::audit_dir_with(dir, &workspace(), &Options::without_models())
 }
 
 #[test]
-fn with_models_the_weight_file_is_hashed() {
-    let cache = model_cache(ModelName::MiniLm);
-    let report = with_models(minilm_run(), &cache);
+fn a_model_run_passes_with_its_inputs_rederived_by_the_model() {
+    let report = audit(minilm_run());
     assert_pass(&report);
-    assert!(report.notes.iter().any(
-        |n| matches!(n, Note::ModelFileChecked(path) if path.ends_with("minilm/model.safetensors"))
-    ));
+    // One pass (the text's first 40 tokens) re-run; its two inputs (layers 0 and 5) re-derived.
+    assert_eq!(report.counted(Checked::PassesRerun), 1);
+    assert_eq!(report.counted(Checked::InputsFromModel), 2);
+    assert_eq!(report.counted(Checked::InputsRederived), 0);
+    assert_eq!(report.counted(Checked::Comparisons), 8);
+    assert!(
+        report
+            .notes
+            .iter()
+            .any(|n| matches!(n, Note::ModelFilesChecked(folder) if folder.ends_with("minilm")))
+    );
+}
 
-    // Another file under the pinned name, and no file at all.
+#[test]
+fn without_the_model_a_model_run_is_unverified_and_a_wrong_file_fails() {
+    // No model in the cache, or told not to use one: UNVERIFIED, never PASS.
+    let empty = tempfile::tempdir().unwrap();
+    for report in [
+        with_models(minilm_run(), empty.path()),
+        audit::audit_dir_with(minilm_run(), &workspace(), &Options::without_models()),
+    ] {
+        assert_eq!(report.verdict(), Verdict::Unverified, "{}", report.render());
+        assert!(!report.passed());
+        assert!(report.render().starts_with("UNVERIFIED "));
+        assert!(report.unverified[0].contains("1 model passes"));
+    }
+
+    // Another file under a pinned name: FAIL, naming it.
     let other = tempfile::tempdir().unwrap();
     std::fs::create_dir(other.path().join("minilm")).unwrap();
     std::fs::write(
@@ -128,14 +143,53 @@ fn with_models_the_weight_file_is_hashed() {
     assert_problem(
         &report,
         "model file hash",
-        |p| matches!(p, Problem::ModelFile { reason, .. } if reason.starts_with("SHA-256 ")),
+        |p| matches!(p, Problem::ModelFile { path, reason } if path.ends_with("minilm/model.safetensors") && reason.starts_with("SHA-256 ")),
     );
-    let empty = tempfile::tempdir().unwrap();
-    let report = with_models(minilm_run(), empty.path());
+}
+
+#[test]
+fn a_forged_model_input_fails_down_to_one_bit_naming_pass_and_array() {
+    for (part, index) in [("q", [1, 3]), ("k", [17, 30]), ("v", [39, 0])] {
+        let (_tmp, dir) = copy_of(minilm_run());
+        let name = format!("t0_n40_l5_h0_{part}");
+        edit_arrays(&dir, |arrays| {
+            let x = &mut array(arrays, &name).f32()[index];
+            *x = f32::from_bits(x.to_bits() ^ 1);
+        });
+        rehash(&dir);
+        let report = audit(&dir);
+        assert_problem(
+            &report,
+            "one bit",
+            |p| matches!(p, Problem::Rerun { pass, array, .. } if pass == "t0_n40" && *array == name),
+        );
+    }
+
+    // The forgery: queries scaled by 0.25 with everything downstream recomputed by the
+    // runner's own code would still need the archived q to be the model's.
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_arrays(&dir, |arrays| {
+        array(arrays, "t0_n40_l0_h0_q")
+            .f32()
+            .mapv_inplace(|x| x * 0.25);
+    });
+    rehash(&dir);
     assert_problem(
-        &report,
-        "missing model file",
-        |p| matches!(p, Problem::ModelFile { path, .. } if path.ends_with("minilm/model.safetensors")),
+        &audit(&dir),
+        "scaled queries",
+        |p| matches!(p, Problem::Rerun { array, index: 0, .. } if array == "t0_n40_l0_h0_q"),
+    );
+
+    // Swapped token ids: the record is no longer the text's tokenization.
+    let (_tmp, dir) = copy_of(minilm_run());
+    edit_json(&dir, "manifest.json", |m| {
+        let ids = m["model"]["ids"]["t0_n40"].as_array_mut().unwrap();
+        ids.swap(3, 4);
+    });
+    assert_problem(
+        &audit(&dir),
+        "swapped ids",
+        |p| matches!(p, Problem::Rerun { pass, array, index: 3, .. } if pass == "t0_n40" && array == "manifest model.ids.t0_n40"),
     );
 }
 
@@ -147,7 +201,8 @@ fn a_flipped_code_and_altered_inputs_are_caught_downstream() {
         let codes = array(arrays, "t0_n40_l5_h0_g8_b4_swap_k_codes").u8();
         let low = codes[[5]] & 0x0F;
         codes[[5]] = (codes[[5]] & 0xF0) | if low < 14 { low + 1 } else { low - 1 };
-        // A model input cannot be re-derived, but its reference must still be its attention.
+        // A changed model input is not the model's, and its reference is no longer its
+        // attention.
         array(arrays, "t0_n40_l0_h0_v").f32()[[10, 7]] += 0.5;
     });
     rehash(&dir);
@@ -162,13 +217,18 @@ fn a_flipped_code_and_altered_inputs_are_caught_downstream() {
         "reference",
         |p| matches!(p, Problem::Attention { array, .. } if array == "t0_n40_l0_h0_ref"),
     );
+    assert_problem(
+        &report,
+        "model input",
+        |p| matches!(p, Problem::Rerun { array, index: 327, .. } if array == "t0_n40_l0_h0_v"),
+    );
 
     let (_tmp, dir) = copy_of(minilm_run());
     edit_arrays(&dir, |arrays| {
         array(arrays, "t0_n40_l5_h0_q").f32()[[1, 3]] = f32::NAN;
     });
     rehash(&dir);
-    let report = audit(&dir);
+    let report = audit_quick(&dir);
     assert_problem(
         &report,
         "non-finite input",
@@ -185,7 +245,7 @@ fn the_model_record_is_held_to_the_pins_and_the_run() {
         // One id dropped: the pass no longer has N ids.
         model["ids"]["t0_n40"].as_array_mut().unwrap().pop();
     });
-    let report = audit(&dir);
+    let report = audit_quick(&dir);
     assert_problem(
         &report,
         "weight hash",
@@ -204,7 +264,7 @@ fn the_model_record_is_held_to_the_pins_and_the_run() {
         ids[39] = 2000.into();
         ids[7] = 30_522.into();
     });
-    let report = audit(&dir);
+    let report = audit_quick(&dir);
     assert_problem(
         &report,
         "vocabulary",
@@ -222,7 +282,7 @@ fn the_model_record_is_held_to_the_pins_and_the_run() {
         let list = ids.remove("t0_n40").unwrap();
         ids.insert("t1_n40".into(), list);
     });
-    let report = audit(&dir);
+    let report = audit_quick(&dir);
     assert_problem(
         &report,
         "passes",
@@ -233,7 +293,7 @@ fn the_model_record_is_held_to_the_pins_and_the_run() {
     edit_json(&dir, "manifest.json", |m| {
         m.as_object_mut().unwrap().remove("model");
     });
-    let report = audit(&dir);
+    let report = audit_quick(&dir);
     assert_problem(
         &report,
         "absent record",
@@ -286,7 +346,7 @@ fn a_changed_layer_condition_is_named_in_summary_markdown_and_chart() {
             .replace("mean over texts and heads", "mean over seeds")
     });
     rehash(&dir);
-    let report = audit(&dir);
+    let report = audit_quick(&dir);
     assert_problem(
         &report,
         "summary condition",
@@ -322,7 +382,7 @@ fn a_generated_runs_marker_attribute_is_refused_on_a_model_run() {
         )
     });
     rehash(&dir);
-    let report = audit(&dir);
+    let report = audit_quick(&dir);
     assert_problem(&report, "marker attributes", |p| {
         matches!(p, Problem::Chart(ChartProblem::Marker { index: 0, .. }))
     });
@@ -336,13 +396,7 @@ fn a_smollm2_run_passes_and_its_weight_file_is_checked() {
     make_run(&smollm2_protocol(), &dir);
     let report = with_models(&dir, &cache);
     assert_pass(&report);
-    assert_eq!(report.counted(Checked::InputsArchived), 2);
-    assert!(
-        report
-            .notes
-            .iter()
-            .any(|n| matches!(n, Note::ModelFileChecked(_)))
-    );
+    assert_eq!(report.counted(Checked::InputsFromModel), 2);
 
     // SmolLM2 adds no [CLS]/[SEP]; its ids are only held to the count and the vocabulary.
     let (_tmp, copy) = copy_of(&dir);
@@ -350,7 +404,7 @@ fn a_smollm2_run_passes_and_its_weight_file_is_checked() {
         m["model"]["ids"]["t0_n40"][0] = 49_152.into();
         m["model"]["name"] = "minilm".into();
     });
-    let report = audit(&copy);
+    let report = audit_quick(&copy);
     assert_problem(
         &report,
         "vocabulary",
@@ -390,11 +444,36 @@ fn a_shard_records_the_ids_of_its_own_passes_only_and_a_merge_all() {
     edit_json(&dir, "manifest.json", |m| {
         m["model"]["ids"]["t0_n40"] = other["model"]["ids"]["t0_n40"].clone();
     });
-    let report = audit(&dir);
+    let report = audit_quick(&dir);
     assert_problem(
         &report,
         "passes",
         |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids" && found.contains("t0_n40")),
+    );
+}
+
+#[test]
+fn a_causal_models_shorter_pass_is_the_longer_passs_prefix() {
+    model_cache(ModelName::SmolLm2);
+    let mut protocol: serde_json::Value = serde_json::from_str(&smollm2_protocol()).unwrap();
+    protocol["tokens"] = serde_json::json!([24, 40]);
+    protocol["model"]["layers"] = serde_json::json!([0]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    make_run(&protocol.to_string(), &dir);
+    assert_pass(&audit(&dir));
+
+    // Forging only the shorter pass's K is caught even without the model.
+    let (_tmp, copy) = copy_of(&dir);
+    edit_arrays(&copy, |arrays| {
+        array(arrays, "t0_n24_l0_h0_k").f32()[[20, 5]] *= 0.5;
+    });
+    rehash(&copy);
+    let report = audit::audit_dir_with(&copy, &workspace(), &Options::without_models());
+    assert_problem(
+        &report,
+        "prefix",
+        |p| matches!(p, Problem::Prefix { array, longer, tokens: 24, index, .. } if array == "t0_n24_l0_h0_k" && longer == "t0_n40_l0_h0_k" && *index == 20 * 64 + 5),
     );
 }
 
@@ -406,16 +485,28 @@ fn the_command_line_takes_a_model_cache_with_models() {
             .args(args)
             .output()
             .expect("audit starts");
-        (out.status.success(), String::from_utf8(out.stdout).unwrap())
+        (out.status.code(), String::from_utf8(out.stdout).unwrap())
     };
     let run = minilm_run().as_os_str();
-    let (passed, stdout) = audit_cli(&[run, "--models".as_ref(), cache.as_os_str()]);
-    assert!(passed, "{stdout}");
-    assert!(stdout.contains("has the recorded SHA-256"), "{stdout}");
+    let (code, stdout) = audit_cli(&[run, "--models".as_ref(), cache.as_os_str()]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("re-derived by re-running the model"),
+        "{stdout}"
+    );
 
+    // No model there, or --no-models: UNVERIFIED, exit status 3.
     let empty = tempfile::tempdir().unwrap();
-    let (passed, stdout) = audit_cli(&[run, "--models".as_ref(), empty.path().as_os_str()]);
-    assert!(!passed);
-    assert!(stdout.ends_with("\nFAIL\n"), "{stdout}");
-    assert!(stdout.contains("FAIL: model file "), "{stdout}");
+    for args in [
+        vec![run, "--models".as_ref(), empty.path().as_os_str()],
+        vec![run, "--no-models".as_ref()],
+    ] {
+        let (code, stdout) = audit_cli(&args);
+        assert_eq!(code, Some(3), "{stdout}");
+        assert!(stdout.ends_with("\nUNVERIFIED\n"), "{stdout}");
+        assert!(
+            stdout.contains("not re-derived: 1 model passes"),
+            "{stdout}"
+        );
+    }
 }

@@ -115,6 +115,7 @@ pub fn edit_text(dir: &Path, file: &str, edit: impl FnOnce(String) -> String) {
 }
 
 /// An array of any of the evidence's dtypes.
+#[derive(Clone)]
 pub enum AnyArray {
     U8(ArrayD<u8>),
     I32(ArrayD<i32>),

@@ -1,0 +1,195 @@
+//! The audit's own packed cache: what attention reads at one layer under a run's setting, policy
+//! and schedule, written again from the format's rule (the quality crate's `cache.rs`) with the
+//! audit's own quantization rule ([`crate::packed_kv::rules`]), and plugged into the model's KV
+//! hook ([`models::llama::KvSource`]) to re-run a model-quality pass.
+//!
+//! Each layer's K and V are [kv_heads, tokens, head_dim]; each head's [tokens, head_dim] matrix
+//! is quantized on its own, in groups of G along the side's axis (K along tokens and V along
+//! features, or swapped): a group's scale and offset come from its values (a partial last group
+//! simply has fewer), each value becomes its code, and attention reads
+//! `(code - offset) as f32 * scale`, one f32 product, as the codec decodes.
+//!
+//! Query position i reads key position j <= i from the tier of j's unit ([`super::bytes::tier`],
+//! with n = T under `prefill` and n = i + 1 otherwise):
+//! - float32: the layer's own row;
+//! - low bits: the row of the whole head quantized at the setting's width, except that
+//!   - under `causal` along tokens, the group still filling (e > i + 1) is quantized from tokens
+//!     s..=i alone, as re-packing the cache before step i does;
+//!   - under `streaming` with `recent8`, the low tier is quantized from the 8-bit values (a unit
+//!     leaves the 8-bit window as what the cache held);
+//! - 8 bits: the row of the whole head quantized at 8 bits.
+
+use models::llama::{HookError, KvSource};
+use ndarray::Array3;
+
+use super::bytes::{Tier, axes, tier};
+use super::protocol::{Run, Schedule, Window};
+use crate::packed_kv::decoder::GroupAxis;
+use crate::packed_kv::rules;
+
+/// `x` [heads, tokens, d] (standard layout, flat) quantized per head in groups of `group` along
+/// `axis` at `bits`, and read back.
+fn round_trip(
+    x: &[f32],
+    (heads, tokens, d): (usize, usize, usize),
+    run: &Run,
+    bits: u32,
+    axis: GroupAxis,
+) -> Vec<f32> {
+    let mode = run.setting.mode;
+    let group = run.setting.group_size;
+    let mut out = vec![0f32; x.len()];
+    // One group: the flat indices of its elements.
+    let mut quantize = |indices: &mut dyn Iterator<Item = usize>| {
+        let indices: Vec<usize> = indices.collect();
+        let (mut lo, mut hi) = (0f32, 0f32);
+        for &i in &indices {
+            lo = lo.min(x[i]);
+            hi = hi.max(x[i]);
+        }
+        let rule = rules::group_rule(mode, bits, lo, hi);
+        for &i in &indices {
+            let code = rules::code(mode, bits, x[i], rule.scale, rule.offset);
+            out[i] = (i32::from(code) - i32::from(rule.offset)) as f32 * rule.scale;
+        }
+    };
+    for h in 0..heads {
+        let at = |t: usize, f: usize| (h * tokens + t) * d + f;
+        match axis {
+            GroupAxis::Token => {
+                for f in 0..d {
+                    for s in (0..tokens).step_by(group.max(1)) {
+                        let e = (s + group).min(tokens);
+                        quantize(&mut (s..e).map(|t| at(t, f)));
+                    }
+                }
+            }
+            GroupAxis::Feature => {
+                for t in 0..tokens {
+                    for s in (0..d).step_by(group.max(1)) {
+                        let e = (s + group).min(d);
+                        quantize(&mut (s..e).map(|f| at(t, f)));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// K or V of one layer, with every tier it may read.
+struct Side {
+    axis: GroupAxis,
+    dims: (usize, usize, usize),
+    raw: Vec<f32>,
+    low: Vec<f32>,
+    high: Option<Vec<f32>>,
+    /// `causal` along tokens: per query i, the group holding i quantized from its tokens s..=i,
+    /// [heads, i - s + 1, d].
+    partial: Vec<Vec<f32>>,
+}
+
+impl Side {
+    fn new(x: &Array3<f32>, axis: GroupAxis, run: &Run) -> Side {
+        let dims = x.dim();
+        let raw: Vec<f32> = x.iter().copied().collect();
+        let high = matches!(run.policy, Window::Recent8(_) | Window::Early8(_))
+            .then(|| round_trip(&raw, dims, run, 8, axis));
+        let bits = run.setting.bits;
+        let low = match (&high, run.policy, run.schedule) {
+            (Some(high), Window::Recent8(_), Schedule::Streaming) => {
+                round_trip(high, dims, run, bits, axis)
+            }
+            _ => round_trip(&raw, dims, run, bits, axis),
+        };
+        let (heads, tokens, d) = dims;
+        let group = run.setting.group_size.max(1);
+        let mut partial = Vec::new();
+        if run.schedule == Schedule::Causal && axis == GroupAxis::Token {
+            for i in 0..tokens {
+                let s = i / group * group;
+                let len = i - s + 1;
+                let mut part = Vec::with_capacity(heads * len * d);
+                for h in 0..heads {
+                    part.extend_from_slice(&raw[(h * tokens + s) * d..(h * tokens + i + 1) * d]);
+                }
+                partial.push(round_trip(&part, (heads, len, d), run, bits, axis));
+            }
+        }
+        Side {
+            axis,
+            dims,
+            raw,
+            low,
+            high,
+            partial,
+        }
+    }
+
+    fn row(&self, run: &Run, head: usize, i: usize, j: usize) -> &[f32] {
+        let (_, tokens, d) = self.dims;
+        let n = match run.schedule {
+            Schedule::Prefill => tokens,
+            Schedule::Streaming | Schedule::Causal => i + 1,
+        };
+        fn at(all: &[f32], head: usize, rows: usize, r: usize, d: usize) -> &[f32] {
+            let start = (head * rows + r) * d;
+            all.get(start..start + d).unwrap_or(&[])
+        }
+        match tier(run, self.axis, j, n) {
+            Tier::F32 => at(&self.raw, head, tokens, j, d),
+            Tier::Low if run.schedule == Schedule::Causal && self.axis == GroupAxis::Token => {
+                let group = run.setting.group_size.max(1);
+                let s = j / group * group;
+                if s + group > n {
+                    let part = self.partial.get(i).map_or(&[][..], Vec::as_slice);
+                    at(part, head, i - s + 1, j - s, d)
+                } else {
+                    at(&self.low, head, tokens, j, d)
+                }
+            }
+            Tier::Low => at(&self.low, head, tokens, j, d),
+            Tier::High => self
+                .high
+                .as_deref()
+                .map_or(&[], |h| at(h, head, tokens, j, d)),
+        }
+    }
+}
+
+/// What attention reads at one layer under a run (module docs).
+pub struct AuditCache {
+    run: Run,
+    k: Side,
+    v: Side,
+}
+
+impl AuditCache {
+    /// The cache of one layer's K (after RoPE) and V, [kv_heads, tokens, head_dim].
+    pub fn new(run: &Run, k: &Array3<f32>, v: &Array3<f32>) -> AuditCache {
+        let (k_axis, v_axis) = axes(run);
+        AuditCache {
+            run: run.clone(),
+            k: Side::new(k, k_axis, run),
+            v: Side::new(v, v_axis, run),
+        }
+    }
+
+    /// The same as a boxed source for `Llama::forward_with_source`.
+    pub fn boxed(
+        run: &Run,
+        k: &Array3<f32>,
+        v: &Array3<f32>,
+    ) -> Result<Box<dyn KvSource>, HookError> {
+        Ok(Box::new(AuditCache::new(run, k, v)))
+    }
+}
+
+impl KvSource for AuditCache {
+    fn key(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        self.k.row(&self.run, head, query, position)
+    }
+    fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        self.v.row(&self.run, head, query, position)
+    }
+}

@@ -1,0 +1,443 @@
+//! Model-quality values re-derived by re-running SmolLM2, and the checks that need no model.
+//!
+//! With the model ([`crate::common::model_files`]), per text the audit re-tokenizes the
+//! protocol's text (SmolLM2's BPE, no BOS, cut to `max_tokens`) and requires the manifest's ids;
+//! runs the float32 pass and requires `t{i}_f32_logp` and `t{i}_f32_argmax` bit for bit and
+//! `t{i}_f32_generated` (greedy from the first `prompt_tokens` ids, the model's own cached
+//! generation); then per run it runs the pass with its own packed cache ([`super::cache`]) in
+//! the model's KV hook and requires `<id>_logp`, `<id>_kl` and `<id>_argmax` bit for bit, and
+//! `<id>_generated` (each step one pass over the prompt and the tokens so far with that cache,
+//! the last position's argmax). The arithmetic is the evidence format's, written here:
+//! - log-softmax in f64: m = max of the row, log p(v) = (x_v - m) - log(sum_u exp(x_u - m)),
+//!   the sum in id order with `libm::exp`, then `libm::log`;
+//! - KL(p_f32 || p_packed) = sum over ids in order of exp(a) * (a - b) with `libm::exp`;
+//! - argmax: the largest logit, the lowest id on a tie.
+//!
+//! Being the same arithmetic in the same order, the values must be the same bits; a difference
+//! in the last bit is a different computation, and fails.
+//!
+//! Without the model, two things still hold at every position and are checked
+//! ([`check_consistency`]): Pinsker's inequality, KL >= 2 * TV^2 >= 2 * (p_f32(t) - p(t))^2
+//! for the scored token t; and the float32 run's first generated token is its argmax at the last
+//! prompt position (the cached generation's logits are a full pass's, bit for bit).
+
+use models::llama::{Llama, argmax};
+use models::ops;
+use ndarray::{Array2, s};
+use rayon::prelude::*;
+
+use super::cache::AuditCache;
+use super::protocol::{QualityProtocol, Run};
+use crate::common::model_files::{self, LoadedModel};
+use crate::common::models::ModelName;
+use crate::common::npz::{Archive, Element};
+use crate::common::options::Options;
+use crate::common::report::{Checked, Note, Problem, Report};
+use crate::common::sample;
+
+/// How far below Pinsker's bound a KL value may be (its own rounding and the exp of two
+/// log-probs).
+const PINSKER_SLACK: f64 = 1e-12;
+
+/// The log-softmax of one row of logits (module docs).
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
+    let mut sum = 0f64;
+    for &x in logits {
+        sum += libm::exp(f64::from(x) - max);
+    }
+    let log_sum = libm::log(sum);
+    logits
+        .iter()
+        .map(|&x| (f64::from(x) - max) - log_sum)
+        .collect()
+}
+
+/// KL(p || q) of two log-softmax rows (module docs).
+fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
+    let mut sum = 0f64;
+    for (&a, &b) in log_p.iter().zip(log_q) {
+        sum += libm::exp(a) * (a - b);
+    }
+    sum
+}
+
+/// The per-position values of one pass.
+struct Scored {
+    logp: Vec<f64>,
+    argmax: Vec<i64>,
+    /// Log-softmax rows, kept for the float32 pass (KL needs them).
+    rows: Vec<Vec<f64>>,
+}
+
+fn score(ids: &[u32], logits: &Array2<f32>, keep_rows: bool) -> Scored {
+    let positions = ids.len().saturating_sub(1);
+    let mut out = Scored {
+        logp: Vec::with_capacity(positions),
+        argmax: Vec::with_capacity(positions),
+        rows: Vec::new(),
+    };
+    for j in 0..positions {
+        let row = logits.row(j);
+        let row = row.as_slice().unwrap_or(&[]);
+        let ls = log_softmax(row);
+        out.logp
+            .push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
+        out.argmax.push(i64::from(argmax(row)));
+        if keep_rows {
+            out.rows.push(ls);
+        }
+    }
+    out
+}
+
+/// Greedy tokens with the audit's packed cache: each step a pass over everything so far.
+fn greedy(model: &Llama, prompt: &[u32], n: usize, run: &Run) -> Result<Vec<i64>, String> {
+    let mut ids = prompt.to_vec();
+    for _ in 0..n {
+        let (hidden, _) = model
+            .hidden_with_source(&ids, |_, k, v| AuditCache::boxed(run, k, v))
+            .map_err(|e| e.to_string())?;
+        let last = model.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
+        let logits = ops::linear(last.view(), model.weights().token_embd.view(), None);
+        ids.push(argmax(logits.row(0).as_slice().unwrap_or(&[])));
+    }
+    Ok(ids[prompt.len()..].iter().map(|&t| i64::from(t)).collect())
+}
+
+/// Requires archive member `name` to hold `derived`, bit for bit.
+fn require<T: Element + Bits>(
+    archive: &Archive,
+    pass: &str,
+    name: &str,
+    derived: &[T],
+    report: &mut Report,
+) -> bool {
+    let Ok(archived) = archive.values::<T>(name, &[derived.len()]) else {
+        // Its shape and dtype are checked (and reported) with the other arrays.
+        return false;
+    };
+    match archived
+        .iter()
+        .zip(derived)
+        .position(|(a, d)| a.bits() != d.bits())
+    {
+        None => true,
+        Some(i) => {
+            report.fail(Problem::Rerun {
+                pass: pass.to_string(),
+                array: name.to_string(),
+                index: i,
+                found: archived[i].shown(),
+                expected: derived[i].shown(),
+            });
+            false
+        }
+    }
+}
+
+/// A value compared by its bits and shown in a problem.
+trait Bits: Copy {
+    fn bits(self) -> u64;
+    fn shown(self) -> String;
+}
+
+impl Bits for f64 {
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+    fn shown(self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl Bits for i64 {
+    fn bits(self) -> u64 {
+        self as u64
+    }
+    fn shown(self) -> String {
+        self.to_string()
+    }
+}
+
+/// Every pass a model-quality directory holds: `t{i}_f32`, then each row id, text by text.
+fn pass_ids(p: &QualityProtocol, runs: &[Run]) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in 0..p.texts.len() {
+        out.push(format!("t{i}_f32"));
+        out.extend(runs.iter().map(|r| r.id(i)));
+    }
+    out
+}
+
+/// Re-runs every pass (or a sample) and holds the archive to it (module docs). `ids` are the
+/// manifest's, per text.
+pub(super) fn check(
+    p: &QualityProtocol,
+    runs: &[Run],
+    ids: &[Vec<u32>],
+    arrays_sha256: &str,
+    archive: &Archive,
+    options: &Options,
+    report: &mut Report,
+) {
+    let all = pass_ids(p, runs);
+    let Some(model) = model_files::load(ModelName::SmolLm2, &options.models, report) else {
+        report.unverified(format!(
+            "{} model passes (log-probs, KL values, argmaxes and generated ids) were not re-run",
+            all.len()
+        ));
+        return;
+    };
+    let Some((llama, _)) = model.llama() else {
+        return;
+    };
+    let chosen = sample::choose(&all, arrays_sha256, options.sample);
+    if chosen.len() < all.len() {
+        report.note(Note::Sampled {
+            passes: chosen.clone(),
+            of: all.len(),
+        });
+    }
+    for (t, text) in p.texts.iter().enumerate() {
+        let Some(recorded) = ids.get(t) else {
+            continue;
+        };
+        let f32_pass = format!("t{t}_f32");
+        let rows: Vec<&Run> = runs.iter().filter(|r| chosen.contains(&r.id(t))).collect();
+        if !chosen.contains(&f32_pass) && rows.is_empty() {
+            continue;
+        }
+        check_tokens(&model, &text.text, p.max_tokens, recorded, t, report);
+        let plain = match llama.forward(recorded) {
+            Ok(c) => c,
+            Err(e) => {
+                return report.fail(Problem::RerunFailed {
+                    pass: f32_pass,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let Some(logits) = plain.logits else {
+            return;
+        };
+        let f32_scored = score(recorded, &logits, true);
+        drop(logits);
+        let prompt = p
+            .generate
+            .map(|g| &recorded[..g.prompt_tokens.min(recorded.len())]);
+        if chosen.contains(&f32_pass) {
+            report.count(Checked::PassesRerun, 1);
+            require(
+                archive,
+                &f32_pass,
+                &format!("t{t}_f32_logp"),
+                &f32_scored.logp,
+                report,
+            );
+            require(
+                archive,
+                &f32_pass,
+                &format!("t{t}_f32_argmax"),
+                &f32_scored.argmax,
+                report,
+            );
+            if let (Some(prompt), Some(g)) = (prompt, p.generate) {
+                match llama.generate_greedy(prompt, g.tokens) {
+                    Ok(generated) => {
+                        let generated: Vec<i64> = generated.iter().map(|&x| i64::from(x)).collect();
+                        require(
+                            archive,
+                            &f32_pass,
+                            &format!("t{t}_f32_generated"),
+                            &generated,
+                            report,
+                        );
+                    }
+                    Err(e) => report.fail(Problem::RerunFailed {
+                        pass: f32_pass.clone(),
+                        reason: e.to_string(),
+                    }),
+                }
+            }
+        }
+        // Runs are independent: re-run them on every core, then report in run order.
+        let reports: Vec<Report> = rows
+            .par_iter()
+            .map(|run| {
+                let mut own = Report::new(String::new());
+                check_run(
+                    llama,
+                    run,
+                    t,
+                    recorded,
+                    &f32_scored,
+                    prompt,
+                    p,
+                    archive,
+                    &mut own,
+                );
+                own
+            })
+            .collect();
+        for own in reports {
+            report.absorb(own);
+        }
+    }
+}
+
+/// One run's pass (and generation) with the audit's cache, against the archive.
+#[allow(clippy::too_many_arguments)]
+fn check_run(
+    llama: &Llama,
+    run: &Run,
+    t: usize,
+    recorded: &[u32],
+    f32_scored: &Scored,
+    prompt: Option<&[u32]>,
+    p: &QualityProtocol,
+    archive: &Archive,
+    report: &mut Report,
+) {
+    let id = run.id(t);
+    let packed = match llama.forward_with_source(recorded, |_, k, v| AuditCache::boxed(run, k, v)) {
+        Ok(c) => c,
+        Err(e) => {
+            return report.fail(Problem::RerunFailed {
+                pass: id,
+                reason: e.to_string(),
+            });
+        }
+    };
+    let Some(logits) = packed.logits else {
+        return;
+    };
+    let scored = score(recorded, &logits, true);
+    let kls: Vec<f64> = f32_scored
+        .rows
+        .iter()
+        .zip(&scored.rows)
+        .map(|(a, b)| kl(a, b))
+        .collect();
+    report.count(Checked::PassesRerun, 1);
+    require(archive, &id, &format!("{id}_logp"), &scored.logp, report);
+    require(archive, &id, &format!("{id}_kl"), &kls, report);
+    require(
+        archive,
+        &id,
+        &format!("{id}_argmax"),
+        &scored.argmax,
+        report,
+    );
+    if let (Some(prompt), Some(g)) = (prompt, p.generate) {
+        match greedy(llama, prompt, g.tokens, run) {
+            Ok(generated) => {
+                require(archive, &id, &format!("{id}_generated"), &generated, report);
+            }
+            Err(reason) => report.fail(Problem::RerunFailed { pass: id, reason }),
+        }
+    }
+}
+
+/// The manifest's ids for text `t` are the text's tokenization, cut to `max_tokens`.
+fn check_tokens(
+    model: &LoadedModel,
+    text: &str,
+    max_tokens: usize,
+    recorded: &[u32],
+    t: usize,
+    report: &mut Report,
+) {
+    let Some((_, bpe)) = model.llama() else {
+        return;
+    };
+    let pass = format!("t{t}_f32");
+    match bpe.encode(text) {
+        Ok(mut ids) => {
+            ids.truncate(max_tokens);
+            let differs = recorded
+                .iter()
+                .zip(&ids)
+                .position(|(a, b)| a != b)
+                .or((recorded.len() != ids.len()).then(|| recorded.len().min(ids.len())));
+            if let Some(i) = differs {
+                report.fail(Problem::Rerun {
+                    pass,
+                    array: format!("manifest model.ids.t{t}"),
+                    index: i,
+                    found: recorded.get(i).map_or("the end".into(), |x| x.to_string()),
+                    expected: ids.get(i).map_or("the end".into(), |x| {
+                        format!("{x} (the text's tokenization)")
+                    }),
+                });
+            }
+        }
+        Err(e) => report.fail(Problem::RerunFailed {
+            pass,
+            reason: format!("the text does not tokenize: {e}"),
+        }),
+    }
+}
+
+/// Pinsker's inequality at every position of every row, and the float32 run's first generated
+/// token (module docs); needs no model.
+pub(super) fn check_consistency(
+    p: &QualityProtocol,
+    runs: &[Run],
+    tokens: &[usize],
+    archive: &Archive,
+    report: &mut Report,
+) {
+    for (t, &n) in tokens.iter().enumerate() {
+        let positions = n.saturating_sub(1);
+        let Ok(f32_logp) = archive.values::<f64>(&format!("t{t}_f32_logp"), &[positions]) else {
+            continue;
+        };
+        if let Some(g) = p.generate
+            && let (Ok(argmax), Ok(generated)) = (
+                archive.values::<i64>(&format!("t{t}_f32_argmax"), &[positions]),
+                archive.values::<i64>(&format!("t{t}_f32_generated"), &[g.tokens]),
+            )
+            && let (Some(&a), Some(&first)) = (argmax.get(g.prompt_tokens - 1), generated.first())
+            && a != first
+        {
+            report.fail(Problem::Value {
+                array: format!("t{t}_f32_generated"),
+                index: 0,
+                found: first.to_string(),
+                expected: format!(
+                    "{a}, t{t}_f32_argmax[{}]: the first greedy token is the argmax after the \
+                     prompt",
+                    g.prompt_tokens - 1
+                ),
+            });
+        }
+        for run in runs {
+            let id = run.id(t);
+            let (Ok(logp), Ok(kls)) = (
+                archive.values::<f64>(&format!("{id}_logp"), &[positions]),
+                archive.values::<f64>(&format!("{id}_kl"), &[positions]),
+            ) else {
+                continue;
+            };
+            for j in 0..positions {
+                let gap = libm::exp(f32_logp[j]) - libm::exp(logp[j]);
+                let bound = 2.0 * gap * gap;
+                if kls[j] < bound - PINSKER_SLACK {
+                    report.fail(Problem::Value {
+                        array: format!("{id}_kl"),
+                        index: j,
+                        found: format!("{:?}", kls[j]),
+                        expected: format!(
+                            "at least {bound:?} (Pinsker: KL >= 2 (p_f32 - p)^2 of the scored \
+                             token)"
+                        ),
+                    });
+                    break;
+                }
+            }
+        }
+    }
+}
