@@ -18,6 +18,7 @@ fixtures() {
     repack_inspect) echo crates/repack/tests/data/formats ;; # all of it: libFuzzer reads directories recursively
     runner_protocol | audit_protocol) echo experiments/packed-kv experiments/widths-and-modes ;;
     audit_npz) echo crates/audit/tests/data/npz ;;
+    audit_quality_protocol) echo experiments/model-quality ;;
   esac
 }
 

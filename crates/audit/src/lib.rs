@@ -14,26 +14,27 @@
 //! was given, with size caps.
 //!
 //! Inputs from a real model (a protocol with `model`: one input per text, length, layer and KV
-//! head) are the one thing it does not re-derive: **the audit does not re-run the model.** It
-//! takes their q, k and v from arrays.npz (f32, exact shapes, every value finite) and checks
-//! everything downstream exactly as for generated inputs (reference attention, codes, scales,
-//! outputs, metrics, payloads, tables, chart). What the recorded q, k and v rest on is the
-//! model's weight hash (the manifest's `model` record, held to the audit's own pins, and with
-//! `--models DIR` ([`Options::models`]) the file itself hashed), the token ids the manifest
-//! records for each pass (one list per text and length, of the right length and range), and the
-//! runner's own test that a model run is byte-reproducible. Every report on a model run says so
-//! in a note ([`Note::ModelNotRerun`]).
+//! head) are re-derived by **re-running the model** ([`packed_kv::model_inputs`]): the text is
+//! re-tokenized and must give the recorded ids, and each pass's q, k and v must be the archived
+//! arrays bit for bit. The model files are read once from the model cache
+//! ([`Options::models`]), hashed against the audit's own pins and parsed from those same bytes
+//! ([`common::model_files`]). Without the model the report is UNVERIFIED ([`Verdict`]), not
+//! PASS; `--sample K` ([`Options::sample`]) re-runs K passes chosen from the evidence's hash.
 //!
 //! What it depends on, and why it may: `nprand` (NumPy's generator, pinned to NumPy's own vectors
-//! by its tests) and `rand_chacha`/`rand_distr` to re-derive inputs; `serde_json` to parse JSON,
-//! `sha2` to hash, `crc32fast` for the ZIP checksums, `pulldown-cmark` to read markdown as a
+//! by its tests) and `rand_chacha`/`rand_distr` to re-derive inputs; `models` (the two models'
+//! forward passes and tokenizers, pinned to the models' public NumPy references by their own
+//! tests) with `gguf-file` (to parse the GGUF file it hashed) to re-run model passes, `libm` for
+//! the format's log-softmax and KL arithmetic and `rayon` to re-run passes on every core;
+//! `serde_json` to parse JSON, `sha2` to hash, `crc32fast` for the ZIP checksums, `pulldown-cmark` to read markdown as a
 //! renderer does, `roxmltree` to read the SVG, `ndarray` for arrays, `walkdir` to list source
 //! trees, `clap` and `anyhow` for the binary. It never depends on the codec, the studies or the
-//! runner, and shares no code with them: the decoder, the quantization rule, attention, the strict npz reader
-//! and every table are written here again from the evidence format's spec; the models' sizes and
-//! pinned hashes are its own copy too ([`common::models::ModelName`]). (Its tests use the two
-//! studies' libraries (`kvstudy`, `quality`), `evidence`, the codec and the models crate as
-//! dev-dependencies, to make runs to tamper with and to find the model files; never the runner.)
+//! runner, and shares no code with them: the decoder, the quantization rule, the packed cache a
+//! model-quality pass reads, attention, the strict npz reader and every table are written here
+//! again from the evidence format's spec; the models' sizes and pinned hashes are its own copy
+//! too ([`common::models::ModelName`]). (Its tests use the two studies' libraries (`kvstudy`,
+//! `quality`), `evidence` and the codec as dev-dependencies, to make runs to tamper with; never
+//! the runner.)
 //!
 //! # Model-quality evidence
 //!
@@ -42,15 +43,12 @@
 //! instead: [`audit_dir`] chooses the checker by the manifest's `format`, and [`audit_pins`]
 //! audits every pinned directory whatever its format.
 //!
-//! **What a PASS means for this format.** The per-position log-probs, KL values and argmaxes
-//! (and generated ids) rest on the model's hash, the recorded token ids and the runner's
-//! byte-reproducibility test: the audit does not run the model (no second forward pass). It
-//! re-derives every aggregate of results.json, every bytes-per-token figure (its own
-//! implementation of the cache-size rule, [`model_quality::bytes`]), every value of summary.json,
-//! every cell of summary.md's tables and every chart marker from them, checks every file's hash,
-//! the sources and the model record, and holds the arrays to their ranges. Generated text is not
-//! re-decoded (no tokenizer): only `first_departure` is checked against the generated ids, and
-//! the report says so in a note.
+//! **What a PASS means for this format.** The audit re-runs SmolLM2 with its own packed cache
+//! and requires every per-position log-prob, KL value and argmax bit for bit, and every
+//! generated id and text ([`model_quality::rerun`]); from those arrays it re-derives every
+//! aggregate, bytes-per-token figure (its own cache-size rule, [`model_quality::bytes`]), value of
+//! summary.json, cell of summary.md and chart marker, and checks every file's hash, the sources
+//! and the model record.
 //!
 //! - [`audit_dir`]: one evidence directory (`audit DIR`);
 //! - [`audit_pins`]: everything a root manifest pins (`audit`);

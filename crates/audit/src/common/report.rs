@@ -52,6 +52,8 @@ pub enum Checked {
     Positions,
     /// Bytes-per-token figures re-derived from the cache-size rule.
     BytesPerToken,
+    /// Generated texts decoded from their ids.
+    GeneratedTexts,
 }
 
 impl Checked {
@@ -79,6 +81,7 @@ impl Checked {
             Checked::ChartMarkers => "chart markers (value and position)",
             Checked::Timings => "raw timings (form only)",
             Checked::Positions => "scored positions (log-prob, KL and argmax read and checked)",
+            Checked::GeneratedTexts => "generated texts (decoded from their ids)",
             Checked::BytesPerToken => {
                 "bytes-per-token figures (re-derived from the cache-size rule)"
             }

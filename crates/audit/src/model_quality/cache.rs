@@ -59,7 +59,7 @@ fn round_trip(
             GroupAxis::Token => {
                 for f in 0..d {
                     for s in (0..tokens).step_by(group.max(1)) {
-                        let e = (s + group).min(tokens);
+                        let e = s.saturating_add(group).min(tokens);
                         quantize(&mut (s..e).map(|t| at(t, f)));
                     }
                 }
@@ -67,7 +67,7 @@ fn round_trip(
             GroupAxis::Feature => {
                 for t in 0..tokens {
                     for s in (0..d).step_by(group.max(1)) {
-                        let e = (s + group).min(d);
+                        let e = s.saturating_add(group).min(d);
                         quantize(&mut (s..e).map(|f| at(t, f)));
                     }
                 }
@@ -141,7 +141,7 @@ impl Side {
             Tier::Low if run.schedule == Schedule::Causal && self.axis == GroupAxis::Token => {
                 let group = run.setting.group_size.max(1);
                 let s = j / group * group;
-                if s + group > n {
+                if s.saturating_add(group) > n {
                     let part = self.partial.get(i).map_or(&[][..], Vec::as_slice);
                     at(part, head, i - s + 1, j - s, d)
                 } else {

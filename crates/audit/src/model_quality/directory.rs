@@ -57,7 +57,18 @@ pub fn audit(
                 .outputs
                 .get("arrays.npz")
                 .map_or("", String::as_str);
-            rerun::check(p, &runs, &ids, arrays_sha256, &archive, options, report);
+            let rows = texts
+                .get("results.json")
+                .and_then(|b| serde_json::from_slice::<Vec<QualityRow>>(b).ok())
+                .unwrap_or_default();
+            let rerun = rerun::Rerun {
+                protocol: p,
+                runs: &runs,
+                ids: &ids,
+                rows: &rows,
+                arrays_sha256,
+            };
+            rerun.check(&archive, options, report);
             derived
         }
         Some(Err(e)) => {

@@ -16,6 +16,9 @@
 //! Being the same arithmetic in the same order, the values must be the same bits; a difference
 //! in the last bit is a different computation, and fails.
 //!
+//! With the model, every generated text in results.json must also be its archived ids decoded
+//! (SmolLM2's BPE, UTF-8 with invalid bytes replaced).
+//!
 //! Without the model, two things still hold at every position and are checked
 //! ([`check_consistency`]): Pinsker's inequality, KL >= 2 * TV^2 >= 2 * (p_f32(t) - p(t))^2
 //! for the scored token t; and the float32 run's first generated token is its argmax at the last
@@ -23,11 +26,13 @@
 
 use models::llama::{Llama, argmax};
 use models::ops;
+use models::tokenizer::bpe::Bpe;
 use ndarray::{Array2, s};
 use rayon::prelude::*;
 
 use super::cache::AuditCache;
 use super::protocol::{QualityProtocol, Run};
+use super::results::QualityRow;
 use crate::common::model_files::{self, LoadedModel};
 use crate::common::models::ModelName;
 use crate::common::npz::{Archive, Element};
@@ -172,35 +177,115 @@ fn pass_ids(p: &QualityProtocol, runs: &[Run]) -> Vec<String> {
     out
 }
 
-/// Re-runs every pass (or a sample) and holds the archive to it (module docs). `ids` are the
-/// manifest's, per text.
-pub(super) fn check(
+/// What a re-run checks against.
+pub(super) struct Rerun<'a> {
+    /// The protocol.
+    pub protocol: &'a QualityProtocol,
+    /// Its runs.
+    pub runs: &'a [Run],
+    /// The manifest's ids, per text.
+    pub ids: &'a [Vec<u32>],
+    /// results.json's rows (none if it does not parse; that is reported with results.json).
+    pub rows: &'a [QualityRow],
+    /// arrays.npz's SHA-256 as recorded (the sample's seed).
+    pub arrays_sha256: &'a str,
+}
+
+impl Rerun<'_> {
+    /// Re-runs every pass (or a sample) and holds the archive to it, and decodes every
+    /// generated text (module docs).
+    pub(super) fn check(&self, archive: &Archive, options: &Options, report: &mut Report) {
+        let all = pass_ids(self.protocol, self.runs);
+        let Some(model) = model_files::load(ModelName::SmolLm2, &options.models, report) else {
+            report.unverified(format!(
+                "{} model passes (log-probs, KL values, argmaxes and generated ids) were not \
+                 re-run",
+                all.len()
+            ));
+            if self.protocol.generate.is_some() {
+                report.note(Note::GeneratedTextNotDecoded);
+            }
+            return;
+        };
+        let Some((llama, bpe)) = model.llama() else {
+            return;
+        };
+        self.check_texts(bpe, archive, report);
+        let chosen = sample::choose(&all, self.arrays_sha256, options.sample);
+        if chosen.len() < all.len() {
+            report.note(Note::Sampled {
+                passes: chosen.clone(),
+                of: all.len(),
+            });
+        }
+        passes(
+            self.protocol,
+            self.runs,
+            self.ids,
+            &chosen,
+            &model,
+            llama,
+            archive,
+            report,
+        );
+    }
+
+    /// results.json's generated texts are the archived ids decoded (UTF-8, invalid bytes
+    /// replaced), as the format says.
+    fn check_texts(&self, bpe: &Bpe, archive: &Archive, report: &mut Report) {
+        let Some(g) = self.protocol.generate else {
+            return;
+        };
+        let decode = |name: &str| -> Option<String> {
+            let ids = archive.values::<i64>(name, &[g.tokens]).ok()?;
+            let ids: Vec<u32> = ids
+                .iter()
+                .map(|&x| u32::try_from(x).ok())
+                .collect::<Option<_>>()?;
+            Some(String::from_utf8_lossy(&bpe.decode(&ids).ok()?).into_owned())
+        };
+        for row in self.rows {
+            for (field, written, array) in [
+                (
+                    "generated_text",
+                    &row.generated_text,
+                    format!("{}_generated", row.id),
+                ),
+                (
+                    "f32_generated_text",
+                    &row.f32_generated_text,
+                    format!("t{}_f32_generated", row.text),
+                ),
+            ] {
+                let Some(decoded) = decode(&array) else {
+                    continue;
+                };
+                if written.as_deref() != Some(decoded.as_str()) {
+                    report.fail(Problem::Metric {
+                        id: row.id.clone(),
+                        field,
+                        recorded: format!("{written:?}"),
+                        recomputed: format!("{decoded:?} ({array} decoded)"),
+                    });
+                }
+            }
+        }
+        report.count(Checked::GeneratedTexts, 2 * self.rows.len());
+    }
+}
+
+/// The chosen passes, re-run text by text.
+#[allow(clippy::too_many_arguments)]
+fn passes(
     p: &QualityProtocol,
     runs: &[Run],
     ids: &[Vec<u32>],
-    arrays_sha256: &str,
+    chosen: &[String],
+    model: &LoadedModel,
+    llama: &Llama,
     archive: &Archive,
-    options: &Options,
     report: &mut Report,
 ) {
-    let all = pass_ids(p, runs);
-    let Some(model) = model_files::load(ModelName::SmolLm2, &options.models, report) else {
-        report.unverified(format!(
-            "{} model passes (log-probs, KL values, argmaxes and generated ids) were not re-run",
-            all.len()
-        ));
-        return;
-    };
-    let Some((llama, _)) = model.llama() else {
-        return;
-    };
-    let chosen = sample::choose(&all, arrays_sha256, options.sample);
-    if chosen.len() < all.len() {
-        report.note(Note::Sampled {
-            passes: chosen.clone(),
-            of: all.len(),
-        });
-    }
     for (t, text) in p.texts.iter().enumerate() {
         let Some(recorded) = ids.get(t) else {
             continue;
@@ -210,7 +295,7 @@ pub(super) fn check(
         if !chosen.contains(&f32_pass) && rows.is_empty() {
             continue;
         }
-        check_tokens(&model, &text.text, p.max_tokens, recorded, t, report);
+        check_tokens(model, &text.text, p.max_tokens, recorded, t, report);
         let plain = match llama.forward(recorded) {
             Ok(c) => c,
             Err(e) => {

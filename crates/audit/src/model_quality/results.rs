@@ -9,7 +9,7 @@ use super::arrays::Derived;
 use super::bytes::FLOAT32_BYTES_PER_TOKEN;
 use super::protocol::{QualityProtocol, Run};
 use crate::common::problem::ResultsProblem;
-use crate::common::report::{Checked, Note, Problem, Report};
+use crate::common::report::{Checked, Problem, Report};
 use crate::common::tolerance::close;
 
 /// One row of results.json.
@@ -138,7 +138,6 @@ pub(super) fn check_results(
             report.fail(problem);
         }
         if generating {
-            report.note(Note::GeneratedTextNotDecoded);
             let recorded = row.first_departure.clone().unwrap_or_default();
             let expected = match d.first_departure {
                 Some(k) => serde_json::Value::from(k),

@@ -142,14 +142,30 @@ pub fn check(
             let Some(cache) = capture.layers.get(layer) else {
                 continue;
             };
+            // A validated protocol keeps every index in range; anything else is named, not a
+            // panic.
             let positions = queries / group;
-            let q = Array2::from_shape_fn((queries, features), |(r, f)| {
-                cache.q[[
-                    kv_head * group + r % group,
-                    tokens - positions + r / group,
-                    f,
-                ]]
-            });
+            let q: Option<Vec<f32>> = (0..queries * features)
+                .map(|i| {
+                    let (r, f) = (i / features, i % features);
+                    let position = (tokens + r / group).checked_sub(positions)?;
+                    cache
+                        .q
+                        .get([kv_head * group + r % group, position, f])
+                        .copied()
+                })
+                .collect();
+            let Some(q) = q.and_then(|q| Array2::from_shape_vec((queries, features), q).ok())
+            else {
+                report.fail(Problem::RerunFailed {
+                    pass: pass.clone(),
+                    reason: format!("{}: its queries are not in the model's pass", plan.id),
+                });
+                continue;
+            };
+            if kv_head >= cache.k.dim().0 {
+                continue;
+            }
             let k = cache.k.slice(s![kv_head, .., ..]).to_owned();
             let v = cache.v.slice(s![kv_head, .., ..]).to_owned();
             let mut same = true;

@@ -772,6 +772,18 @@ fn a_runner_study_passes_and_tampering_with_it_fails() {
         |p| matches!(p, Problem::Rerun { pass, array, index: 7, .. } if pass == "t0_g4_b2_asym_uniform_causal" && array == "t0_g4_b2_asym_uniform_causal_kl"),
     );
 
+    // A generated text that is not its ids decoded.
+    let (_t, copy) = crate::support::copy_of(&dir);
+    crate::support::edit_json(&copy, "results.json", |rows| {
+        rows[2]["generated_text"] = json!("a better continuation");
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &audit::audit_dir(&copy, &workspace()),
+        "generated text",
+        |p| matches!(p, Problem::Metric { field: "generated_text", id, .. } if id == "t0_g4_b2_asym_uniform_causal"),
+    );
+
     // A sample re-runs the passes it names, and only those.
     let sampled = audit::audit_dir_with(
         &dir,
