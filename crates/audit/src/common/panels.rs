@@ -33,7 +33,8 @@
 //!   area, and drawn as a point there: one circle or polygon centred on its translate (a circle
 //!   without `cx`/`cy`, a polygon whose vertices average within a pixel of it), painted (its fill
 //!   or its stroke not `none`), reaching at most [`MARKER_REACH`] px from its centre, stroke
-//!   included, and with no attribute but its geometry, `fill`, `stroke` and `stroke-width`;
+//!   included, of at most [`MAX_VERTICES`] vertices, and with no attribute but its geometry,
+//!   `fill`, `stroke` and `stroke-width`;
 //! - every marker seen ([`sight`]): nothing but later markers drawn over it, and at least a
 //!   pixel of it left uncovered by them in a colour that stands out from the background and
 //!   from what lies beneath (a later marker within a pixel of it, where the data coincide at
@@ -60,11 +61,17 @@ use crate::common::problem::ChartProblem;
 use crate::common::report::{Checked, Problem, Report};
 use crate::common::svg::{Axis, number, translate, x_label};
 use crate::common::tolerance::close;
-use sight::{Drawn, Look, MIN_AREA, Paint, Rgb, paint_value, paints_differ, visible_area};
+use sight::{
+    Drawn, Look, MAX_BENEATH, MIN_AREA, Paint, Rgb, paint_value, paints_differ, visible_area,
+};
 
 /// How far a marker's (or legend swatch's) shape may reach from its centre, stroke included, in
 /// pixels: a marker marks a point, and a larger shape could cover the markers around it.
 pub const MARKER_REACH: f64 = 10.0;
+
+/// Most vertices a marker's polygon may have: a point's shape needs few, and each is weighed at
+/// every sample of what a viewer sees.
+pub const MAX_VERTICES: usize = 64;
 
 /// A legend heading and its series' labels, in order.
 pub(crate) type LegendGroup = (String, Vec<String>);
@@ -146,6 +153,12 @@ fn point_shape(node: Node) -> Result<Paint, String> {
     }
     let paint = Paint::read(*child)?;
     if let sight::Geometry::Polygon(points) = &paint.geometry {
+        if points.len() > MAX_VERTICES {
+            return Err(format!(
+                "a polygon of {} vertices; a point's shape has at most {MAX_VERTICES}",
+                points.len()
+            ));
+        }
         let n = points.len() as f64;
         let centre = (
             points.iter().map(|p| p.0).sum::<f64>() / n,
@@ -821,13 +834,15 @@ fn check_series(
     let background = background(root);
     let entries: Vec<&Entry> = legend.iter().flatten().collect();
     for (i, a) in entries.iter().enumerate() {
-        for b in &entries[i + 1..] {
-            if !paints_differ(&a.paint, &b.paint, background) {
-                fail(ChartProblem::Series {
-                    series: a.label.clone(),
-                    what: format!("drawn like {}: a viewer cannot tell the two apart", b.label),
-                });
-            }
+        // One problem per series: the first later series it cannot be told from.
+        let alike = entries[i + 1..]
+            .iter()
+            .find(|b| !paints_differ(&a.paint, &b.paint, background));
+        if let Some(b) = alike {
+            fail(ChartProblem::Series {
+                series: a.label.clone(),
+                what: format!("drawn like {}: a viewer cannot tell the two apart", b.label),
+            });
         }
     }
 }
@@ -897,7 +912,18 @@ fn check_sight(
             .filter(|d| marker && is_marker(d) && d.bounds.overlaps(&me.bounds))
             .filter(elsewhere)
             .collect();
-        let area = visible_area(&drawn, k, &covers, background);
+        let area = match visible_area(&drawn, k, &covers, background) {
+            Ok(area) => area,
+            Err(count) => {
+                fail(ChartProblem::Hidden {
+                    what: name,
+                    why: format!(
+                        "{count} elements lie beneath it; the chart draws at most {MAX_BENEATH}"
+                    ),
+                });
+                continue;
+            }
+        };
         if area < MIN_AREA {
             fail(ChartProblem::Hidden {
                 what: name,

@@ -517,6 +517,60 @@ fn a_figure_in_free_text_is_refused() {
 }
 
 #[test]
+fn a_figure_in_another_script_is_refused() {
+    // Fullwidth digits, which fonts draw like 4 and 0, in a headline above the tables.
+    let mut e = Evidence::new();
+    e.markdown = e.markdown.replace(
+        "next-token quality.",
+        "next-token quality: \u{FF14}0% less.",
+    );
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "figure",
+        |p| matches!(p, Problem::Markdown(MarkdownProblem::Figure { figure, .. }) if figure == "\u{FF14}0%"),
+    );
+}
+
+#[test]
+fn a_legend_that_pairs_series_wrongly_is_named() {
+    // The two legend labels exchange places: each sits beside the other series' swatch.
+    let mut e = Evidence::new();
+    e.svg = e
+        .svg
+        .replacen(
+            "<text x=\"780\" y=\"80\">g32_b4",
+            "<text x=\"780\" y=\"140\">g32_b4",
+            1,
+        )
+        .replacen(
+            "<text x=\"780\" y=\"140\">g32_b2",
+            "<text x=\"780\" y=\"80\">g32_b2",
+            1,
+        );
+    let report = e.audit();
+    assert_problem(&report, "label beside another swatch", |p| {
+        matches!(p, Problem::QualityChart(ChartProblem::Series { series, what })
+            if series == "g32_b4" && what.contains("beside the swatch of g32_b2 + recent_f32:32"))
+    });
+
+    // The uniform run's marker drawn as the budget series is (its swatch unchanged).
+    let mut e = Evidence::new();
+    let filled = "<circle r=\"5\" fill=\"#1F77B4\" stroke=\"none\"/></g>\n</g>";
+    assert!(e.svg.contains(filled));
+    e.svg = e.svg.replacen(
+        filled,
+        "<circle r=\"5\" fill=\"none\" stroke=\"#FF7F0E\" stroke-width=\"2\"/></g>\n</g>",
+        1,
+    );
+    let report = e.audit();
+    assert_problem(&report, "marker unlike its swatch", |p| {
+        matches!(p, Problem::QualityChart(ChartProblem::Series { series, what })
+            if series == "g32_b4" && what.contains("unlike its legend swatch"))
+    });
+}
+
+#[test]
 fn a_changed_summary_json_value_is_named() {
     let mut e = Evidence::new();
     e.summary["rows"][0]["kl_mean"] = json!(0.2);

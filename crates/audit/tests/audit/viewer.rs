@@ -307,6 +307,57 @@ fn shapes_that_look_like_markers_but_are_not_fail() {
     });
     assert_chart(&report, "block dash", element("one thin pen"));
 
+    // A marker whose polygon has more vertices than a point's shape needs (each is weighed at
+    // every sample of what a viewer sees), and a marker buried under more lines than a chart
+    // draws: both refused, quickly.
+    let report = chart_edit(|lines| {
+        let first = starting(lines, "<g class=\"marker\"")[0];
+        let points: Vec<String> = (0..65)
+            .map(|i| {
+                let a = f64::from(i) * std::f64::consts::TAU / 65.0;
+                format!("{:.3},{:.3}", 5.0 * a.cos(), 5.0 * a.sin())
+            })
+            .collect();
+        let old = shape(&lines[first]).to_string();
+        lines[first] = lines[first].replacen(
+            &old,
+            &format!(
+                "<polygon points=\"{}\" fill=\"#1F77B4\"/>",
+                points.join(" ")
+            ),
+            1,
+        );
+    });
+    assert_chart(
+        &report,
+        "vertices",
+        |p| matches!(p, ChartProblem::Shape { what, .. } if what.contains("65 vertices")),
+    );
+    let report = chart_edit(|lines| {
+        let first = starting(lines, "<g class=\"marker\"")[0];
+        let x = attribute(&lines[first], "transform")
+            .trim_start_matches("translate(")
+            .split(',')
+            .next()
+            .unwrap()
+            .to_string();
+        let open = lines
+            .iter()
+            .position(|l| l == "<g class=\"float32\">")
+            .unwrap();
+        let line = format!(
+            "<polyline fill=\"none\" stroke=\"#DDDDDD\" stroke-width=\"1\" points=\"{x},271 {x},72 \"/>"
+        );
+        for _ in 0..1001 {
+            lines.insert(open, line.clone());
+        }
+    });
+    assert_chart(
+        &report,
+        "buried",
+        hidden("marker", "elements lie beneath it"),
+    );
+
     // The real marker's shape put in another namespace (a renderer draws nothing), and a
     // segment drawn with a line element.
     let report = chart_edit(|lines| {

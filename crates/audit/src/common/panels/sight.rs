@@ -260,14 +260,19 @@ impl Paint {
 /// shape of one colour differ (inside), as do two shapes of one colour (where one reaches and
 /// the other does not), as do two colours.
 pub(crate) fn paints_differ(a: &Paint, b: &Paint, background: Rgb) -> bool {
+    if a == b {
+        return false;
+    }
     let area = Bounds::around(0.0, 0.0, a.reach().max(b.reach()));
     let back = float(background);
     let seen = |p: &Paint, x, y| p.at(x, y).map_or(back, float);
-    let differing = area
-        .samples()
+    // Enough is enough: the count stops at the area that decides.
+    let needed = (MIN_AREA / (STEP * STEP)).ceil() as usize;
+    area.samples()
         .filter(|&(x, y)| distinct(seen(a, x, y), seen(b, x, y)))
-        .count();
-    differing as f64 * STEP * STEP >= MIN_AREA
+        .take(needed)
+        .count()
+        == needed
 }
 
 /// What an element draws.
@@ -366,16 +371,30 @@ fn composite(below: &[&Drawn], x: f64, y: f64) -> [f64; 3] {
     colour
 }
 
-/// The area of `drawn[k]` a viewer sees: where it paints, nothing in `covers` paints over it,
-/// and its colour stands out from what lies beneath (the elements before it) and from the
-/// background (a marker in the background's colour reads as a gap in a grid line, not as a
-/// mark).
-pub(crate) fn visible_area(drawn: &[Drawn], k: usize, covers: &[&Drawn], background: Rgb) -> f64 {
+/// Most elements that may lie beneath a marker: the runner draws a frame, a few grid lines,
+/// float32 dashes and neighbouring markers there. More would only make the audit slow.
+pub(crate) const MAX_BENEATH: usize = 1000;
+
+/// The area of `drawn[k]` a viewer sees, counted up to [`MIN_AREA`] (which decides): where it
+/// paints, nothing in `covers` paints over it, and its colour stands out from what lies beneath
+/// (the elements before it) and from the background (a marker in the background's colour reads
+/// as a gap in a grid line, not as a mark). `Err` with the count of elements beneath it if there
+/// are more than [`MAX_BENEATH`].
+pub(crate) fn visible_area(
+    drawn: &[Drawn],
+    k: usize,
+    covers: &[&Drawn],
+    background: Rgb,
+) -> Result<f64, usize> {
     let me = &drawn[k];
     let below: Vec<&Drawn> = drawn[..k]
         .iter()
         .filter(|d| d.bounds.overlaps(&me.bounds))
         .collect();
+    if below.len() > MAX_BENEATH {
+        return Err(below.len());
+    }
+    let needed = (MIN_AREA / (STEP * STEP)).ceil() as usize;
     let seen = me
         .bounds
         .samples()
@@ -387,8 +406,9 @@ pub(crate) fn visible_area(drawn: &[Drawn], k: usize, covers: &[&Drawn], backgro
                 && distinct(float(colour), float(background))
                 && distinct(float(colour), composite(&below, x, y))
         })
+        .take(needed)
         .count();
-    seen as f64 * STEP * STEP
+    Ok(seen as f64 * STEP * STEP)
 }
 
 /// How far a text's `dy` moves its baseline, in pixels (an em is its font size, an ex half).
