@@ -584,8 +584,9 @@ struct Entry {
     paint: Paint,
 }
 
-/// Where a legend entry is drawn: its swatch's centre, its label's anchor, the swatch's reach,
-/// and whether the label is anchored at its start.
+/// Where a legend entry is drawn: its swatch's centre, where its label starts on the line a
+/// reader sees it on ([`sight::text_line`]), the swatch's reach, and whether the label is
+/// anchored at its start.
 #[derive(Clone, Copy)]
 struct Place {
     swatch: (f64, f64),
@@ -663,10 +664,7 @@ fn check_legend(
         }
         places[i] = Some(Place {
             swatch: centre,
-            label: (
-                number(text_node, "x").unwrap_or(f64::NAN),
-                number(text_node, "y").unwrap_or(f64::NAN),
-            ),
+            label: sight::text_line(text_node).unwrap_or((f64::NAN, f64::NAN)),
             reach,
             from_start: text_node
                 .attribute("text-anchor")
@@ -721,9 +719,9 @@ fn check_legend(
 }
 
 /// Each label beside its own swatch, as a reader pairs them: anchored at its start just right
-/// of the swatch's shape (within [`MARKER_REACH`] of its edge), on the swatch's line (within
-/// half of [`MARKER_REACH`]), and nearer to it than to any other swatch. The document order
-/// (label after swatch) is not what a reader sees; this is.
+/// of the swatch's shape (within [`MARKER_REACH`] of its edge), its line (after any `dy`) on the
+/// swatch's (within half of [`MARKER_REACH`]), and nearer to it than to any other swatch. The
+/// document order (label after swatch) is not what a reader sees; this is.
 fn check_beside(
     entries: &[&String],
     centres: &[Option<(f64, f64)>],
@@ -795,8 +793,7 @@ fn check_headings(
             .find(|n| n.has_tag_name("text") && n.text().unwrap_or("").trim() == heading);
         // A missing heading is named as a missing text.
         if let Some(text) = text {
-            let x = number(text, "x").unwrap_or(f64::NAN);
-            let y = number(text, "y").unwrap_or(f64::NAN);
+            let (x, y) = sight::text_line(text).unwrap_or((f64::NAN, f64::NAN));
             let top = group.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
             let left = group.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
             if !(y > above && y < top && x > grid_right && x <= left) {

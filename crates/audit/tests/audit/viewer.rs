@@ -126,6 +126,20 @@ fn a_legend_that_pairs_series_wrongly_fails() {
         series_problem("g8_b4", "beside the swatch of g12_b8"),
     );
 
+    // A label kept at its anchor but dropped by its dy (an em, as alignment may) towards the
+    // next swatch: the line a reader sees it on is what counts.
+    let report = chart_edit(|lines| {
+        let at = swatch(lines, "g8_b4") + 1;
+        let y: f64 = attribute(&lines[at], "y").parse().unwrap();
+        lines[at] = with_attribute(&lines[at], "y", &(y + 5.0).to_string());
+        lines[at] = with_attribute(&lines[at], "dy", "1em");
+    });
+    assert_chart(
+        &report,
+        "label dropped",
+        series_problem("g8_b4", "beside the swatch of g16_b3_asym"),
+    );
+
     // The two series' markers exchange paints (the legend left as it is).
     let report = chart_edit(|lines| {
         let four = shape(&lines[swatch(lines, "g8_b4")]).to_string();

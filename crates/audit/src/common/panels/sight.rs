@@ -411,6 +411,25 @@ pub(crate) fn visible_area(
     Ok(seen as f64 * STEP * STEP)
 }
 
+/// Where a reader sees a text's line: the middle of its lower-case letters, a quarter em above
+/// its baseline (DejaVu's x-height is 0.55 em), after its `dy`.
+pub(crate) fn text_line(text: Node) -> Option<(f64, f64)> {
+    let (x, y) = (number(text, "x")?, number(text, "y")?);
+    let size = font_size(text)?;
+    Some((
+        x,
+        y + baseline_offset(text.attribute("dy"), size) - 0.27 * size,
+    ))
+}
+
+/// A text's font size in pixels (SVG's default is 16).
+fn font_size(text: Node) -> Option<f64> {
+    match text.attribute("font-size") {
+        None => Some(16.0),
+        Some(s) => s.parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0),
+    }
+}
+
 /// How far a text's `dy` moves its baseline, in pixels (an em is its font size, an ex half).
 fn baseline_offset(dy: Option<&str>, size: f64) -> f64 {
     let Some(dy) = dy else {
@@ -430,13 +449,7 @@ fn baseline_offset(dy: Option<&str>, size: f64) -> f64 {
 /// about its anchor, the square around every way that box can turn.
 pub(crate) fn text_bounds(text: Node) -> Option<Bounds> {
     let (x, y) = (number(text, "x")?, number(text, "y")?);
-    let size = match text.attribute("font-size") {
-        None => 16.0,
-        Some(s) => s
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s > 0.0)?,
-    };
+    let size = font_size(text)?;
     let monospace = text.attribute("font-family") == Some("monospace");
     let bold = text.attribute("font-weight") == Some("bold");
     let width = size
