@@ -1,8 +1,10 @@
 //! The check of a chart of panels, shared by error-vs-bytes.svg ([`crate::packed_kv::chart`]) and
 //! quality-vs-bytes.svg ([`crate::model_quality::chart`]): every marker tied to its numbers, in
-//! its own panel, placed where that panel's axes say. The audit checks the figures, not the
-//! style: colours, which shape a marker is, filled or hollow, stroke widths, the float32 line's
-//! dashes and the tick labels' anchoring are the chart's to choose.
+//! its own panel, placed where that panel's axes say, and the chart read as a viewer sees it.
+//! The audit checks figures and what they look like to a reader, not the style: colours, which
+//! shape a marker is, filled or hollow, stroke widths, the float32 line's dashes and the tick
+//! labels' anchoring are the chart's to choose, so long as each series looks like itself and
+//! unlike the others.
 //!
 //! Each panel is a `<g class="panel">` that names what it shows in data attributes and declares
 //! its log-log axis mapping (`data-x-range`, `data-y-range`: the value range; `data-x-pixels`,
@@ -10,46 +12,66 @@
 //! lo)`), and holds its markers, `<g class="marker" ... transform="translate(X,Y)">` around one
 //! shape. Given what a chart must hold (`ExpectedChart`, derived by each chart's module), the
 //! audit requires:
-//! - the panels in order, each with its data attributes and titled, not overlapping, all with
-//!   one y range (so rows compare), and each with one float32 line, a `<g class="float32">`
-//!   holding only polylines (plotters draws a dashed line as one per dash), every point within a
-//!   pixel of the pixel its mapping gives the float32 size and together spanning the plot's
-//!   height, and its label;
+//! - the form the runner writes ([`form`]): a closed set of elements and of attributes for each,
+//!   values that read one way (paints `none` or `#RRGGBB`, single numbers, generic font
+//!   families), no comment, processing instruction, declaration or foreign namespace, a viewBox
+//!   of exactly `0 0 width height`, a painted background over the whole document first, no group
+//!   but panels, markers, swatches and float32 lines, no transform but theirs and a rotation of
+//!   a root text about its own anchor, texts of one part (what the audit reads is all that is
+//!   drawn), polylines only in panels, each one horizontal or vertical segment at least twice as
+//!   long as it is wide (a float32 line's dashes one pen, thinner than half its longest dash), no
+//!   filled polyline, no rect but the background and one frame per panel equal to its plot area,
+//!   and no circle or polygon outside a marker or swatch;
+//! - the panels in order, each with its data attributes and titled, not overlapping, inside the
+//!   document, all with one y range (so rows compare), and each with one float32 line, a
+//!   `<g class="float32">` holding only polylines (plotters draws a dashed line as one per
+//!   dash), every point within a pixel of the pixel its mapping gives the float32 size and
+//!   together spanning the plot's height, and its label;
 //! - in each panel exactly its markers, in order, each with exactly its data attributes, equal
 //!   to the audit's own values;
 //! - each marker within one pixel of where its panel's mapping puts its data, inside the plot
 //!   area, and drawn as a point there: one circle or polygon centred on its translate (a circle
 //!   without `cx`/`cy`, a polygon whose vertices average within a pixel of it), painted (its fill
 //!   or its stroke not `none`), reaching at most [`MARKER_REACH`] px from its centre, stroke
-//!   included, and with no attribute but its geometry, `fill`, `stroke` and `stroke-width` (so
-//!   nothing moves, hides or enlarges it over its neighbours);
+//!   included, of at most [`MAX_VERTICES`] vertices, and with no attribute but its geometry,
+//!   `fill`, `stroke` and `stroke-width`;
+//! - every marker seen ([`sight`]): nothing but later markers drawn over it, and at least a
+//!   pixel of it left uncovered by them in a colour that stands out from the background and
+//!   from what lies beneath (a later marker within a pixel of it, where the data coincide at
+//!   the chart's resolution, is the data's doing and not counted);
 //! - every text in a panel its title, its float32 label, the empty-panel note, or a tick label
 //!   at the pixel the panel's mapping gives its value (x labels below the plot, y labels left of
 //!   it), shifted by at most one em or ex (`dy`) and by nothing else; at least two x tick labels
 //!   per panel and two y tick labels in each row's first panel;
-//! - a legend right of the grid: a `<g class="swatch" data-series="LABEL">` per series, in
-//!   order, holding one point shape as a marker does and followed by its label; and besides the
-//!   legend's labels only the chart's titles and headings outside the panels;
-//! - no element outside what the chart uses (no script, image, link or foreign content), no
-//!   group but panels, markers, swatches and float32 lines, no transform but theirs and the
-//!   rotated y title, no filled rect but the background nor any filled polyline, and no circle
-//!   or polygon outside a marker or swatch.
+//! - a legend right of the grid, read by relation: a `<g class="swatch" data-series="LABEL">` per
+//!   series, in order, holding one point shape as a marker does and followed by its label; each
+//!   label beside its own swatch (just right of it, on its line, and nearer to it than to any
+//!   other swatch), each heading above its group's swatches and below the group before; every
+//!   marker of a series drawn exactly as its swatch; any two series' paints telling apart (by at
+//!   least a pixel of distinct colour, each drawn alone on the background: colour, shape, and
+//!   filled or hollow all count); swatches and labels seen, nothing drawn over them; and besides
+//!   the legend's labels only the chart's titles and headings outside the panels.
 
-use roxmltree::{Document, Node};
+mod form;
+mod sight;
+
+use roxmltree::{Document, Node, NodeId};
 
 use crate::common::problem::ChartProblem;
 use crate::common::report::{Checked, Problem, Report};
-use crate::common::svg::{Axis, baseline_shift, number, polygon_points, translate, x_label};
+use crate::common::svg::{Axis, number, translate, x_label};
 use crate::common::tolerance::close;
-
-/// Elements the chart may contain.
-const ALLOWED: [&str; 8] = [
-    "svg", "rect", "line", "polyline", "polygon", "circle", "text", "g",
-];
+use sight::{
+    Drawn, Look, MAX_BENEATH, MIN_AREA, Paint, Rgb, paint_value, paints_differ, visible_area,
+};
 
 /// How far a marker's (or legend swatch's) shape may reach from its centre, stroke included, in
 /// pixels: a marker marks a point, and a larger shape could cover the markers around it.
 pub const MARKER_REACH: f64 = 10.0;
+
+/// Most vertices a marker's polygon may have: a point's shape needs few, and each is weighed at
+/// every sample of what a viewer sees.
+pub const MAX_VERTICES: usize = 64;
 
 /// A legend heading and its series' labels, in order.
 pub(crate) type LegendGroup = (String, Vec<String>);
@@ -94,6 +116,8 @@ pub(crate) struct ExpectedMarker {
     pub config: String,
     pub condition: String,
     pub tokens: usize,
+    /// Its series' legend label: its paint must be that swatch's.
+    pub series: String,
 }
 
 impl ExpectedMarker {
@@ -109,8 +133,9 @@ impl ExpectedMarker {
 
 /// Whether `node` (a marker or a swatch) holds exactly one circle or polygon drawn as a point at
 /// its origin: centred on it, painted, reaching at most [`MARKER_REACH`] px, stroke included, and
-/// with no attribute but its geometry and paint. Its colour, its shape and its stroke are free.
-fn point_shape(node: Node) -> Result<(), String> {
+/// with no attribute but its geometry and paint; returns its paint. Its colour, its shape and
+/// its stroke are free.
+fn point_shape(node: Node) -> Result<Paint, String> {
     let children: Vec<Node> = node.children().filter(|c| c.is_element()).collect();
     let [child] = children.as_slice() else {
         return Err(format!("{} shapes", children.len()));
@@ -126,29 +151,14 @@ fn point_shape(node: Node) -> Result<(), String> {
     {
         return Err(format!("a {element} with a {} attribute", a.name()));
     }
-    let stroke_width = match child.attribute("stroke-width") {
-        None => 1.0,
-        Some(w) => match w.parse::<f64>() {
-            Ok(w) if w.is_finite() && w >= 0.0 => w,
-            _ => return Err(format!("stroke-width {w:?}")),
-        },
-    };
-    let unpainted = |paint: Option<&str>| matches!(paint, Some("none" | "transparent"));
-    // SVG fills black and strokes nothing by default.
-    let stroked = !unpainted(child.attribute("stroke").or(Some("none"))) && stroke_width > 0.0;
-    if unpainted(child.attribute("fill")) && !stroked {
-        return Err(format!("an unpainted {element}"));
-    }
-    let radius = if element == "circle" {
-        match child.attribute("r").and_then(|r| r.parse::<f64>().ok()) {
-            Some(r) if r.is_finite() && r > 0.0 => r,
-            _ => return Err("a circle without a positive r".into()),
+    let paint = Paint::read(*child)?;
+    if let sight::Geometry::Polygon(points) = &paint.geometry {
+        if points.len() > MAX_VERTICES {
+            return Err(format!(
+                "a polygon of {} vertices; a point's shape has at most {MAX_VERTICES}",
+                points.len()
+            ));
         }
-    } else {
-        let points = child.attribute("points").and_then(polygon_points);
-        let Some(points) = points.filter(|p| p.len() >= 3) else {
-            return Err("a polygon without three or more points".into());
-        };
         let n = points.len() as f64;
         let centre = (
             points.iter().map(|p| p.0).sum::<f64>() / n,
@@ -160,15 +170,14 @@ fn point_shape(node: Node) -> Result<(), String> {
                 centre.0, centre.1
             ));
         }
-        points.iter().map(|(x, y)| x.hypot(*y)).fold(0.0, f64::max)
-    };
-    let reach = radius + if stroked { stroke_width / 2.0 } else { 0.0 };
+    }
+    let reach = paint.reach();
     if reach > MARKER_REACH {
         return Err(format!(
             "a {element} reaching {reach:.1} px from its centre; at most {MARKER_REACH}"
         ));
     }
-    Ok(())
+    Ok(paint)
 }
 
 /// Whether a float32 group draws one vertical line at pixel `at` across the plot, solid or
@@ -201,6 +210,14 @@ fn vertical_line(group: Node, at: f64, y_axis: Axis) -> bool {
         && reach(high)
 }
 
+/// A marker whose shape reads: its group, how problems name it, its series and its paint.
+struct Shown {
+    group: NodeId,
+    name: String,
+    series: String,
+    paint: Paint,
+}
+
 /// Checks a chart of panels against what the audit expects; problems are wrapped by `wrap`.
 pub(crate) fn check_panels(
     svg: &str,
@@ -225,7 +242,7 @@ pub(crate) fn check_panels(
             reason: "the root is not an svg element".into(),
         });
     }
-    match check_elements(root, want) {
+    match form::check_form(svg, &doc, want) {
         // A stray shape is named, and the rest still checked.
         Ok(strays) => strays.into_iter().for_each(&mut fail),
         Err(problem) => return fail(problem),
@@ -239,6 +256,10 @@ pub(crate) fn check_panels(
             what: format!("{} panels, expected {}", panels.len(), want.panels.len()),
         });
     }
+    let document = match form::document_size(root) {
+        Ok(size) => size,
+        Err(problem) => return fail(problem),
+    };
     let mut axes: Vec<(Axis, Axis)> = Vec::new();
     for (node, expected) in panels.iter().zip(&want.panels) {
         let axis =
@@ -288,12 +309,25 @@ pub(crate) fn check_panels(
         .iter()
         .map(|(x, _)| x.span().1)
         .fold(f64::NEG_INFINITY, f64::max);
+    let in_document =
+        |x: f64, y: f64| (0.0..=document.0).contains(&x) && (0.0..=document.1).contains(&y);
+    for text in root.descendants().filter(|n| n.has_tag_name("text")) {
+        let (x, y) = (number(text, "x"), number(text, "y"));
+        if !x.zip(y).is_some_and(|(x, y)| in_document(x, y)) {
+            fail(ChartProblem::Hidden {
+                what: format!("the text {:?}", text.text().unwrap_or("").trim()),
+                why: outside(document),
+            });
+        }
+    }
 
     let mut placed = 0;
     let mut index = 0;
+    let mut shown: Vec<Shown> = Vec::new();
     for ((node, expected), &(x_axis, y_axis)) in panels.iter().zip(&want.panels).zip(&axes) {
         let mut fail = |problem: ChartProblem| report.fail(wrap(problem));
         check_panel_texts(*node, expected, x_axis, y_axis, want.y_label, &mut fail);
+        check_plot_area(*node, &expected.title, x_axis, y_axis, document, &mut fail);
         let lines: Vec<Node> = node
             .children()
             .filter(|n| n.has_tag_name("g") && n.attribute("class") == Some("float32"))
@@ -378,9 +412,17 @@ pub(crate) fn check_panels(
                     ey,
                 });
             }
-            if let Err(what) = point_shape(*marker) {
-                fail(shape_problem(what));
-                continue;
+            match point_shape(*marker) {
+                Ok(paint) => shown.push(Shown {
+                    group: marker.id(),
+                    name: format!("marker {} {} N={}", w.config, w.condition, w.tokens),
+                    series: w.series.clone(),
+                    paint,
+                }),
+                Err(what) => {
+                    fail(shape_problem(what));
+                    continue;
+                }
             }
             placed += 1;
         }
@@ -389,8 +431,66 @@ pub(crate) fn check_panels(
             .len()
             .saturating_sub(found.len().min(expected.markers.len()));
     }
-    check_legend(root, want, grid_right, &mut |p| report.fail(wrap(p)));
+    let mut fail = |problem: ChartProblem| report.fail(wrap(problem));
+    let legend = check_legend(root, want, grid_right, document, &mut fail);
+    check_series(root, &legend, &shown, &mut fail);
+    check_sight(root, &legend, &shown, &mut fail);
     report.count(Checked::ChartMarkers, placed);
+}
+
+fn outside(document: (f64, f64)) -> String {
+    format!(
+        "it lies outside the {} x {} px document",
+        document.0, document.1
+    )
+}
+
+/// A panel's plot area inside the document, its frame (if drawn) on the plot area's edge, and
+/// its grid lines inside the plot area: so that the panel is shown whole, and nothing in it
+/// passes for another mark.
+fn check_plot_area(
+    panel: Node,
+    title: &str,
+    x_axis: Axis,
+    y_axis: Axis,
+    document: (f64, f64),
+    fail: &mut dyn FnMut(ChartProblem),
+) {
+    let ((x0, x1), (y0, y1)) = (x_axis.span(), y_axis.span());
+    if x0 < 0.0 || y0 < 0.0 || x1 > document.0 || y1 > document.1 {
+        fail(ChartProblem::Hidden {
+            what: format!("panel {title:?}"),
+            why: outside(document),
+        });
+    }
+    let frames: Vec<Node> = panel
+        .children()
+        .filter(|n| n.has_tag_name("rect"))
+        .collect();
+    let on_edge = |f: &Node| {
+        let near = |name: &str, v: f64| number(*f, name).is_some_and(|n| (n - v).abs() <= 1.0);
+        near("x", x0) && near("y", y0) && near("width", x1 - x0) && near("height", y1 - y0)
+    };
+    if frames.len() > 1 || !frames.iter().all(on_edge) {
+        fail(ChartProblem::Mapping {
+            what: format!("panel {title:?}: a frame other than its plot area's edge"),
+        });
+    }
+    let lines_inside = panel
+        .children()
+        .filter(|n| n.has_tag_name("polyline"))
+        .all(|line| {
+            form::segment(line).is_some_and(|points| {
+                points
+                    .iter()
+                    .all(|&(x, y)| x_axis.holds(x) && y_axis.holds(y))
+            })
+        });
+    if !lines_inside {
+        fail(ChartProblem::Mapping {
+            what: format!("panel {title:?}: a line outside its plot area"),
+        });
+    }
 }
 
 /// Texts in a panel: its title, its float32 label, the empty-panel note, and tick labels at
@@ -476,50 +576,110 @@ fn check_panel_texts(
     }
 }
 
+/// A legend entry as drawn: its swatch group, its label text and the swatch's paint.
+struct Entry {
+    label: String,
+    swatch: NodeId,
+    text: NodeId,
+    paint: Paint,
+}
+
+/// Where a legend entry is drawn: its swatch's centre, where its label starts on the line a
+/// reader sees it on ([`sight::text_line`]), the swatch's reach, and whether the label is
+/// anchored at its start.
+#[derive(Clone, Copy)]
+struct Place {
+    swatch: (f64, f64),
+    label: (f64, f64),
+    reach: f64,
+    from_start: bool,
+}
+
 /// The legend: the swatches in order, each a point shape followed by its label, right of the
-/// grid; the texts outside the panels exactly the chart's titles, headings and legend labels.
+/// grid and inside the document; each label beside its own swatch and each heading above its
+/// group; the texts outside the panels exactly the chart's titles, headings and legend labels.
+/// Returns the entries (by series, in legend order) whose swatch and label read.
 fn check_legend(
     root: Node,
     want: &ExpectedChart,
     grid_right: f64,
+    document: (f64, f64),
     fail: &mut dyn FnMut(ChartProblem),
-) {
+) -> Vec<Option<Entry>> {
     let swatches: Vec<Node> = root
         .children()
         .filter(|n| n.has_tag_name("g") && n.attribute("class") == Some("swatch"))
         .collect();
     let entries: Vec<&String> = want.legend.iter().flat_map(|(_, s)| s).collect();
     let mut labels: Vec<&str> = Vec::new();
+    let mut found: Vec<Option<Entry>> = Vec::new();
+    let mut places: Vec<Option<Place>> = Vec::new();
     for (i, &label) in entries.iter().enumerate() {
+        found.push(None);
+        places.push(None);
         let Some(swatch) = swatches.get(i) else {
             fail(ChartProblem::Legend {
                 config: label.to_string(),
             });
             continue;
         };
-        let text = swatch
+        let text_node = swatch
             .next_sibling_element()
-            .filter(|t| t.has_tag_name("text"))
-            .and_then(|t| t.text())
-            .unwrap_or("")
-            .trim();
+            .filter(|t| t.has_tag_name("text"));
+        let text = text_node.and_then(|t| t.text()).unwrap_or("").trim();
         labels.push(text);
-        let right = translate(*swatch).is_some_and(|(x, _)| x > grid_right);
+        let centre = translate(*swatch);
+        let right = centre.is_some_and(|(x, _)| x > grid_right);
         if swatch.attribute("data-series") != Some(label.as_str()) || text != label || !right {
             fail(ChartProblem::Legend {
                 config: label.to_string(),
             });
             continue;
         }
-        if let Err(what) = point_shape(*swatch) {
-            fail(ChartProblem::Shape {
-                config: label.to_string(),
-                distribution: "legend".into(),
-                tokens: 0,
-                what,
+        let paint = match point_shape(*swatch) {
+            Ok(paint) => paint,
+            Err(what) => {
+                fail(ChartProblem::Shape {
+                    config: label.to_string(),
+                    distribution: "legend".into(),
+                    tokens: 0,
+                    what,
+                });
+                continue;
+            }
+        };
+        let (Some(centre), Some(text_node)) = (centre, text_node) else {
+            continue;
+        };
+        let reach = paint.reach();
+        let inside = centre.0 - reach >= 0.0
+            && centre.1 - reach >= 0.0
+            && centre.0 + reach <= document.0
+            && centre.1 + reach <= document.1;
+        if !inside {
+            fail(ChartProblem::Hidden {
+                what: format!("legend swatch {label}"),
+                why: outside(document),
             });
         }
+        places[i] = Some(Place {
+            swatch: centre,
+            label: sight::text_line(text_node).unwrap_or((f64::NAN, f64::NAN)),
+            reach,
+            from_start: text_node
+                .attribute("text-anchor")
+                .is_none_or(|a| a == "start"),
+        });
+        found[i] = Some(Entry {
+            label: label.clone(),
+            swatch: swatch.id(),
+            text: text_node.id(),
+            paint,
+        });
     }
+    let centres: Vec<Option<(f64, f64)>> = swatches.iter().map(|s| translate(*s)).collect();
+    check_beside(&entries, &centres, &places, fail);
+    check_headings(root, want, grid_right, &places, fail);
     if swatches.len() > entries.len() {
         fail(ChartProblem::Element {
             what: format!(
@@ -555,119 +715,220 @@ fn check_legend(
             what: format!("a text {text:?} outside the panels"),
         });
     }
+    found
 }
 
-/// The elements and attributes: only what the chart uses, groups only for panels (children of
-/// the root), their markers and the legend's swatches, transforms only theirs and the rotated y
-/// axis title, tick-like texts shifted by at most one em or ex (`dy`) and by nothing else, and
-/// no filled rect but the background (first); the error is the first breach. Returns the
-/// circles and polygons outside markers and swatches (strays).
-fn check_elements(root: Node, want: &ExpectedChart) -> Result<Vec<ChartProblem>, ChartProblem> {
-    let element = |what: String| ChartProblem::Element { what };
-    let mut strays = Vec::new();
-    for node in root.descendants().filter(|n| n.is_element()) {
-        let name = node.tag_name().name();
-        if !ALLOWED.contains(&name) {
-            return Err(element(format!("a {name} element")));
-        }
-        if let Some(a) = node.attributes().find(|a| {
-            let n = a.name().to_ascii_lowercase();
-            n.contains("href") || n.starts_with("on") || n == "style" || a.value().contains("url(")
-        }) {
-            return Err(element(format!("a {} attribute", a.name())));
-        }
-        let parent = node.parent_element();
-        fn class_of<'a>(n: Option<Node<'a, '_>>) -> Option<&'a str> {
-            n.and_then(|n| n.attribute("class"))
-        }
-        let at_root = parent == Some(root);
-        let group = node.has_tag_name("g");
-        let panel = group && at_root && class_of(Some(node)) == Some("panel");
-        let swatch = group && at_root && class_of(Some(node)) == Some("swatch");
-        let marker =
-            group && class_of(Some(node)) == Some("marker") && class_of(parent) == Some("panel");
-        let float32 =
-            group && class_of(Some(node)) == Some("float32") && class_of(parent) == Some("panel");
-        if group && !(panel || swatch || marker || float32) {
-            return Err(element(
-                "a group other than a panel, marker, swatch or float32 line".into(),
-            ));
-        }
-        // The float32 line's group holds its dashes only, and carries nothing else.
-        let in_float32 =
-            parent.is_some_and(|p| p.has_tag_name("g")) && class_of(parent) == Some("float32");
-        if (float32 && node.attributes().any(|a| a.name() != "class"))
-            || (in_float32 && name != "polyline")
-        {
-            return Err(element("a float32 line other than dashes".into()));
-        }
-        // A filled polyline could cover markers as a filled rect could; plotters draws none.
-        if name == "polyline" && node.attribute("fill") != Some("none") {
-            return Err(element("a filled polyline".into()));
-        }
-        // A filled rectangle could cover markers: only the background, first, may be filled;
-        // a panel's frame is an outline.
-        let background = at_root && root.first_element_child() == Some(node);
-        if name == "rect" && !background && node.attribute("fill") != Some("none") {
-            return Err(element("a filled rect over the chart".into()));
-        }
-        if matches!(name, "circle" | "polygon")
-            && !matches!(class_of(parent), Some("marker" | "swatch"))
-        {
-            let x = number(node, "cx").unwrap_or(f64::NAN);
-            let y = number(node, "cy").unwrap_or(f64::NAN);
-            strays.push(ChartProblem::Stray {
-                element: name.to_string(),
-                x,
-                y,
-            });
-        }
-        let label = node.text().unwrap_or("").trim();
-        let tick = node.has_tag_name("text")
-            && ((want.y_label)(label).is_some() || x_label(label).is_some());
-        if let Some(t) = node.attribute("transform") {
-            let rotated_title =
-                node.has_tag_name("text") && at_root && t.starts_with("rotate(") && !tick;
-            if !(marker || swatch || rotated_title) {
-                return Err(element(format!("a transform {t:?}")));
+/// Each label beside its own swatch, as a reader pairs them: anchored at its start just right
+/// of the swatch's shape (within [`MARKER_REACH`] of its edge), its line (after any `dy`) on the
+/// swatch's (within half of [`MARKER_REACH`]), and nearer to it than to any other swatch. The
+/// document order (label after swatch) is not what a reader sees; this is.
+fn check_beside(
+    entries: &[&String],
+    centres: &[Option<(f64, f64)>],
+    places: &[Option<Place>],
+    fail: &mut dyn FnMut(ChartProblem),
+) {
+    for (i, place) in places.iter().enumerate() {
+        let Some(Place {
+            swatch: (sx, sy),
+            label: (lx, ly),
+            reach,
+            from_start,
+        }) = *place
+        else {
+            continue;
+        };
+        let distance = |(x, y): (f64, f64)| (lx - x).hypot(ly - y);
+        // The swatch a reader pairs the label with: the nearest (its own, if tied).
+        let nearer = centres
+            .iter()
+            .enumerate()
+            .filter_map(|(j, c)| c.filter(|_| j != i).map(|c| (j, distance(c))))
+            .filter(|(_, d)| *d <= distance((sx, sy)))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(j, _)| j);
+        let gap = lx - sx - reach;
+        let beside = from_start
+            && (0.0..=MARKER_REACH).contains(&gap)
+            && (ly - sy).abs() <= MARKER_REACH / 2.0;
+        let what = match nearer {
+            Some(j) => format!(
+                "its label sits beside the swatch of {}",
+                entries.get(j).map_or("no series", |l| l.as_str())
+            ),
+            None if !beside => format!(
+                "its label at ({lx}, {ly}) is not just right of its swatch at ({sx}, {sy}), \
+                 on its line and anchored at its start"
+            ),
+            None => continue,
+        };
+        fail(ChartProblem::Series {
+            series: entries[i].to_string(),
+            what,
+        });
+    }
+}
+
+/// Each legend heading above its group's swatches and below the previous group's, at the
+/// legend's left (right of the grid, not right of its swatches): what a reader takes each group
+/// to be.
+fn check_headings(
+    root: Node,
+    want: &ExpectedChart,
+    grid_right: f64,
+    places: &[Option<Place>],
+    fail: &mut dyn FnMut(ChartProblem),
+) {
+    let mut first = 0;
+    let mut above = f64::NEG_INFINITY;
+    for (heading, series) in &want.legend {
+        let group: Vec<(f64, f64)> = places[first..first + series.len()]
+            .iter()
+            .flatten()
+            .map(|p| p.swatch)
+            .collect();
+        first += series.len();
+        let text = root
+            .children()
+            .find(|n| n.has_tag_name("text") && n.text().unwrap_or("").trim() == heading);
+        // A missing heading is named as a missing text.
+        if let Some(text) = text {
+            let (x, y) = sight::text_line(text).unwrap_or((f64::NAN, f64::NAN));
+            let top = group.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+            let left = group.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
+            if !(y > above && y < top && x > grid_right && x <= left) {
+                fail(ChartProblem::Series {
+                    series: format!("heading {heading:?}"),
+                    what: "not above its group's swatches and below the group before".into(),
+                });
             }
         }
-        if tick {
-            let plain = node.attributes().all(|a| {
-                matches!(
-                    a.name(),
-                    "x" | "y" | "text-anchor" | "font-family" | "font-size" | "opacity" | "fill"
-                ) || (a.name() == "dy" && baseline_shift(a.value()))
+        above = group.iter().map(|c| c.1).fold(above, f64::max);
+    }
+}
+
+/// What the legend says of the markers: every marker drawn exactly as its series' swatch, and
+/// any two series drawn so that a viewer tells them apart.
+fn check_series(
+    root: Node,
+    legend: &[Option<Entry>],
+    shown: &[Shown],
+    fail: &mut dyn FnMut(ChartProblem),
+) {
+    let mut named: Vec<&str> = Vec::new();
+    for marker in shown {
+        let Some(entry) = legend.iter().flatten().find(|e| e.label == marker.series) else {
+            continue; // its legend entry is named missing
+        };
+        if entry.paint != marker.paint && !named.contains(&marker.series.as_str()) {
+            named.push(&marker.series);
+            fail(ChartProblem::Series {
+                series: marker.series.clone(),
+                what: format!("{} is drawn unlike its legend swatch", marker.name),
             });
-            if !plain {
-                return Err(element("a tick label with an offset or a transform".into()));
-            }
-        }
-        if panel {
-            let known = node.attributes().all(|a| {
-                a.name() == "class"
-                    || matches!(
-                        a.name(),
-                        "data-x-range" | "data-y-range" | "data-x-pixels" | "data-y-pixels"
-                    )
-                    || want
-                        .panels
-                        .first()
-                        .is_some_and(|p| p.attributes.iter().any(|(n, _)| *n == a.name()))
-            });
-            if !known {
-                return Err(element("a panel attribute the chart does not write".into()));
-            }
-        }
-        if swatch
-            && node
-                .attributes()
-                .any(|a| !matches!(a.name(), "class" | "data-series" | "transform"))
-        {
-            return Err(element(
-                "a swatch attribute the chart does not write".into(),
-            ));
         }
     }
-    Ok(strays)
+    let background = background(root);
+    let entries: Vec<&Entry> = legend.iter().flatten().collect();
+    for (i, a) in entries.iter().enumerate() {
+        // One problem per series: the first later series it cannot be told from.
+        let alike = entries[i + 1..]
+            .iter()
+            .find(|b| !paints_differ(&a.paint, &b.paint, background));
+        if let Some(b) = alike {
+            fail(ChartProblem::Series {
+                series: a.label.clone(),
+                what: format!("drawn like {}: a viewer cannot tell the two apart", b.label),
+            });
+        }
+    }
+}
+
+/// The background's colour (the form requires a painted rect over the document, first).
+fn background(root: Node) -> Rgb {
+    root.first_element_child()
+        .filter(|n| n.has_tag_name("rect"))
+        .and_then(|r| paint_value(r.attribute("fill").unwrap_or("#000000")).flatten())
+        .unwrap_or([255; 3])
+}
+
+/// Every marker, swatch and legend label seen: nothing drawn over it later (for a marker,
+/// nothing but other markers), and for a marker or swatch at least [`MIN_AREA`] left uncovered
+/// by later markers in a colour that stands out from the background and from what lies beneath.
+/// A later marker within a pixel of it (the tolerance a marker is placed to) is not counted
+/// against it: there the data coincide at the chart's resolution, and no drawing shows both.
+fn check_sight(
+    root: Node,
+    legend: &[Option<Entry>],
+    shown: &[Shown],
+    fail: &mut dyn FnMut(ChartProblem),
+) {
+    let drawn = sight::drawn(root);
+    let background = background(root);
+    let markers: std::collections::HashSet<NodeId> = shown.iter().map(|m| m.group).collect();
+    let is_marker = |d: &Drawn| matches!(d.look, Look::Shape { .. }) && markers.contains(&d.node);
+    let centre = |d: &Drawn| match d.look {
+        Look::Shape { centre, .. } => Some(centre),
+        _ => None,
+    };
+    // (element, how problems name it, whether it is a shape whose area is weighed)
+    let mut protected: Vec<(NodeId, String, bool)> = shown
+        .iter()
+        .map(|m| (m.group, m.name.clone(), true))
+        .collect();
+    for entry in legend.iter().flatten() {
+        protected.push((entry.swatch, format!("legend swatch {}", entry.label), true));
+        protected.push((entry.text, format!("legend label {}", entry.label), false));
+    }
+    for (node, name, shape) in protected {
+        let Some(k) = drawn.iter().position(|d| d.node == node) else {
+            continue;
+        };
+        let me = &drawn[k];
+        let marker = is_marker(me);
+        let over = drawn[k + 1..]
+            .iter()
+            .find(|d| !(marker && is_marker(d)) && d.bounds.overlaps(&me.bounds));
+        if let Some(over) = over {
+            fail(ChartProblem::Hidden {
+                what: name,
+                why: format!("{} is drawn over it", over.name),
+            });
+            continue;
+        }
+        if !shape {
+            continue;
+        }
+        let here = centre(me);
+        let elsewhere = |d: &&Drawn| match (here, centre(d)) {
+            (Some(a), Some(b)) => (a.0 - b.0).abs() > 1.0 || (a.1 - b.1).abs() > 1.0,
+            _ => true,
+        };
+        let covers: Vec<&Drawn> = drawn[k + 1..]
+            .iter()
+            .filter(|d| marker && is_marker(d) && d.bounds.overlaps(&me.bounds))
+            .filter(elsewhere)
+            .collect();
+        let area = match visible_area(&drawn, k, &covers, background) {
+            Ok(area) => area,
+            Err(count) => {
+                fail(ChartProblem::Hidden {
+                    what: name,
+                    why: format!(
+                        "{count} elements lie beneath it; the chart draws at most {MAX_BENEATH}"
+                    ),
+                });
+                continue;
+            }
+        };
+        if area < MIN_AREA {
+            fail(ChartProblem::Hidden {
+                what: name,
+                why: format!(
+                    "{area:.2} px\u{b2} of it shows, uncovered by later markers and in a colour \
+                     apart from the background and what lies beneath; at least {MIN_AREA} px\u{b2} must"
+                ),
+            });
+        }
+    }
 }

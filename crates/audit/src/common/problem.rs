@@ -700,6 +700,24 @@ pub enum ChartProblem {
         /// The configuration.
         config: String,
     },
+    /// A marker, legend swatch, legend label, text or panel a viewer does not see as drawn:
+    /// something drawn over it, too little of it showing, or outside the document.
+    #[error("{what} is not seen: {why}")]
+    Hidden {
+        /// What.
+        what: String,
+        /// Why not.
+        why: String,
+    },
+    /// A series the legend misnames or does not tell apart: a label beside another series'
+    /// swatch, a marker drawn unlike its swatch, or two series drawn alike.
+    #[error("legend, series {series}: {what}")]
+    Series {
+        /// The series' label (or the heading).
+        series: String,
+        /// What a viewer would read wrong.
+        what: String,
+    },
     /// A marker-like shape in the plot that is not a marker.
     #[error("a {element} inside the plot at ({x}, {y}) is not one of the markers")]
     Stray {

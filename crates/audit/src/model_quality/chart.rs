@@ -54,6 +54,11 @@ pub(super) fn check_chart(
                 .filter(|(_, (run, a))| run.schedule.to_string() == *schedule && a.kl_mean > 0.0)
                 .map(|(index, (run, a))| {
                     let (setting, policy) = pair(run);
+                    let series = if policy == "uniform" {
+                        setting.clone()
+                    } else {
+                        format!("{setting} + {policy}")
+                    };
                     ExpectedMarker {
                         strings: vec![
                             ("data-setting", setting.clone()),
@@ -69,6 +74,7 @@ pub(super) fn check_chart(
                         config: setting,
                         condition: format!("{policy} {schedule}"),
                         tokens: index,
+                        series,
                     }
                 })
                 .collect();

@@ -108,6 +108,7 @@ fn expected_chart(
                         config: config.label(),
                         condition: condition.clone(),
                         tokens: n,
+                        series: config.label(),
                     });
                 }
             }

@@ -11,7 +11,9 @@
 //! - `properties`: the npz reader and the decoder under generated inputs;
 //! - `protocols`: the audit accepts exactly the protocols the runner accepts;
 //! - `shards`: shards and merged runs;
-//! - `quality`: model-quality evidence, hand-built and tampered with.
+//! - `quality`: model-quality evidence, hand-built and tampered with;
+//! - `viewer`: the chart as a viewer sees it (a legend that pairs series wrongly, hidden or
+//!   counterfeit markers, hidden text, a cropping viewBox) and figures in any script.
 
 mod adversary;
 mod archived;
@@ -24,3 +26,4 @@ mod quality;
 mod shards;
 mod support;
 mod tampering;
+mod viewer;

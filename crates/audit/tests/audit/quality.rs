@@ -183,7 +183,8 @@ impl Evidence {
         // The chart: one panel per schedule, prefill (the first row's) left of streaming, each
         // mapping 1,000..100,000 B/token to 280 px and sharing KL 0.001..1 on 200 px. Series 0
         // is g32_b4 uniform, series 1 g32_b2 + recent_f32:32; both circles, painted as the runner
-        // paints them (the audit does not check paint).
+        // paints them (the audit checks that each series is drawn as its swatch and unlike the
+        // other, not which colours they are).
         let x = |v: f64, left: f64| left + 280.0 * (v / 1000.0).ln() / 100.0f64.ln();
         let y = |v: f64| 228.0 - 200.0 * (v / 0.001).ln() / 1000.0f64.ln();
         let mut panels = String::new();
@@ -277,18 +278,19 @@ impl Evidence {
              ![](quality-vs-bytes.svg)\n"
         );
         self.svg = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"300\">\n\
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"300\" viewBox=\"0 0 1000 300\">\n\
+             <rect x=\"0\" y=\"0\" width=\"1000\" height=\"300\" fill=\"#FFFFFF\"/>\n\
              <text x=\"10\" y=\"10\">tiny-quality: next-token KL against cache bytes</text>\n\
              <text x=\"400\" y=\"280\">KV cache bytes per token (log)</text>\n\
              <text x=\"400\" y=\"296\">one panel per schedule, each on its own scale</text>\n\
              <text x=\"10\" y=\"100\" transform=\"rotate(-90 10 100)\">KL(p_f32 || p_packed) (log),</text>\n\
              <text x=\"24\" y=\"100\" transform=\"rotate(-90 24 100)\">mean over positions and texts</text>\n\
-             <text x=\"760\" y=\"40\">settings (uniform policy)</text>\n\
-             <g class=\"swatch\" data-series=\"g32_b4\" transform=\"translate(770,56)\"><circle r=\"5\" fill=\"#1F77B4\" stroke=\"none\"/></g>\n\
-             <text x=\"780\" y=\"60\">g32_b4</text>\n\
-             <text x=\"760\" y=\"100\">with a budget policy (hollow)</text>\n\
-             <g class=\"swatch\" data-series=\"g32_b2 + recent_f32:32\" transform=\"translate(770,116)\"><circle r=\"5\" fill=\"none\" stroke=\"#FF7F0E\" stroke-width=\"2\"/></g>\n\
-             <text x=\"780\" y=\"120\">g32_b2 + recent_f32:32</text>\n\
+             <text x=\"760\" y=\"60\">settings (uniform policy)</text>\n\
+             <g class=\"swatch\" data-series=\"g32_b4\" transform=\"translate(770,76)\"><circle r=\"5\" fill=\"#1F77B4\" stroke=\"none\"/></g>\n\
+             <text x=\"780\" y=\"80\">g32_b4</text>\n\
+             <text x=\"760\" y=\"120\">with a budget policy (hollow)</text>\n\
+             <g class=\"swatch\" data-series=\"g32_b2 + recent_f32:32\" transform=\"translate(770,136)\"><circle r=\"5\" fill=\"none\" stroke=\"#FF7F0E\" stroke-width=\"2\"/></g>\n\
+             <text x=\"780\" y=\"140\">g32_b2 + recent_f32:32</text>\n\
              {panels}</svg>\n"
         );
     }
@@ -524,6 +526,60 @@ fn a_figure_in_free_text_is_refused() {
         "figure",
         |p| matches!(p, Problem::Markdown(MarkdownProblem::Figure { figure, .. }) if figure == "4"),
     );
+}
+
+#[test]
+fn a_figure_in_another_script_is_refused() {
+    // Fullwidth digits, which fonts draw like 4 and 0, in a headline above the tables.
+    let mut e = Evidence::new();
+    e.markdown = e.markdown.replace(
+        "next-token quality.",
+        "next-token quality: \u{FF14}0% less.",
+    );
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "figure",
+        |p| matches!(p, Problem::Markdown(MarkdownProblem::Figure { figure, .. }) if figure == "\u{FF14}0%"),
+    );
+}
+
+#[test]
+fn a_legend_that_pairs_series_wrongly_is_named() {
+    // The two legend labels exchange places: each sits beside the other series' swatch.
+    let mut e = Evidence::new();
+    e.svg = e
+        .svg
+        .replacen(
+            "<text x=\"780\" y=\"80\">g32_b4",
+            "<text x=\"780\" y=\"140\">g32_b4",
+            1,
+        )
+        .replacen(
+            "<text x=\"780\" y=\"140\">g32_b2",
+            "<text x=\"780\" y=\"80\">g32_b2",
+            1,
+        );
+    let report = e.audit();
+    assert_problem(&report, "label beside another swatch", |p| {
+        matches!(p, Problem::QualityChart(ChartProblem::Series { series, what })
+            if series == "g32_b4" && what.contains("beside the swatch of g32_b2 + recent_f32:32"))
+    });
+
+    // The uniform run's marker drawn as the budget series is (its swatch unchanged).
+    let mut e = Evidence::new();
+    let filled = "<circle r=\"5\" fill=\"#1F77B4\" stroke=\"none\"/></g>\n</g>";
+    assert!(e.svg.contains(filled));
+    e.svg = e.svg.replacen(
+        filled,
+        "<circle r=\"5\" fill=\"none\" stroke=\"#FF7F0E\" stroke-width=\"2\"/></g>\n</g>",
+        1,
+    );
+    let report = e.audit();
+    assert_problem(&report, "marker unlike its swatch", |p| {
+        matches!(p, Problem::QualityChart(ChartProblem::Series { series, what })
+            if series == "g32_b4" && what.contains("unlike its legend swatch"))
+    });
 }
 
 #[test]

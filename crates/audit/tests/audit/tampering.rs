@@ -384,37 +384,48 @@ fn reshape(lines: &mut [String], at: usize, shape: &str) {
 #[test]
 fn a_restyled_chart_still_passes() {
     let report = audit_chart_edit(|lines| {
-        // Every marker and swatch repainted: each filled marker in one new colour, each hollow
-        // one filled, and the first marker's circle drawn as a square with the same centre.
+        // Every series repainted, markers and swatch alike, in a palette and shapes of its own:
+        // hollow series filled, the first series drawn as squares, the others alternately as
+        // circles and diamonds, each with a white outline.
+        let palette = [
+            "#003F5C", "#7A5195", "#EF5675", "#FFA600", "#2F9E44", "#6C757D", "#A0522D", "#00B4D8",
+        ];
+        let mut series: Vec<String> = Vec::new();
         for at in 0..lines.len() {
             let line = &lines[at];
-            if !(line.starts_with("<g class=\"marker\"") || line.starts_with("<g class=\"swatch\""))
-            {
+            let name = if line.starts_with("<g class=\"marker\"") {
+                attribute(line, "data-config")
+            } else if line.starts_with("<g class=\"swatch\"") {
+                attribute(line, "data-series")
+            } else {
                 continue;
             }
-            let geometry = if line.contains("<circle") {
-                "<circle r=\"4\""
-            } else {
-                "<polygon points=\"0,-5 5,0 0,5 -5,0\""
+            .to_string();
+            if !series.contains(&name) {
+                series.push(name.clone());
+            }
+            let i = series.iter().position(|s| *s == name).unwrap();
+            let geometry = match i {
+                0 => "<polygon points=\"-4.5,-4.5 4.5,-4.5 4.5,4.5 -4.5,4.5\"",
+                i if i % 2 == 0 => "<circle r=\"4\"",
+                _ => "<polygon points=\"0,-5 5,0 0,5 -5,0\"",
             };
             reshape(
                 lines,
                 at,
-                &format!("{geometry} fill=\"#123456\" stroke=\"#FFFFFF\" stroke-width=\"1\"/>"),
+                &format!(
+                    "{geometry} fill=\"{}\" stroke=\"#FFFFFF\" stroke-width=\"1\"/>",
+                    palette[i]
+                ),
             );
         }
-        let first = marker_lines(lines)[0];
-        reshape(
-            lines,
-            first,
-            "<polygon points=\"-4.5,-4.5 4.5,-4.5 4.5,4.5 -4.5,4.5\" fill=\"#654321\"/>",
-        );
+        assert_eq!(series.len(), palette.len());
         // Every float32 line drawn solid and thicker: one polyline from its dashes' top to their
         // bottom (last panel first, so the earlier lines keep their numbers).
         let opens: Vec<usize> = (0..lines.len())
             .filter(|&i| lines[i] == "<g class=\"float32\">")
             .collect();
-        assert!(opens.len() > 1 && lines.iter().any(|l| l.contains("#654321")));
+        assert!(opens.len() > 1 && lines.iter().any(|l| l.contains("#003F5C")));
         for &open in opens.iter().rev() {
             let dashes: Vec<usize> = (open + 1..lines.len())
                 .take_while(|&i| lines[i].starts_with("<polyline"))
@@ -439,9 +450,13 @@ fn a_restyled_chart_still_passes() {
             );
             lines.drain(dashes[0] + 1..=*dashes.last().unwrap());
         }
-        // Tick labels anchored otherwise: x labels hung by 0.5ex, y labels from their start.
-        for line in lines.iter_mut() {
-            *line = line
+        // Tick labels anchored otherwise: x labels hung by 0.5ex, y labels from their start
+        // (not the float32 labels, which would then run over the legend).
+        for at in 0..lines.len() - 1 {
+            if lines[at + 1].starts_with("float32") {
+                continue;
+            }
+            lines[at] = lines[at]
                 .replace(
                     "dy=\"0.76em\" text-anchor=\"middle\"",
                     "dy=\"0.5ex\" text-anchor=\"start\"",
