@@ -12,9 +12,9 @@
 //! **Series style.** Series i (in the chart's own order) is drawn in colour
 //! `PALETTE[i % 20]` and shape `SHAPES[(i / 20) % 5]`: the first 20 series are circles in 20
 //! colours, the next 20 squares, then diamonds, triangles up and triangles down, so 100 series
-//! get 100 distinct (colour, shape) pairs; past that the pairs repeat and the legend's order
-//! tells series apart. Style is presentation only: the audit checks where each marker is and
-//! what it carries, not how it is drawn.
+//! get 100 distinct (colour, shape) pairs, as many as a packed-KV protocol may hold
+//! configurations (a model-quality protocol holds at most 64 runs): the audit requires distinct
+//! series to look distinct, though not any particular colour or shape.
 //! A filled series has `fill="COLOUR" stroke="none"`; a
 //! hollow one `fill="none" stroke="COLOUR" stroke-width="2"`. Every shape is a centred `circle`
 //! or `polygon`, so every shape can be drawn hollow.

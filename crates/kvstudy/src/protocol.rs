@@ -23,6 +23,11 @@ pub use evidence::MAX_STUDY_NAME_CHARS;
 /// allocates the padded codes, and a group far longer than the tensor pads it without limit.
 pub const MAX_MATRIX_ELEMENTS: usize = 1 << 27;
 
+/// Most configurations (settings plus budget policies) a protocol may hold: the chart draws each
+/// series with its own look, and the audit requires distinct series to look distinct; the
+/// chart has that many ([`evidence::chart::DISTINCT_SERIES`]). A larger sweep is split into
+/// several protocols.
+pub const MAX_CONFIGURATIONS: usize = evidence::chart::DISTINCT_SERIES;
 /// Largest number of timed (or warm-up) calls a protocol may ask for; every timed call is one
 /// line of timings.json.
 pub const MAX_TIMED_CALLS: usize = 1_000_000;

@@ -22,6 +22,9 @@ pub const MAX_STUDY_NAME: usize = 64;
 /// Operations timed per comparison.
 pub const TIMED_OPERATIONS: usize = 5;
 
+/// Most configurations (settings plus budget policies) a protocol may hold.
+pub const MAX_CONFIGURATIONS: usize = 100;
+
 fn refuse(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
     ProtocolError {
         field: field.into(),
@@ -58,6 +61,14 @@ impl Protocol {
         self.validate_source()?;
         non_empty_unique("tokens", &self.tokens)?;
         non_empty_unique("settings", &self.settings)?;
+        // Each series drawn with its own look: the chart has 100 (and the audit requires
+        // distinct series to look distinct).
+        if self.configurations() > MAX_CONFIGURATIONS {
+            return Err(refuse(
+                "settings",
+                "more than 100 configurations (settings plus budget policies)",
+            ));
+        }
         if self.features == 0 || self.queries == 0 {
             return Err(refuse("features/queries", "must be at least 1"));
         }

@@ -213,3 +213,25 @@ fn the_frozen_and_archived_protocols_are_accepted_by_both() {
         assert!(audit_accepts(&text), "{path}");
     }
 }
+
+#[test]
+fn both_refuse_more_configurations_than_the_chart_draws_distinctly() {
+    let protocol = |settings: usize| {
+        let settings: Vec<Value> = (1..=settings)
+            .map(|g| json!({ "group_size": g, "bits": 4 }))
+            .collect();
+        json!({
+            "study": "wide", "seeds": [1], "tokens": [16], "features": 4, "queries": 1,
+            "distributions": ["clean"], "settings": settings,
+            "budget": { "group_size": 4, "low_bits": 4, "window": 4, "policies": ["uniform"] },
+            "generator": { "name": "chacha20",
+                           "entropy": { "seed_multiplier": 1, "tokens_multiplier": 1, "offset": 0 } }
+        })
+        .to_string()
+    };
+    // 99 settings and one budget policy: 100 series, each drawn distinctly.
+    assert!(kvstudy::protocol::Protocol::from_json(&protocol(99)).is_ok());
+    assert!(audit_accepts(&protocol(99)));
+    assert!(kvstudy::protocol::Protocol::from_json(&protocol(100)).is_err());
+    assert!(!audit_accepts(&protocol(100)));
+}

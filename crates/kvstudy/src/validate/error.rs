@@ -2,7 +2,9 @@
 
 use thiserror::Error;
 
-use crate::protocol::{MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS};
+use crate::protocol::{
+    MAX_CONFIGURATIONS, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS,
+};
 use evidence::format::thousands_u64 as thousands;
 
 /// Why a protocol is refused, one variant per condition, each naming the field to change.
@@ -103,6 +105,16 @@ pub enum ProtocolError {
         window: usize,
         /// The shortest length.
         shortest: usize,
+    },
+    /// More settings and budget policies than the chart can draw distinctly.
+    #[error(
+        "protocol field `settings`: {count} configurations (settings plus budget policies); at \
+         most {MAX_CONFIGURATIONS}, each drawn with its own look in the chart: split the sweep \
+         into several protocols"
+    )]
+    TooManyConfigurations {
+        /// Settings plus budget policies.
+        count: usize,
     },
     /// More timed (or warm-up) calls than [`MAX_TIMED_CALLS`].
     #[error(
@@ -211,6 +223,7 @@ impl ProtocolError {
             }
             ProtocolError::GainInvalid { .. } => "focus.gain",
             ProtocolError::TooManyCalls { .. } => "timing",
+            ProtocolError::TooManyConfigurations { .. } => "settings",
             ProtocolError::EntropyOverflow { .. } => "generator.entropy",
             ProtocolError::TooManyMembers { .. } | ProtocolError::ArchiveTooLarge { .. } => "",
         }

@@ -22,8 +22,8 @@ pub use error::ProtocolError;
 use crate::archive::{self, MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
 use crate::plan::Storage;
 use crate::protocol::{
-    Axes, Distribution, FROZEN, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS,
-    Protocol,
+    Axes, Distribution, FROZEN, MAX_CONFIGURATIONS, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS,
+    MAX_TIMED_CALLS, Protocol,
 };
 
 /// Largest protocol file the runner reads (a protocol is a few hundred bytes).
@@ -117,6 +117,10 @@ impl Protocol {
         self.validate_source()?;
         non_empty_unique("tokens", &self.tokens)?;
         non_empty_unique("settings", &self.settings)?;
+        let count = self.settings.len() + self.budget.as_ref().map_or(0, |b| b.policies.len());
+        if count > MAX_CONFIGURATIONS {
+            return Err(ProtocolError::TooManyConfigurations { count });
+        }
         for (i, &n) in self.tokens.iter().enumerate() {
             positive(&format!("tokens[{i}]"), n)?;
             if n > i32::MAX as usize {

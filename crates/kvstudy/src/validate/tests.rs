@@ -284,12 +284,24 @@ fn field(err: &ProtocolError) -> &str {
 }
 
 #[test]
-fn the_chart_does_not_cap_the_configurations() {
-    // Past the chart's 100 distinct styles they repeat; the legend still names each series.
-    let settings: Vec<serde_json::Value> = (1..=101)
-        .map(|g| serde_json::json!({ "group_size": g, "bits": 4 }))
-        .collect();
-    assert!(small(|v| v["settings"] = settings.into()).is_ok());
+fn at_most_100_configurations_each_distinct_in_the_chart() {
+    let settings = |n: usize| -> Vec<serde_json::Value> {
+        (1..=n)
+            .map(|g| serde_json::json!({ "group_size": g, "bits": 4 }))
+            .collect()
+    };
+    assert!(small(|v| v["settings"] = settings(100).into()).is_ok());
+    let err = small(|v| v["settings"] = settings(101).into()).unwrap_err();
+    assert_eq!(err, ProtocolError::TooManyConfigurations { count: 101 });
+    assert_eq!(err.field(), "settings");
+    // Budget policies are configurations too.
+    let err = small(|v| {
+        v["settings"] = settings(99).into();
+        v["budget"] = serde_json::json!({ "group_size": 4, "low_bits": 4, "window": 4,
+            "policies": ["uniform", "recent8"] });
+    })
+    .unwrap_err();
+    assert_eq!(err, ProtocolError::TooManyConfigurations { count: 101 });
 }
 
 #[test]
