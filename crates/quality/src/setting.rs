@@ -38,7 +38,8 @@ pub enum Policy {
 
 impl Policy {
     /// Parses `uniform`, `recent8:W`, `early8:W` or `recent_f32:W` for a setting whose group size
-    /// must divide W (so a token-axis group is never split between two tiers).
+    /// must divide W (so a token-axis group is never split between two tiers); W is at most
+    /// [`crate::cache::MAX_CACHE_TOKENS`].
     pub fn parse(label: &str, setting: &KvSetting) -> Result<Policy, QualityError> {
         let bad = || QualityError::Policy(label.to_string());
         if label == "uniform" {
@@ -49,7 +50,10 @@ impl Policy {
             return Err(bad());
         }
         let window: usize = window.parse().map_err(|_| bad())?;
-        if window == 0 || !window.is_multiple_of(setting.group_size()) {
+        if window == 0
+            || window > crate::cache::MAX_CACHE_TOKENS
+            || !window.is_multiple_of(setting.group_size())
+        {
             return Err(bad());
         }
         match name {
