@@ -42,8 +42,7 @@ pub enum KvError {
     #[error(
         "setting {0:?} is not of the form g<GROUP>_b<BITS>[_asym][_swap] (e.g. g32_b4, \
          g32_b4_asym, g32_b4_swap; symmetric widths 2-8, asymmetric 1-8, group size 1 to \
-         {max})",
-        max = crate::setting::MAX_GROUP_SIZE
+         2^27)"
     )]
     SettingLabel(String),
     /// A group size of 0.

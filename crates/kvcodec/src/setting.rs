@@ -390,6 +390,14 @@ mod tests {
     }
 
     #[test]
+    fn the_label_error_states_the_maximum() {
+        // error.rs writes the maximum out (it cannot name this module's constant).
+        assert_eq!(MAX_GROUP_SIZE, 1 << 27);
+        let err = KvError::SettingLabel("x".into()).to_string();
+        assert!(err.contains("group size 1 to 2^27"), "{err}");
+    }
+
+    #[test]
     fn axes_name_k_and_v() {
         for axes in [Axes::KTokenVFeature, Axes::KFeatureVToken] {
             assert_ne!(axes.k(), axes.v());

@@ -47,12 +47,8 @@ use models::llama::{HookError, KvSource, row_of};
 use ndarray::{Array3, Axis, s};
 
 use crate::error::QualityError;
+pub use crate::setting::MAX_CACHE_TOKENS;
 use crate::setting::{KvSetting, Policy, Schedule};
-
-/// The most tokens a cache holds: SmolLM2's context length. A group size or a policy's window
-/// is at most this (a longer one would change nothing but the padding, and sizes derived from
-/// it, such as a group's zero-padded view, stay small and cannot wrap).
-pub const MAX_CACHE_TOKENS: usize = 8192;
 
 /// One cache configuration: a setting, a policy and a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

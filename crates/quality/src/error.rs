@@ -12,8 +12,7 @@ pub enum QualityError {
     /// A budget policy label that is not one of the known forms.
     #[error(
         "policy {0:?} is not one of uniform, recent8:W, early8:W, recent_f32:W (W a positive \
-         multiple of the group size, at most {max})",
-        max = crate::cache::MAX_CACHE_TOKENS
+         multiple of the group size, at most 8192: SmolLM2's context)"
     )]
     Policy(String),
     /// A group size longer than any text the cache can hold.
@@ -24,7 +23,7 @@ pub enum QualityError {
     GroupSize {
         /// The setting's group size.
         group_size: usize,
-        /// [`crate::cache::MAX_CACHE_TOKENS`].
+        /// [`crate::setting::MAX_CACHE_TOKENS`].
         max: usize,
     },
     /// A schedule label that is not one of the known ones.
