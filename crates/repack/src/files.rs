@@ -26,7 +26,7 @@ use crate::npy::parse_npy_matrix;
 /// The whole of the regular file at `path`: at most the length its metadata reports (a file that
 /// grows while it is read is cut there; one that shrinks gives what remains).
 ///
-/// The file is opened non-blocking ([`open_input`]): opening a FIFO for reading blocks until a
+/// The file is opened non-blocking (`O_NONBLOCK`): opening a FIFO for reading blocks until a
 /// writer appears, so a FIFO with no writer would hang a plain `open` before its type could be
 /// checked; opened this way it is refused at once, as every input that is not a regular file.
 pub fn read_input(path: &Path) -> Result<Vec<u8>> {
