@@ -15,8 +15,9 @@ fixtures() {
   case "$1" in
     repack_npy) echo crates/repack/tests/data/formats/inputs ;;
     repack_checkpoint) echo crates/repack/tests/data/formats/library ;;
-    repack_inspect) echo crates/repack/tests/data/formats ;; # all of it: libFuzzer reads directories recursively
+    repack_inspect | repack_dequantize) echo crates/repack/tests/data/formats ;; # all of it: libFuzzer reads directories recursively
     runner_protocol | audit_protocol) echo experiments/packed-kv experiments/widths-and-modes ;;
+    quality_protocol) echo experiments/model-quality ;;
     audit_npz) echo crates/audit/tests/data/npz ;;
     audit_quality_protocol) echo experiments/model-quality ;;
   esac

@@ -11,7 +11,8 @@
 //! nothing hides, moves or fakes a marker; colours, marker shapes and paint are the runner's to
 //! choose ([`common::panels`]). It reads arrays.npz only in the canonical layout on which
 //! NumPy and it cannot disagree, and it opens only regular files inside the directory and tree it
-//! was given, with size caps.
+//! was given, with size caps; each file of an evidence directory is opened once, through one
+//! handle on the directory, so what it hashes is what it parses ([`common::files::ConfinedDir`]).
 //!
 //! Inputs from a real model (a protocol with `model`: one input per text, length, layer and KV
 //! head) are re-derived by **re-running the model** ([`packed_kv::model_inputs`]): the text is
@@ -52,7 +53,9 @@
 //!
 //! - [`audit_dir`]: one evidence directory (`audit DIR`);
 //! - [`audit_pins`]: everything a root manifest pins (`audit`);
-//! - [`audit_dir_with`], [`audit_pins_with`]: the same with [`Options`] (`audit --models DIR`).
+//! - [`audit_dir_with`], [`audit_pins_with`]: the same with [`Options`] (`audit --models DIR`);
+//! - [`audit_opened`]: one directory already opened ([`common::files::ConfinedDir`]), as the
+//!   root manifest's audit opens each pinned one.
 //!
 //! # Modules
 //!
@@ -87,7 +90,7 @@ pub mod packed_kv;
 
 use std::path::{Path, PathBuf};
 
-use common::files::{self, FileError, MAX_TEXT_BYTES};
+use common::files::{ConfinedDir, MAX_TEXT_BYTES};
 pub use common::manifest::ROOT_MANIFEST_FORMAT;
 pub use common::options::{Models, Options};
 pub use common::outputs::MANIFEST;
@@ -107,20 +110,26 @@ pub fn audit_dir(dir: &Path, tree: &Path) -> Report {
     audit_dir_with(dir, tree, &Options::default())
 }
 
-/// [`audit_dir`] with [`Options`].
+/// [`audit_dir`] with [`Options`]: `dir` is opened once ([`ConfinedDir::open`]) and audited
+/// through that handle ([`audit_opened`]).
 pub fn audit_dir_with(dir: &Path, tree: &Path, options: &Options) -> Report {
-    let mut report = Report::new(dir.display().to_string());
-    let dir = match dir.canonicalize() {
-        Ok(d) if d.is_dir() => d,
-        _ => {
-            report.fail(Problem::File(FileError::NotRegular {
-                path: dir.to_path_buf(),
-            }));
-            return report;
+    match ConfinedDir::open(dir) {
+        Ok(handle) => audit_opened(&handle, tree, options),
+        Err(e) => {
+            let mut report = Report::new(dir.display().to_string());
+            report.fail(Problem::File(e));
+            report
         }
-    };
+    }
+}
+
+/// Audits an evidence directory already opened: every file in it is opened through `dir` and
+/// read once (what is hashed is what is parsed), and `dir` records each file's hash
+/// ([`ConfinedDir::hashes`]) for the root manifest's pins ([`audit_pins`]).
+pub fn audit_opened(dir: &ConfinedDir, tree: &Path, options: &Options) -> Report {
+    let mut report = Report::new(dir.path().display().to_string());
     let tree = tree.canonicalize().unwrap_or_else(|_| tree.to_path_buf());
-    let manifest_bytes = match files::read_confined(&dir, MANIFEST, MAX_TEXT_BYTES) {
+    let manifest_bytes = match dir.read(MANIFEST, MAX_TEXT_BYTES) {
         Ok(bytes) => bytes,
         Err(e) => {
             report.fail(Problem::File(e));
@@ -132,7 +141,7 @@ pub fn audit_dir_with(dir: &Path, tree: &Path, options: &Options) -> Report {
         .ok()
         .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(String::from));
     if format.as_deref() == Some(QUALITY_FORMAT) {
-        model_quality::directory::audit(&dir, &tree, options, &manifest_bytes, &mut report);
+        model_quality::directory::audit(dir, &tree, options, &manifest_bytes, &mut report);
         return report;
     }
     if let Some(found) = format.filter(|f| f != MANIFEST_FORMAT) {
@@ -143,7 +152,7 @@ pub fn audit_dir_with(dir: &Path, tree: &Path, options: &Options) -> Report {
         });
         return report;
     }
-    packed_kv::directory::audit(&dir, &tree, options, &manifest_bytes, &mut report);
+    packed_kv::directory::audit(dir, &tree, options, &manifest_bytes, &mut report);
     report
 }
 
@@ -154,5 +163,5 @@ pub fn audit_pins(root_manifest: &Path, tree: &Path) -> Vec<Report> {
 
 /// [`audit_pins`] with [`Options`] (used for every pinned directory).
 pub fn audit_pins_with(root_manifest: &Path, tree: &Path, options: &Options) -> Vec<Report> {
-    common::pins::audit_pins(root_manifest, |dir| audit_dir_with(dir, tree, options))
+    common::pins::audit_pins(root_manifest, |dir| audit_opened(dir, tree, options))
 }

@@ -59,6 +59,38 @@ pub struct PinnedDir {
 pub enum PinError {
     #[error("evidence path {0} must be relative to the root manifest's directory")]
     Absolute(PathBuf),
+    /// A path that leaves the root manifest's tree (`..`), names its directory itself, or has a
+    /// component the root audit refuses (not UTF-8, a backslash): its pin would fail the whole
+    /// root manifest's audit.
+    #[error(
+        "evidence path {} is not a directory inside the root manifest's tree ({}): give a path \
+         of plain names below {}, without `..`",
+        dir.display(),
+        why,
+        base.display()
+    )]
+    OutsideTree {
+        /// The path given.
+        dir: PathBuf,
+        /// What is wrong with it.
+        why: &'static str,
+        /// The root manifest's directory.
+        base: PathBuf,
+    },
+    /// A symbolic link on the way to (or as) the directory: the root audit does not follow
+    /// links, so the pin would fail it.
+    #[error(
+        "evidence path {} passes through the symbolic link {}; the audit does not follow links, \
+         so pin the directory by its real path inside the root manifest's tree",
+        dir.display(),
+        link.display()
+    )]
+    Symlink {
+        /// The path given.
+        dir: PathBuf,
+        /// The link met on the way.
+        link: PathBuf,
+    },
     #[error("evidence directory {0} holds a subdirectory {1}; pinned directories are flat")]
     Nested(PathBuf, String),
     #[error("evidence directory {0} holds no manifest.json; is it a run?")]
@@ -154,6 +186,52 @@ fn read_root(path: &Path) -> Result<Option<RootManifest>, PinError> {
     }
 }
 
+/// The plain names of `dir` below `base` (the root manifest's directory): the pin's key, as the
+/// root audit reads it (`evidence/packed-kv`). Refused: `..` anywhere (a directory outside the
+/// tree, or one reached by leaving and re-entering it), a path naming `base` itself, a name
+/// that is not UTF-8 or holds a backslash, and a symbolic link at any step from `base` (the
+/// audit reaches a pinned directory one name at a time and follows no link). A leading `./` is
+/// dropped.
+fn tree_path(base: &Path, dir: &Path) -> Result<Vec<String>, PinError> {
+    use std::path::Component;
+    let outside = |why| PinError::OutsideTree {
+        dir: dir.to_path_buf(),
+        why,
+        base: base.to_path_buf(),
+    };
+    let mut names = Vec::new();
+    let mut at = base.to_path_buf();
+    for component in dir.components() {
+        let name = match component {
+            Component::CurDir => continue,
+            Component::Normal(name) => name,
+            Component::ParentDir => return Err(outside("`..` leaves the tree")),
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(PinError::Absolute(dir.to_path_buf()));
+            }
+        };
+        let name = name
+            .to_str()
+            .filter(|n| !n.contains('\\'))
+            .ok_or_else(|| outside("a name that is not UTF-8 or holds a backslash"))?;
+        at.push(name);
+        if at
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            return Err(PinError::Symlink {
+                dir: dir.to_path_buf(),
+                link: at,
+            });
+        }
+        names.push(name.to_string());
+    }
+    if names.is_empty() {
+        return Err(outside("it names the root manifest's directory itself"));
+    }
+    Ok(names)
+}
+
 /// Pins each directory in the root manifest at `manifest_path`: its manifest.json must declare one
 /// of the `formats` the caller knows and `check` must accept it (the binary runs the audit),
 /// then every file in it is hashed. With [`PinScope::Update`] the other
@@ -180,6 +258,7 @@ pub fn pin(
         if dir.is_absolute() {
             return Err(PinError::Absolute(dir.clone()));
         }
+        let names = tree_path(base, dir)?;
         // Named as given when the root manifest is in the current directory.
         let full = if base == Path::new(".") {
             dir.clone()
@@ -207,8 +286,7 @@ pub fn pin(
                 .map_err(io(format!("hashing {}", entry.path().display())))?;
             files.insert(name, hash);
         }
-        let key: Vec<_> = dir.iter().map(|p| p.to_string_lossy()).collect();
-        evidence.insert(key.join("/"), PinnedDir { files });
+        evidence.insert(names.join("/"), PinnedDir { files });
     }
     let mut changes = BTreeMap::new();
     for (key, pinned) in &evidence {
@@ -381,6 +459,73 @@ mod tests {
         assert!(report.contains("3 rows, expected 4"));
         assert!(err.to_string().contains("audit "), "{err}");
         assert_eq!(std::fs::read(&root).unwrap(), before);
+    }
+
+    /// `runner pin ../x` used to write the key `../x`, which the root audit refuses, failing the
+    /// whole root manifest: a path outside the tree (or through a link) is refused, nothing
+    /// written; a leading `./` is dropped from the key.
+    #[test]
+    fn a_directory_outside_the_root_manifests_tree_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("repo");
+        fake_run(&base, "evidence/a", "[]");
+        fake_run(tmp.path(), "outside", "[]");
+        let root = base.join("manifest.json");
+        for dir in [
+            "../outside",
+            "evidence/../../outside",
+            "evidence/../evidence/a",
+            ".",
+            "./",
+        ] {
+            let err = pin(
+                &root,
+                &[PathBuf::from(dir)],
+                PinScope::Update,
+                FORMATS,
+                &accept,
+            )
+            .unwrap_err();
+            assert!(
+                matches!(err, PinError::OutsideTree { .. }),
+                "{dir}: {err:?}"
+            );
+            assert!(
+                err.to_string().contains("inside the root manifest's tree"),
+                "{err}"
+            );
+        }
+        assert!(!root.exists(), "nothing written");
+        let pinned = pin(
+            &root,
+            &[PathBuf::from("./evidence/a")],
+            PinScope::Update,
+            FORMATS,
+            &accept,
+        )
+        .unwrap();
+        assert_eq!(keys(&pinned.manifest), ["evidence/a"]);
+        #[cfg(unix)]
+        {
+            let before = std::fs::read(&root).unwrap();
+            std::os::unix::fs::symlink(tmp.path().join("outside"), base.join("link")).unwrap();
+            std::os::unix::fs::symlink(base.join("evidence"), base.join("ev")).unwrap();
+            for dir in ["link", "ev/a"] {
+                let err = pin(
+                    &root,
+                    &[PathBuf::from(dir)],
+                    PinScope::Update,
+                    FORMATS,
+                    &accept,
+                )
+                .unwrap_err();
+                assert!(
+                    matches!(&err, PinError::Symlink { link, .. } if link.ends_with(dir.split('/').next().unwrap())),
+                    "{dir}: {err:?}"
+                );
+            }
+            assert_eq!(std::fs::read(&root).unwrap(), before);
+        }
     }
 
     #[test]

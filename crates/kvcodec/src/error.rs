@@ -41,12 +41,24 @@ pub enum KvError {
     /// setting the codec refuses.
     #[error(
         "setting {0:?} is not of the form g<GROUP>_b<BITS>[_asym][_swap] (e.g. g32_b4, \
-         g32_b4_asym, g32_b4_swap; symmetric widths 2-8, asymmetric 1-8, group size >= 1)"
+         g32_b4_asym, g32_b4_swap; symmetric widths 2-8, asymmetric 1-8, group size 1 to \
+         2^27)"
     )]
     SettingLabel(String),
     /// A group size of 0.
     #[error("group size must be at least 1, got 0")]
     ZeroGroupSize,
+    /// A setting's group size above [`crate::setting::MAX_GROUP_SIZE`].
+    #[error(
+        "group size {group_size} is above {max}, the largest a setting takes (one group alone \
+         would be a larger grouped view than any study holds)"
+    )]
+    GroupSizeTooLarge {
+        /// The group size asked for.
+        group_size: usize,
+        /// [`crate::setting::MAX_GROUP_SIZE`].
+        max: usize,
+    },
     /// A width the mode cannot store.
     #[error("unsupported bit width {bits}: {mode} codes take {} to 8 bits", if *mode == Mode::Symmetric { 2 } else { 1 })]
     UnsupportedBits {

@@ -79,4 +79,4 @@ pub use quantize::{
     decode, decode_exact, decode_exact_tokens_into, decode_into, decode_into_with, encode,
     encode_reusing, encode_reusing_with, encode_with,
 };
-pub use setting::{Axes, KvSetting};
+pub use setting::{Axes, KvSetting, MAX_GROUP_SIZE};

@@ -13,9 +13,11 @@
 //! `"axes": "k_feature_v_token"` written only when they are not the default, so that records
 //! made before either existed read the same. Unknown fields are refused.
 //!
-//! **Valid**: a group size of at least 1 and a width the mode can store (symmetric 2 to 8 bits,
-//! asymmetric 1 to 8: [`Layout::with_mode`]). How large a group may be for a given cache is the
-//! caller's bound, not the codec's.
+//! **Valid**: a group size of 1 to [`MAX_GROUP_SIZE`] and a width the mode can store (symmetric 2
+//! to 8 bits, asymmetric 1 to 8: [`Layout::with_mode`]). The maximum is the codec's bound on what
+//! a setting may ask for at all (a group alone is then the largest grouped view a study holds, so
+//! no size derived from it can wrap); how large a group may be for a given cache is still the
+//! caller's bound (the studies bound the grouped view, the model-quality cache the context).
 
 use std::fmt;
 use std::str::FromStr;
@@ -62,6 +64,11 @@ impl Axes {
     }
 }
 
+/// The largest group size a setting takes: 2^27 elements, the largest grouped view a packed-KV
+/// study holds (its `MAX_MATRIX_ELEMENTS`), so every group a study can store fits under it and
+/// a label or protocol asking for more (`g4294967296_b4`) is refused before any size is computed.
+pub const MAX_GROUP_SIZE: usize = 1 << 27;
+
 /// A codec setting for a whole K and V cache (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(
@@ -77,8 +84,15 @@ pub struct KvSetting {
 }
 
 impl KvSetting {
-    /// A setting; refuses a group size of 0 and a width the mode cannot store.
+    /// A setting; refuses a group size of 0 or above [`MAX_GROUP_SIZE`] and a width the mode
+    /// cannot store.
     pub fn new(group_size: usize, bits: u32, mode: Mode, axes: Axes) -> Result<KvSetting> {
+        if group_size > MAX_GROUP_SIZE {
+            return Err(KvError::GroupSizeTooLarge {
+                group_size,
+                max: MAX_GROUP_SIZE,
+            });
+        }
         Layout::with_mode(axes.k(), mode, bits, group_size)?;
         Ok(KvSetting {
             group_size,
@@ -153,7 +167,9 @@ impl FromStr for KvSetting {
     type Err = KvError;
 
     /// Parses a label; anything but the exact form (`G32_b4`, `g32_b+4`, `g32_b4_swap_asym`, a
-    /// width or group size the codec refuses) is [`KvError::SettingLabel`].
+    /// width or group size the codec refuses) is [`KvError::SettingLabel`], except a group size
+    /// of the right form above [`MAX_GROUP_SIZE`], which is [`KvError::GroupSizeTooLarge`] (a
+    /// group size too large even for a `usize` says so too, with `group_size` = `usize::MAX`).
     fn from_str(label: &str) -> Result<KvSetting> {
         let bad = || KvError::SettingLabel(label.to_string());
         let mut parts = label.split('_');
@@ -164,7 +180,18 @@ impl FromStr for KvSetting {
             }
             digits.parse().ok()
         };
-        let group_size = number(parts.next(), 'g').ok_or_else(bad)?;
+        let group_part = parts.next();
+        let group_size = match number(group_part, 'g') {
+            Some(group_size) => group_size,
+            // All digits, but past usize: too large, not malformed.
+            None if group_part
+                .and_then(|p| p.strip_prefix('g'))
+                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())) =>
+            {
+                usize::MAX
+            }
+            None => return Err(bad()),
+        };
         let bits = number(parts.next(), 'b').ok_or_else(bad)?;
         let rest: Vec<&str> = parts.collect();
         let (mode, axes) = match rest.as_slice() {
@@ -175,7 +202,10 @@ impl FromStr for KvSetting {
             _ => return Err(bad()),
         };
         let bits = u32::try_from(bits).map_err(|_| bad())?;
-        KvSetting::new(group_size, bits, mode, axes).map_err(|_| bad())
+        KvSetting::new(group_size, bits, mode, axes).map_err(|e| match e {
+            KvError::GroupSizeTooLarge { .. } => e,
+            _ => bad(),
+        })
     }
 }
 
@@ -185,13 +215,15 @@ mod record {
 
     use serde::{Deserialize, Serialize};
 
-    use super::{Axes, KvSetting};
+    use super::{Axes, KvSetting, MAX_GROUP_SIZE};
     use crate::error::KvError;
     use crate::mode::Mode;
 
     #[derive(Serialize, Deserialize)]
     #[serde(deny_unknown_fields)]
     pub(super) struct SettingRecord {
+        /// Bounded as it is read, so that the refusal names this field (`settings[0].group_size`).
+        #[serde(deserialize_with = "group_size")]
         group_size: usize,
         bits: u32,
         /// Symmetric unless stated (and then not written, so symmetric records read as before).
@@ -200,6 +232,18 @@ mod record {
         /// K on tokens and V on features unless stated (and then not written).
         #[serde(default, skip_serializing_if = "is_default_axes")]
         axes: Axes,
+    }
+
+    /// A group size of at most [`MAX_GROUP_SIZE`].
+    fn group_size<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+        let group_size = usize::deserialize(deserializer)?;
+        if group_size > MAX_GROUP_SIZE {
+            return Err(serde::de::Error::custom(KvError::GroupSizeTooLarge {
+                group_size,
+                max: MAX_GROUP_SIZE,
+            }));
+        }
+        Ok(group_size)
     }
 
     fn is_symmetric(mode: &Mode) -> bool {
@@ -303,6 +347,54 @@ mod tests {
         let low: KvSetting = "g32_b2".parse().unwrap();
         assert_eq!(low.with_bits(8).unwrap().to_string(), "g32_b8");
         assert!(low.with_bits(9).is_err());
+    }
+
+    /// `runner quality --setting g4294967296_b4` aborted on a 128 GiB allocation and
+    /// `g18446744073709551615_b4` panicked on a wrapping product: a group size above the maximum
+    /// is refused by name, from a label, from `new` and from JSON, before any size is computed.
+    #[test]
+    fn group_sizes_above_the_maximum_are_refused_by_name() {
+        let max = MAX_GROUP_SIZE;
+        assert_eq!(
+            format!("g{max}_b4")
+                .parse::<KvSetting>()
+                .unwrap()
+                .group_size(),
+            max
+        );
+        for (label, group_size) in [
+            (format!("g{}_b4", max + 1), max + 1),
+            ("g4294967296_b4".to_string(), 1 << 32),
+            ("g18446744073709551615_b4_asym".to_string(), usize::MAX),
+            // Past usize: still named as too large, not as malformed.
+            ("g99999999999999999999999_b4".to_string(), usize::MAX),
+        ] {
+            let err = label.parse::<KvSetting>().unwrap_err();
+            assert_eq!(
+                err,
+                KvError::GroupSizeTooLarge { group_size, max },
+                "{label}"
+            );
+            assert!(
+                err.to_string().contains(&format!("is above {max}")),
+                "{label}: {err}"
+            );
+        }
+        assert_eq!(
+            KvSetting::new(max + 1, 4, Mode::Symmetric, Axes::default()),
+            Err(KvError::GroupSizeTooLarge {
+                group_size: max + 1,
+                max
+            })
+        );
+    }
+
+    #[test]
+    fn the_label_error_states_the_maximum() {
+        // error.rs writes the maximum out (it cannot name this module's constant).
+        assert_eq!(MAX_GROUP_SIZE, 1 << 27);
+        let err = KvError::SettingLabel("x".into()).to_string();
+        assert!(err.contains("group size 1 to 2^27"), "{err}");
     }
 
     #[test]

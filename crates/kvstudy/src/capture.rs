@@ -65,14 +65,16 @@ pub enum KvDumpError {
 /// Largest text file `runner kv` reads (a model pass takes at most a few thousand tokens).
 pub const MAX_TEXT_FILE_BYTES: u64 = 1 << 20;
 
-/// Reads a text file: a regular file of at most [`MAX_TEXT_FILE_BYTES`], in UTF-8.
+/// Reads a text file: a regular file of at most [`MAX_TEXT_FILE_BYTES`], in UTF-8 (a FIFO,
+/// device or directory is refused without blocking).
 pub fn read_text_file(path: &Path) -> Result<String, KvDumpError> {
     use std::io::Read;
     let io = |source| KvDumpError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
+    // Non-blocking, so a FIFO with no writer is refused here instead of hanging the open.
+    let file = crate::validate::open_input(path).map_err(io)?;
     let metadata = file.metadata().map_err(io)?;
     if !metadata.is_file() || metadata.len() > MAX_TEXT_FILE_BYTES {
         return Err(KvDumpError::TextFile(path.to_path_buf()));

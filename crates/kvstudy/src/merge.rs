@@ -144,6 +144,19 @@ pub enum MergeError {
         /// What is wrong.
         problem: String,
     },
+    /// The output lies inside one of the shards (or is one): writing it there would add a
+    /// directory to that shard, which would then fail its own audit.
+    #[error(
+        "--out {} is inside the shard {}; write the merged run outside every shard",
+        out.display(),
+        shard.display()
+    )]
+    OutputInsideShard {
+        /// The output given.
+        out: PathBuf,
+        /// The shard directory it lies in.
+        shard: PathBuf,
+    },
     /// The merged directory could not be written.
     #[error("writing the merged run")]
     Write(#[from] crate::write::WriteError),
@@ -293,9 +306,55 @@ fn check_set(dirs: &[PathBuf]) -> Result<Vec<ShardRun>, MergeError> {
     Ok(by_index.into_values().collect())
 }
 
+/// Refuses an output inside (or equal to) a shard directory, comparing real paths (links and
+/// `..` resolved, so `--out shard-1/../shard-1/merged` and a link to a shard are caught too). A
+/// shard that cannot be resolved is left to [`check_set`], which names it.
+fn check_out_outside_shards(out: &Path, dirs: &[PathBuf]) -> Result<(), MergeError> {
+    let Some(real_out) = real_path_of_new(out) else {
+        return Ok(());
+    };
+    for dir in dirs {
+        if let Ok(real_dir) = dir.canonicalize()
+            && real_out.starts_with(&real_dir)
+        {
+            return Err(MergeError::OutputInsideShard {
+                out: out.to_path_buf(),
+                shard: dir.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The real path a new `path` will have: its nearest existing ancestor resolved, then the
+/// components that do not exist yet (to be created as plain directories, so `..` among them
+/// steps back lexically).
+fn real_path_of_new(path: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let absolute = std::path::absolute(path).ok()?;
+    let components: Vec<Component> = absolute.components().collect();
+    for split in (1..=components.len()).rev() {
+        let prefix: PathBuf = components[..split].iter().collect();
+        if let Ok(mut real) = prefix.canonicalize() {
+            for component in &components[split..] {
+                match component {
+                    Component::ParentDir => {
+                        real.pop();
+                    }
+                    Component::Normal(name) => real.push(name),
+                    _ => {}
+                }
+            }
+            return Some(real);
+        }
+    }
+    None
+}
+
 /// Merges the shards in `dirs` into a new evidence directory `out`.
 pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
     evidence::check_new(out).map_err(crate::write::WriteError::from)?;
+    check_out_outside_shards(out, dirs)?;
     let shards = check_set(dirs)?;
     let protocol = shards[0].manifest.protocol.clone();
     let plans = plans(&protocol);

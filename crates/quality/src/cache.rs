@@ -47,6 +47,7 @@ use models::llama::{HookError, KvSource, row_of};
 use ndarray::{Array3, Axis, s};
 
 use crate::error::QualityError;
+pub use crate::setting::MAX_CACHE_TOKENS;
 use crate::setting::{KvSetting, Policy, Schedule};
 
 /// One cache configuration: a setting, a policy and a schedule.
@@ -61,13 +62,29 @@ pub struct CacheSpec {
 }
 
 impl CacheSpec {
-    /// Checks that the combination exists (`causal` is defined for `uniform` only) and that the
-    /// codec accepts its layouts.
+    /// Checks that the combination exists (`causal` is defined for `uniform` only), that the
+    /// codec accepts its layouts, and that its group size and window are at most
+    /// [`MAX_CACHE_TOKENS`].
     pub fn new(
         setting: KvSetting,
         policy: Policy,
         schedule: Schedule,
     ) -> Result<CacheSpec, QualityError> {
+        if setting.group_size() > MAX_CACHE_TOKENS {
+            return Err(QualityError::GroupSize {
+                group_size: setting.group_size(),
+                max: MAX_CACHE_TOKENS,
+            });
+        }
+        let window = match policy {
+            Policy::Uniform => 0,
+            Policy::Recent8 { window }
+            | Policy::Early8 { window }
+            | Policy::RecentF32 { window } => window,
+        };
+        if window > MAX_CACHE_TOKENS {
+            return Err(QualityError::Policy(policy.to_string()));
+        }
         if schedule == Schedule::Causal && policy != Policy::Uniform {
             return Err(QualityError::CausalPolicy(policy.to_string()));
         }
@@ -339,6 +356,46 @@ mod tests {
         assert_eq!(tier(recent, 4, 8, 13, true), Tier::High);
         assert_eq!(tier(recent, 12, 16, 13, false), Tier::F32);
         assert_eq!(tier(recent, 0, 4, 13, true), Tier::Low);
+    }
+
+    /// `runner quality --setting g4294967296_b4` aborted on an allocation, and a window near
+    /// usize::MAX wrapped `end + window`: both are refused when the spec is made.
+    #[test]
+    fn group_sizes_and_windows_past_the_context_are_refused() {
+        let _ = spec(
+            &format!("g{MAX_CACHE_TOKENS}_b4"),
+            "uniform",
+            Schedule::Causal,
+        );
+        let big: KvSetting = format!("g{}_b4", 2 * MAX_CACHE_TOKENS).parse().unwrap();
+        let err = CacheSpec::new(big, Policy::Uniform, Schedule::Prefill).unwrap_err();
+        assert!(
+            matches!(err, QualityError::GroupSize { group_size, max: MAX_CACHE_TOKENS }
+                if group_size == 2 * MAX_CACHE_TOKENS),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("context length"), "{err}");
+        let g1: KvSetting = "g1_b4".parse().unwrap();
+        for label in [
+            format!("recent8:{}", usize::MAX),
+            format!("early8:{}", MAX_CACHE_TOKENS + 1),
+            format!("recent_f32:{}", usize::MAX),
+        ] {
+            let err = Policy::parse(&label, &g1).unwrap_err();
+            assert!(
+                matches!(&err, QualityError::Policy(l) if *l == label),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("at most 8192"), "{err}");
+        }
+        // A window built without the parser is held to the same bound.
+        let window = usize::MAX;
+        let err = CacheSpec::new(g1, Policy::Recent8 { window }, Schedule::Prefill).unwrap_err();
+        assert!(matches!(err, QualityError::Policy(_)), "{err:?}");
+        assert_eq!(
+            MAX_CACHE_TOKENS,
+            models::ModelName::SmolLm2.shape().max_tokens
+        );
     }
 
     #[test]

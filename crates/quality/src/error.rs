@@ -12,9 +12,20 @@ pub enum QualityError {
     /// A budget policy label that is not one of the known forms.
     #[error(
         "policy {0:?} is not one of uniform, recent8:W, early8:W, recent_f32:W (W a positive \
-         multiple of the group size)"
+         multiple of the group size, at most 8192: SmolLM2's context)"
     )]
     Policy(String),
+    /// A group size longer than any text the cache can hold.
+    #[error(
+        "group size {group_size} is above {max}, SmolLM2's context length: no text the model \
+         reads fills a longer group"
+    )]
+    GroupSize {
+        /// The setting's group size.
+        group_size: usize,
+        /// [`crate::setting::MAX_CACHE_TOKENS`].
+        max: usize,
+    },
     /// A schedule label that is not one of the known ones.
     #[error("schedule {0:?} is not one of prefill, streaming, causal")]
     Schedule(String),

@@ -36,6 +36,20 @@ pub enum QualityCmdError {
     /// The text cannot be tokenized or the ids decoded.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] BpeError),
+    /// More tokens to generate than the model's context holds after the prompt.
+    #[error(
+        "--generate {generate} is more than SmolLM2's context of {context} tokens leaves after \
+         a {prompt}-token prompt (at most {})",
+        context.saturating_sub(*prompt)
+    )]
+    Generate {
+        /// Tokens asked for.
+        generate: usize,
+        /// Tokens in the prompt (1, the fewest, when checked before the prompt is encoded).
+        prompt: usize,
+        /// The context length.
+        context: usize,
+    },
 }
 
 /// What to measure.
@@ -88,13 +102,24 @@ const SMOLLM2_LAYERS: usize = 30;
 
 /// Progress steps of a request: two passes of every layer, then one per generated token.
 pub fn steps(request: &Request<'_>) -> usize {
-    2 * SMOLLM2_LAYERS + request.generate
+    (2 * SMOLLM2_LAYERS).saturating_add(request.generate)
 }
 
-/// Parses the labels into a cache configuration (before any model is loaded).
+/// Parses the labels into a cache configuration and bounds `--generate` by the context
+/// (before any model is loaded).
 pub fn spec(request: &Request<'_>) -> Result<CacheSpec, QualityCmdError> {
     if request.model != ModelName::SmolLm2 {
         return Err(QualityCmdError::Encoder(request.model));
+    }
+    let context = ModelName::SmolLm2.shape().max_tokens;
+    if request.generate >= context {
+        // Even a one-token prompt leaves at most context - 1; the exact bound is checked once
+        // the prompt is encoded ([`measure`]).
+        return Err(QualityCmdError::Generate {
+            generate: request.generate,
+            prompt: 1,
+            context,
+        });
     }
     let setting: KvSetting = request.setting.parse().map_err(QualityError::Setting)?;
     let policy = Policy::parse(request.policy, &setting)?;
@@ -131,6 +156,18 @@ pub fn measure(
             Some(prompt) => bpe.encode(prompt)?,
             None => ids[..ids.len().min(DEFAULT_PROMPT_TOKENS)].to_vec(),
         };
+        let context = model.config().context;
+        if prompt
+            .len()
+            .checked_add(request.generate)
+            .is_none_or(|tokens| tokens > context)
+        {
+            return Err(QualityCmdError::Generate {
+                generate: request.generate,
+                prompt: prompt.len(),
+                context,
+            });
+        }
         let ids = generate::compare(model, &prompt, request.generate, spec, |n| {
             progress(2 * layers + n)
         })?;
@@ -225,6 +262,26 @@ mod tests {
         );
         let mut r = request(ModelName::SmolLm2, "g32_b4_swap");
         assert!(spec(&r).is_ok());
+        // Sizes from flags that used to abort or wrap are refused before loading, by name.
+        for (setting, needle) in [
+            ("g4294967296_b4", "group size 4294967296 is above"),
+            ("g18446744073709551615_b4", "is above 134217728"),
+            ("g16384_b4", "context length"),
+        ] {
+            let err = spec(&request(ModelName::SmolLm2, setting)).unwrap_err();
+            assert!(err.to_string().contains(needle), "{setting}: {err}");
+        }
+        r.generate = usize::MAX;
+        assert_eq!(steps(&r), usize::MAX);
+        let err = spec(&r).unwrap_err();
+        assert!(
+            matches!(err, QualityCmdError::Generate { context: 8192, .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("at most 8191"), "{err}");
+        r.generate = 8191;
+        assert!(spec(&r).is_ok());
+        r.generate = 0;
         r.schedule = "online";
         assert!(
             spec(&r)

@@ -12,6 +12,12 @@ pub use kvcodec::KvSetting;
 
 use crate::error::QualityError;
 
+/// The most tokens a cache holds: SmolLM2's context length. A group size or a policy's window
+/// is at most this (a longer one would change nothing but the padding, and sizes derived from
+/// it, such as a group's zero-padded view, stay small and cannot wrap). Checked by
+/// [`Policy::parse`] and `CacheSpec::new`.
+pub const MAX_CACHE_TOKENS: usize = 8192;
+
 /// How a cache spends its bytes over positions (the rules are in [`crate::cache`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -38,7 +44,8 @@ pub enum Policy {
 
 impl Policy {
     /// Parses `uniform`, `recent8:W`, `early8:W` or `recent_f32:W` for a setting whose group size
-    /// must divide W (so a token-axis group is never split between two tiers).
+    /// must divide W (so a token-axis group is never split between two tiers); W is at most
+    /// [`MAX_CACHE_TOKENS`].
     pub fn parse(label: &str, setting: &KvSetting) -> Result<Policy, QualityError> {
         let bad = || QualityError::Policy(label.to_string());
         if label == "uniform" {
@@ -49,7 +56,8 @@ impl Policy {
             return Err(bad());
         }
         let window: usize = window.parse().map_err(|_| bad())?;
-        if window == 0 || !window.is_multiple_of(setting.group_size()) {
+        if window == 0 || window > MAX_CACHE_TOKENS || !window.is_multiple_of(setting.group_size())
+        {
             return Err(bad());
         }
         match name {

@@ -172,7 +172,14 @@ impl RunSpec {
             .schedule
             .parse()
             .map_err(|e: QualityError| field(at("schedule"), e.to_string()))?;
-        CacheSpec::new(setting, policy, schedule).map_err(|e| field(at("schedule"), e.to_string()))
+        CacheSpec::new(setting, policy, schedule).map_err(|e| {
+            let name = match e {
+                QualityError::GroupSize { .. } => "setting",
+                QualityError::Policy(_) => "policy",
+                _ => "schedule",
+            };
+            field(at(name), e.to_string())
+        })
     }
 
     /// The row id of this run on text `text`.
@@ -831,5 +838,26 @@ mod tests {
             "generate.prompt_tokens"
         );
         assert_eq!(refused(|v| v["runs"][0]["bits"] = 4.into()), "runs[0].bits");
+    }
+
+    /// Sizes that passed the validator and then aborted (an allocation from the group size) or
+    /// panicked (a wrapping sum) in the run are refused by the validator, naming the field.
+    #[test]
+    fn group_sizes_and_windows_past_the_context_are_refused_by_field() {
+        for setting in ["g4294967296_b4", "g18446744073709551615_b4", "g16384_b4"] {
+            assert_eq!(
+                refused(|v| v["runs"][0]["setting"] = setting.into()),
+                "runs[0].setting",
+                "{setting}"
+            );
+        }
+        let huge = format!("recent8:{}", usize::MAX);
+        assert_eq!(
+            refused(|v| {
+                v["runs"][0]["setting"] = "g1_b4".into();
+                v["runs"][0]["policy"] = huge.into();
+            }),
+            "runs[0].policy"
+        );
     }
 }

@@ -25,8 +25,12 @@ use crate::npy::parse_npy_matrix;
 
 /// The whole of the regular file at `path`: at most the length its metadata reports (a file that
 /// grows while it is read is cut there; one that shrinks gives what remains).
+///
+/// The file is opened non-blocking (`O_NONBLOCK`): opening a FIFO for reading blocks until a
+/// writer appears, so a FIFO with no writer would hang a plain `open` before its type could be
+/// checked; opened this way it is refused at once, as every input that is not a regular file.
 pub fn read_input(path: &Path) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).map_err(|err| {
+    let file = open_input(path).map_err(|err| {
         if err.kind() == std::io::ErrorKind::NotFound {
             Error::Missing {
                 path: path.to_path_buf(),
@@ -42,6 +46,23 @@ pub fn read_input(path: &Path) -> Result<Vec<u8>> {
         });
     }
     read_at_most(file, metadata.len(), path)
+}
+
+/// Opens `path` for reading without blocking on it (`O_NONBLOCK`: a FIFO with no writer opens at
+/// once instead of waiting for one). The caller checks the open file's type; for a regular file
+/// the flag changes nothing.
+#[cfg(unix)]
+fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::open(path)
 }
 
 /// Up to `len` bytes of `reader`, into a buffer reserved up front (and only if it can be).
@@ -155,6 +176,19 @@ mod tests {
     #[test]
     fn a_device_that_never_ends_is_refused_before_reading() {
         let err = read_input(Path::new("/dev/zero")).unwrap_err();
+        assert!(matches!(err, Error::NotARegularFile { .. }), "{err:?}");
+    }
+
+    /// A FIFO with no writer used to block `open` forever; it is refused at once.
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_with_no_writer_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path and a mode; mkfifo touches nothing else.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let err = read_input(&fifo).unwrap_err();
         assert!(matches!(err, Error::NotARegularFile { .. }), "{err:?}");
     }
 

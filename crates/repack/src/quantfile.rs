@@ -421,39 +421,13 @@ pub fn dequantize_file(
     output: &Path,
     flags: &DequantizeFlags,
 ) -> Result<QuantReport> {
-    let raw = flags.raw_spec()?;
+    // The flags first (refused before the input is read; checked again with the bytes).
+    flags.raw_spec()?;
     if output.exists() {
         return Err(Error::OutputExists(output.to_path_buf()));
     }
     let bytes = read_input(input)?;
-    let kind = Container::of(&bytes);
-    let (format, x, cost) = match (raw, kind) {
-        (Some(spec), _) => {
-            // Refused only when the whole file parses as what its first bytes suggest: bare
-            // blocks may start like either by chance (a Q4_0 scale of 7.277 is "GG").
-            let parses = match kind {
-                Container::Gguf => GgufFile::parse(&bytes).is_ok(),
-                Container::SafeTensors => Checkpoint::from_bytes(&bytes).is_ok(),
-                Container::Unknown => false,
-            };
-            if parses {
-                return Err(Error::RawOfSelfDescribingFile {
-                    path: input.to_path_buf(),
-                    kind: kind.name(),
-                });
-            }
-            let (x, cost) = decode_raw(&bytes, spec, input)?;
-            (spec.format, x, cost)
-        }
-        (None, Container::Gguf) => read_gguf(&bytes, flags.tensor.as_deref(), input)?,
-        (None, Container::SafeTensors) => read_nf4(&bytes, flags.tensor.as_deref(), input)?,
-        (None, Container::Unknown) => {
-            return Err(Error::UnknownContainer {
-                path: input.to_path_buf(),
-                len: bytes.len(),
-            });
-        }
-    };
+    let (format, x, cost) = dequantize_bytes(&bytes, flags, input)?;
     let mut npy = Vec::new();
     // Into memory, a float32 matrix's header and data cannot fail to format or to write.
     x.write_npy(&mut npy)
@@ -464,6 +438,52 @@ pub fn dequantize_file(
         shape: [x.nrows(), x.ncols()],
         cost,
     })
+}
+
+/// What `dequantize` does with the bytes of `input` (named in errors): the format, the matrix
+/// and its storage cost. The `repack_dequantize` fuzz target runs it on whole files
+/// ([`dequantize_case`]).
+pub fn dequantize_bytes(
+    bytes: &[u8],
+    flags: &DequantizeFlags,
+    input: &Path,
+) -> Result<(Target, Array2<f32>, Cost)> {
+    let raw = flags.raw_spec()?;
+    let kind = Container::of(bytes);
+    Ok(match (raw, kind) {
+        (Some(spec), _) => {
+            // Refused only when the whole file parses as what its first bytes suggest: bare
+            // blocks may start like either by chance (a Q4_0 scale of 7.277 is "GG").
+            let parses = match kind {
+                Container::Gguf => GgufFile::parse(bytes).is_ok(),
+                Container::SafeTensors => Checkpoint::from_bytes(bytes).is_ok(),
+                Container::Unknown => false,
+            };
+            if parses {
+                return Err(Error::RawOfSelfDescribingFile {
+                    path: input.to_path_buf(),
+                    kind: kind.name(),
+                });
+            }
+            let (x, cost) = decode_raw(bytes, spec, input)?;
+            (spec.format, x, cost)
+        }
+        (None, Container::Gguf) => read_gguf(bytes, flags.tensor.as_deref(), input)?,
+        (None, Container::SafeTensors) => read_nf4(bytes, flags.tensor.as_deref(), input)?,
+        (None, Container::Unknown) => {
+            return Err(Error::UnknownContainer {
+                path: input.to_path_buf(),
+                len: bytes.len(),
+            });
+        }
+    })
+}
+
+/// [`dequantize_bytes`] on a whole file with no flags (`repack dequantize FILE OUT.npy`), as
+/// the `repack_dequantize` fuzz target and its kept regressions call it: the GGUF reader, and
+/// the NF4 safetensors reader through the quant state's shape to the dequantized matrix.
+pub fn dequantize_case(data: &[u8]) -> Result<(Target, Array2<f32>, Cost)> {
+    dequantize_bytes(data, &DequantizeFlags::default(), Path::new("fuzz input"))
 }
 
 /// What a file's first bytes say it is.

@@ -41,6 +41,18 @@ pub enum FormatError {
         cols: usize,
     },
 
+    /// A recorded shape whose element count does not fit in a `usize` (a product that would
+    /// wrap, e.g. an NF4 quant state's `[2^58 + 4, 64]`, which wraps to 256).
+    #[error(
+        "shape {rows} x {cols} has more elements than this machine can count (rows x cols overflows)"
+    )]
+    ElementCountOverflow {
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+    },
+
     /// A tensor whose shape is not the one the format implies for it.
     #[error("{format} {tensor} has shape {found:?}, expected {expected:?} ({why})")]
     ShapeMismatch {

@@ -166,12 +166,21 @@ impl Nf4Tensor {
         Ok(tensor)
     }
 
+    /// rows * cols, or [`FormatError::ElementCountOverflow`] when the product does not fit (a
+    /// shape read from a file is untrusted: `[2^58 + 4, 64]` would wrap to 256 and pass the
+    /// byte counts of a 256-element tensor).
+    pub fn element_count(&self) -> Result<usize> {
+        let [rows, cols] = self.shape;
+        rows.checked_mul(cols)
+            .ok_or(FormatError::ElementCountOverflow { rows, cols })
+    }
+
     /// Checks the byte and absmax counts against the shape and block size.
     pub fn check(&self) -> Result<()> {
         if self.block_size == 0 {
             return Err(FormatError::ZeroBlockSize);
         }
-        let count = self.shape[0] * self.shape[1];
+        let count = self.element_count()?;
         if count == 0 {
             return Err(FormatError::EmptyMatrix {
                 rows: self.shape[0],
@@ -210,7 +219,7 @@ impl Nf4Tensor {
     pub fn codes(&self) -> Result<Array2<u8>> {
         self.check()?;
         let [rows, cols] = self.shape;
-        let flat = unpack_codes(&self.packed, rows * cols);
+        let flat = unpack_codes(&self.packed, self.element_count()?);
         Ok(Array2::from_shape_vec((rows, cols), flat).expect("checked length"))
     }
 
@@ -223,10 +232,11 @@ impl Nf4Tensor {
         }))
     }
 
-    /// What it stores: the packed codes, and one f32 absmax (its scale) per block.
+    /// What it stores: the packed codes, and one f32 absmax (its scale) per block. (The element
+    /// count saturates for a shape [`Nf4Tensor::check`] refuses.)
     pub fn storage(&self) -> Cost {
         Cost {
-            elements: self.shape[0] * self.shape[1],
+            elements: self.shape[0].saturating_mul(self.shape[1]),
             code_bytes: self.packed.len(),
             scale_bytes: 4 * self.absmax.len(),
             zero_point_bytes: 0,
@@ -373,5 +383,25 @@ mod tests {
             refused(&|t| t.shape = [0, 3]),
             FormatError::EmptyMatrix { rows: 0, cols: 3 }
         );
+    }
+
+    /// A quant state's shape whose product wraps to the codes' count ([2^58 + 4, 64] is
+    /// 2^64 + 256 elements, 256 after the wrap) is refused, not read as 256 elements (which
+    /// panicked when the codes were shaped).
+    #[test]
+    fn a_shape_whose_product_wraps_is_refused() {
+        let t = quantize(ndarray::Array2::<f32>::ones((4, 64)).view(), 64).unwrap();
+        let rows = (1usize << 58) + 4;
+        let wrapped = Nf4Tensor {
+            shape: [rows, 64],
+            ..t.clone()
+        };
+        assert_eq!(rows.wrapping_mul(64), 256);
+        let err = FormatError::ElementCountOverflow { rows, cols: 64 };
+        assert_eq!(wrapped.check(), Err(err.clone()));
+        assert_eq!(wrapped.codes(), Err(err.clone()));
+        assert_eq!(wrapped.dequantize(), Err(err));
+        assert_eq!(wrapped.storage().elements, usize::MAX);
+        assert_eq!(t.dequantize().unwrap().dim(), (4, 64));
     }
 }

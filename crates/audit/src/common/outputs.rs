@@ -1,13 +1,13 @@
 //! What every evidence directory shares: its manifest.json, the output files its manifest lists
 //! (exactly those, each hashing as recorded), arrays.npz opened in one confined pass, and JSON
-//! read strictly into a format's types.
+//! read strictly into a format's types. Every file is read once, through the directory's handle
+//! ([`ConfinedDir`]), which records the hash of what was read for the root manifest's pins.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-use crate::common::files::{self, EntryKind, FileError, MAX_TEXT_BYTES};
+use crate::common::files::{ConfinedDir, EntryKind, FileError, MAX_TEXT_BYTES};
 use crate::common::hashes;
 use crate::common::npz;
 use crate::common::report::{Checked, Problem, Report};
@@ -29,7 +29,7 @@ pub(crate) type Texts = BTreeMap<&'static str, Vec<u8>>;
 /// manifest.json), the manifest's `outputs` list exactly those, and each hashes as recorded;
 /// returns the text files' bytes and arrays.npz opened (or the rule it breaks).
 pub(crate) fn read_files(
-    dir: &Path,
+    dir: &ConfinedDir,
     expected: &[&'static str],
     outputs: &BTreeMap<String, String>,
     report: &mut Report,
@@ -50,7 +50,7 @@ pub(crate) fn read_files(
             });
         }
     }
-    match files::list_dir(dir) {
+    match dir.list() {
         Ok(entries) => {
             for (name, kind) in entries {
                 let known = name == MANIFEST || expected.contains(&name.as_str());
@@ -70,7 +70,7 @@ pub(crate) fn read_files(
                 scanned.sha256
             })
         } else {
-            files::read_confined(dir, name, MAX_TEXT_BYTES).map(|bytes| {
+            dir.read(name, MAX_TEXT_BYTES).map(|bytes| {
                 let hash = hashes::sha256_hex(&bytes);
                 texts.insert(name, bytes);
                 hash
@@ -95,18 +95,21 @@ pub(crate) fn read_files(
     (texts, archive)
 }
 
-/// Opens arrays.npz confined and makes its one pass: its hash and its reading.
-pub(crate) fn open_archive(dir: &Path, name: &str) -> Result<npz::Scanned, FileError> {
-    let (file, len) = files::open_confined(dir, name, npz::zip::MAX_ARCHIVE_BYTES)?;
-    npz::Archive::open(file, len).map_err(|e| match e {
+/// Opens arrays.npz through the directory's handle and makes its one pass: its hash (recorded
+/// in the handle) and its reading.
+pub(crate) fn open_archive(dir: &ConfinedDir, name: &str) -> Result<npz::Scanned, FileError> {
+    let (file, len) = dir.open_file(name, npz::zip::MAX_ARCHIVE_BYTES)?;
+    let scanned = npz::Archive::open(file, len).map_err(|e| match e {
         npz::ScanError::Io(error) => FileError::Io {
-            path: dir.join(name),
+            path: dir.path().join(name),
             error,
         },
         npz::ScanError::Length { before, after } => FileError::Changed {
-            path: dir.join(name),
+            path: dir.path().join(name),
             before,
             after,
         },
-    })
+    })?;
+    dir.record(name, &scanned.sha256);
+    Ok(scanned)
 }

@@ -1,9 +1,11 @@
-//! The root manifest (`evidence-pins/1`): where `audit` finds it, and the check of what it pins.
+//! The root manifest (`evidence-pins/1`): where `audit` finds it, and the check of what it pins:
+//! each pinned directory opened once and audited through that handle, its pins compared with the
+//! hashes of the bytes the audit read ([`audit_pins`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::common::files::{self, MAX_TEXT_BYTES};
+use crate::common::files::{self, ConfinedDir, FileError, MAX_TEXT_BYTES};
 use crate::common::hashes;
 use crate::common::manifest::{ROOT_MANIFEST_FORMAT, RootManifest};
 use crate::common::npz;
@@ -32,12 +34,29 @@ pub fn find_root_manifest(start: &Path) -> Option<PathBuf> {
     None
 }
 
-/// Audits what a root manifest pins: each pinned file's hash, then each directory in full with
-/// `audit_dir` (the crate's `audit_dir_with`, which chooses a directory's checker by its format).
-pub fn audit_pins(root_manifest: &Path, audit_dir: impl Fn(&Path) -> Report) -> Vec<Report> {
+/// Audits what a root manifest pins: each pinned directory is opened once, from the root
+/// manifest's own directory one name at a time without following a link
+/// ([`ConfinedDir::open_dir`]), audited in full with `audit_dir` (the crate's `audit_opened`,
+/// which chooses a directory's checker by its format) through that handle, and then its files'
+/// hashes are compared with the pins: the hash of the bytes the audit read and parsed, as the
+/// handle recorded them ([`ConfinedDir::hashes`]), never a second read. A pinned file the audit
+/// did not read (one it refused, say) is hashed through the same handle.
+pub fn audit_pins(root_manifest: &Path, audit_dir: impl Fn(&ConfinedDir) -> Report) -> Vec<Report> {
     let mut pins = Report::new(root_manifest.display().to_string());
-    let root: RootManifest = match files::read_regular(root_manifest, MAX_TEXT_BYTES) {
-        Ok(bytes) => {
+    // Relative to the root manifest's directory (the current one for a bare `manifest.json`).
+    let base_path = root_manifest.parent().unwrap_or(Path::new(""));
+    let read = ConfinedDir::open(base_path).and_then(|base| {
+        let name = root_manifest
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| FileError::NotRegular {
+                path: root_manifest.to_path_buf(),
+            })?;
+        let bytes = base.read(name, MAX_TEXT_BYTES)?;
+        Ok((base, bytes))
+    });
+    let (base, root): (ConfinedDir, RootManifest) = match read {
+        Ok((base, bytes)) => {
             let format = serde_json::from_slice::<serde_json::Value>(&bytes)
                 .ok()
                 .and_then(|v| v.get("format").and_then(|f| f.as_str()).map(String::from));
@@ -50,7 +69,7 @@ pub fn audit_pins(root_manifest: &Path, audit_dir: impl Fn(&Path) -> Report) -> 
                 return vec![pins];
             }
             match parse_json(&root_manifest.display().to_string(), &bytes) {
-                Ok(root) => root,
+                Ok(root) => (base, root),
                 Err(problem) => {
                     pins.fail(problem);
                     return vec![pins];
@@ -65,12 +84,10 @@ pub fn audit_pins(root_manifest: &Path, audit_dir: impl Fn(&Path) -> Report) -> 
     if root.evidence.is_empty() {
         pins.fail(Problem::Pin("it pins no evidence".into()));
     }
-    // Relative to the root manifest's directory (the current one for a bare `manifest.json`).
-    let base = root_manifest.parent().unwrap_or(Path::new(""));
     let mut reports = Vec::new();
     for (dir, pinned) in &root.evidence {
-        let path = match files::confined_path(base, dir) {
-            Ok(path) => path,
+        let handle = match base.open_dir(dir) {
+            Ok(handle) => handle,
             Err(e) => {
                 pins.fail(Problem::Pin(e.to_string()));
                 continue;
@@ -81,7 +98,8 @@ pub fn audit_pins(root_manifest: &Path, audit_dir: impl Fn(&Path) -> Report) -> 
                 "{dir}: its manifest.json is not pinned"
             )));
         }
-        let present: BTreeSet<String> = match files::list_dir(&path) {
+        let report = audit_dir(&handle);
+        let present: BTreeSet<String> = match handle.list() {
             Ok(entries) => entries.into_iter().map(|(name, _)| name).collect(),
             Err(e) => {
                 pins.fail(Problem::File(e));
@@ -91,14 +109,30 @@ pub fn audit_pins(root_manifest: &Path, audit_dir: impl Fn(&Path) -> Report) -> 
         for name in present.iter().filter(|n| !pinned.files.contains_key(*n)) {
             pins.fail(Problem::Pin(format!("{dir}/{name} is not pinned")));
         }
+        let read = handle.hashes();
         for (name, recorded) in &pinned.files {
-            let cap = npz::zip::MAX_ARCHIVE_BYTES;
-            match files::plain_components(name)
-                .ok()
-                .filter(|parts| parts.len() == 1)
-                .map(|_| files::sha256_confined(&path, name, cap))
-            {
-                Some(Ok(actual)) => {
+            if !files::plain_components(name).is_ok_and(|parts| parts.len() == 1) {
+                pins.fail(Problem::Pin(format!(
+                    "{dir}: {name:?} is not a plain file name"
+                )));
+                pins.count(Checked::PinnedFiles, 1);
+                continue;
+            }
+            let actual = match read.get(name).map(Vec::as_slice) {
+                // What the audit parsed. Each file is read once; two reads that differ would
+                // mean the pins and the checks saw different bytes.
+                Some([first, rest @ ..]) => {
+                    if rest.iter().any(|other| other != first) {
+                        pins.fail(Problem::Pin(format!(
+                            "{dir}/{name} changed while it was audited"
+                        )));
+                    }
+                    Ok(first.clone())
+                }
+                _ => handle.sha256(name, npz::zip::MAX_ARCHIVE_BYTES),
+            };
+            match actual {
+                Ok(actual) => {
                     if &actual != recorded {
                         pins.fail(Problem::Hash {
                             file: format!("{dir}/{name}"),
@@ -107,14 +141,11 @@ pub fn audit_pins(root_manifest: &Path, audit_dir: impl Fn(&Path) -> Report) -> 
                         });
                     }
                 }
-                Some(Err(e)) => pins.fail(Problem::File(e)),
-                None => pins.fail(Problem::Pin(format!(
-                    "{dir}: {name:?} is not a plain file name"
-                ))),
+                Err(e) => pins.fail(Problem::File(e)),
             }
             pins.count(Checked::PinnedFiles, 1);
         }
-        reports.push(audit_dir(&path));
+        reports.push(report);
     }
     reports.insert(0, pins);
     reports

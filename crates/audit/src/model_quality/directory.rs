@@ -10,6 +10,7 @@ use super::results::{QualityRow, check_results};
 use super::summary::{Aggregate, QualitySummary, aggregate, check_summary};
 use super::tables::check_markdown;
 use super::{QUALITY_CHART, QUALITY_FILES, chart, rerun};
+use crate::common::files::ConfinedDir;
 use crate::common::npz::{self, Archive};
 use crate::common::options::Options;
 use crate::common::outputs::{MANIFEST, Texts, parse_json, read_files};
@@ -18,7 +19,7 @@ use crate::common::report::{Checked, Problem, Report};
 
 /// Audits a directory whose manifest has format [`super::QUALITY_FORMAT`].
 pub fn audit(
-    dir: &Path,
+    dir: &ConfinedDir,
     tree: &Path,
     options: &Options,
     manifest_bytes: &[u8],
@@ -120,7 +121,7 @@ pub fn audit(
 /// Exactly the run's files, listed and hashed as recorded (the check every format shares); the
 /// text files read, arrays.npz opened.
 fn read_outputs(
-    dir: &Path,
+    dir: &ConfinedDir,
     manifest: &QualityManifest,
     report: &mut Report,
 ) -> (Texts, Option<Result<Archive, npz::NpzError>>) {

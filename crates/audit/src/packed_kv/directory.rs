@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::common::files::ConfinedDir;
 use crate::common::npz;
 use crate::common::options::Options;
 use crate::common::outputs::{MANIFEST, Texts, parse_json, read_files};
@@ -17,7 +18,7 @@ use crate::packed_kv::{
 
 /// Audits a directory whose manifest has format [`manifest::MANIFEST_FORMAT`] (or none).
 pub fn audit(
-    dir: &Path,
+    dir: &ConfinedDir,
     tree: &Path,
     options: &Options,
     manifest_bytes: &[u8],
@@ -71,7 +72,7 @@ fn run_files(manifest: &Manifest) -> Vec<&'static str> {
 /// hash checked here and checks the archive's rules, and its arrays are read when the checks of
 /// [`comparisons`] ask for them, each verified to be the bytes that pass hashed.
 fn read_outputs(
-    dir: &Path,
+    dir: &ConfinedDir,
     manifest: &Manifest,
     report: &mut Report,
 ) -> (Texts, Option<Result<npz::Archive, npz::NpzError>>) {

@@ -8,6 +8,9 @@
 //! - `models`: a run on a real model's cache (MiniLM), altered as a forger would, and `--models`;
 //! - `archives`: hostile npz archives (made by `tests/data/npz/make_hostile.py`) refused by rule,
 //!   and every archive the audit accepts read exactly as NumPy reads it;
+//! - `pins`: the root manifest's audit reads each pinned file once, through one directory
+//!   handle, and compares the pins with what it read (a directory swapped in never PASSes; a
+//!   linked directory is refused);
 //! - `properties`: the npz reader and the decoder under generated inputs;
 //! - `protocols`: the audit accepts exactly the protocols the runner accepts;
 //! - `shards`: shards and merged runs;
@@ -20,6 +23,7 @@ mod archived;
 mod archives;
 mod commit;
 mod models;
+mod pins;
 mod properties;
 mod protocols;
 mod quality;

@@ -56,21 +56,15 @@ pub enum ProtocolFileError {
     },
 }
 
-/// Reads a protocol file's text: a regular file (checked before opening, so a FIFO cannot block
-/// the runner, and again once open) of at most [`MAX_PROTOCOL_FILE_BYTES`].
+/// Reads a protocol file's text: a regular file (opened non-blocking with [`open_input`], so a
+/// FIFO cannot block the runner, and checked once open) of at most [`MAX_PROTOCOL_FILE_BYTES`].
 pub fn read_protocol_file(path: &std::path::Path) -> Result<String, ProtocolFileError> {
     use std::io::Read;
     let io = |source| ProtocolFileError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let not_a_file = || ProtocolFileError::NotAFile {
-        path: path.to_path_buf(),
-    };
-    if !std::fs::metadata(path).map_err(io)?.is_file() {
-        return Err(not_a_file());
-    }
-    let file = std::fs::File::open(path).map_err(io)?;
+    let file = open_input(path).map_err(io)?;
     if !file.metadata().map_err(io)?.is_file() {
         return Err(ProtocolFileError::NotAFile {
             path: path.to_path_buf(),
@@ -86,6 +80,25 @@ pub fn read_protocol_file(path: &std::path::Path) -> Result<String, ProtocolFile
         });
     }
     Ok(text)
+}
+
+/// Opens an input file for reading without blocking on it: with `O_NONBLOCK`, a FIFO with no
+/// writer opens at once (a plain `open` waits for a writer, so the file's type could never be
+/// checked), and the caller then refuses anything that is not a regular file by the open file's
+/// own metadata (no check-then-open race). For a regular file the flag changes nothing.
+#[cfg(unix)]
+pub fn open_input(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+}
+
+/// [`open_input`] where there are no FIFOs to block on.
+#[cfg(not(unix))]
+pub fn open_input(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::open(path)
 }
 
 impl Protocol {

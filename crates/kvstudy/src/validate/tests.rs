@@ -157,6 +157,18 @@ fn widths_group_sizes_and_windows_are_held_to_the_codec_and_the_lengths() {
         ),
         "settings[0]"
     );
+    // A group size above the codec's maximum is refused at the field itself, before any view
+    // is computed from it.
+    assert_eq!(
+        refused_setting(
+            err(|v| v["settings"][1]["group_size"] = (1u64 << 32).into()),
+            KvError::GroupSizeTooLarge {
+                group_size: 1 << 32,
+                max: kvcodec::MAX_GROUP_SIZE
+            }
+        ),
+        "settings[1].group_size"
+    );
     // Symmetric 1-bit has no code besides zero; asymmetric 1-bit does.
     assert_eq!(
         refused_setting(err(|v| v["settings"][0]["bits"] = 1.into()), symmetric(1)),
@@ -350,8 +362,9 @@ fn study_names_are_one_to_64_plain_ascii_characters() {
 
 #[test]
 fn group_sizes_far_longer_than_the_tensor_are_refused_by_field_and_length() {
-    // K at N = 16, D = 4: 4 rows of 16 tokens padded to one group of g codes.
-    for g in [1u64 << 62, 1 << 32, u64::MAX] {
+    // K at N = 16, D = 4: 4 rows of 16 tokens padded to one group of g codes. A group size the
+    // codec takes (at most 2^27) but whose view is too large is refused by the view's bound...
+    for g in [1u64 << 26, 1 << 27] {
         let err = small(|v| v["settings"][0]["group_size"] = g.into()).unwrap_err();
         assert_eq!(
             err,
@@ -364,6 +377,16 @@ fn group_sizes_far_longer_than_the_tensor_are_refused_by_field_and_length() {
                 rows: 4,
                 padded_row_len: Some(g),
             }
+        );
+    }
+    // ... and one above the codec's maximum as it is read, at the same field.
+    for g in [(1u64 << 27) + 1, 1 << 32, 1 << 62, u64::MAX] {
+        let err = small(|v| v["settings"][0]["group_size"] = g.into()).unwrap_err();
+        assert!(
+            matches!(&err, ProtocolError::Parse { field, message }
+                if field == "settings[0].group_size"
+                    && message.starts_with(&format!("group size {g} is above 134217728"))),
+            "{err:?}"
         );
     }
     // The second setting at the second length: V is 1000 rows of one padded group of 2^20
@@ -423,10 +446,24 @@ fn a_padded_grouped_view_of_exactly_the_limit_is_accepted() {
         })
     };
     assert!(at(limit).is_ok());
+    // One more is above the codec's maximum group size (the limit itself).
     assert!(matches!(
         at(limit + 1),
-        Err(ProtocolError::GroupedViewTooLarge { rows: 1, padded_row_len: Some(p), .. })
-            if p == limit + 1
+        Err(ProtocolError::Parse { field, .. }) if field == "settings[0].group_size"
+    ));
+    // With two features K is 2 rows: half the limit fits, one more does not.
+    let at2 = |g: u64| {
+        small(|v| {
+            v["features"] = 2.into();
+            v["tokens"] = serde_json::json!([1]);
+            v["settings"][0]["group_size"] = g.into();
+        })
+    };
+    assert!(at2(limit / 2).is_ok());
+    assert!(matches!(
+        at2(limit / 2 + 1),
+        Err(ProtocolError::GroupedViewTooLarge { rows: 2, padded_row_len: Some(p), .. })
+            if p == limit / 2 + 1
     ));
 }
 
@@ -470,11 +507,11 @@ fn arrays_npz_stays_a_plain_zip() {
 #[test]
 fn every_refusal_names_what_to_change() {
     // One Display check per new variant; the others are covered above by field.
-    let view = small(|v| v["settings"][0]["group_size"] = (1u64 << 62).into()).unwrap_err();
+    let view = small(|v| v["settings"][0]["group_size"] = (1u64 << 27).into()).unwrap_err();
     assert_eq!(
         view.to_string(),
-        "protocol field `settings[0].group_size`: group size 4611686018427387904 at N = 16: \
-         K would be stored as 4 rows x 4,611,686,018,427,387,904 padded codes, more than \
+        "protocol field `settings[0].group_size`: group size 134217728 at N = 16: \
+         K would be stored as 4 rows x 134,217,728 padded codes, more than \
          134,217,728 elements"
     );
     let members = ProtocolError::TooManyMembers { members: None };

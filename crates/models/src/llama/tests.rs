@@ -259,6 +259,14 @@ fn bad_inputs_are_refused_by_name() {
         model.generate_greedy(&[1; 60], 5),
         Err(ModelError::TooManyTokens { tokens: 65, .. })
     ));
+    // A count from a flag whose sum with the prompt wraps past usize is refused, not wrapped.
+    assert!(matches!(
+        model.generate_greedy(&[1; 2], usize::MAX),
+        Err(ModelError::TooManyTokens {
+            tokens: usize::MAX,
+            context: 64
+        })
+    ));
     let mut weights = model.weights().clone();
     weights.layers[1].k = Array2::zeros((4, 16));
     let err = Llama::from_weights(model.config().clone(), weights).unwrap_err();

@@ -386,6 +386,42 @@ fn an_nf4_shape_whose_element_count_overflows_is_refused() {
     );
 }
 
+/// A quant-state shape whose product wraps to exactly the codes' count: [2^57 + 8, 128] is
+/// 2^64 + 1024 elements, 1024 after the wrap, which is what the fixture's 512 code bytes and 16
+/// absmax hold. `dequantize` panicked shaping the codes; now both commands refuse it by name,
+/// with nothing written.
+#[test]
+fn an_nf4_shape_whose_product_wraps_to_the_codes_count_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = (1usize << 57) + 8;
+    assert_eq!(rows.wrapping_mul(128), 8 * 128);
+    let state = format!(
+        "{{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float32\", \
+         \"shape\": [{rows}, 128]}}"
+    );
+    let input = nf4_with_state(dir.path(), "nf4", &state);
+    let out = dir.path().join("w.npy");
+    let output = repack(&["dequantize", path(&input), path(&out)]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert_eq!(
+        stderr(&output),
+        format!(
+            "repack: error: {}: layer proj: shape {rows} x 128 has more elements than this \
+             machine can count (rows x cols overflows)\n",
+            input.display()
+        )
+    );
+    assert!(stdout(&output).is_empty());
+    assert!(!out.exists());
+    let output = repack(&["inspect", path(&input)]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("does not fit in"),
+        "{}",
+        stderr(&output)
+    );
+}
+
 #[test]
 fn an_fp4_layer_is_flagged_by_name_not_labelled_nf4() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,12 +10,13 @@ use repack::checkpoint::Checkpoint;
 use repack::convert::convert_case;
 use repack::inspect::inspect_bytes;
 use repack::npy::parse_npy_matrix;
+use repack::quantfile::dequantize_case;
 
 /// Runs one reader on one input, ignoring what it returns.
 type Replay = fn(&[u8]);
 
 /// Each fuzz target of this crate, and the function it runs on its input.
-const TARGETS: [(&str, Replay); 5] = [
+const TARGETS: [(&str, Replay); 6] = [
     ("repack_npy", |bytes| {
         let _ = parse_npy_matrix(bytes);
     }),
@@ -30,6 +31,9 @@ const TARGETS: [(&str, Replay); 5] = [
     }),
     ("repack_blockfile", |bytes| {
         let _ = decode_case(bytes);
+    }),
+    ("repack_dequantize", |bytes| {
+        let _ = dequantize_case(bytes);
     }),
 ];
 
@@ -98,4 +102,15 @@ fn every_seed_of_the_structured_fuzz_targets_is_a_valid_call() {
             panic!("{}: {err}", seed.display());
         }
     }
+}
+
+#[test]
+fn the_kept_nf4_shape_wrap_reaches_the_shape_check() {
+    // The regression is only worth keeping if it gets past the container and the quant-state
+    // JSON to the product that wraps.
+    let path = regressions()
+        .join("repack_dequantize/nf4-quant-state-shape-wraps-to-the-codes-count.safetensors");
+    let err = dequantize_case(&std::fs::read(path).unwrap()).unwrap_err();
+    let message = repack::error::with_causes(&err);
+    assert!(message.contains("rows x cols overflows"), "{message}");
 }

@@ -118,3 +118,83 @@ fn inspect_refuses_a_header_length_past_the_end_of_the_file_with_both_numbers() 
     assert!(stderr.contains("1099511627776 bytes"), "{stderr}");
     assert!(stderr.contains("only 2 bytes follow"), "{stderr}");
 }
+
+/// A FIFO with no writer: `open` on it used to block until a writer came, so every command
+/// hung. Each command that reads an input now refuses it at once (well inside the timeout),
+/// naming it, with nothing written.
+#[cfg(unix)]
+#[test]
+fn every_command_refuses_a_fifo_with_no_writer_without_blocking() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("input");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+    let [gguf, npy, safetensors] =
+        ["out.gguf", "out.npy", "out.safetensors"].map(|name| dir.path().join(name));
+    let fifo = path(&fifo);
+    let (gguf, npy, safetensors) = (path(&gguf), path(&npy), path(&safetensors));
+    let commands: [(&[&str], &str); 5] = [
+        (&["inspect", fifo], npy),
+        (&["quantize", "--to", "q4_0", fifo, gguf], gguf),
+        (&["dequantize", fifo, npy], npy),
+        (
+            &[
+                "dequantize",
+                "--raw",
+                "--from",
+                "q8_0",
+                "--cols",
+                "32",
+                fifo,
+                npy,
+            ],
+            npy,
+        ),
+        (
+            &[
+                "convert",
+                "--from",
+                "gptq",
+                "--to",
+                "awq",
+                "--group-size",
+                "32",
+                fifo,
+                safetensors,
+            ],
+            safetensors,
+        ),
+    ];
+    for (args, out) in commands {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_repack"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > Duration::from_secs(20) {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("repack {args:?} blocked on a FIFO with no writer");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let result = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert_eq!(result.status.code(), Some(1), "repack {args:?}: {stderr}");
+        assert_eq!(
+            stderr,
+            format!(
+                "repack: error: {fifo}: not a regular file; inputs are read whole, and only a \
+                 regular file's size is known before reading it\n"
+            ),
+            "repack {args:?}"
+        );
+        assert!(result.stdout.is_empty(), "repack {args:?}");
+        assert!(!Path::new(out).exists(), "repack {args:?}");
+    }
+}

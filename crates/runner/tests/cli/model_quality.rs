@@ -234,3 +234,62 @@ fn a_bad_protocol_is_refused_naming_the_field() {
         assert!(!out.exists());
     }
 }
+
+/// Sizes from a flag or a protocol that used to abort (`g4294967296_b4`: a 128 GiB allocation)
+/// or panic on a wrapping sum (`g18446744073709551615_b4`, `--generate 18446744073709551615`,
+/// a policy window of 2^64 - 1) are refused before the model is loaded: exit status 1, one line
+/// naming the problem, no panic.
+#[test]
+fn sizes_that_used_to_abort_or_panic_are_refused_by_name() {
+    let huge = usize::MAX.to_string();
+    let window = format!("recent8:{huge}");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--setting", "g4294967296_b4"],
+            "group size 4294967296 is above",
+        ),
+        (
+            &["--setting", "g18446744073709551615_b4"],
+            "is above 134217728",
+        ),
+        (&["--setting", "g16384_b4"], "SmolLM2's context length"),
+        (&["--setting", "g1_b4", "--policy", &window], "at most 8192"),
+        (&["--generate", &huge], "at most 8191"),
+    ];
+    for (flags, needle) in cases {
+        let mut args = vec!["quality", "--model", "smollm2", "--text", "Some words."];
+        args.extend_from_slice(flags);
+        let output = runner(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{flags:?}: {stderr}");
+        assert!(stderr.contains(needle), "{flags:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{flags:?}: {stderr}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for (edit, field) in [
+        (("\"g8_b4\"", "\"g4294967296_b4\""), "`runs[0].setting`"),
+        (
+            ("\"g8_b4\"", "\"g18446744073709551615_b4\""),
+            "`runs[0].setting`",
+        ),
+        (
+            ("\"recent_f32:16\"", &*format!("\"recent_f32:{huge}\"")),
+            "`runs[2].policy`",
+        ),
+    ] {
+        let file = tmp.path().join("huge.json");
+        std::fs::write(&file, TINY.replacen(edit.0, edit.1, 1)).unwrap();
+        let out = tmp.path().join("never");
+        let output = runner(&[
+            "quality",
+            "--protocol",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{field}: {stderr}");
+        assert!(stderr.contains(field), "{field}: {stderr}");
+        assert!(!out.exists());
+    }
+}

@@ -542,8 +542,11 @@ pub fn from_bytes<B: GgufBlock>(bytes: &[u8]) -> Result<Vec<B>> {
 
 /// The logical matrix of a `rows` x `cols` tensor: K = cols, N = rows, groups of 32 along K.
 pub fn to_logical<B: GgufBlock>(blocks: &[B], rows: usize, cols: usize) -> Result<LogicalWeights> {
-    check_row_length::<B>(rows * cols, cols)?;
-    let expected = rows * cols / 32;
+    let elements = rows
+        .checked_mul(cols)
+        .ok_or(FormatError::ElementCountOverflow { rows, cols })?;
+    check_row_length::<B>(elements, cols)?;
+    let expected = elements / 32;
     if blocks.len() != expected {
         return Err(FormatError::BlockCount {
             format: B::NAME,
