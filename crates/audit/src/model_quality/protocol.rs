@@ -22,6 +22,10 @@ pub const MAX_RUNS: usize = 64;
 pub const MAX_TEXT_NAME: usize = 32;
 /// Fewest and most ids scored per text.
 pub const TOKEN_RANGE: std::ops::RangeInclusive<usize> = 2..=2048;
+/// The most tokens a cache holds (SmolLM2's context): a group size or a policy's window is at
+/// most this, as the quality crate requires.
+pub const MAX_CACHE_TOKENS: usize = 8192;
+
 /// Most generated tokens.
 pub const MAX_GENERATED: usize = 64;
 
@@ -195,12 +199,14 @@ pub fn parse_setting(label: &str) -> Option<QualitySetting> {
         ["asym", "swap"] => (Mode::Asymmetric, true),
         _ => return None,
     };
-    (group_size > 0 && mode.supports(bits)).then_some(QualitySetting {
-        group_size,
-        bits,
-        mode,
-        swap,
-    })
+    ((1..=MAX_CACHE_TOKENS).contains(&group_size) && mode.supports(bits)).then_some(
+        QualitySetting {
+            group_size,
+            bits,
+            mode,
+            swap,
+        },
+    )
 }
 
 /// Parses a policy label for `setting`; None if the quality crate would refuse it.
@@ -213,7 +219,7 @@ pub fn parse_policy(label: &str, setting: &QualitySetting) -> Option<Window> {
         return None;
     }
     let window: usize = window.parse().ok()?;
-    if window == 0 || !window.is_multiple_of(setting.group_size) {
+    if window == 0 || window > MAX_CACHE_TOKENS || !window.is_multiple_of(setting.group_size) {
         return None;
     }
     match name {

@@ -596,9 +596,17 @@ fn a_changed_summary_json_value_is_named() {
 
 #[test]
 fn protocols_outside_the_format_are_refused() {
-    let cases: [(&str, Value, &str); 4] = [
+    let cases: [(&str, Value, &str); 6] = [
         ("/runs/1/schedule", json!("causal"), "runs[1].schedule"),
         ("/runs/0/setting", json!("g32_b9"), "runs[0].setting"),
+        // Groups and windows beyond the model's 8,192-token context, as the quality crate
+        // refuses them.
+        ("/runs/0/setting", json!("g16384_b4"), "runs[0].setting"),
+        (
+            "/runs/1/policy",
+            json!("recent_f32:16384"),
+            "runs[1].policy",
+        ),
         ("/max_tokens", json!(1), "max_tokens"),
         ("/model", json!("minilm"), "model"),
     ];
