@@ -37,6 +37,7 @@ from ._kvpack import (
     PackedTensor,
     ProtocolError,
     RunError,
+    __version__,
     decode,
     encode,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "decode",
     "encode",
     "run",
+    "__version__",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]

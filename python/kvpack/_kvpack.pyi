@@ -7,6 +7,7 @@ import numpy as np
 import numpy.typing as npt
 
 BUILD_TREE: str
+__version__: str
 
 class CodecError(ValueError):
     """The codec refused the input or the stored parts (the message is kvcodec's)."""

@@ -31,6 +31,7 @@ fn _kvpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CodecError", py.get_type::<errors::CodecError>())?;
     m.add("ProtocolError", py.get_type::<errors::ProtocolError>())?;
     m.add("RunError", py.get_type::<errors::RunError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_TREE", audit::default_tree().display().to_string())?;
     Ok(())
 }
