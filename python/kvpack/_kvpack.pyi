@@ -28,7 +28,8 @@ class PackedTensor:
     uint8), ``scales`` (float32, rows x groups per row of the grouped view) and ``zero_points``
     (the b-bit zero point stream, uint8; None when symmetric). ``payload_bytes`` is what is
     stored: code bytes + 4 per scale + zero point bytes + 8 for the two i32 shape values.
-    Equal (``==``) when layout, shape and every stored byte are equal.
+    Equal (``==``) when layout, shape and every stored byte are equal; pickles through
+    ``from_parts``.
     """
 
     @staticmethod

@@ -25,6 +25,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 use kvcodec::{GroupAxis, Layout, Mode, PackedTensor};
 
@@ -170,6 +171,32 @@ impl PyPackedTensor {
     /// The float32 matrix the codes stand for, [tokens, features] (a new C-order array).
     fn decode<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<f32>> {
         decode_tensor(py, &self.inner)
+    }
+
+    /// Pickling (and so multiprocessing): the stored parts, rebuilt and checked by `from_parts`.
+    fn __reduce__<'py>(
+        slf: Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let constructor = py.get_type::<PyPackedTensor>().getattr("from_parts")?;
+        let tensor = slf.get();
+        let layout = tensor.inner.layout();
+        let zero_points = match PyPackedTensor::zero_points(slf.clone())? {
+            Some(z) => z.into_any(),
+            None => py.None().into_bound(py),
+        };
+        let args = (
+            PyPackedTensor::codes(slf.clone())?,
+            PyPackedTensor::scales(slf.clone())?,
+            tensor.shape(),
+            layout.bits.get(),
+            layout.group_size,
+            axis_name(layout.axis),
+            mode_name(layout.mode),
+            zero_points,
+        )
+            .into_pyobject(py)?;
+        Ok((constructor, args))
     }
 
     fn __repr__(&self) -> String {

@@ -317,3 +317,13 @@ def test_the_gil_is_released_while_encoding():
 def test_a_setting_label_in_the_archive_is_parsed_as_the_runner_names_it():
     labels = [label for label, *_ in _archived_settings(ROOT / "evidence" / "widths-and-modes")]
     assert all(re.fullmatch(r"g\d+_b\d(_asym)?(_swap)?", label) for label in labels)
+
+
+def test_a_packed_tensor_pickles_to_an_equal_tensor():
+    import pickle
+
+    for mode, bits in [("symmetric", 4), ("asymmetric", 3)]:
+        packed = kvpack.encode(random_input((21, 10), seed=2), bits, 8, axis="feature", mode=mode)
+        again = pickle.loads(pickle.dumps(packed))
+        assert again == packed
+        assert again.decode().tobytes() == packed.decode().tobytes()
