@@ -57,7 +57,8 @@ pub enum Checked {
 }
 
 impl Checked {
-    fn label(self) -> &'static str {
+    /// What the count is of, as the report prints it (`source hashes (against the tree)`).
+    pub fn label(self) -> &'static str {
         match self {
             Checked::PinnedFiles => "pinned file hashes",
             Checked::OutputHashes => "output hashes",

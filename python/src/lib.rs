@@ -1,0 +1,37 @@
+//! `kvpack._kvpack`: the Python extension module behind the `kvpack` package (python/kvpack/).
+//!
+//! A binding only: every rule lives in the workspace's crates, which know nothing of Python.
+//! What is exposed, and from where:
+//! - [`codec`]: `encode`, `decode` and the `PackedTensor` class, over `kvcodec`;
+//! - [`study`]: `run`, over `kvstudy::run::run_protocol`, as the `runner` binary calls it;
+//! - [`report`]: `audit` and the `AuditReport` class, over `audit::audit_dir_with`, as the `audit`
+//!   binary calls it;
+//! - [`errors`]: the exception classes and how each Rust error becomes one.
+//!
+//! Work runs with the GIL released (`Python::detach`): encoding, decoding, a study run and an
+//! audit never hold other Python threads back.
+
+use pyo3::prelude::*;
+
+pub mod codec;
+pub mod errors;
+pub mod report;
+pub mod study;
+
+/// The extension module: the functions and classes that `kvpack/__init__.py` re-exports.
+#[pymodule]
+fn _kvpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<codec::PyPackedTensor>()?;
+    m.add_class::<report::AuditReport>()?;
+    m.add_function(wrap_pyfunction!(codec::encode, m)?)?;
+    m.add_function(wrap_pyfunction!(codec::decode, m)?)?;
+    m.add_function(wrap_pyfunction!(report::audit, m)?)?;
+    m.add_function(wrap_pyfunction!(study::run, m)?)?;
+    m.add("CodecError", py.get_type::<errors::CodecError>())?;
+    m.add("ProtocolError", py.get_type::<errors::ProtocolError>())?;
+    m.add("RunError", py.get_type::<errors::RunError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("BUILD_TREE", audit::default_tree().display().to_string())?;
+    Ok(())
+}
