@@ -12,7 +12,7 @@
 //! lo)`), and holds its markers, `<g class="marker" ... transform="translate(X,Y)">` around one
 //! shape. Given what a chart must hold (`ExpectedChart`, derived by each chart's module), the
 //! audit requires:
-//! - the form the runner writes ([`form`]): a closed set of elements and of attributes for each,
+//! - the form the runner writes (`form`): a closed set of elements and of attributes for each,
 //!   values that read one way (paints `none` or `#RRGGBB`, single numbers, generic font
 //!   families), no comment, processing instruction, declaration or foreign namespace, a viewBox
 //!   of exactly `0 0 width height`, a painted background over the whole document first, no group
@@ -35,7 +35,7 @@
 //!   or its stroke not `none`), reaching at most [`MARKER_REACH`] px from its centre, stroke
 //!   included, of at most [`MAX_VERTICES`] vertices, and with no attribute but its geometry,
 //!   `fill`, `stroke` and `stroke-width`;
-//! - every marker seen ([`sight`]): nothing but later markers drawn over it, and at least a
+//! - every marker seen (`sight`): nothing but later markers drawn over it, and at least a
 //!   pixel of it left uncovered by them in a colour that stands out from the background and
 //!   from what lies beneath (a later marker within a pixel of it, where the data coincide at
 //!   the chart's resolution, is the data's doing and not counted);

@@ -20,7 +20,7 @@
 //! (SmolLM2's BPE, UTF-8 with invalid bytes replaced).
 //!
 //! Without the model, two things still hold at every position and are checked
-//! ([`check_consistency`]): Pinsker's inequality, KL >= 2 * TV^2 >= 2 * (p_f32(t) - p(t))^2
+//! (`check_consistency`): Pinsker's inequality, KL >= 2 * TV^2 >= 2 * (p_f32(t) - p(t))^2
 //! for the scored token t; and the float32 run's first generated token is its argmax at the last
 //! prompt position (the cached generation's logits are a full pass's, bit for bit).
 

@@ -13,7 +13,7 @@
 //!    `N - P + r / g`.
 //!
 //! Before any of that, and without the model, passes of one text must agree where a model makes
-//! them agree ([`check_prefixes`]): a shorter pass's ids are the longer pass's first ids (MiniLM:
+//! them agree (`check_prefixes`): a shorter pass's ids are the longer pass's first ids (MiniLM:
 //! up to its closing `[SEP]`), and for a causal model (SmolLM2) a shorter pass's K and V are,
 //! bit for bit, the first rows of the longer pass's (position t sees only tokens 0..=t).
 //!
