@@ -16,6 +16,8 @@ the Rust library the command-line tools use.
 - ``run(protocol=None, out=..., threads=None) -> pathlib.Path``: a study into a new evidence
   directory, as ``runner --out`` runs it
 - ``audit(path, tree=None, models=None, sample=None) -> AuditReport``: as ``audit DIR`` checks it
+- ``models.kv(model, text) -> dict[str, numpy.ndarray]``: a real model's q, k and v, as
+  ``runner kv`` writes them
 
 Errors: ``TypeError`` for a wrong type (float64 input is refused, not converted),
 ``ValueError`` for a wrong value, and the ``ValueError`` subclasses ``CodecError`` (the
@@ -30,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-from . import _kvpack
+from . import _kvpack, models
 from ._kvpack import (
     AuditReport,
     CodecError,
@@ -52,6 +54,7 @@ __all__ = [
     "build_tree",
     "decode",
     "encode",
+    "models",
     "run",
     "__version__",
 ]

@@ -225,9 +225,9 @@ impl PyPackedTensor {
 /// `x` must be a float32 numpy.ndarray (TypeError otherwise: nothing is converted); any strides
 /// or order. Raises kvpack.CodecError (a ValueError) with the codec's message for NaN or an
 /// infinity, an empty matrix, an unsupported width or a group size of 0, and ValueError for a
-/// bad axis or mode or a group so long that its padding would exceed 2^27 codes
-/// and the input's size. The GIL is released while
-/// encoding; do not write to `x` from another thread meanwhile.
+/// bad axis or mode, or a group so long that its padding would exceed both 2^27 codes and the
+/// input's size. The GIL is released while encoding; do not write to `x` from another thread
+/// meanwhile.
 #[pyfunction]
 #[pyo3(signature = (x, bits, group_size, axis = "token", mode = "symmetric"))]
 pub fn encode(

@@ -6,6 +6,7 @@
 //! - [`study`]: `run`, over `kvstudy::run::run_protocol`, as the `runner` binary calls it;
 //! - [`report`]: `audit` and the `AuditReport` class, over `audit::audit_dir_with`, as the `audit`
 //!   binary calls it;
+//! - [`capture`]: `models_kv`, a real model's q, k and v for one text, as `runner kv` writes them;
 //! - [`errors`]: the exception classes and how each Rust error becomes one.
 //!
 //! Work runs with the GIL released (`Python::detach`): encoding, decoding, a study run and an
@@ -13,6 +14,7 @@
 
 use pyo3::prelude::*;
 
+pub mod capture;
 pub mod codec;
 pub mod errors;
 pub mod report;
@@ -28,6 +30,7 @@ fn _kvpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(codec::decode, m)?)?;
     m.add_function(wrap_pyfunction!(report::audit, m)?)?;
     m.add_function(wrap_pyfunction!(study::run, m)?)?;
+    m.add_function(wrap_pyfunction!(capture::models_kv, m)?)?;
     m.add("CodecError", py.get_type::<errors::CodecError>())?;
     m.add("ProtocolError", py.get_type::<errors::ProtocolError>())?;
     m.add("RunError", py.get_type::<errors::RunError>())?;

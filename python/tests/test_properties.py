@@ -50,12 +50,16 @@ def test_any_matrix_matches_the_reference(case):
     assert packed.payload_bytes == ref.payload_bytes
     decoded = packed.decode()
     assert decoded.tobytes() == ref.decoded.tobytes()
-    # Within half a step of each group's scale (the codec's bound, with f32 slack).
-    step = reference.grouped(np.ascontiguousarray(x), group_size, axis)
-    scale = np.repeat(ref.scales, group_size, axis=1)[:, : (x.shape[0] if axis == "token" else x.shape[1])]
-    scale = scale.T if axis == "token" else scale
+    # Within half a step of each group's scale: the codec's bound, "up to the f32 division"
+    # (symmetric.rs). Where the scale is subnormal that division is coarse (a scale of
+    # 9.04e-43 / 63 rounds to 10 * 2^-149, and 9.04e-43 then sits 64.5 steps out, clipped to 63),
+    # so the bound is checked where the scale is a normal float32.
+    row_len = x.shape[0] if axis == "token" else x.shape[1]
+    scale = np.repeat(ref.scales, group_size, axis=1)[:, :row_len]
+    scale = (scale.T if axis == "token" else scale).astype(np.float64)
     error = np.abs(decoded.astype(np.float64) - x.astype(np.float64))
-    assert np.all(error <= scale.astype(np.float64) * (0.5 + 1e-4)), step.shape
+    normal = scale >= np.finfo(np.float32).tiny
+    assert np.all(error[normal] <= scale[normal] * (0.5 + 1e-4))
 
 
 @settings(max_examples=100, deadline=None)
