@@ -18,11 +18,15 @@ the Rust library the command-line tools use.
 - ``audit(path, tree=None, models=None, sample=None) -> AuditReport``: as ``audit DIR`` checks it
 - ``models.kv(model, text) -> dict[str, numpy.ndarray]``: a real model's q, k and v, as
   ``runner kv`` writes them
+- ``weights.read(path)``, ``weights.convert(src, dst, to=...)``, ``bpw(...)``: quantized weight
+  files (GPTQ, AWQ, GGUF, NF4) read into their parts, converted, and a layout's cost, as the
+  ``repack`` binary does
 
 Errors: ``TypeError`` for a wrong type (float64 input is refused, not converted),
 ``ValueError`` for a wrong value, and the ``ValueError`` subclasses ``CodecError`` (the
 codec's message) and ``ProtocolError``; ``RunError`` (a ``RuntimeError``) for a run that did not
-finish. The documentation is docs/python.md in the repository.
+finish; ``WeightsError`` (a ``ValueError``) for a weight file ``repack`` refused. The
+documentation is docs/python.md in the repository.
 """
 
 from __future__ import annotations
@@ -32,13 +36,14 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-from . import _kvpack, models
+from . import _kvpack, models, weights
 from ._kvpack import (
     AuditReport,
     CodecError,
     PackedTensor,
     ProtocolError,
     RunError,
+    WeightsError,
     __version__,
     decode,
     encode,
@@ -50,16 +55,21 @@ __all__ = [
     "PackedTensor",
     "ProtocolError",
     "RunError",
+    "WeightsError",
     "audit",
+    "bpw",
     "build_tree",
     "decode",
     "encode",
     "models",
     "run",
+    "weights",
     "__version__",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+bpw = weights.bpw
 
 
 def build_tree() -> Path:

@@ -18,6 +18,60 @@ class ProtocolError(ValueError):
 class RunError(RuntimeError):
     """A study run that did not finish; nothing is left behind."""
 
+class WeightsError(ValueError):
+    """A weight file, layout or conversion that repack refused (the message is repack's)."""
+
+class WeightLayer:
+    """One quantized layer of a weight file (see kvpack.weights for orientations and rules).
+
+    Arrays are NumPy copies made when an attribute is read.
+    """
+
+    @property
+    def name(self) -> str:
+        """The layer's prefix (safetensors) or the tensor's name (GGUF)."""
+    @property
+    def format(self) -> Literal["gptq", "gptq_v2", "awq", "q4_0", "q8_0", "q4_1", "nf4"]:
+        """The layout."""
+    @property
+    def bits(self) -> int:
+        """Bits per code."""
+    @property
+    def group_size(self) -> int:
+        """Elements per scale (GGUF: 32; NF4: the absmax block)."""
+    @property
+    def shape(self) -> Tuple[int, int]:
+        """Shape of codes and dequantize(): [K, N] for GPTQ/AWQ, [rows, cols] for GGUF/NF4."""
+    @property
+    def codes(self) -> npt.NDArray[np.uint8]:
+        """One unpacked code per weight, in ``shape``."""
+    @property
+    def scales(self) -> Union[npt.NDArray[np.float16], npt.NDArray[np.float32]]:
+        """float16 [groups, N] (GPTQ/AWQ) or [rows, cols/32] (GGUF d); NF4: float32 absmax, 1-D."""
+    @property
+    def zero_points(self) -> Optional[npt.NDArray[np.uint8]]:
+        """True zero points in the shape of scales (GGUF: the fixed offset); None for q4_1, nf4."""
+    @property
+    def minimums(self) -> Optional[npt.NDArray[np.float16]]:
+        """q4_1's minimum m per block, [rows, cols/32]; None otherwise."""
+    @property
+    def g_idx(self) -> Optional[npt.NDArray[np.uint32]]:
+        """GPTQ/AWQ: each of the K rows' group; None for GGUF and NF4."""
+    @property
+    def input_permutation(self) -> Optional[npt.NDArray[np.uint32]]:
+        """The row permutation a conversion to AWQ recorded, or None."""
+    @property
+    def levels(self) -> Optional[npt.NDArray[np.float32]]:
+        """NF4's 16 levels; None for the other layouts."""
+    @property
+    def cost(self) -> Dict[str, Union[int, float]]:
+        """Stored bytes by part, counted from the tensors (as kvpack.bpw returns)."""
+    @property
+    def bits_per_weight(self) -> float:
+        """Every stored byte, in bits, over the weights."""
+    def dequantize(self) -> npt.NDArray[np.float32]:
+        """The weights, float32 in ``shape``, as the layout's library dequantizes them."""
+
 Axis = Literal["token", "feature"]
 Mode = Literal["symmetric", "asymmetric"]
 
@@ -130,3 +184,27 @@ def run(
     threads: Optional[int] = None,
 ) -> str: ...
 def models_kv(model: str, text: str, out: Union[str, "os.PathLike[str]"]) -> Tuple[int, int]: ...
+def read_weight_file(
+    path: Union[str, "os.PathLike[str]"], format: Optional[str] = None
+) -> List[WeightLayer]: ...
+def convert_weight_file(
+    src: Union[str, "os.PathLike[str]"],
+    dst: Union[str, "os.PathLike[str]"],
+    to: str,
+    source_format: Optional[str] = None,
+    group_size: Optional[int] = None,
+    bits: Optional[int] = None,
+) -> Dict[str, object]: ...
+def layout_cost(
+    rows: int,
+    cols: int,
+    bits: int,
+    group_size: int,
+    axis: str,
+    scale: str,
+    zero_points: str,
+    g_idx: bool,
+    padding: str,
+    container: str,
+    extra_bytes_per_group: int,
+) -> Dict[str, Union[int, float]]: ...

@@ -5,6 +5,9 @@
 //!   group size of 0, a scale that overflows, parts that do not agree);
 //! - `kvpack.ProtocolError` (a `ValueError`): a protocol that does not parse or breaks a bound,
 //!   naming its field;
+//! - `kvpack.WeightsError` (a `ValueError`): `repack` refused a weight file, a layout or a
+//!   conversion (`repack::Error`: unreadable or damaged files, a layout it cannot prove, an
+//!   unknown block type);
 //! - `kvpack.RunError` (a `RuntimeError`): a study run that did not finish (nothing is left
 //!   behind);
 //! - `TypeError` and `ValueError` for arguments of the wrong type or value, raised here.
@@ -29,6 +32,12 @@ create_exception!(
     ProtocolError,
     PyValueError,
     "A study protocol that does not parse or breaks a bound (the message names the field)."
+);
+create_exception!(
+    kvpack,
+    WeightsError,
+    PyValueError,
+    "A weight file, layout or conversion that repack refused (the message is repack's)."
 );
 create_exception!(
     kvpack,
@@ -65,4 +74,9 @@ pub fn protocol(err: &dyn Error) -> PyErr {
 /// A run error as `kvpack.RunError`.
 pub fn run(err: &dyn Error) -> PyErr {
     RunError::new_err(chain(err))
+}
+
+/// A weight-file error as `kvpack.WeightsError`.
+pub fn weights(err: &dyn Error) -> PyErr {
+    WeightsError::new_err(chain(err))
 }

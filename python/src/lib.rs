@@ -7,6 +7,8 @@
 //! - [`report`]: `audit` and the `AuditReport` class, over `audit::audit_dir_with`, as the `audit`
 //!   binary calls it;
 //! - [`capture`]: `models_kv`, a real model's q, k and v for one text, as `runner kv` writes them;
+//! - [`weights`]: `kvpack.weights.read`, `convert` and `kvpack.bpw`, over `repack` and `weights`,
+//!   as the `repack` binary uses them;
 //! - [`errors`]: the exception classes and how each Rust error becomes one.
 //!
 //! Work runs with the GIL released (`Python::detach`): encoding, decoding, a study run and an
@@ -19,6 +21,7 @@ pub mod codec;
 pub mod errors;
 pub mod report;
 pub mod study;
+pub mod weights;
 
 /// The extension module: the functions and classes that `kvpack/__init__.py` re-exports.
 #[pymodule]
@@ -31,9 +34,14 @@ fn _kvpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(report::audit, m)?)?;
     m.add_function(wrap_pyfunction!(study::run, m)?)?;
     m.add_function(wrap_pyfunction!(capture::models_kv, m)?)?;
+    m.add_class::<weights::PyWeightLayer>()?;
+    m.add_function(wrap_pyfunction!(weights::read_weight_file, m)?)?;
+    m.add_function(wrap_pyfunction!(weights::convert_weight_file, m)?)?;
+    m.add_function(wrap_pyfunction!(weights::layout_cost, m)?)?;
     m.add("CodecError", py.get_type::<errors::CodecError>())?;
     m.add("ProtocolError", py.get_type::<errors::ProtocolError>())?;
     m.add("RunError", py.get_type::<errors::RunError>())?;
+    m.add("WeightsError", py.get_type::<errors::WeightsError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("BUILD_TREE", audit::default_tree().display().to_string())?;
     Ok(())

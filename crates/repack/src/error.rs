@@ -206,6 +206,36 @@ pub enum Error {
         ty: gguf_file::TensorType,
     },
 
+    /// A GGUF tensor of a block type `kvpack.weights.read` does not implement.
+    #[error(
+        "{}: tensor {tensor:?} is {ty}; this tool reads GGUF tensors of type Q4_0, Q8_0 and Q4_1 \
+         (float tensors are skipped)",
+        path.display()
+    )]
+    GgufTypeNotRead {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its type.
+        ty: gguf_file::TensorType,
+    },
+
+    /// A GPTQ layer whose zero-point convention neither the file nor the caller states.
+    #[error(
+        "{}: layer {layer} is GPTQ, and its zero-point convention is recorded nowhere (no \
+         checkpoint_format or format metadata); name it: gptq (stored zero = zero - 1, AutoGPTQ) \
+         or gptq_v2 (stored as is, GPTQModel); reading one as the other shifts every weight by a \
+         step",
+        path.display()
+    )]
+    ConventionNotRecorded {
+        /// The file.
+        path: PathBuf,
+        /// The layer.
+        layer: String,
+    },
+
     /// A GGUF tensor of more than 2 dimensions.
     #[error(
         "{}: tensor {tensor:?} has dims {dims:?} (ggml order); dequantize writes a matrix, from \

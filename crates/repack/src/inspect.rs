@@ -237,7 +237,10 @@ fn integer_layer(
     })?;
     let group_size = match metadata::recorded_group_size(&ckpt.metadata)? {
         Some(g) => format!("group {g}"),
-        None if is_gptq => format!("group {} (inferred)", gptq_group_size(layer)?),
+        None if is_gptq => format!(
+            "group {} (inferred)",
+            layer_io::group_size(&ckpt.metadata, layer, WeightFormat::Gptq)?
+        ),
         None => match stored_k.checked_div(groups) {
             Some(g) => format!("group {g} (inferred)"),
             None => "group unknown (scales has no rows)".to_string(),
@@ -284,26 +287,9 @@ fn integer_layer(
     })
 }
 
-/// Rows in group 0: the group size, for sequential and act-order g_idx alike (every group but
-/// the last holds exactly group-size rows).
-fn gptq_group_size(layer: &Layer<'_>) -> Result<usize> {
-    let g_idx = layer
-        .get("g_idx")?
-        .i32_vector(&layer.tensor_name("g_idx"))?;
-    Ok(g_idx.iter().filter(|&&g| g == 0).count())
-}
-
 fn check_integer_layer(ckpt: &Checkpoint, layer: &Layer<'_>, format: WeightFormat) -> Check {
     let result = (|| {
-        let group_size = match metadata::recorded_group_size(&ckpt.metadata)? {
-            Some(g) => g,
-            None if format == WeightFormat::Awq => dim(layer.get("qweight")?, 0)
-                .checked_div(dim(layer.get("scales")?, 0))
-                .ok_or_else(|| Error::GroupSizeNotInferable {
-                    layer: layer.prefix.clone(),
-                })?,
-            None => gptq_group_size(layer)?,
-        };
+        let group_size = layer_io::group_size(&ckpt.metadata, layer, format)?;
         let logical = metadata::logical_shape(&ckpt.metadata, &layer.prefix)?;
         let declared = metadata::declared_bits(None, &ckpt.metadata)?;
         let packed = layer_io::read_integer_layer(layer, format, declared, group_size, logical)?;

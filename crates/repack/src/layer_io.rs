@@ -2,6 +2,8 @@
 //! GPTQ or AWQ layer (its width from the tensor shapes, held to any declared width), and the
 //! tensors a packed layer writes. What the metadata says is [`crate::metadata`]'s to parse.
 
+use std::collections::BTreeMap;
+
 use weights::WeightFormat;
 use weights::awq::{AWQ_BITS, AwqLayer};
 use weights::gptq::{GPTQ_BITS, GptqLayer, ZeroConvention};
@@ -10,7 +12,7 @@ use weights::transcode::PackedLayer;
 use crate::checkpoint::Tensor;
 use crate::error::{Error, Result};
 use crate::layers::Layer;
-use crate::metadata::DeclaredBits;
+use crate::metadata::{self, DeclaredBits};
 use crate::names::qualified;
 
 /// Reads an integer layer's tensors as `format` (gptq, gptq_v2 or awq). The width comes from
@@ -113,6 +115,31 @@ fn read_awq(
         scales,
         logical_shape,
     }))
+}
+
+/// A GPTQ or AWQ layer's group size: the metadata's, else what its shapes say (AWQ: rows of
+/// qweight per row of scales; GPTQ: the rows in group 0, which act-order and sequential g_idx
+/// alike give, as every group but the last holds exactly group-size rows).
+pub fn group_size(
+    metadata: &BTreeMap<String, String>,
+    layer: &Layer<'_>,
+    format: WeightFormat,
+) -> Result<usize> {
+    if let Some(g) = metadata::recorded_group_size(metadata)? {
+        return Ok(g);
+    }
+    if format == WeightFormat::Awq {
+        let rows = |name| Ok::<_, Error>(layer.get(name)?.shape.first().copied().unwrap_or(0));
+        return rows("qweight")?
+            .checked_div(rows("scales")?)
+            .ok_or_else(|| Error::GroupSizeNotInferable {
+                layer: layer.prefix.clone(),
+            });
+    }
+    let g_idx = layer
+        .get("g_idx")?
+        .i32_vector(&layer.tensor_name("g_idx"))?;
+    Ok(g_idx.iter().filter(|&&g| g == 0).count())
 }
 
 /// The tensors a packed layer writes, under the layer's prefix.

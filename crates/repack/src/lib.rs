@@ -19,6 +19,8 @@
 //!   too);
 //! - [`quantfile`]: the `quantize`/`dequantize` commands and the files they write (GGUF for
 //!   q4_0, q8_0 and q4_1; safetensors in bitsandbytes' layout for nf4), each layout stated there;
+//! - [`read`]: a file's quantized layers as their stored parts (what `kvpack.weights.read`
+//!   returns);
 //! - [`blockfile`]: the bare block bytes (no header) that `dequantize --raw` reads;
 //! - [`bpw_cmd`]: the `bpw` command (effective bits per weight of a layout, or the worked
 //!   example);
@@ -30,8 +32,9 @@
 //! `report`, `checkpoint` and `npy` use no other module; `metadata` uses `names`; `error` uses
 //! `checkpoint`, `npy`, `metadata` and `names`; `files` uses `error`, `checkpoint` and `npy`;
 //! `layers` uses `checkpoint`, `error` and `names`; `layer_io` adds `layers` and `metadata`;
-//! the commands sit on top (`quantfile` uses `blockfile` and `inspect`; `layer_error` uses no
-//! other module: it needs `models` and `weights` only).
+//! the commands sit on top (`inspect` and `convert` use the modules above); `read` uses
+//! `inspect`'s NF4 checks and `layer_io`; `quantfile` uses `blockfile`, `inspect` and `read`;
+//! `layer_error` uses no other module: it needs `models` and `weights` only.
 
 #![warn(missing_docs)]
 
@@ -49,6 +52,7 @@ pub mod metadata;
 pub mod names;
 pub mod npy;
 pub mod quantfile;
+pub mod read;
 pub mod report;
 
 pub use error::{Error, Result};

@@ -53,6 +53,7 @@ use crate::files::{read_input, read_npy_matrix, write_new_file};
 use crate::inspect::read_nf4_layer;
 use crate::layers::{LayerKind, find_layers};
 use crate::names::layer_name;
+use crate::read::gguf_matrix;
 
 /// The name of the one tensor `quantize` writes (GGUF) or of the weight whose quant state it
 /// writes (NF4), as a single `Linear4bit`'s state dict names it.
@@ -552,28 +553,8 @@ fn read_gguf(
     let file = GgufFile::parse(bytes).map_err(gguf_error)?;
     let names: Vec<&str> = file.tensors().iter().map(|t| t.name).collect();
     let info = &file.tensors()[choose(&names, wanted, path, "tensors")?];
-    let (rows, cols) = match info.dims.as_slice() {
-        [cols] => (1, *cols),
-        [cols, rows] => (*rows, *cols),
-        dims => {
-            return Err(Error::GgufTensorRank {
-                path: path.to_path_buf(),
-                tensor: info.name.to_string(),
-                dims: dims.to_vec(),
-            });
-        }
-    };
+    let (rows, cols) = gguf_matrix(path, info)?;
     let in_file = Error::in_file(path);
-    if rows == 0 || cols == 0 {
-        // usize, as the file's sizes were checked against its bytes; 0 fits either way.
-        return Err(in_file(
-            weights::FormatError::EmptyMatrix {
-                rows: usize::try_from(rows).unwrap_or(usize::MAX),
-                cols: usize::try_from(cols).unwrap_or(usize::MAX),
-            }
-            .into(),
-        ));
-    }
     let data = file.tensor_bytes(info).map_err(gguf_error)?;
     let (target, values, cost) = match info.ty {
         TensorType::Q4_0 => {
@@ -599,10 +580,6 @@ fn read_gguf(
             });
         }
     };
-    // The parser checked the data against the dims, so there are rows * cols values; dims
-    // past usize were refused by the product check on the way.
-    let rows = usize::try_from(rows).expect("checked against the bytes present");
-    let cols = usize::try_from(cols).expect("checked against the bytes present");
     let x = Array2::from_shape_vec((rows, cols), values).expect("rows * cols values");
     Ok((target, x, cost))
 }

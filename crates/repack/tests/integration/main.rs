@@ -23,6 +23,9 @@ mod properties;
 /// library functions.
 mod fuzz_regressions;
 
+/// `repack::read`: a file's quantized layers as their parts (what `kvpack.weights.read` returns).
+mod read;
+
 /// `repack bpw`: the worked example and one layout part by part.
 mod bpw;
 

@@ -15,10 +15,11 @@ use proptest::sample::Index;
 use repack::blockfile::{decode, decode_case, encode};
 use repack::checkpoint::{Checkpoint, CheckpointError, Tensor};
 use repack::npy::{NpyError, parse_npy_matrix};
+use repack::read::read_weight_bytes;
 use safetensors::Dtype;
 use weights::WeightFormat;
 
-use crate::support::{f4_header, npy_bytes};
+use crate::support::{data, f4_header, npy_bytes};
 
 /// A small float32 matrix, 0 to 6 rows and columns, finite values.
 fn matrix() -> impl Strategy<Value = Array2<f32>> {
@@ -204,4 +205,40 @@ proptest! {
         let mutated = if cut { truncated(file, at) } else { flipped(file, at, value) };
         let _ = decode(&mutated, format, cols, block_size);
     }
+
+    #[test]
+    fn weight_reader_survives_mutated_valid_files(
+        file in prop::sample::select(vec![
+            "library/gptq_actorder_b4.safetensors",
+            "library/awq_pattern.safetensors",
+            "proj_nf4.safetensors",
+            "gguf",
+        ]),
+        format in prop::sample::select(vec![None, Some(WeightFormat::Gptq), Some(WeightFormat::Awq)]),
+        at in any::<Index>(),
+        value in any::<u8>(),
+        cut in any::<bool>(),
+    ) {
+        let bytes = if file == "gguf" {
+            gguf_file_bytes()
+        } else {
+            std::fs::read(data(file)).unwrap()
+        };
+        let mutated = if cut { truncated(bytes, at) } else { flipped(bytes, at, value) };
+        let _ = read_weight_bytes(std::path::Path::new(file), &mutated, format);
+    }
+}
+
+/// A small GGUF file of one Q4_0 tensor, as `repack quantize` writes it.
+fn gguf_file_bytes() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("q.gguf");
+    repack::quantfile::quantize_file(
+        &data("inputs/gguf_pattern.npy"),
+        &out,
+        repack::quantfile::Target::Q4_0,
+        None,
+    )
+    .unwrap();
+    std::fs::read(out).unwrap()
 }
