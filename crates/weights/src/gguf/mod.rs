@@ -1,7 +1,8 @@
 //! GGUF Q4_0 and Q8_0: blocks of 32 weights that carry their own scale, and ggml's reference
 //! quantizers for them. Q4_1 (a scale and a minimum per block) lives in [`q4_1`], outside the
 //! [`GgufBlock`] machinery: it has no fixed integer zero point, no logical form and no fast
-//! kernel.
+//! kernel. [`q5_0`] and [`iq4_nl`] are KV-cache types (llama.cpp's `-ctk`/`-ctv`), reference
+//! quantizers only.
 //!
 //! Spec:
 //! - Container: a tensor of `rows` x `cols` (ggml's ne1 x ne0) is `rows * cols / 32` blocks in
@@ -60,8 +61,10 @@ use crate::logical::LogicalWeights;
 
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod avx2;
+pub mod iq4_nl;
 mod portable;
 pub mod q4_1;
+pub mod q5_0;
 
 pub use q4_1::BlockQ4_1;
 

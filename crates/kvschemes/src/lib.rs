@@ -1,0 +1,27 @@
+//! The literature's KV-cache quantization schemes, each as its source defines it, and the bytes
+//! each stores. A scheme is a named whole: which tensor it quantizes, the code, the group axis
+//! and size, the metadata and its precision, what stays in full precision and how it ages.
+//!
+//! | name | source | K | V | full precision | bits per value |
+//! |---|---|---|---|---|---|
+//! | `kivi2`, `kivi4` | [`kivi`]: jy-yuan/KIVI | asymmetric per channel, groups of 32 tokens, fp16 scale and min | asymmetric per token, groups of 32 channels | last R = 128 tokens (keys leave R at a time, values one at a time) | 3.0, 5.0 + residual |
+//! | `llamacpp-TYPE` | [`llamacpp`]: llama.cpp `-ctk/-ctv TYPE` (rotation disabled, `LLAMA_ATTN_ROT_DISABLE=1`) | blocks of 32 along head_dim, per token | the same | none | q4_0 4.5, q4_1 5.0, q5_0 5.5, q8_0 8.5, iq4_nl 4.5 |
+//! | `llamacpp-TYPE+rot` | [`hadamard`]: llama.cpp's default since PR #21038 | H k, then TYPE | H v, then TYPE | none | as TYPE |
+//!
+//! Keys are quantized after RoPE in all of these (their sources do so). Where a scheme departs
+//! from its source, its module says so (the model here runs in f32, so the residual is f32).
+//!
+//! Where things live: [`scheme`] (the names, parsed once), [`cache`] (one layer's cache under a
+//! scheme: what attention reads for each query and position, and the bytes stored), and one
+//! module per source. The block quantizers of llama.cpp's types are `weights::gguf`'s.
+
+#![warn(missing_docs)]
+
+pub mod cache;
+pub mod hadamard;
+pub mod kivi;
+pub mod llamacpp;
+pub mod scheme;
+
+pub use cache::{LayerCache, Schedule, Stored};
+pub use scheme::{Scheme, SchemeError, UnknownScheme};

@@ -1,0 +1,146 @@
+//! Scheme names, parsed once into a [`Scheme`]; the table of what each stores is in the crate
+//! docs.
+
+use std::fmt;
+use std::str::FromStr;
+
+use thiserror::Error;
+
+use crate::llamacpp::CacheType;
+
+/// KIVI's code widths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KiviBits {
+    /// KIVI-2.
+    Two,
+    /// KIVI-4.
+    Four,
+}
+
+impl KiviBits {
+    /// The width.
+    pub fn bits(self) -> u32 {
+        match self {
+            KiviBits::Two => 2,
+            KiviBits::Four => 4,
+        }
+    }
+}
+
+/// A named scheme of the literature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scheme {
+    /// KIVI at 2 or 4 bits ([`crate::kivi`]).
+    Kivi(KiviBits),
+    /// A llama.cpp cache type for K and V, with or without its rotation
+    /// ([`crate::llamacpp`], [`crate::hadamard`]).
+    LlamaCpp {
+        /// The type.
+        ty: CacheType,
+        /// Whether K and V are rotated by the Walsh-Hadamard matrix first.
+        rotate: bool,
+    },
+}
+
+impl Scheme {
+    /// Every scheme, in the order reports list them.
+    pub fn all() -> Vec<Scheme> {
+        let mut all = vec![Scheme::Kivi(KiviBits::Two), Scheme::Kivi(KiviBits::Four)];
+        for rotate in [false, true] {
+            for ty in CacheType::ALL {
+                all.push(Scheme::LlamaCpp { ty, rotate });
+            }
+        }
+        all
+    }
+
+    /// Its name (`kivi4`, `llamacpp-q4_0+rot`).
+    pub fn name(self) -> String {
+        match self {
+            Scheme::Kivi(bits) => format!("kivi{}", bits.bits()),
+            Scheme::LlamaCpp { ty, rotate } => {
+                format!("llamacpp-{ty}{}", if rotate { "+rot" } else { "" })
+            }
+        }
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// A name that is no scheme.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("unknown scheme {name:?}; the schemes are {}", Scheme::all().iter().map(|s| s.name()).collect::<Vec<_>>().join(", "))]
+pub struct UnknownScheme {
+    /// The name given.
+    pub name: String,
+}
+
+impl FromStr for Scheme {
+    type Err = UnknownScheme;
+    fn from_str(name: &str) -> Result<Scheme, UnknownScheme> {
+        Scheme::all()
+            .into_iter()
+            .find(|s| s.name() == name)
+            .ok_or_else(|| UnknownScheme {
+                name: name.to_string(),
+            })
+    }
+}
+
+/// Why a cache cannot be held under a scheme.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum SchemeError {
+    /// K and V of different shapes.
+    #[error("K is {k:?} and V is {v:?} (kv_heads, tokens, head_dim); they must agree")]
+    Shapes {
+        /// K's shape.
+        k: [usize; 3],
+        /// V's shape.
+        v: [usize; 3],
+    },
+    /// A head size the scheme's blocks or groups do not divide.
+    #[error(
+        "{scheme} needs a head size that is a multiple of {multiple}; this model's is {head_dim}"
+    )]
+    HeadDim {
+        /// The scheme.
+        scheme: Scheme,
+        /// The head size.
+        head_dim: usize,
+        /// What it must be a multiple of.
+        multiple: usize,
+    },
+    /// A value that is not finite.
+    #[error("{side} of head {head}, token {token} holds {value}; schemes quantize finite values")]
+    NotFinite {
+        /// "K" or "V".
+        side: &'static str,
+        /// The head.
+        head: usize,
+        /// The token.
+        token: usize,
+        /// The value.
+        value: f32,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_an_unknown_name_lists_the_schemes() {
+        for scheme in Scheme::all() {
+            assert_eq!(scheme.name().parse::<Scheme>(), Ok(scheme));
+        }
+        assert_eq!(Scheme::all().len(), 12);
+        let err = "kivi3".parse::<Scheme>().unwrap_err().to_string();
+        assert!(err.contains("kivi2, kivi4, llamacpp-q4_0"), "{err}");
+        assert!(err.contains("llamacpp-iq4_nl+rot"), "{err}");
+    }
+}
