@@ -33,6 +33,23 @@ pub enum QualityError {
     /// uniform policy only.
     #[error("the causal schedule is defined for the uniform policy only, not {0}")]
     CausalPolicy(String),
+    /// A scheme name that is not one of `kvschemes`'.
+    #[error(transparent)]
+    Scheme(#[from] kvschemes::UnknownScheme),
+    /// A scheme refused the cache (a head size its blocks do not divide, a non-finite value).
+    #[error(transparent)]
+    SchemeCache(#[from] kvschemes::SchemeError),
+    /// A schedule a scheme does not have.
+    #[error(
+        "{scheme} under the {schedule} schedule: KIVI never re-packs its cache (causal re-packs \
+         it before every step); use prefill or streaming"
+    )]
+    SchemeSchedule {
+        /// The scheme.
+        scheme: kvschemes::Scheme,
+        /// The schedule.
+        schedule: crate::setting::Schedule,
+    },
     /// The codec refused a layout or a tensor.
     #[error("KV codec: {0}")]
     Codec(#[from] kvcodec::KvError),

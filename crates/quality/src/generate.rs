@@ -12,22 +12,22 @@ use models::ops;
 use ndarray::s;
 use serde::Serialize;
 
-use crate::cache::{CacheSpec, PackedLayer};
 use crate::error::QualityError;
+use crate::scheme::Cache;
 
-/// `n` greedy tokens after `prompt` with the cache `spec`; `progress` is called with the
-/// number of tokens generated so far.
+/// `n` greedy tokens after `prompt` with the cache `cache` (a setting or a scheme); `progress`
+/// is called with the number of tokens generated so far.
 pub fn greedy(
     model: &Llama,
     prompt: &[u32],
     n: usize,
-    spec: CacheSpec,
+    cache: impl Into<Cache>,
     mut progress: impl FnMut(usize),
 ) -> Result<Vec<u32>, QualityError> {
+    let cache = cache.into();
     let mut ids = prompt.to_vec();
     for step in 0..n {
-        let (hidden, _) =
-            model.hidden_with_source(&ids, |_, k, v| PackedLayer::boxed(spec, k, v))?;
+        let (hidden, _) = model.hidden_with_source(&ids, |_, k, v| Ok(cache.layer(k, v)?.0))?;
         let last = model.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
         let logits = ops::linear(last.view(), model.weights().token_embd.view(), None);
         let row = logits.row(0);
@@ -55,11 +55,11 @@ pub fn compare(
     model: &Llama,
     prompt: &[u32],
     n: usize,
-    spec: CacheSpec,
+    cache: impl Into<Cache>,
     progress: impl FnMut(usize),
 ) -> Result<Generation, QualityError> {
     let ids_f32 = model.generate_greedy(prompt, n)?;
-    let ids = greedy(model, prompt, n, spec, progress)?;
+    let ids = greedy(model, prompt, n, cache, progress)?;
     Ok(Generation {
         prompt_tokens: prompt.len(),
         first_difference: first_difference(&ids_f32, &ids),

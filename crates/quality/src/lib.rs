@@ -7,6 +7,8 @@
 //!   policy and the schedule, parsed into types;
 //! - [`cache`]: the packed cache of one layer, what attention reads from it per schedule and
 //!   policy (the rules, written once), and its bytes;
+//! - [`scheme`]: a named scheme of the literature (`kvschemes`) as the cache instead, and
+//!   [`Cache`], the one value a measurement takes (a setting or a scheme);
 //! - [`metrics`]: log-softmax, NLL, KL and top-1 agreement in f64;
 //! - [`generate`]: greedy generation with a packed cache;
 //! - [`error`]: typed errors;
@@ -28,12 +30,14 @@ pub mod generate;
 pub mod metrics;
 pub mod one_text;
 pub mod report;
+pub mod scheme;
 pub mod setting;
 pub mod study;
 pub mod write;
 
 pub use cache::{CacheSpec, PackedLayer};
 pub use error::QualityError;
+pub use scheme::{Cache, SchemeSpec};
 pub use setting::{KvSetting, Policy, Schedule};
 
 use models::llama::Llama;
@@ -42,10 +46,12 @@ use serde::Serialize;
 /// One text under one cache configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Measurement {
-    /// The setting's label.
-    pub setting: String,
-    /// The policy's label.
-    pub policy: String,
+    /// The setting's label (`null` for a scheme).
+    pub setting: Option<String>,
+    /// The policy's label (`null` for a scheme).
+    pub policy: Option<String>,
+    /// The scheme's name (`null` for a setting).
+    pub scheme: Option<String>,
     /// The schedule's label.
     pub schedule: String,
     /// Tokens in the text (T; T - 1 positions are scored).
@@ -68,19 +74,23 @@ pub struct Measurement {
     pub bytes_per_token: f64,
     /// The float32 cache's bytes per token.
     pub f32_bytes_per_token: usize,
+    /// Cache bits per K or V value stored: bytes per token * 8 / (2 * layers * kv_heads *
+    /// head_dim); 32 for the float32 cache.
+    pub bits_per_element: f64,
     /// Per position numbers (not serialized: the summary above is what a report prints).
     #[serde(skip)]
     pub positions: metrics::Comparison,
 }
 
-/// Measures `ids` under `spec`; `progress` is called with the number of layer passes done out of
-/// 2 * layers.
+/// Measures `ids` under `cache` (a [`CacheSpec`] or a [`SchemeSpec`]); `progress` is called
+/// with the number of layer passes done out of 2 * layers.
 pub fn measure(
     model: &Llama,
     ids: &[u32],
-    spec: CacheSpec,
+    cache: impl Into<Cache>,
     mut progress: impl FnMut(usize),
 ) -> Result<Measurement, QualityError> {
+    let cache = cache.into();
     if ids.len() < 2 {
         return Err(QualityError::TooFewTokens(ids.len()));
     }
@@ -89,20 +99,33 @@ pub fn measure(
         progress(l + 1);
         Ok(())
     })?;
+    let mut bytes = 0usize;
     let packed = model.forward_with_source(ids, |l, k, v| {
         progress(layers + l + 1);
-        PackedLayer::boxed(spec, k, v)
+        let (source, layer_bytes) = cache.layer(k, v)?;
+        bytes += layer_bytes;
+        Ok(source)
     })?;
     let (Some(f32_logits), Some(logits)) = (&plain.logits, &packed.logits) else {
         return Err(QualityError::TooFewTokens(0));
     };
     let positions = metrics::compare(ids, f32_logits, logits)?;
     let c = model.config();
-    let bytes = cache::cache_bytes(&spec, c.layers, c.kv_heads, c.head_dim, ids.len())?;
+    let (setting, policy, scheme) = match cache {
+        Cache::Codec(spec) => (
+            Some(spec.setting.to_string()),
+            Some(spec.policy.to_string()),
+            None,
+        ),
+        Cache::Scheme(spec) => (None, None, Some(spec.scheme().to_string())),
+    };
+    let bytes_per_token = bytes as f64 / ids.len() as f64;
+    let f32_bytes_per_token = cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim);
     Ok(Measurement {
-        setting: spec.setting.to_string(),
-        policy: spec.policy.to_string(),
-        schedule: spec.schedule.to_string(),
+        setting,
+        policy,
+        scheme,
+        schedule: cache.schedule().to_string(),
         tokens: ids.len(),
         nll_f32: positions.nll_f32,
         perplexity_f32: libm::exp(positions.nll_f32),
@@ -111,8 +134,9 @@ pub fn measure(
         kl_mean: positions.kl_mean,
         kl_max: positions.kl_max,
         top1_agreement: positions.top1_agreement,
-        bytes_per_token: bytes as f64 / ids.len() as f64,
-        f32_bytes_per_token: cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim),
+        bytes_per_token,
+        f32_bytes_per_token,
+        bits_per_element: bytes_per_token * 32.0 / f32_bytes_per_token as f64,
         positions,
     })
 }

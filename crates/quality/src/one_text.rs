@@ -1,14 +1,18 @@
 //! `runner quality`: one text through SmolLM2 with the float32 cache and with a packed cache
 //! (the `quality` crate), printed as a short table or one JSON object.
 //!
-//! JSON members: `setting`, `policy`, `schedule`, `tokens`, `nll_f32`, `perplexity_f32`, `nll`,
-//! `perplexity`, `kl_mean`, `kl_max`, `top1_agreement`, `bytes_per_token`,
-//! `f32_bytes_per_token` (the `quality::Measurement`), and `generation` (`null` when no tokens
+//! The cache is a codec setting under a policy and schedule, or a named scheme of the literature
+//! (`--scheme`: KIVI, llama.cpp's cache types; `quality::scheme`) under a schedule.
+//!
+//! JSON members: `setting`, `policy` (`null` for a scheme), `scheme` (`null` for a setting),
+//! `schedule`, `tokens`, `nll_f32`, `perplexity_f32`, `nll`, `perplexity`, `kl_mean`, `kl_max`,
+//! `top1_agreement`, `bytes_per_token`, `f32_bytes_per_token`, `bits_per_element` (the
+//! `quality::Measurement`), and `generation` (`null` when no tokens
 //! are generated): `prompt_tokens`, `ids_f32`, `ids`, `text_f32`, `text`, `first_difference`
 //! (the first generated position where the packed cache's greedy text departs, or `null`).
 
 use crate::generate::{self, Generation};
-use crate::{CacheSpec, KvSetting, Measurement, Policy, QualityError, Schedule};
+use crate::{Cache, CacheSpec, KvSetting, Measurement, Policy, QualityError, Schedule, SchemeSpec};
 use models::llama::{self, Llama, ModelError};
 use models::tokenizer::bpe::{Bpe, BpeError};
 use models::{ModelFiles, ModelName};
@@ -63,6 +67,9 @@ pub struct Request<'a> {
     pub policy: &'a str,
     /// Schedule label.
     pub schedule: &'a str,
+    /// A scheme's name (`kivi4`, `llamacpp-q4_0+rot`, ...): the cache instead of `setting` and
+    /// `policy`, which are then not read.
+    pub scheme: Option<&'a str>,
     /// The text (teacher forcing).
     pub text: &'a str,
     /// The generation prompt; the text's first [`DEFAULT_PROMPT_TOKENS`] tokens when `None`.
@@ -107,7 +114,7 @@ pub fn steps(request: &Request<'_>) -> usize {
 
 /// Parses the labels into a cache configuration and bounds `--generate` by the context
 /// (before any model is loaded).
-pub fn spec(request: &Request<'_>) -> Result<CacheSpec, QualityCmdError> {
+pub fn spec(request: &Request<'_>) -> Result<Cache, QualityCmdError> {
     if request.model != ModelName::SmolLm2 {
         return Err(QualityCmdError::Encoder(request.model));
     }
@@ -121,10 +128,14 @@ pub fn spec(request: &Request<'_>) -> Result<CacheSpec, QualityCmdError> {
             context,
         });
     }
+    let schedule: Schedule = request.schedule.parse()?;
+    if let Some(scheme) = request.scheme {
+        let scheme = scheme.parse().map_err(QualityError::from)?;
+        return Ok(SchemeSpec::new(scheme, schedule)?.into());
+    }
     let setting: KvSetting = request.setting.parse().map_err(QualityError::Setting)?;
     let policy = Policy::parse(request.policy, &setting)?;
-    let schedule: Schedule = request.schedule.parse()?;
-    Ok(CacheSpec::new(setting, policy, schedule)?)
+    Ok(CacheSpec::new(setting, policy, schedule)?.into())
 }
 
 /// Loads SmolLM2 and measures; `progress` gets the steps done (see [`steps`]).
@@ -143,7 +154,7 @@ pub fn measure(
     model: &Llama,
     bpe: &Bpe,
     request: &Request<'_>,
-    spec: CacheSpec,
+    spec: Cache,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Report, QualityCmdError> {
     let ids = bpe.encode(request.text)?;
@@ -186,10 +197,17 @@ pub fn measure(
 /// The short table `runner quality` prints without `--json`.
 pub fn render(report: &Report) -> String {
     let m = &report.measurement;
+    let cache = match (&m.scheme, &m.setting, &m.policy) {
+        (Some(scheme), _, _) => format!("scheme {scheme}"),
+        (None, setting, policy) => format!(
+            "setting {}, policy {}",
+            setting.as_deref().unwrap_or("-"),
+            policy.as_deref().unwrap_or("-")
+        ),
+    };
     let mut out = format!(
-        "smollm2, {} tokens: setting {}, policy {}, schedule {}\n\
-         {:<22}{:>16}{:>16}\n",
-        m.tokens, m.setting, m.policy, m.schedule, "", "float32 cache", "packed cache"
+        "smollm2, {} tokens: {cache}, schedule {}\n{:<22}{:>16}{:>16}\n",
+        m.tokens, m.schedule, "", "float32 cache", "packed cache"
     );
     let mut row = |name: &str, a: String, b: String| {
         out.push_str(&format!("{name:<22}{a:>16}{b:>16}\n"));
@@ -215,6 +233,11 @@ pub fn render(report: &Report) -> String {
         "cache bytes/token",
         m.f32_bytes_per_token.to_string(),
         format!("{:.1}", m.bytes_per_token),
+    );
+    row(
+        "bits per K/V value",
+        "32".into(),
+        format!("{:.3}", m.bits_per_element),
     );
     if let Some(g) = &report.generation {
         out.push_str(&format!(
@@ -242,10 +265,21 @@ mod tests {
             setting,
             policy: "uniform",
             schedule: "prefill",
+            scheme: None,
             text: "x",
             prompt: None,
             generate: 0,
         }
+    }
+
+    #[test]
+    fn a_scheme_is_parsed_in_place_of_the_setting_and_policy() {
+        let mut r = request(ModelName::SmolLm2, "not read");
+        r.scheme = Some("llamacpp-q4_0+rot");
+        assert!(matches!(spec(&r), Ok(Cache::Scheme(_))));
+        r.scheme = Some("kivi5");
+        let err = spec(&r).unwrap_err().to_string();
+        assert!(err.contains("unknown scheme \"kivi5\""), "{err}");
     }
 
     #[test]

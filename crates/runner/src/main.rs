@@ -121,6 +121,10 @@ enum Command {
         /// When the cache is quantized: prefill, streaming or causal.
         #[arg(long, default_value = "prefill")]
         schedule: String,
+        /// A named scheme of the literature instead of --setting and --policy: kivi2, kivi4, or
+        /// llamacpp-TYPE[+rot] with TYPE q4_0, q4_1, q5_0, q8_0 or iq4_nl (docs/schemes.md).
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["setting", "policy", "protocol"])]
+        scheme: Option<String>,
         /// Greedy tokens to generate after the prompt with both caches (0: none).
         #[arg(long, default_value_t = 16)]
         generate: usize,
@@ -214,6 +218,7 @@ fn real_main() -> Result<()> {
             setting,
             policy,
             schedule,
+            scheme,
             generate,
             prompt,
             json,
@@ -230,6 +235,7 @@ fn real_main() -> Result<()> {
                 setting: &setting,
                 policy: &policy,
                 schedule: &schedule,
+                scheme: scheme.as_deref(),
                 text: &text,
                 prompt: prompt.as_deref(),
                 generate,

@@ -48,7 +48,7 @@ fn run(ids: &[u32], setting: &str, schedule: Schedule) -> Measurement {
     let spec = CacheSpec::new(setting, Policy::Uniform, schedule).unwrap();
     let m = quality::measure(&model().0, ids, spec, |_| {}).unwrap();
     eprintln!(
-        "{} {}: {} tokens, nll_f32 {:.6}, nll {:.6}, kl_mean {:.6}, kl_max {:.6}, top1 {:.4}",
+        "{:?} {}: {} tokens, nll_f32 {:.6}, nll {:.6}, kl_mean {:.6}, kl_max {:.6}, top1 {:.4}",
         m.setting, m.schedule, m.tokens, m.nll_f32, m.nll, m.kl_mean, m.kl_max, m.top1_agreement
     );
     m

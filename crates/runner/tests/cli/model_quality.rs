@@ -293,3 +293,62 @@ fn sizes_that_used_to_abort_or_panic_are_refused_by_name() {
         assert!(!out.exists());
     }
 }
+
+/// `runner quality --scheme NAME --json` on SmolLM2: the same fields as a setting's run, with
+/// `scheme` and `bits_per_element`; an unknown name, a setting beside a scheme and KIVI under
+/// the causal schedule are refused by name before the model is loaded.
+#[test]
+fn a_named_scheme_runs_on_smollm2_and_prints_its_bits_per_element() {
+    let output = runner(&[
+        "quality",
+        "--model",
+        "smollm2",
+        "--text",
+        "The quick brown fox jumps over the lazy dog.",
+        "--scheme",
+        "llamacpp-q8_0+rot",
+        "--schedule",
+        "prefill",
+        "--generate",
+        "0",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["scheme"], "llamacpp-q8_0+rot");
+    assert_eq!(json["setting"], serde_json::Value::Null);
+    assert_eq!(json["policy"], serde_json::Value::Null);
+    assert_eq!(json["schedule"], "prefill");
+    // 34 bytes per block of 32 values: 8.5 bits, for 30 layers x 3 KV heads x 64 x 2.
+    assert_eq!(json["bits_per_element"], 8.5);
+    assert_eq!(json["bytes_per_token"], 30.0 * 3.0 * 2.0 * 2.0 * 34.0);
+    let kl = json["kl_mean"].as_f64().unwrap();
+    assert!(kl > 0.0 && kl < 0.01, "{kl}");
+
+    let cases: [(&[&str], &str, i32); 3] = [
+        (
+            &["--scheme", "kivi3"],
+            "unknown scheme \"kivi3\"; the schemes are kivi2, kivi4",
+            1,
+        ),
+        (
+            &["--scheme", "kivi4", "--schedule", "causal"],
+            "KIVI never re-packs its cache",
+            1,
+        ),
+        (
+            &["--scheme", "kivi4", "--setting", "g32_b4"],
+            "cannot be used with",
+            2,
+        ),
+    ];
+    for (flags, needle, code) in cases {
+        let mut args = vec!["quality", "--model", "smollm2", "--text", "Some words."];
+        args.extend_from_slice(flags);
+        let output = runner(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{flags:?}: {stderr}");
+        assert!(stderr.contains(needle), "{flags:?}: {stderr}");
+    }
+}

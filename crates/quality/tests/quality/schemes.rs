@@ -1,0 +1,142 @@
+//! Named schemes of the literature (`kvschemes`) as the cache, on a tiny random Llama with
+//! SmolLM2's head size (no download): llama.cpp's per-token types store the same bytes and give
+//! the same logits under every schedule; KIVI reads its residual in f32 (a text shorter than it
+//! gives the plain pass's bits), bills what it stores, and differs between prefill and streaming.
+
+use kvschemes::Scheme;
+use models::llama::{LayerWeights, Llama, LlamaConfig, LlamaWeights};
+use ndarray::Array2;
+use quality::{Measurement, QualityError, Schedule, SchemeSpec};
+
+/// 1 layer, hidden 128, 2 query heads and 1 KV head of 64 (SmolLM2's head size), FFN 64,
+/// vocabulary 30, context 512.
+fn tiny() -> Llama {
+    let config = LlamaConfig {
+        layers: 1,
+        hidden: 128,
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 64,
+        ffn: 64,
+        vocab: 30,
+        context: 512,
+        rope_base: 10000.0,
+        rms_eps: 1e-5,
+    };
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut matrix = |rows: usize, cols: usize| {
+        Array2::from_shape_fn((rows, cols), |_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+    };
+    let layers = vec![LayerWeights {
+        attn_norm: vec![1.0; 128],
+        q: matrix(128, 128),
+        k: matrix(64, 128),
+        v: matrix(64, 128),
+        o: matrix(128, 128),
+        ffn_norm: vec![1.0; 128],
+        gate: matrix(64, 128),
+        up: matrix(64, 128),
+        down: matrix(128, 64),
+    }];
+    let weights = LlamaWeights {
+        token_embd: matrix(30, 128) * 4.0,
+        layers,
+        output_norm: vec![1.0; 128],
+    };
+    Llama::from_weights(config, weights).unwrap()
+}
+
+fn ids(n: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7 + i / 3) % 30) as u32).collect()
+}
+
+fn measure(model: &Llama, ids: &[u32], scheme: &str, schedule: Schedule) -> Measurement {
+    let spec = SchemeSpec::new(scheme.parse().unwrap(), schedule).unwrap();
+    quality::measure(model, ids, spec, |_| {}).unwrap()
+}
+
+#[test]
+fn llama_cpp_types_store_the_same_bytes_and_logits_under_every_schedule() {
+    let model = tiny();
+    let ids = ids(40);
+    for scheme in Scheme::all()
+        .into_iter()
+        .filter(|s| matches!(s, Scheme::LlamaCpp { .. }))
+    {
+        let name = scheme.to_string();
+        let prefill = measure(&model, &ids, &name, Schedule::Prefill);
+        for schedule in [Schedule::Causal, Schedule::Streaming] {
+            let other = measure(&model, &ids, &name, schedule);
+            assert_eq!(
+                other.bytes_per_token, prefill.bytes_per_token,
+                "{name} {schedule}"
+            );
+            assert_eq!(
+                other.nll.to_bits(),
+                prefill.nll.to_bits(),
+                "{name} {schedule}"
+            );
+            assert_eq!(
+                other.kl_max.to_bits(),
+                prefill.kl_max.to_bits(),
+                "{name} {schedule}"
+            );
+        }
+        // Blocks of 32 values: 18, 20, 22 or 34 bytes each, nothing else.
+        let Scheme::LlamaCpp { ty, .. } = scheme else {
+            unreachable!()
+        };
+        assert_eq!(
+            prefill.bytes_per_token,
+            (2 * 2 * ty.block_bytes()) as f64,
+            "{name}"
+        );
+        assert_eq!(
+            prefill.bits_per_element,
+            ty.block_bytes() as f64 / 4.0,
+            "{name}"
+        );
+        assert_eq!(prefill.scheme.as_deref(), Some(name.as_str()));
+        assert_eq!((prefill.setting, prefill.policy), (None, None));
+        assert!(prefill.kl_mean > 0.0, "{name}");
+    }
+}
+
+#[test]
+fn kivi_reads_its_residual_in_f32_and_bills_what_it_stores() {
+    let model = tiny();
+    // Shorter than the residual of 128: nothing is quantized, the plain pass's bits.
+    let short = ids(100);
+    for schedule in [Schedule::Prefill, Schedule::Streaming] {
+        let m = measure(&model, &short, "kivi2", schedule);
+        assert_eq!((m.nll.to_bits(), m.kl_max), (m.nll_f32.to_bits(), 0.0));
+        assert_eq!(m.bits_per_element, 32.0);
+    }
+    // 300 tokens: K 256 quantized (8 groups of 32 tokens per channel) and 44 in the residual;
+    // V 172 quantized (2 groups of 32 channels per token) and the last 128 in the residual.
+    let long = ids(300);
+    let prefill = measure(&model, &long, "kivi4", Schedule::Prefill);
+    let groups = 64 * 256 / 32 + 172 * 64 / 32;
+    let stored = groups * (4 * 32 / 8 + 2 + 2) + (44 + 128) * 64 * 4;
+    assert_eq!(prefill.bytes_per_token, stored as f64 / 300.0);
+    let streaming = measure(&model, &long, "kivi4", Schedule::Streaming);
+    assert_eq!(streaming.bytes_per_token, prefill.bytes_per_token);
+    assert_ne!(streaming.nll.to_bits(), prefill.nll.to_bits());
+    let two = measure(&model, &long, "kivi2", Schedule::Prefill);
+    assert!(two.kl_mean > prefill.kl_mean && prefill.kl_mean > 0.0);
+}
+
+#[test]
+fn kivi_under_the_causal_schedule_is_refused_by_name() {
+    let err = SchemeSpec::new("kivi4".parse().unwrap(), Schedule::Causal).unwrap_err();
+    assert!(matches!(err, QualityError::SchemeSchedule { .. }));
+    assert!(
+        err.to_string().contains("KIVI never re-packs its cache"),
+        "{err}"
+    );
+}
