@@ -39,16 +39,14 @@ pub enum QualityError {
     /// A scheme refused the cache (a head size its blocks do not divide, a non-finite value).
     #[error(transparent)]
     SchemeCache(#[from] kvschemes::SchemeError),
-    /// A schedule a scheme does not have.
+    /// The causal schedule for a scheme that never re-packs its cache (KIVI).
     #[error(
-        "{scheme} under the {schedule} schedule: KIVI never re-packs its cache (causal re-packs \
-         it before every step); use prefill or streaming"
+        "{scheme} under the causal schedule: KIVI never re-packs its cache (causal re-packs it \
+         before every step); use prefill or streaming"
     )]
     SchemeSchedule {
         /// The scheme.
         scheme: kvschemes::Scheme,
-        /// The schedule.
-        schedule: crate::setting::Schedule,
     },
     /// The codec refused a layout or a tensor.
     #[error("KV codec: {0}")]

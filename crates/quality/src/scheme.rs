@@ -31,7 +31,7 @@ impl SchemeSpec {
     /// Checks that the scheme has the schedule (module docs).
     pub fn new(scheme: Scheme, schedule: Schedule) -> Result<SchemeSpec, QualityError> {
         if schedule == Schedule::Causal && matches!(scheme, Scheme::Kivi(_)) {
-            return Err(QualityError::SchemeSchedule { scheme, schedule });
+            return Err(QualityError::SchemeSchedule { scheme });
         }
         Ok(SchemeSpec { scheme, schedule })
     }
