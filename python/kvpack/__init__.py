@@ -18,6 +18,8 @@ the Rust library the command-line tools use.
 - ``audit(path, tree=None, models=None, sample=None) -> AuditReport``: as ``audit DIR`` checks it
 - ``models.kv(model, text) -> dict[str, numpy.ndarray]``: a real model's q, k and v, as
   ``runner kv`` writes them
+- ``schemes.cache(k, v, scheme)``: one layer's K and V under a scheme of the literature (KIVI,
+  llama.cpp's cache types), what attention reads and the bytes stored
 - ``weights.read(path)``, ``weights.convert(src, dst, to=...)``, ``bpw(...)``: quantized weight
   files (GPTQ, AWQ, GGUF, NF4) read into their parts, converted, and a layout's cost, as the
   ``repack`` binary does
@@ -36,7 +38,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-from . import _kvpack, models, weights
+from . import _kvpack, models, schemes, weights
 from ._kvpack import (
     AuditReport,
     CodecError,
@@ -63,6 +65,7 @@ __all__ = [
     "encode",
     "models",
     "run",
+    "schemes",
     "weights",
     "__version__",
 ]

@@ -21,6 +21,28 @@ class RunError(RuntimeError):
 class WeightsError(ValueError):
     """A weight file, layout or conversion that repack refused (the message is repack's)."""
 
+class SchemeCache:
+    """One layer's K and V under a named scheme (see kvpack.schemes)."""
+
+    @property
+    def scheme(self) -> str:
+        """The scheme's name."""
+    @property
+    def k(self) -> npt.NDArray[np.float32]:
+        """K as attention reads it, in the input's shape."""
+    @property
+    def v(self) -> npt.NDArray[np.float32]:
+        """V as attention reads it, in the input's shape."""
+    @property
+    def quantized(self) -> Tuple[int, int]:
+        """Positions quantized, (keys, values)."""
+    @property
+    def stored(self) -> Dict[str, int]:
+        """Bytes stored: codes, metadata, full_precision, total."""
+    @property
+    def bits_per_element(self) -> float:
+        """Every stored byte over the K and V values, in bits."""
+
 class WeightLayer:
     """One quantized layer of a weight file (see kvpack.weights for orientations and rules).
 
@@ -208,3 +230,7 @@ def layout_cost(
     container: str,
     extra_bytes_per_group: int,
 ) -> Dict[str, Union[int, float]]: ...
+def scheme_cache(
+    k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], scheme: str
+) -> SchemeCache: ...
+def scheme_names() -> List[str]: ...

@@ -7,6 +7,8 @@
 //! - [`report`]: `audit` and the `AuditReport` class, over `audit::audit_dir_with`, as the `audit`
 //!   binary calls it;
 //! - [`capture`]: `models_kv`, a real model's q, k and v for one text, as `runner kv` writes them;
+//! - [`schemes`]: `kvpack.schemes.cache`, one layer's K and V under a named scheme of the
+//!   literature, over `kvschemes`;
 //! - [`weights`]: `kvpack.weights.read`, `convert` and `kvpack.bpw`, over `repack` and `weights`,
 //!   as the `repack` binary uses them;
 //! - [`errors`]: the exception classes and how each Rust error becomes one.
@@ -20,6 +22,7 @@ pub mod capture;
 pub mod codec;
 pub mod errors;
 pub mod report;
+pub mod schemes;
 pub mod study;
 pub mod weights;
 
@@ -35,6 +38,9 @@ fn _kvpack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(study::run, m)?)?;
     m.add_function(wrap_pyfunction!(capture::models_kv, m)?)?;
     m.add_class::<weights::PyWeightLayer>()?;
+    m.add_class::<schemes::SchemeCache>()?;
+    m.add_function(wrap_pyfunction!(schemes::scheme_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(schemes::scheme_names, m)?)?;
     m.add_function(wrap_pyfunction!(weights::read_weight_file, m)?)?;
     m.add_function(wrap_pyfunction!(weights::convert_weight_file, m)?)?;
     m.add_function(wrap_pyfunction!(weights::layout_cost, m)?)?;

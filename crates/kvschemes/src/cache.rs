@@ -189,6 +189,20 @@ impl LayerCache {
             .row(self.quantized(schedule, query).1, head, position)
     }
 
+    /// K and V, [kv_heads, tokens, head_dim], as query `query` reads them under `schedule`
+    /// (every position, including those after the query, in the state that query sees).
+    pub fn read(&self, schedule: Schedule, query: usize) -> (Array3<f32>, Array3<f32>) {
+        let (k_quantized, v_quantized) = self.quantized(schedule, query);
+        let state = |side: &Side, quantized: usize| {
+            let mut out = side.raw.clone();
+            let q = quantized.min(self.tokens);
+            out.slice_mut(ndarray::s![.., ..q, ..])
+                .assign(&side.decoded.slice(ndarray::s![.., ..q, ..]));
+            out
+        };
+        (state(&self.k, k_quantized), state(&self.v, v_quantized))
+    }
+
     /// Bytes stored at the end of the text (module docs), K and V together.
     pub fn stored(&self) -> Stored {
         let mut stored = self.k.stored;

@@ -6,7 +6,7 @@
 //! `kvalues_iq4nl`; `ggml-quants.c` l.5100-5113 `quantize_row_iq4_nl_ref`, which calls
 //! `quantize_row_iq4_nl_impl` (l.4966-5075) with no importance weights and `ntry = -1`):
 //! - Block (18 bytes): f16 `d`, then 16 bytes `qs`: byte j holds index j in its LOW nibble and
-//!   index j + 16 in its HIGH nibble. Value = d * LEVELS[q].
+//!   index j + 16 in its HIGH nibble. Value = d * `LEVELS[q]`.
 //! - Quantizer: weights w = x^2; `max` the element of largest magnitude with its sign (first on
 //!   ties); a block with |max| < 1e-15 stores d = 0; otherwise d0 = max / -127, id = 1/d0, and
 //!   each q is the level nearest to x * id (`best_index_int8`: 0 at or below the first level, 15
