@@ -68,13 +68,13 @@ pub fn scheme_cache(
     let (k, one_head) = heads(k, "k")?;
     let (v, _) = heads(v, "v")?;
     let cache = py
-        .detach(|| LayerCache::new(scheme, &k, &v))
+        .detach(|| LayerCache::new(scheme, Schedule::Prefill, &k, &v))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let last = k.dim().1.saturating_sub(1);
-    let (k_read, v_read) = py.detach(|| cache.read(Schedule::Prefill, last));
+    let (k_read, v_read) = py.detach(|| cache.read(last));
     Ok(SchemeCache {
         scheme,
-        quantized: cache.quantized(Schedule::Prefill, last),
+        quantized: cache.quantized(last),
         stored: cache.stored(),
         values: 2 * k.len(),
         k: k_read,

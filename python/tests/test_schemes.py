@@ -1,6 +1,7 @@
 """kvpack.schemes against the schemes' sources: llama.cpp's cache types against gguf-py 0.19.0's
 own quantize and dequantize (row by row, as llama.cpp stores each token), with and without the
-Walsh-Hadamard rotation; KIVI against its quantizer's arithmetic in NumPy fp16, written from
+Walsh-Hadamard rotation; the Hugging Face quanto cache against optimum-quanto's affine rule in
+NumPy float32; KIVI against its quantizer's arithmetic in NumPy fp16, written from
 jy-yuan/KIVI `quant/new_pack.py` l.217-252 (min and max per group, scale = (mx - mn) / (2^b - 1),
 q = round_half_even(clamp((x - mn) / scale, 0, 2^b - 1)), all in fp16; decoded q * scale + mn in
 f32 as its CUDA kernel does) and its cache policy (`models/llama_kivi.py`: keys quantized R = 128
@@ -139,12 +140,46 @@ def test_kivi_reads_as_its_fp16_quantizer_and_residual_give(bits, data):
     }
 
 
+def quanto_reference(x: np.ndarray, bits: int) -> np.ndarray:
+    """optimum-quanto's affine rule (max_optimizer.py l.26-37, quantize.py l.64-78, qbits.py
+    l.42-45) on groups of 64 consecutive values, in float32 (the model's dtype)."""
+    groups = x.reshape(-1, 64)
+    rmin = groups.min(axis=1, keepdims=True)
+    rmax = groups.max(axis=1, keepdims=True)
+    scale = (rmax - rmin) / np.float32(2**bits - 1)
+    shift = -rmin
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.clip(np.round((groups + shift) / scale), 0, 2**bits - 1)
+    q = np.where(scale == 0, 0, q).astype(np.uint8)
+    dqt = scale * q.astype(np.float32)
+    dqt -= shift
+    return dqt.reshape(x.shape)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("data", ["real", "random"])
+def test_hf_quanto_quantizes_the_prefill_at_once_as_quanto_does(bits, data):
+    k, v = real_kv(0) if data == "real" else random_kv()
+    c = kvpack.schemes.cache(k, v, f"hf-quanto{bits}")
+    assert c.quantized == (k.shape[1], k.shape[1])
+    assert c.k.tobytes() == quanto_reference(k, bits).tobytes()
+    assert c.v.tobytes() == quanto_reference(v, bits).tobytes()
+    groups = k.size // 64
+    per_byte = 8 // bits
+    assert c.stored == {
+        "codes": 2 * (-(-groups // per_byte)) * 64,
+        "metadata": 2 * groups * 8,
+        "full_precision": 0,
+        "total": 2 * (-(-groups // per_byte)) * 64 + 2 * groups * 8,
+    }
+
+
 def test_one_head_in_gives_one_head_out_and_names_list_every_scheme():
     k, v = random_kv(heads=1, tokens=64)
     c = kvpack.schemes.cache(k[0], v[0], "llamacpp-q8_0")
     assert c.k.shape == (64, 64) and c.k.dtype == np.float32
     names = kvpack.schemes.names()
-    assert len(names) == 12 and "kivi4" in names and "llamacpp-iq4_nl+rot" in names
+    assert len(names) == 14 and "kivi4" in names and "hf-quanto2" in names and "llamacpp-iq4_nl+rot" in names
 
 
 def test_bad_input_is_refused_by_name():

@@ -7,6 +7,7 @@
 //! | scheme | K quantized after n tokens | V quantized after n tokens |
 //! |---|---|---|
 //! | `kivi*` | floor(n / 128) * 128 | max(0, n - 128) |
+//! | `hf-quanto*` | prefill: n; decoding: 1 + floor((n - 1) / 128) * 128 | the same |
 //! | `llamacpp-*` | n | n |
 //!
 //! Schedules (query position i reads positions j <= i):
@@ -16,12 +17,16 @@
 //!   token i arrives: its own state after the i tokens before it, plus token i as the scheme
 //!   holds a new token (KIVI: in the residual, full precision; llama.cpp: quantized on arrival).
 //!
-//! A quantized position reads the same values whichever state it is read in (a KIVI key group
-//! always lies inside a quantized prefix of whole residuals, R being a multiple of G; llama.cpp
-//! blocks are per token), so each side is quantized once, over its largest prefix.
+//! For KIVI and llama.cpp a quantized position reads the same values whichever state it is read
+//! in (a KIVI key group always lies inside a quantized prefix of whole residuals, R being a
+//! multiple of G; llama.cpp blocks are per token), so each side is quantized once, over its
+//! largest prefix. quanto re-quantizes its whole cache at every flush, so while decoding a
+//! position reads the version its flushes have made of it (quantize after dequantize, once per
+//! flush since its first); each token's distinct versions are kept.
 //!
-//! Bytes ([`Stored`]) are those of the end state (n = tokens), counted from what is stored:
-//! llama.cpp's block bytes; KIVI's packed u32 code words, fp16 scales and minimums; 4 bytes per
+//! Bytes ([`Stored`]) are those of the state the schedule ends in (after the last token),
+//! counted from what is stored: llama.cpp's block bytes; KIVI's packed u32 code words, fp16
+//! scales and minimums; quanto's packed codes and f32 scales and shifts; 4 bytes per
 //! full-precision value.
 
 use half::f16;
@@ -30,6 +35,7 @@ use ndarray::{Array3, Axis};
 use crate::hadamard::{self, Hadamard};
 use crate::kivi::{self, Group};
 use crate::llamacpp::CacheType;
+use crate::quanto;
 use crate::scheme::{Scheme, SchemeError};
 
 /// When the cache is quantized (module docs).
@@ -69,19 +75,27 @@ impl Stored {
 #[derive(Debug, Clone)]
 struct Side {
     raw: Array3<f32>,
-    /// The decoded values of the quantized prefix (original basis); f32 values past it.
+    /// The decoded values of the quantized prefix (original basis; quanto: each token's first
+    /// version); f32 values past it.
     decoded: Array3<f32>,
+    /// quanto while decoding: each (head, token)'s later distinct versions, [head * tokens +
+    /// token], version m >= 1 at m - 1 (the last one is a fixed point of re-quantization).
+    later: Vec<Vec<Vec<f32>>>,
     stored: Stored,
 }
 
 impl Side {
-    fn row(&self, quantized: usize, head: usize, position: usize) -> &[f32] {
-        let source = if position < quantized {
-            &self.decoded
-        } else {
-            &self.raw
-        };
-        row_of(source, head, position)
+    fn row(&self, quantized: usize, version: usize, head: usize, position: usize) -> &[f32] {
+        if position >= quantized {
+            return row_of(&self.raw, head, position);
+        }
+        let tokens = self.raw.dim().1;
+        match self.later.get(head * tokens + position) {
+            Some(later) if version > 0 && !later.is_empty() => {
+                &later[(version - 1).min(later.len() - 1)]
+            }
+            _ => row_of(&self.decoded, head, position),
+        }
     }
 }
 
@@ -100,15 +114,18 @@ fn row_of(x: &Array3<f32>, head: usize, position: usize) -> &[f32] {
 #[derive(Debug, Clone)]
 pub struct LayerCache {
     scheme: Scheme,
+    schedule: Schedule,
     tokens: usize,
     k: Side,
     v: Side,
 }
 
 impl LayerCache {
-    /// Holds one layer's K (after RoPE) and V, [kv_heads, tokens, head_dim], under `scheme`.
+    /// Holds one layer's K (after RoPE) and V, [kv_heads, tokens, head_dim], under `scheme`,
+    /// read under `schedule`.
     pub fn new(
         scheme: Scheme,
+        schedule: Schedule,
         k: &Array3<f32>,
         v: &Array3<f32>,
     ) -> Result<LayerCache, SchemeError> {
@@ -140,6 +157,10 @@ impl LayerCache {
                     KiviAxis::Channels,
                 ),
             ),
+            Scheme::Quanto(bits) => (
+                quanto_side(k, schedule, bits.bits()),
+                quanto_side(v, schedule, bits.bits()),
+            ),
             Scheme::LlamaCpp { ty, rotate } => {
                 let rotation = |size: Option<usize>| {
                     size.filter(|_| rotate)
@@ -153,6 +174,7 @@ impl LayerCache {
         };
         Ok(LayerCache {
             scheme,
+            schedule,
             tokens,
             k,
             v,
@@ -164,43 +186,69 @@ impl LayerCache {
         self.scheme
     }
 
-    /// Positions of K and V quantized when query `query` reads the cache under `schedule`.
-    pub fn quantized(&self, schedule: Schedule, query: usize) -> (usize, usize) {
-        let state = match schedule {
+    /// The schedule.
+    pub fn schedule(&self) -> Schedule {
+        self.schedule
+    }
+
+    /// Positions of K and V quantized when query `query` reads the cache.
+    pub fn quantized(&self, query: usize) -> (usize, usize) {
+        let state = match self.schedule {
             Schedule::Prefill => self.tokens,
             Schedule::Streaming => query,
         };
-        match self.scheme {
-            Scheme::Kivi(_) => (kivi::quantized_keys(state), kivi::quantized_values(state)),
+        match (self.scheme, self.schedule) {
+            (Scheme::Kivi(_), _) => (kivi::quantized_keys(state), kivi::quantized_values(state)),
+            (Scheme::Quanto(_), Schedule::Prefill) => (self.tokens, self.tokens),
+            (Scheme::Quanto(_), Schedule::Streaming) => {
+                let n = quanto::quantized_prefix(query);
+                (n, n)
+            }
             // Every token is quantized on arrival, the query's own included.
-            Scheme::LlamaCpp { .. } => (self.tokens, self.tokens),
+            (Scheme::LlamaCpp { .. }, _) => (self.tokens, self.tokens),
         }
     }
 
-    /// The key row query `query` reads at `position`, under `schedule`.
-    pub fn key(&self, schedule: Schedule, head: usize, query: usize, position: usize) -> &[f32] {
-        self.k
-            .row(self.quantized(schedule, query).0, head, position)
+    /// Which version of `position` query `query` reads (quanto while decoding: one per flush
+    /// since the position's first; 0 otherwise).
+    fn version(&self, query: usize, position: usize) -> usize {
+        match (self.scheme, self.schedule) {
+            (Scheme::Quanto(_), Schedule::Streaming) => {
+                quanto::flushes_before(query).saturating_sub(quanto::first_flush(position))
+            }
+            _ => 0,
+        }
     }
 
-    /// The value row query `query` reads at `position`, under `schedule`.
-    pub fn value(&self, schedule: Schedule, head: usize, query: usize, position: usize) -> &[f32] {
-        self.v
-            .row(self.quantized(schedule, query).1, head, position)
+    /// The key row query `query` reads at `position`.
+    pub fn key(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        let version = self.version(query, position);
+        self.k.row(self.quantized(query).0, version, head, position)
     }
 
-    /// K and V, [kv_heads, tokens, head_dim], as query `query` reads them under `schedule`
-    /// (every position, including those after the query, in the state that query sees).
-    pub fn read(&self, schedule: Schedule, query: usize) -> (Array3<f32>, Array3<f32>) {
-        let (k_quantized, v_quantized) = self.quantized(schedule, query);
-        let state = |side: &Side, quantized: usize| {
-            let mut out = side.raw.clone();
-            let q = quantized.min(self.tokens);
-            out.slice_mut(ndarray::s![.., ..q, ..])
-                .assign(&side.decoded.slice(ndarray::s![.., ..q, ..]));
-            out
-        };
-        (state(&self.k, k_quantized), state(&self.v, v_quantized))
+    /// The value row query `query` reads at `position`.
+    pub fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        let version = self.version(query, position);
+        self.v.row(self.quantized(query).1, version, head, position)
+    }
+
+    /// K and V, [kv_heads, tokens, head_dim], as query `query` reads them (every position,
+    /// including those after the query, in the state that query sees).
+    pub fn read(&self, query: usize) -> (Array3<f32>, Array3<f32>) {
+        let (heads, tokens, _) = self.k.raw.dim();
+        let mut k = self.k.raw.clone();
+        let mut v = self.v.raw.clone();
+        for head in 0..heads {
+            for position in 0..tokens {
+                k.slice_mut(ndarray::s![head, position, ..])
+                    .assign(&ndarray::ArrayView1::from(self.key(head, query, position)));
+                v.slice_mut(ndarray::s![head, position, ..])
+                    .assign(&ndarray::ArrayView1::from(
+                        self.value(head, query, position),
+                    ));
+            }
+        }
+        (k, v)
     }
 
     /// Bytes stored at the end of the text (module docs), K and V together.
@@ -213,7 +261,7 @@ impl LayerCache {
 
 fn check_head_dim(scheme: Scheme, head_dim: usize) -> Result<(), SchemeError> {
     let multiple = match scheme {
-        Scheme::LlamaCpp { rotate: true, .. } => 64,
+        Scheme::LlamaCpp { rotate: true, .. } | Scheme::Quanto(_) => 64,
         Scheme::LlamaCpp { rotate: false, .. } => 32,
         Scheme::Kivi(_) => kivi::GROUP,
     };
@@ -255,6 +303,7 @@ fn llamacpp_side(raw: Array3<f32>, ty: CacheType, rotation: Option<&Hadamard>) -
     Side {
         raw,
         decoded,
+        later: Vec::new(),
         stored: Stored {
             // A block is its f16 scale (and q4_1's f16 minimum) and its codes.
             codes: blocks.len() / ty.block_bytes() * (ty.block_bytes() - metadata_bytes(ty)),
@@ -321,6 +370,7 @@ fn kivi_side(raw: Array3<f32>, quantized: usize, bits: u32, axis: KiviAxis) -> S
     Side {
         raw,
         decoded,
+        later: Vec::new(),
         stored: Stored {
             codes: words.len() * 4,
             metadata: (scales.len() + mins.len()) * 2,
@@ -329,9 +379,69 @@ fn kivi_side(raw: Array3<f32>, quantized: usize, bits: u32, axis: KiviAxis) -> S
     }
 }
 
+/// quanto's side: every token-head vector of `head_dim` in groups of 64, quantized once
+/// (prefill) or, while decoding, with each token's later versions (one per flush since its
+/// first, until re-quantization no longer changes it).
+fn quanto_side(raw: Array3<f32>, schedule: Schedule, bits: u32) -> Side {
+    let (heads, tokens, head_dim) = raw.dim();
+    let mut decoded = raw.clone();
+    let mut later = Vec::new();
+    let round_trip = |row: &[f32]| -> Vec<f32> {
+        row.chunks_exact(quanto::GROUP)
+            .flat_map(|g| quanto::Group::quantize(g, bits).dequantize())
+            .collect()
+    };
+    let (end, last_flush) = match schedule {
+        Schedule::Prefill => (tokens, 0),
+        Schedule::Streaming => (
+            quanto::quantized_prefix(tokens),
+            quanto::flushes_before(tokens),
+        ),
+    };
+    for head in 0..heads {
+        for token in 0..tokens {
+            let mut versions = Vec::new();
+            if token < end {
+                let first = round_trip(&raw.slice(ndarray::s![head, token, ..]).to_vec());
+                let needed = last_flush.saturating_sub(quanto::first_flush(token));
+                let mut current = first.clone();
+                for _ in 0..needed {
+                    let next = round_trip(&current);
+                    if next == current {
+                        break;
+                    }
+                    versions.push(next.clone());
+                    current = next;
+                }
+                decoded
+                    .slice_mut(ndarray::s![head, token, ..])
+                    .assign(&ndarray::ArrayView1::from(&first));
+            }
+            later.push(versions);
+        }
+    }
+    let groups = heads * end * head_dim / quanto::GROUP;
+    Side {
+        raw,
+        decoded,
+        later: if schedule == Schedule::Streaming {
+            later
+        } else {
+            Vec::new()
+        },
+        stored: Stored {
+            codes: quanto::packed_code_bytes(groups, bits),
+            // An f32 scale and an f32 shift per group (the model's dtype).
+            metadata: groups * 8,
+            full_precision: heads * (tokens - end) * head_dim * 4,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scheme::Width;
 
     fn kv(tokens: usize, head_dim: usize) -> Array3<f32> {
         Array3::from_shape_fn((2, tokens, head_dim), |(h, t, d)| {
@@ -339,27 +449,63 @@ mod tests {
         })
     }
 
+    fn row(x: &Array3<f32>, head: usize, token: usize) -> Vec<f32> {
+        x.slice(ndarray::s![head, token, ..]).to_vec()
+    }
+
     #[test]
     fn kivi_bills_codes_scales_and_its_f32_residual() {
         let (k, v) = (kv(300, 64), kv(300, 64));
-        let cache = LayerCache::new(Scheme::Kivi(crate::scheme::KiviBits::Four), &k, &v).unwrap();
+        let scheme = Scheme::Kivi(Width::Four);
+        let prefill = LayerCache::new(scheme, Schedule::Prefill, &k, &v).unwrap();
+        let streaming = LayerCache::new(scheme, Schedule::Streaming, &k, &v).unwrap();
         // K: 256 tokens quantized, 44 in the residual; V: 172 quantized, 128 in the residual.
         let groups = 2 * 64 * 256 / 32 + 2 * 172 * 64 / 32;
-        let stored = cache.stored();
-        assert_eq!(stored.codes, groups * 16);
-        assert_eq!(stored.metadata, groups * 4);
-        assert_eq!(stored.full_precision, 2 * (44 + 128) * 64 * 4);
+        for cache in [&prefill, &streaming] {
+            let stored = cache.stored();
+            assert_eq!(stored.codes, groups * 16);
+            assert_eq!(stored.metadata, groups * 4);
+            assert_eq!(stored.full_precision, 2 * (44 + 128) * 64 * 4);
+        }
         // Prefill: every query reads the end state; streaming query 130 reads K 128, V 2.
-        assert_eq!(cache.quantized(Schedule::Prefill, 5), (256, 172));
-        assert_eq!(cache.quantized(Schedule::Streaming, 130), (128, 2));
+        assert_eq!(prefill.quantized(5), (256, 172));
+        assert_eq!(streaming.quantized(130), (128, 2));
+        assert_eq!(streaming.key(1, 130, 129), row(&k, 1, 129));
+        assert_ne!(streaming.key(1, 130, 127), streaming.key(1, 100, 127));
+        assert_eq!(streaming.key(1, 130, 127), prefill.key(1, 0, 127));
+    }
+
+    #[test]
+    fn quanto_quantizes_the_prefill_at_once_and_re_quantizes_at_every_flush() {
+        let (k, v) = (kv(300, 64), kv(300, 64));
+        let scheme = Scheme::Quanto(Width::Two);
+        let prefill = LayerCache::new(scheme, Schedule::Prefill, &k, &v).unwrap();
+        // Every token quantized: for K and for V, 2 heads x 300 groups of 64 in one packed
+        // tensor, 4 codes a byte, an f32 scale and shift per group.
+        let groups = 2 * 300usize;
         assert_eq!(
-            cache.key(Schedule::Streaming, 1, 130, 129),
-            &k.as_slice().unwrap()[(300 + 129) * 64..(300 + 130) * 64]
+            prefill.stored(),
+            Stored {
+                codes: 2 * groups.div_ceil(4) * 64,
+                metadata: 2 * groups * 8,
+                full_precision: 0,
+            }
         );
-        assert_ne!(
-            cache.key(Schedule::Streaming, 1, 130, 127),
-            cache.key(Schedule::Streaming, 1, 100, 127)
-        );
+        let streaming = LayerCache::new(scheme, Schedule::Streaming, &k, &v).unwrap();
+        // After 300 tokens: flushes after steps 128 and 256, so 257 quantized and 43 in the
+        // residual.
+        assert_eq!(streaming.quantized(299), (257, 257));
+        assert_eq!(streaming.stored().full_precision, 2 * 2 * 43 * 64 * 4);
+        assert_eq!(streaming.quantized(0), (0, 0));
+        assert_eq!(streaming.key(0, 0, 0), row(&k, 0, 0));
+        // Token 5 is first quantized at the flush after step 128, read by query 129 as its
+        // first version, which the prefill's quantization also gives.
+        assert_eq!(streaming.key(0, 129, 5), prefill.key(0, 0, 5));
+        assert_eq!(streaming.key(0, 128, 5), row(&k, 0, 5));
+        // Query 257 reads it re-quantized once more: quantize(dequantize(first version)).
+        let first = prefill.key(0, 0, 5).to_vec();
+        let again: Vec<f32> = quanto::Group::quantize(&first, 2).dequantize();
+        assert_eq!(streaming.key(0, 257, 5), again.as_slice());
     }
 
     #[test]
@@ -367,17 +513,14 @@ mod tests {
         let (k, v) = (kv(40, 64), kv(40, 64));
         for ty in CacheType::ALL {
             for rotate in [false, true] {
-                let cache = LayerCache::new(Scheme::LlamaCpp { ty, rotate }, &k, &v).unwrap();
-                assert_eq!(
-                    cache.stored().total(),
-                    2 * 2 * 40 * 2 * ty.block_bytes(),
-                    "{ty}"
-                );
+                let scheme = Scheme::LlamaCpp { ty, rotate };
+                let prefill = LayerCache::new(scheme, Schedule::Prefill, &k, &v).unwrap();
+                let streaming = LayerCache::new(scheme, Schedule::Streaming, &k, &v).unwrap();
+                let bytes = 2 * 2 * 40 * 2 * ty.block_bytes();
+                assert_eq!(prefill.stored().total(), bytes, "{ty}");
+                assert_eq!(streaming.stored().total(), bytes, "{ty}");
                 for (i, j) in [(0, 0), (39, 3), (20, 20)] {
-                    assert_eq!(
-                        cache.key(Schedule::Prefill, 1, i, j),
-                        cache.key(Schedule::Streaming, 1, i, j)
-                    );
+                    assert_eq!(prefill.key(1, i, j), streaming.key(1, i, j));
                 }
             }
         }
@@ -389,19 +532,19 @@ mod tests {
             ty: CacheType::Q4_0,
             rotate: true,
         };
+        let new =
+            |k: &Array3<f32>, v: &Array3<f32>| LayerCache::new(scheme, Schedule::Prefill, k, v);
         assert!(matches!(
-            LayerCache::new(scheme, &kv(4, 32), &kv(4, 32)),
+            new(&kv(4, 32), &kv(4, 32)),
             Err(SchemeError::HeadDim { multiple: 64, .. })
         ));
         assert!(matches!(
-            LayerCache::new(scheme, &kv(4, 64), &kv(5, 64)),
+            new(&kv(4, 64), &kv(5, 64)),
             Err(SchemeError::Shapes { .. })
         ));
         let mut bad = kv(4, 64);
         bad[[1, 2, 3]] = f32::NAN;
-        let err = LayerCache::new(scheme, &kv(4, 64), &bad)
-            .unwrap_err()
-            .to_string();
+        let err = new(&kv(4, 64), &bad).unwrap_err().to_string();
         assert!(err.contains("V of head 1, token 2"), "{err}");
     }
 }

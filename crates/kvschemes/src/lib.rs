@@ -5,6 +5,7 @@
 //! | name | source | K | V | full precision | bits per value |
 //! |---|---|---|---|---|---|
 //! | `kivi2`, `kivi4` | [`kivi`]: jy-yuan/KIVI | asymmetric per channel, groups of 32 tokens, fp16 scale and min | asymmetric per token, groups of 32 channels | last R = 128 tokens (keys leave R at a time, values one at a time) | 3.0, 5.0 + residual |
+//! | `hf-quanto2`, `hf-quanto4` | [`quanto`]: transformers' `QuantizedCache`, quanto backend | asymmetric per token, groups of 64 along head_dim, f32 scale and shift | the same | none after prefill; while decoding, up to R - 1 = 127 tokens, then everything re-quantized | 3.0, 5.0 + residual |
 //! | `llamacpp-TYPE` | [`llamacpp`]: llama.cpp `-ctk/-ctv TYPE` (rotation disabled, `LLAMA_ATTN_ROT_DISABLE=1`) | blocks of 32 along head_dim, per token | the same | none | q4_0 4.5, q4_1 5.0, q5_0 5.5, q8_0 8.5, iq4_nl 4.5 |
 //! | `llamacpp-TYPE+rot` | [`hadamard`]: llama.cpp's default since PR #21038 | H k, then TYPE | H v, then TYPE | none | as TYPE |
 //!
@@ -21,7 +22,8 @@ pub mod cache;
 pub mod hadamard;
 pub mod kivi;
 pub mod llamacpp;
+pub mod quanto;
 pub mod scheme;
 
 pub use cache::{LayerCache, Schedule, Stored};
-pub use scheme::{Scheme, SchemeError, UnknownScheme};
+pub use scheme::{Scheme, SchemeError, UnknownScheme, Width};

@@ -8,21 +8,21 @@ use thiserror::Error;
 
 use crate::llamacpp::CacheType;
 
-/// KIVI's code widths.
+/// The code widths KIVI and quanto's cache take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum KiviBits {
-    /// KIVI-2.
+pub enum Width {
+    /// 2 bits.
     Two,
-    /// KIVI-4.
+    /// 4 bits.
     Four,
 }
 
-impl KiviBits {
+impl Width {
     /// The width.
     pub fn bits(self) -> u32 {
         match self {
-            KiviBits::Two => 2,
-            KiviBits::Four => 4,
+            Width::Two => 2,
+            Width::Four => 4,
         }
     }
 }
@@ -31,7 +31,9 @@ impl KiviBits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Scheme {
     /// KIVI at 2 or 4 bits ([`crate::kivi`]).
-    Kivi(KiviBits),
+    Kivi(Width),
+    /// The Hugging Face `QuantizedCache`, quanto backend, at 2 or 4 bits ([`crate::quanto`]).
+    Quanto(Width),
     /// A llama.cpp cache type for K and V, with or without its rotation
     /// ([`crate::llamacpp`], [`crate::hadamard`]).
     LlamaCpp {
@@ -45,7 +47,12 @@ pub enum Scheme {
 impl Scheme {
     /// Every scheme, in the order reports list them.
     pub fn all() -> Vec<Scheme> {
-        let mut all = vec![Scheme::Kivi(KiviBits::Two), Scheme::Kivi(KiviBits::Four)];
+        let mut all = vec![
+            Scheme::Kivi(Width::Two),
+            Scheme::Kivi(Width::Four),
+            Scheme::Quanto(Width::Two),
+            Scheme::Quanto(Width::Four),
+        ];
         for rotate in [false, true] {
             for ty in CacheType::ALL {
                 all.push(Scheme::LlamaCpp { ty, rotate });
@@ -58,6 +65,7 @@ impl Scheme {
     pub fn name(self) -> String {
         match self {
             Scheme::Kivi(bits) => format!("kivi{}", bits.bits()),
+            Scheme::Quanto(bits) => format!("hf-quanto{}", bits.bits()),
             Scheme::LlamaCpp { ty, rotate } => {
                 format!("llamacpp-{ty}{}", if rotate { "+rot" } else { "" })
             }
@@ -138,9 +146,12 @@ mod tests {
         for scheme in Scheme::all() {
             assert_eq!(scheme.name().parse::<Scheme>(), Ok(scheme));
         }
-        assert_eq!(Scheme::all().len(), 12);
+        assert_eq!(Scheme::all().len(), 14);
         let err = "kivi3".parse::<Scheme>().unwrap_err().to_string();
-        assert!(err.contains("kivi2, kivi4, llamacpp-q4_0"), "{err}");
+        assert!(
+            err.contains("kivi2, kivi4, hf-quanto2, hf-quanto4, llamacpp-q4_0"),
+            "{err}"
+        );
         assert!(err.contains("llamacpp-iq4_nl+rot"), "{err}");
     }
 }

@@ -39,10 +39,11 @@ pub enum QualityError {
     /// A scheme refused the cache (a head size its blocks do not divide, a non-finite value).
     #[error(transparent)]
     SchemeCache(#[from] kvschemes::SchemeError),
-    /// The causal schedule for a scheme that never re-packs its cache (KIVI).
+    /// The causal schedule for a scheme with its own residual rule (KIVI, quanto).
     #[error(
-        "{scheme} under the causal schedule: KIVI never re-packs its cache (causal re-packs it \
-         before every step); use prefill or streaming"
+        "{scheme} under the causal schedule: the scheme keeps its own full-precision residual \
+         and decides itself when to quantize (causal re-packs the whole cache before every \
+         step); use prefill or streaming"
     )]
     SchemeSchedule {
         /// The scheme.

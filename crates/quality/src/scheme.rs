@@ -6,7 +6,8 @@
 //! the whole text leaves; or query i reads it as token-by-token decoding leaves it). `causal`
 //! (the whole cache re-packed before every step) is this project's rule for its own settings:
 //! for llama.cpp's types, whose blocks are per token, it stores what `prefill` stores and is
-//! accepted as such; KIVI never re-packs its cache, so `causal` is refused for it.
+//! accepted as such; KIVI and quanto keep a residual and re-pack on their own terms, so
+//! `causal` is refused for them.
 //!
 //! Bytes: the sum over layers of what each layer's cache stores at the end of the text
 //! (`kvschemes::LayerCache::stored`), counted from the stored blocks, code words, scales and
@@ -30,7 +31,7 @@ pub struct SchemeSpec {
 impl SchemeSpec {
     /// Checks that the scheme has the schedule (module docs).
     pub fn new(scheme: Scheme, schedule: Schedule) -> Result<SchemeSpec, QualityError> {
-        if schedule == Schedule::Causal && matches!(scheme, Scheme::Kivi(_)) {
+        if schedule == Schedule::Causal && !matches!(scheme, Scheme::LlamaCpp { .. }) {
             return Err(QualityError::SchemeSchedule { scheme });
         }
         Ok(SchemeSpec { scheme, schedule })
@@ -57,17 +58,14 @@ impl SchemeSpec {
 
 /// One layer's cache under a scheme, as attention reads it.
 #[derive(Debug, Clone)]
-pub struct SchemeLayer {
-    cache: LayerCache,
-    reading: kvschemes::Schedule,
-}
+pub struct SchemeLayer(LayerCache);
 
 impl KvSource for SchemeLayer {
     fn key(&self, head: usize, query: usize, position: usize) -> &[f32] {
-        self.cache.key(self.reading, head, query, position)
+        self.0.key(head, query, position)
     }
     fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
-        self.cache.value(self.reading, head, query, position)
+        self.0.value(head, query, position)
     }
 }
 
@@ -117,15 +115,10 @@ impl Cache {
                 Ok((Box::new(PackedLayer::new(*spec, k, v)?), bytes))
             }
             Cache::Scheme(spec) => {
-                let cache = LayerCache::new(spec.scheme, k, v).map_err(QualityError::from)?;
+                let cache = LayerCache::new(spec.scheme, spec.reading(), k, v)
+                    .map_err(QualityError::from)?;
                 let bytes = cache.stored().total();
-                Ok((
-                    Box::new(SchemeLayer {
-                        cache,
-                        reading: spec.reading(),
-                    }),
-                    bytes,
-                ))
+                Ok((Box::new(SchemeLayer(cache)), bytes))
             }
         }
     }

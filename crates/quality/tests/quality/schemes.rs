@@ -1,7 +1,8 @@
 //! Named schemes of the literature (`kvschemes`) as the cache, on a tiny random Llama with
 //! SmolLM2's head size (no download): llama.cpp's per-token types store the same bytes and give
 //! the same logits under every schedule; KIVI reads its residual in f32 (a text shorter than it
-//! gives the plain pass's bits), bills what it stores, and differs between prefill and streaming.
+//! gives the plain pass's bits), bills what it stores, and differs between prefill and streaming;
+//! quanto quantizes a prefill at once and keeps a residual while decoding.
 
 use kvschemes::Scheme;
 use models::llama::{LayerWeights, Llama, LlamaConfig, LlamaWeights};
@@ -132,11 +133,33 @@ fn kivi_reads_its_residual_in_f32_and_bills_what_it_stores() {
 }
 
 #[test]
-fn kivi_under_the_causal_schedule_is_refused_by_name() {
+fn quanto_bills_every_prefill_token_and_keeps_a_residual_while_decoding() {
+    let model = tiny();
+    let ids = ids(300);
+    let prefill = measure(&model, &ids, "hf-quanto4", Schedule::Prefill);
+    // 300 groups of 64 (one per token) for K and for V: 2 codes a byte, f32 scale and shift.
+    assert_eq!(
+        prefill.bytes_per_token,
+        (2 * (300 * 32 + 300 * 8)) as f64 / 300.0
+    );
+    assert_eq!(prefill.bits_per_element, 5.0);
+    let streaming = measure(&model, &ids, "hf-quanto4", Schedule::Streaming);
+    // After 300 tokens 257 are quantized (groups packed 2 to a byte) and 43 are f32.
+    let stored = 2 * (257usize.div_ceil(2) * 64 + 257 * 8 + 43 * 64 * 4);
+    assert_eq!(streaming.bytes_per_token, stored as f64 / 300.0);
+    assert_ne!(streaming.nll.to_bits(), prefill.nll.to_bits());
+    assert!(streaming.kl_mean < prefill.kl_mean);
+}
+
+#[test]
+fn kivi_and_quanto_under_the_causal_schedule_are_refused_by_name() {
+    let err = SchemeSpec::new("hf-quanto2".parse().unwrap(), Schedule::Causal).unwrap_err();
+    assert!(matches!(err, QualityError::SchemeSchedule { .. }));
     let err = SchemeSpec::new("kivi4".parse().unwrap(), Schedule::Causal).unwrap_err();
     assert!(matches!(err, QualityError::SchemeSchedule { .. }));
     assert!(
-        err.to_string().contains("KIVI never re-packs its cache"),
+        err.to_string()
+            .contains("keeps its own full-precision residual"),
         "{err}"
     );
 }

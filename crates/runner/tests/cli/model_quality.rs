@@ -334,7 +334,7 @@ fn a_named_scheme_runs_on_smollm2_and_prints_its_bits_per_element() {
         ),
         (
             &["--scheme", "kivi4", "--schedule", "causal"],
-            "KIVI never re-packs its cache",
+            "keeps its own full-precision residual",
             1,
         ),
         (
