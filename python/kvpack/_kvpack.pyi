@@ -231,6 +231,10 @@ def layout_cost(
     extra_bytes_per_group: int,
 ) -> Dict[str, Union[int, float]]: ...
 def scheme_cache(
-    k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], scheme: str
+    k: npt.NDArray[np.float32],
+    v: npt.NDArray[np.float32],
+    scheme: str,
+    layer: int = 0,
+    layers: int = 1,
 ) -> SchemeCache: ...
 def scheme_names() -> List[str]: ...

@@ -56,19 +56,28 @@ fn heads(x: &Bound<'_, PyAny>, name: &str) -> PyResult<(Array3<f32>, bool)> {
 
 /// `kvpack.schemes.cache`: K and V under `scheme`.
 #[pyfunction]
+#[pyo3(signature = (k, v, scheme, layer = 0, layers = 1))]
 pub fn scheme_cache(
     py: Python<'_>,
     k: &Bound<'_, PyAny>,
     v: &Bound<'_, PyAny>,
     scheme: &str,
+    layer: usize,
+    layers: usize,
 ) -> PyResult<SchemeCache> {
+    if layer >= layers {
+        return Err(PyValueError::new_err(format!(
+            "layer {layer} is not one of the {layers} layers (0 to {})",
+            layers.saturating_sub(1)
+        )));
+    }
     let scheme: Scheme = scheme
         .parse()
         .map_err(|e: kvschemes::UnknownScheme| PyValueError::new_err(e.to_string()))?;
     let (k, one_head) = heads(k, "k")?;
     let (v, _) = heads(v, "v")?;
     let cache = py
-        .detach(|| LayerCache::new(scheme, Schedule::Prefill, &k, &v))
+        .detach(|| LayerCache::new(scheme, Schedule::Prefill, (layer, layers), &k, &v))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let last = k.dim().1.saturating_sub(1);
     let (k_read, v_read) = py.detach(|| cache.read(last));

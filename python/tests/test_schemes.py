@@ -174,12 +174,42 @@ def test_hf_quanto_quantizes_the_prefill_at_once_as_quanto_does(bits, data):
     }
 
 
+@pytest.mark.parametrize("scheme, kb, vb, mode", [
+    ("kvpack-k4v4", 4, 4, "symmetric"),
+    ("kvpack-k8v4", 8, 4, "symmetric"),
+    ("kvpack-k3v2-asym", 3, 2, "asymmetric"),
+])
+def test_the_codec_as_a_scheme_is_kvpack_encode_per_head(scheme, kb, vb, mode):
+    k, v = real_kv(15)
+    c = kvpack.schemes.cache(k, v, scheme)
+    total = 0
+    for h in range(k.shape[0]):
+        pk = kvpack.encode(k[h], kb, 32, axis="token", mode=mode)
+        pv = kvpack.encode(v[h], vb, 32, axis="feature", mode=mode)
+        assert c.k[h].tobytes() == pk.decode().tobytes()
+        assert c.v[h].tobytes() == pv.decode().tobytes()
+        total += pk.payload_bytes + pv.payload_bytes
+    assert c.stored["total"] == total and c.stored["full_precision"] == 0
+    # Sinks stay as given; -edge8 holds the first and last layers at 8 bits.
+    sunk = kvpack.schemes.cache(k, v, scheme + "-sink4")
+    assert sunk.k[:, :4].tobytes() == k[:, :4].tobytes()
+    assert sunk.k[:, 4:].tobytes() != c.k[:, 4:].tobytes()
+    edge = kvpack.schemes.cache(k, v, scheme + "-edge8", layer=29, layers=30)
+    eight = kvpack.schemes.cache(k, v, "kvpack-k8v8" + ("-asym" if mode == "asymmetric" else ""))
+    assert edge.k.tobytes() == eight.k.tobytes()
+    middle = kvpack.schemes.cache(k, v, scheme + "-edge8", layer=15, layers=30)
+    assert middle.k.tobytes() == c.k.tobytes()
+    with pytest.raises(ValueError, match="not one of the 30 layers"):
+        kvpack.schemes.cache(k, v, scheme, layer=30, layers=30)
+
+
 def test_one_head_in_gives_one_head_out_and_names_list_every_scheme():
     k, v = random_kv(heads=1, tokens=64)
     c = kvpack.schemes.cache(k[0], v[0], "llamacpp-q8_0")
     assert c.k.shape == (64, 64) and c.k.dtype == np.float32
     names = kvpack.schemes.names()
-    assert len(names) == 14 and "kivi4" in names and "hf-quanto2" in names and "llamacpp-iq4_nl+rot" in names
+    assert len(names) == 21 and "kivi4" in names and "hf-quanto2" in names
+    assert "kvpack-k8v4" in names and "llamacpp-iq4_nl+rot" in names
 
 
 def test_bad_input_is_refused_by_name():

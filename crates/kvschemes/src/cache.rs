@@ -9,6 +9,9 @@
 //! | `kivi*` | floor(n / 128) * 128 | max(0, n - 128) |
 //! | `hf-quanto*` | prefill: n; decoding: 1 + floor((n - 1) / 128) * 128 | the same |
 //! | `llamacpp-*` | n | n |
+//! | `kvpack-*` | prefill: n; decoding: S + 32 floor((n - S) / 32) (whole groups) | n |
+//!
+//! (`kvpack-*-sink<S>` keeps its first S tokens f32 in both.)
 //!
 //! Schedules (query position i reads positions j <= i):
 //! - [`Schedule::Prefill`]: every query reads the cache the whole text leaves (n = tokens), as
@@ -33,6 +36,9 @@ use half::f16;
 use ndarray::{Array3, Axis};
 
 use crate::hadamard::{self, Hadamard};
+use kvcodec::{GroupAxis, Layout};
+
+use crate::codec::{self, CodecScheme};
 use crate::kivi::{self, Group};
 use crate::llamacpp::CacheType;
 use crate::quanto;
@@ -81,12 +87,14 @@ struct Side {
     /// quanto while decoding: each (head, token)'s later distinct versions, [head * tokens +
     /// token], version m >= 1 at m - 1 (the last one is a fixed point of re-quantization).
     later: Vec<Vec<Vec<f32>>>,
+    /// Leading positions held f32 whatever the state (the codec scheme's sinks).
+    sinks: usize,
     stored: Stored,
 }
 
 impl Side {
     fn row(&self, quantized: usize, version: usize, head: usize, position: usize) -> &[f32] {
-        if position >= quantized {
+        if position >= quantized || position < self.sinks {
             return row_of(&self.raw, head, position);
         }
         let tokens = self.raw.dim().1;
@@ -122,10 +130,12 @@ pub struct LayerCache {
 
 impl LayerCache {
     /// Holds one layer's K (after RoPE) and V, [kv_heads, tokens, head_dim], under `scheme`,
-    /// read under `schedule`.
+    /// read under `schedule`; `layer` is its index among the model's `layers` (only the codec
+    /// scheme's `-edge8` reads it).
     pub fn new(
         scheme: Scheme,
         schedule: Schedule,
+        (layer, layers): (usize, usize),
         k: &Array3<f32>,
         v: &Array3<f32>,
     ) -> Result<LayerCache, SchemeError> {
@@ -161,6 +171,13 @@ impl LayerCache {
                 quanto_side(k, schedule, bits.bits()),
                 quanto_side(v, schedule, bits.bits()),
             ),
+            Scheme::Codec(codec) => {
+                let (k_bits, v_bits) = codec.widths(layer, layers);
+                (
+                    codec_side(k, schedule, codec, k_bits, GroupAxis::Token)?,
+                    codec_side(v, schedule, codec, v_bits, GroupAxis::Feature)?,
+                )
+            }
             Scheme::LlamaCpp { ty, rotate } => {
                 let rotation = |size: Option<usize>| {
                     size.filter(|_| rotate)
@@ -206,6 +223,12 @@ impl LayerCache {
             }
             // Every token is quantized on arrival, the query's own included.
             (Scheme::LlamaCpp { .. }, _) => (self.tokens, self.tokens),
+            (Scheme::Codec(_), Schedule::Prefill) => (self.tokens, self.tokens),
+            (Scheme::Codec(codec), Schedule::Streaming) => {
+                let n = query + 1;
+                let whole = n.saturating_sub(codec.sinks) / codec::GROUP * codec::GROUP;
+                (codec.sinks + whole, n)
+            }
         }
     }
 
@@ -261,6 +284,7 @@ impl LayerCache {
 
 fn check_head_dim(scheme: Scheme, head_dim: usize) -> Result<(), SchemeError> {
     let multiple = match scheme {
+        Scheme::Codec(_) => 1,
         Scheme::LlamaCpp { rotate: true, .. } | Scheme::Quanto(_) => 64,
         Scheme::LlamaCpp { rotate: false, .. } => 32,
         Scheme::Kivi(_) => kivi::GROUP,
@@ -304,6 +328,7 @@ fn llamacpp_side(raw: Array3<f32>, ty: CacheType, rotation: Option<&Hadamard>) -
         raw,
         decoded,
         later: Vec::new(),
+        sinks: 0,
         stored: Stored {
             // A block is its f16 scale (and q4_1's f16 minimum) and its codes.
             codes: blocks.len() / ty.block_bytes() * (ty.block_bytes() - metadata_bytes(ty)),
@@ -371,12 +396,64 @@ fn kivi_side(raw: Array3<f32>, quantized: usize, bits: u32, axis: KiviAxis) -> S
         raw,
         decoded,
         later: Vec::new(),
+        sinks: 0,
         stored: Stored {
             codes: words.len() * 4,
             metadata: (scales.len() + mins.len()) * 2,
             full_precision: residual * 4,
         },
     }
+}
+
+/// The codec scheme's side: each head's tokens after the sinks as one codec tensor (K along
+/// tokens, V along features), decoded; stored, what the schedule's end state holds quantized
+/// (prefill: every token; decoding: K's whole groups) as codec tensors, the rest f32.
+fn codec_side(
+    raw: Array3<f32>,
+    schedule: Schedule,
+    scheme: CodecScheme,
+    bits: u32,
+    axis: GroupAxis,
+) -> Result<Side, SchemeError> {
+    let (heads, tokens, head_dim) = raw.dim();
+    let sinks = scheme.sinks.min(tokens);
+    let layout = Layout::with_mode(axis, scheme.mode, bits, codec::GROUP)
+        .map_err(|e| SchemeError::Codec(e.to_string()))?;
+    let mut decoded = raw.clone();
+    let stored_tokens = match (schedule, axis) {
+        (Schedule::Streaming, GroupAxis::Token) => {
+            sinks + (tokens - sinks) / codec::GROUP * codec::GROUP
+        }
+        _ => tokens,
+    };
+    let mut stored = Stored::default();
+    for head in 0..heads {
+        if sinks < tokens {
+            let part = raw.slice(ndarray::s![head, sinks.., ..]);
+            let packed =
+                kvcodec::encode(part, layout).map_err(|e| SchemeError::Codec(e.to_string()))?;
+            decoded
+                .slice_mut(ndarray::s![head, sinks.., ..])
+                .assign(&kvcodec::decode(&packed));
+        }
+        if sinks < stored_tokens {
+            let part = raw.slice(ndarray::s![head, sinks..stored_tokens, ..]);
+            let packed =
+                kvcodec::encode(part, layout).map_err(|e| SchemeError::Codec(e.to_string()))?;
+            let parts = packed.payload_bytes();
+            let metadata = parts - packed.code_bytes().len();
+            stored.codes += packed.code_bytes().len();
+            stored.metadata += metadata;
+        }
+        stored.full_precision += (tokens - stored_tokens + sinks) * head_dim * 4;
+    }
+    Ok(Side {
+        raw,
+        decoded,
+        later: Vec::new(),
+        sinks,
+        stored,
+    })
 }
 
 /// quanto's side: every token-head vector of `head_dim` in groups of 64, quantized once
@@ -429,6 +506,7 @@ fn quanto_side(raw: Array3<f32>, schedule: Schedule, bits: u32) -> Side {
         } else {
             Vec::new()
         },
+        sinks: 0,
         stored: Stored {
             codes: quanto::packed_code_bytes(groups, bits),
             // An f32 scale and an f32 shift per group (the model's dtype).
@@ -457,8 +535,8 @@ mod tests {
     fn kivi_bills_codes_scales_and_its_f32_residual() {
         let (k, v) = (kv(300, 64), kv(300, 64));
         let scheme = Scheme::Kivi(Width::Four);
-        let prefill = LayerCache::new(scheme, Schedule::Prefill, &k, &v).unwrap();
-        let streaming = LayerCache::new(scheme, Schedule::Streaming, &k, &v).unwrap();
+        let prefill = LayerCache::new(scheme, Schedule::Prefill, (0, 1), &k, &v).unwrap();
+        let streaming = LayerCache::new(scheme, Schedule::Streaming, (0, 1), &k, &v).unwrap();
         // K: 256 tokens quantized, 44 in the residual; V: 172 quantized, 128 in the residual.
         let groups = 2 * 64 * 256 / 32 + 2 * 172 * 64 / 32;
         for cache in [&prefill, &streaming] {
@@ -479,7 +557,7 @@ mod tests {
     fn quanto_quantizes_the_prefill_at_once_and_re_quantizes_at_every_flush() {
         let (k, v) = (kv(300, 64), kv(300, 64));
         let scheme = Scheme::Quanto(Width::Two);
-        let prefill = LayerCache::new(scheme, Schedule::Prefill, &k, &v).unwrap();
+        let prefill = LayerCache::new(scheme, Schedule::Prefill, (0, 1), &k, &v).unwrap();
         // Every token quantized: for K and for V, 2 heads x 300 groups of 64 in one packed
         // tensor, 4 codes a byte, an f32 scale and shift per group.
         let groups = 2 * 300usize;
@@ -491,7 +569,7 @@ mod tests {
                 full_precision: 0,
             }
         );
-        let streaming = LayerCache::new(scheme, Schedule::Streaming, &k, &v).unwrap();
+        let streaming = LayerCache::new(scheme, Schedule::Streaming, (0, 1), &k, &v).unwrap();
         // After 300 tokens: flushes after steps 128 and 256, so 257 quantized and 43 in the
         // residual.
         assert_eq!(streaming.quantized(299), (257, 257));
@@ -514,8 +592,9 @@ mod tests {
         for ty in CacheType::ALL {
             for rotate in [false, true] {
                 let scheme = Scheme::LlamaCpp { ty, rotate };
-                let prefill = LayerCache::new(scheme, Schedule::Prefill, &k, &v).unwrap();
-                let streaming = LayerCache::new(scheme, Schedule::Streaming, &k, &v).unwrap();
+                let prefill = LayerCache::new(scheme, Schedule::Prefill, (0, 1), &k, &v).unwrap();
+                let streaming =
+                    LayerCache::new(scheme, Schedule::Streaming, (0, 1), &k, &v).unwrap();
                 let bytes = 2 * 2 * 40 * 2 * ty.block_bytes();
                 assert_eq!(prefill.stored().total(), bytes, "{ty}");
                 assert_eq!(streaming.stored().total(), bytes, "{ty}");
@@ -532,8 +611,9 @@ mod tests {
             ty: CacheType::Q4_0,
             rotate: true,
         };
-        let new =
-            |k: &Array3<f32>, v: &Array3<f32>| LayerCache::new(scheme, Schedule::Prefill, k, v);
+        let new = |k: &Array3<f32>, v: &Array3<f32>| {
+            LayerCache::new(scheme, Schedule::Prefill, (0, 1), k, v)
+        };
         assert!(matches!(
             new(&kv(4, 32), &kv(4, 32)),
             Err(SchemeError::HeadDim { multiple: 64, .. })

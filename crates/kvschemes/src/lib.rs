@@ -9,6 +9,8 @@
 //! | `llamacpp-TYPE` | [`llamacpp`]: llama.cpp `-ctk/-ctv TYPE` (rotation disabled, `LLAMA_ATTN_ROT_DISABLE=1`) | blocks of 32 along head_dim, per token | the same | none | q4_0 4.5, q4_1 5.0, q5_0 5.5, q8_0 8.5, iq4_nl 4.5 |
 //! | `llamacpp-TYPE+rot` | [`hadamard`]: llama.cpp's default since PR #21038 | H k, then TYPE | H v, then TYPE | none | as TYPE |
 //!
+//! | `kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8]` | [`codec`]: this project's codec | groups of 32 tokens per channel, KB bits, f32 scale (and b-bit zero point) | groups of 32 channels per token, VB bits | the first S tokens; the K group still filling while decoding | KB + 1, VB + 1 (asym: + 1/32 more) |
+//!
 //! Keys are quantized after RoPE in all of these (their sources do so). Where a scheme departs
 //! from its source, its module says so (the model here runs in f32, so the residual is f32).
 //!
@@ -19,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod cache;
+pub mod codec;
 pub mod hadamard;
 pub mod kivi;
 pub mod llamacpp;

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
+use crate::codec::CodecScheme;
 use crate::llamacpp::CacheType;
 
 /// The code widths KIVI and quanto's cache take.
@@ -34,6 +35,8 @@ pub enum Scheme {
     Kivi(Width),
     /// The Hugging Face `QuantizedCache`, quanto backend, at 2 or 4 bits ([`crate::quanto`]).
     Quanto(Width),
+    /// This project's codec: K and V widths, mode, sinks, edge layers ([`crate::codec`]).
+    Codec(CodecScheme),
     /// A llama.cpp cache type for K and V, with or without its rotation
     /// ([`crate::llamacpp`], [`crate::hadamard`]).
     LlamaCpp {
@@ -58,6 +61,11 @@ impl Scheme {
                 all.push(Scheme::LlamaCpp { ty, rotate });
             }
         }
+        for name in CODEC_SCHEMES {
+            all.push(Scheme::Codec(
+                CodecScheme::parse(name).expect("a valid name"),
+            ));
+        }
         all
     }
 
@@ -69,6 +77,7 @@ impl Scheme {
             Scheme::LlamaCpp { ty, rotate } => {
                 format!("llamacpp-{ty}{}", if rotate { "+rot" } else { "" })
             }
+            Scheme::Codec(codec) => codec.to_string(),
         }
     }
 }
@@ -79,9 +88,25 @@ impl fmt::Display for Scheme {
     }
 }
 
+/// The project's codec schemes [`Scheme::all`] lists; any other valid `kvpack-...` name parses
+/// too.
+pub const CODEC_SCHEMES: [&str; 7] = [
+    "kvpack-k4v4",
+    "kvpack-k4v4-asym",
+    "kvpack-k8v4",
+    "kvpack-k4v8",
+    "kvpack-k4v2",
+    "kvpack-k4v4-sink4",
+    "kvpack-k4v4-edge8",
+];
+
 /// A name that is no scheme.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("unknown scheme {name:?}; the schemes are {}", Scheme::all().iter().map(|s| s.name()).collect::<Vec<_>>().join(", "))]
+#[error(
+    "unknown scheme {name:?}; the schemes are {}, and kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] \
+     (widths 2 to 8, or 1 to 8 with -asym)",
+    Scheme::all().iter().filter(|s| !matches!(s, Scheme::Codec(_))).map(|s| s.name()).collect::<Vec<_>>().join(", ")
+)]
 pub struct UnknownScheme {
     /// The name given.
     pub name: String,
@@ -93,6 +118,7 @@ impl FromStr for Scheme {
         Scheme::all()
             .into_iter()
             .find(|s| s.name() == name)
+            .or_else(|| CodecScheme::parse(name).map(Scheme::Codec))
             .ok_or_else(|| UnknownScheme {
                 name: name.to_string(),
             })
@@ -123,6 +149,9 @@ pub enum SchemeError {
         /// What it must be a multiple of.
         multiple: usize,
     },
+    /// The codec refused a layout or a tensor.
+    #[error("KV codec: {0}")]
+    Codec(String),
     /// A value that is not finite.
     #[error("{side} of head {head}, token {token} holds {value}; schemes quantize finite values")]
     NotFinite {
@@ -146,7 +175,8 @@ mod tests {
         for scheme in Scheme::all() {
             assert_eq!(scheme.name().parse::<Scheme>(), Ok(scheme));
         }
-        assert_eq!(Scheme::all().len(), 14);
+        assert_eq!(Scheme::all().len(), 21);
+        assert!("kvpack-k3v5-asym-sink2".parse::<Scheme>().is_ok());
         let err = "kivi3".parse::<Scheme>().unwrap_err().to_string();
         assert!(
             err.contains("kivi2, kivi4, hf-quanto2, hf-quanto4, llamacpp-q4_0"),

@@ -25,9 +25,11 @@ pub fn greedy(
     mut progress: impl FnMut(usize),
 ) -> Result<Vec<u32>, QualityError> {
     let cache = cache.into();
+    let layers = model.config().layers;
     let mut ids = prompt.to_vec();
     for step in 0..n {
-        let (hidden, _) = model.hidden_with_source(&ids, |_, k, v| Ok(cache.layer(k, v)?.0))?;
+        let (hidden, _) =
+            model.hidden_with_source(&ids, |l, k, v| Ok(cache.layer((l, layers), k, v)?.0))?;
         let last = model.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
         let logits = ops::linear(last.view(), model.weights().token_embd.view(), None);
         let row = logits.row(0);

@@ -102,7 +102,7 @@ pub fn measure(
     let mut bytes = 0usize;
     let packed = model.forward_with_source(ids, |l, k, v| {
         progress(layers + l + 1);
-        let (source, layer_bytes) = cache.layer(k, v)?;
+        let (source, layer_bytes) = cache.layer((l, layers), k, v)?;
         bytes += layer_bytes;
         Ok(source)
     })?;

@@ -7,7 +7,8 @@
 //! (the whole cache re-packed before every step) is this project's rule for its own settings:
 //! for llama.cpp's types, whose blocks are per token, it stores what `prefill` stores and is
 //! accepted as such; KIVI and quanto keep a residual and re-pack on their own terms, so
-//! `causal` is refused for them.
+//! `causal` is refused for them. The project's codec as a scheme (`kvpack-*`) reads `causal` as
+//! `prefill` (use `--setting` for the codec's own causal rule, which re-packs partial groups).
 //!
 //! Bytes: the sum over layers of what each layer's cache stores at the end of the text
 //! (`kvschemes::LayerCache::stored`), counted from the stored blocks, code words, scales and
@@ -31,7 +32,7 @@ pub struct SchemeSpec {
 impl SchemeSpec {
     /// Checks that the scheme has the schedule (module docs).
     pub fn new(scheme: Scheme, schedule: Schedule) -> Result<SchemeSpec, QualityError> {
-        if schedule == Schedule::Causal && !matches!(scheme, Scheme::LlamaCpp { .. }) {
+        if schedule == Schedule::Causal && matches!(scheme, Scheme::Kivi(_) | Scheme::Quanto(_)) {
             return Err(QualityError::SchemeSchedule { scheme });
         }
         Ok(SchemeSpec { scheme, schedule })
@@ -100,11 +101,12 @@ impl Cache {
         }
     }
 
-    /// One layer's K (after RoPE) and V as attention reads them, and the bytes that layer's
-    /// cache stores at the end of the text (`head_dim` and the layer count give the codec's, by
-    /// [`cache::cache_bytes`]).
+    /// Layer `layer` of `layers`: its K (after RoPE) and V as attention reads them, and the
+    /// bytes that layer's cache stores at the end of the text (a setting's by
+    /// [`cache::cache_bytes`], the same for every layer).
     pub fn layer(
         &self,
+        (layer, layers): (usize, usize),
         k: &Array3<f32>,
         v: &Array3<f32>,
     ) -> Result<(Box<dyn KvSource>, usize), HookError> {
@@ -115,7 +117,7 @@ impl Cache {
                 Ok((Box::new(PackedLayer::new(*spec, k, v)?), bytes))
             }
             Cache::Scheme(spec) => {
-                let cache = LayerCache::new(spec.scheme, spec.reading(), k, v)
+                let cache = LayerCache::new(spec.scheme, spec.reading(), (layer, layers), k, v)
                     .map_err(QualityError::from)?;
                 let bytes = cache.stored().total();
                 Ok((Box::new(SchemeLayer(cache)), bytes))

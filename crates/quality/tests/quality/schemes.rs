@@ -7,7 +7,7 @@
 use kvschemes::Scheme;
 use models::llama::{LayerWeights, Llama, LlamaConfig, LlamaWeights};
 use ndarray::Array2;
-use quality::{Measurement, QualityError, Schedule, SchemeSpec};
+use quality::{CacheSpec, KvSetting, Measurement, Policy, QualityError, Schedule, SchemeSpec};
 
 /// 1 layer, hidden 128, 2 query heads and 1 KV head of 64 (SmolLM2's head size), FFN 64,
 /// vocabulary 30, context 512.
@@ -149,6 +149,49 @@ fn quanto_bills_every_prefill_token_and_keeps_a_residual_while_decoding() {
     assert_eq!(streaming.bytes_per_token, stored as f64 / 300.0);
     assert_ne!(streaming.nll.to_bits(), prefill.nll.to_bits());
     assert!(streaming.kl_mean < prefill.kl_mean);
+}
+
+#[test]
+fn the_codec_as_a_scheme_is_the_codec_setting_bit_for_bit() {
+    let model = tiny();
+    let ids = ids(77);
+    for (scheme, setting) in [
+        ("kvpack-k4v4", "g32_b4"),
+        ("kvpack-k3v3-asym", "g32_b3_asym"),
+    ] {
+        for schedule in [Schedule::Prefill, Schedule::Streaming] {
+            let named = measure(&model, &ids, scheme, schedule);
+            let setting: KvSetting = setting.parse().unwrap();
+            let spec = CacheSpec::new(setting, Policy::Uniform, schedule).unwrap();
+            let plain = quality::measure(&model, &ids, spec, |_| {}).unwrap();
+            assert_eq!(
+                named.nll.to_bits(),
+                plain.nll.to_bits(),
+                "{scheme} {schedule}"
+            );
+            assert_eq!(
+                named.kl_max.to_bits(),
+                plain.kl_max.to_bits(),
+                "{scheme} {schedule}"
+            );
+            assert_eq!(
+                named.bytes_per_token, plain.bytes_per_token,
+                "{scheme} {schedule}"
+            );
+        }
+    }
+    // On a one-layer model that layer is an edge: -edge8 is K8V8 there.
+    let edge = measure(&model, &ids, "kvpack-k4v2-edge8", Schedule::Prefill);
+    let eight = measure(&model, &ids, "kvpack-k8v8", Schedule::Prefill);
+    assert_eq!(edge.nll.to_bits(), eight.nll.to_bits());
+    assert_eq!(edge.bytes_per_token, eight.bytes_per_token);
+    // Sinks: the first 4 tokens f32 in K and V, the 73 after them one codec tensor each.
+    let sink = measure(&model, &ids, "kvpack-k8v4-sink4", Schedule::Prefill);
+    // K: 8-bit codes of 3 groups of 32 tokens (the last zero-padded) x 64 channels, an f32
+    // scale per group, the 8-byte shape; V: 4-bit codes, an f32 scale per 32 channels.
+    let k = 96usize * 64 + 3 * 64 * 4 + 8;
+    let v = 73usize * 64 / 2 + 73 * 2 * 4 + 8;
+    assert_eq!(sink.bytes_per_token, (k + v + 2 * 4 * 64 * 4) as f64 / 77.0);
 }
 
 #[test]
