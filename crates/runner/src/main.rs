@@ -121,10 +121,16 @@ enum Command {
         /// When the cache is quantized: prefill, streaming or causal.
         #[arg(long, default_value = "prefill")]
         schedule: String,
-        /// A named scheme instead of --setting and --policy: kivi2, kivi4, hf-quanto2,
-        /// hf-quanto4, llamacpp-TYPE[+rot] with TYPE q4_0, q4_1, q5_0, q8_0 or iq4_nl, or this
-        /// project's codec as kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] (docs/schemes.md).
-        #[arg(long, value_name = "NAME", conflicts_with_all = ["setting", "policy", "protocol"])]
+        // The help is an attribute, not a doc comment: the name pattern's brackets are not links.
+        #[arg(
+            long,
+            value_name = "NAME",
+            conflicts_with_all = ["setting", "policy", "protocol"],
+            help = "A named scheme instead of --setting and --policy: kivi2, kivi4, hf-quanto2, \
+                    hf-quanto4, llamacpp-TYPE[+rot] with TYPE q4_0, q4_1, q5_0, q8_0 or iq4_nl, \
+                    or this project's codec as kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] \
+                    (docs/schemes.md)"
+        )]
         scheme: Option<String>,
         /// Greedy tokens to generate after the prompt with both caches (0: none).
         #[arg(long, default_value_t = 16)]
