@@ -5,8 +5,7 @@
 //! quanto quantizes a prefill at once and keeps a residual while decoding.
 
 use kvschemes::Scheme;
-use models::llama::{LayerWeights, Llama, LlamaConfig, LlamaWeights};
-use ndarray::Array2;
+use models::llama::{Llama, LlamaConfig};
 use quality::{CacheSpec, KvSetting, Measurement, Policy, QualityError, Schedule, SchemeSpec};
 
 /// 1 layer, hidden 128, 2 query heads and 1 KV head of 64 (SmolLM2's head size), FFN 64,
@@ -24,32 +23,7 @@ fn tiny() -> Llama {
         rope_base: 10000.0,
         rms_eps: 1e-5,
     };
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut matrix = |rows: usize, cols: usize| {
-        Array2::from_shape_fn((rows, cols), |_| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-    };
-    let layers = vec![LayerWeights {
-        attn_norm: vec![1.0; 128],
-        q: matrix(128, 128),
-        k: matrix(64, 128),
-        v: matrix(64, 128),
-        o: matrix(128, 128),
-        ffn_norm: vec![1.0; 128],
-        gate: matrix(64, 128),
-        up: matrix(64, 128),
-        down: matrix(128, 64),
-    }];
-    let weights = LlamaWeights {
-        token_embd: matrix(30, 128) * 4.0,
-        layers,
-        output_norm: vec![1.0; 128],
-    };
-    Llama::from_weights(config, weights).unwrap()
+    crate::tiny::random_llama(config, 0x9e37_79b9_7f4a_7c15)
 }
 
 fn ids(n: usize) -> Vec<u32> {

@@ -22,7 +22,12 @@ fn tiny() -> Llama {
         rope_base: 10000.0,
         rms_eps: 1e-5,
     };
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    random_llama(config, 0x2545_f491_4f6c_dd1d)
+}
+
+/// A Llama of `config` whose weights are xorshift draws in [-0.5, 0.5) from `seed` (the token
+/// embeddings scaled by 4), unit norms.
+pub fn random_llama(config: LlamaConfig, mut seed: u64) -> Llama {
     let mut matrix = |rows: usize, cols: usize| {
         Array2::from_shape_fn((rows, cols), |_| {
             seed ^= seed << 13;
@@ -31,23 +36,28 @@ fn tiny() -> Llama {
             (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         })
     };
-    let layers = (0..2)
+    let (hidden, q, kv) = (
+        config.hidden,
+        config.heads * config.head_dim,
+        config.kv_heads * config.head_dim,
+    );
+    let layers = (0..config.layers)
         .map(|_| LayerWeights {
-            attn_norm: vec![1.0; 32],
-            q: matrix(32, 32),
-            k: matrix(16, 32),
-            v: matrix(16, 32),
-            o: matrix(32, 32),
-            ffn_norm: vec![1.0; 32],
-            gate: matrix(24, 32),
-            up: matrix(24, 32),
-            down: matrix(32, 24),
+            attn_norm: vec![1.0; hidden],
+            q: matrix(q, hidden),
+            k: matrix(kv, hidden),
+            v: matrix(kv, hidden),
+            o: matrix(hidden, q),
+            ffn_norm: vec![1.0; hidden],
+            gate: matrix(config.ffn, hidden),
+            up: matrix(config.ffn, hidden),
+            down: matrix(hidden, config.ffn),
         })
         .collect();
     let weights = LlamaWeights {
-        token_embd: matrix(30, 32) * 4.0,
+        token_embd: matrix(config.vocab, hidden) * 4.0,
         layers,
-        output_norm: vec![1.0; 32],
+        output_norm: vec![1.0; hidden],
     };
     Llama::from_weights(config, weights).unwrap()
 }

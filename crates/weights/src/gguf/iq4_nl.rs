@@ -68,13 +68,7 @@ impl BlockIq4Nl {
 
     /// The reference quantizer for one block of 32 finite values (see the module spec).
     pub fn quantize(x: &[f32; 32]) -> Self {
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        let (amax, max) = super::signed_max(x);
         if amax < GROUP_MAX_EPS {
             return Self::from_parts(f16::ZERO, &[8; 32]);
         }

@@ -68,6 +68,20 @@ pub mod q5_0;
 
 pub use q4_1::BlockQ4_1;
 
+/// ggml's largest magnitude of a block and the element that has it, sign kept: starting from
+/// 0, an element replaces the maximum only when its magnitude is strictly larger, so the first
+/// one wins a tie and an all-zero block gives (0, 0). Q4_0, Q5_0 and IQ4_NL scale by it.
+pub fn signed_max(x: &[f32; 32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
 /// Which implementation [`quantize_into_with`] and [`dequantize_into_with`] run. All give the
 /// same bytes and values; [`Kernel::best`] is what [`quantize`], [`quantize_into`],
 /// [`dequantize`] and [`dequantize_into`] use.
@@ -205,15 +219,7 @@ impl GgufBlock for BlockQ4_0 {
     const ZERO: u8 = 8;
 
     fn scale_of(x: &[f32; 32]) -> f32 {
-        // The element of largest magnitude, sign kept; `<` keeps the first on ties, as ggml.
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        max / -8.0
+        signed_max(x).1 / -8.0
     }
 
     fn quantize(x: &[f32; 32]) -> Self {

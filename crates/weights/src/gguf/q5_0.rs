@@ -37,15 +37,7 @@ impl BlockQ5_0 {
 
     /// ggml's reference quantizer for one block of 32 finite values, bit for bit.
     pub fn quantize(x: &[f32; 32]) -> Self {
-        // `<` keeps the first element of largest magnitude, as ggml.
-        let (mut amax, mut max) = (0f32, 0f32);
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        let d = max / -16.0;
+        let d = super::signed_max(x).1 / -16.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         // ggml: MIN(31, (int8_t)(x*id + 16.5f)); the cast truncates toward zero.
         let codes = x.map(|v| ((v * id + 16.5).trunc() as i8).clamp(0, 31) as u8);
