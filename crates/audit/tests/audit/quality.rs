@@ -6,7 +6,8 @@
 //! per-position arrays FAIL naming pass and array.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use audit::common::problem::{ChartProblem, MarkdownProblem};
 use audit::{Problem, Report};
@@ -763,14 +764,27 @@ const RUNNER_TINY: &str = r#"{
   "generate": { "prompt_tokens": 4, "tokens": 2 }
 }"#;
 
+/// The runner's tiny study, written once for the tests below (kept under cargo's test scratch
+/// directory for the process; each test tampers with its own copy).
+fn runner_study() -> &'static Path {
+    static STUDY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &STUDY
+        .get_or_init(|| {
+            models::files::locate_or_fetch(models::ModelName::SmolLm2)
+                .expect("the model is available");
+            let protocol = quality::study::QualityProtocol::from_json(RUNNER_TINY).unwrap();
+            let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            let dir = tmp.path().join("quality");
+            quality::write::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
+            (tmp, dir)
+        })
+        .1
+}
+
 #[test]
-fn a_runner_study_passes_and_tampering_with_it_fails() {
-    models::files::locate_or_fetch(models::ModelName::SmolLm2).expect("the model is available");
-    let protocol = quality::study::QualityProtocol::from_json(RUNNER_TINY).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("quality");
-    quality::write::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
-    let report = audit::audit_dir(&dir, &workspace());
+fn a_runner_study_passes_with_every_pass_re_run_or_a_sample_of_them() {
+    let dir = runner_study();
+    let report = audit::audit_dir(dir, &workspace());
     assert_pass(&report);
     // The float32 pass and the three runs' passes re-run, every value bit for bit.
     assert_eq!(
@@ -786,71 +800,9 @@ fn a_runner_study_passes_and_tampering_with_it_fails() {
         3 * 11
     );
 
-    // A log-prob changed (hashes rewritten): the recorded NLL no longer follows.
-    let (_t, copy) = crate::support::copy_of(&dir);
-    crate::support::edit_arrays(&copy, |a| {
-        if let crate::support::AnyArray::F64(v) =
-            crate::support::array(a, "t0_g4_b4_uniform_prefill_logp")
-        {
-            v[[0]] -= 0.5;
-        }
-    });
-    crate::support::rehash(&copy);
-    assert_problem(
-        &no_models(&copy),
-        "nll",
-        |p| matches!(p, Problem::Metric { field: "nll", id, .. } if id == "t0_g4_b4_uniform_prefill"),
-    );
-
-    // The 4-bit run carrying the 2-bit run's per-position arrays (the issue's forgery, with
-    // results and summaries left to disagree): named by the re-run, pass and array.
-    let (_t, copy) = crate::support::copy_of(&dir);
-    crate::support::edit_arrays(&copy, |a| {
-        for part in ["logp", "kl", "argmax", "generated"] {
-            let from = crate::support::array(a, &format!("t0_g4_b2_recent_f32-4_streaming_{part}"))
-                .clone();
-            *crate::support::array(a, &format!("t0_g4_b4_uniform_prefill_{part}")) = from;
-        }
-    });
-    crate::support::rehash(&copy);
-    let report = audit::audit_dir(&copy, &workspace());
-    assert_problem(
-        &report,
-        "re-run",
-        |p| matches!(p, Problem::Rerun { pass, array, .. } if pass == "t0_g4_b4_uniform_prefill" && array == "t0_g4_b4_uniform_prefill_logp"),
-    );
-
-    // One bit of one KL value.
-    let (_t, copy) = crate::support::copy_of(&dir);
-    crate::support::edit_arrays(&copy, |a| {
-        if let crate::support::AnyArray::F64(v) =
-            crate::support::array(a, "t0_g4_b2_asym_uniform_causal_kl")
-        {
-            v[[7]] = f64::from_bits(v[[7]].to_bits() ^ 1);
-        }
-    });
-    crate::support::rehash(&copy);
-    assert_problem(
-        &audit::audit_dir(&copy, &workspace()),
-        "one bit",
-        |p| matches!(p, Problem::Rerun { pass, array, index: 7, .. } if pass == "t0_g4_b2_asym_uniform_causal" && array == "t0_g4_b2_asym_uniform_causal_kl"),
-    );
-
-    // A generated text that is not its ids decoded.
-    let (_t, copy) = crate::support::copy_of(&dir);
-    crate::support::edit_json(&copy, "results.json", |rows| {
-        rows[2]["generated_text"] = json!("a better continuation");
-    });
-    crate::support::rehash(&copy);
-    assert_problem(
-        &audit::audit_dir(&copy, &workspace()),
-        "generated text",
-        |p| matches!(p, Problem::Metric { field: "generated_text", id, .. } if id == "t0_g4_b2_asym_uniform_causal"),
-    );
-
     // A sample re-runs the passes it names, and only those.
     let sampled = audit::audit_dir_with(
-        &dir,
+        dir,
         &workspace(),
         &audit::Options {
             sample: Some(1),
@@ -868,9 +820,85 @@ fn a_runner_study_passes_and_tampering_with_it_fails() {
             .iter()
             .any(|n| matches!(n, audit::Note::Sampled { passes, of: 4 } if passes.len() == 1))
     );
+}
 
+#[test]
+fn a_runner_study_whose_log_prob_changed_fails_on_its_nll() {
+    // A log-prob changed (hashes rewritten): the recorded NLL no longer follows.
+    let (_t, copy) = crate::support::copy_of(runner_study());
+    crate::support::edit_arrays(&copy, |a| {
+        if let crate::support::AnyArray::F64(v) =
+            crate::support::array(a, "t0_g4_b4_uniform_prefill_logp")
+        {
+            v[[0]] -= 0.5;
+        }
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &no_models(&copy),
+        "nll",
+        |p| matches!(p, Problem::Metric { field: "nll", id, .. } if id == "t0_g4_b4_uniform_prefill"),
+    );
+}
+
+#[test]
+fn a_runner_study_carrying_another_runs_arrays_fails_the_re_run() {
+    // The 4-bit run carrying the 2-bit run's per-position arrays (the issue's forgery, with
+    // results and summaries left to disagree): named by the re-run, pass and array.
+    let (_t, copy) = crate::support::copy_of(runner_study());
+    crate::support::edit_arrays(&copy, |a| {
+        for part in ["logp", "kl", "argmax", "generated"] {
+            let from = crate::support::array(a, &format!("t0_g4_b2_recent_f32-4_streaming_{part}"))
+                .clone();
+            *crate::support::array(a, &format!("t0_g4_b4_uniform_prefill_{part}")) = from;
+        }
+    });
+    crate::support::rehash(&copy);
+    let report = audit::audit_dir(&copy, &workspace());
+    assert_problem(
+        &report,
+        "re-run",
+        |p| matches!(p, Problem::Rerun { pass, array, .. } if pass == "t0_g4_b4_uniform_prefill" && array == "t0_g4_b4_uniform_prefill_logp"),
+    );
+}
+
+#[test]
+fn a_runner_study_with_one_bit_of_kl_changed_fails_the_re_run() {
+    let (_t, copy) = crate::support::copy_of(runner_study());
+    crate::support::edit_arrays(&copy, |a| {
+        if let crate::support::AnyArray::F64(v) =
+            crate::support::array(a, "t0_g4_b2_asym_uniform_causal_kl")
+        {
+            v[[7]] = f64::from_bits(v[[7]].to_bits() ^ 1);
+        }
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &audit::audit_dir(&copy, &workspace()),
+        "one bit",
+        |p| matches!(p, Problem::Rerun { pass, array, index: 7, .. } if pass == "t0_g4_b2_asym_uniform_causal" && array == "t0_g4_b2_asym_uniform_causal_kl"),
+    );
+}
+
+#[test]
+fn a_runner_study_whose_generated_text_is_not_its_ids_fails() {
+    let (_t, copy) = crate::support::copy_of(runner_study());
+    crate::support::edit_json(&copy, "results.json", |rows| {
+        rows[2]["generated_text"] = json!("a better continuation");
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &audit::audit_dir(&copy, &workspace()),
+        "generated text",
+        |p| matches!(p, Problem::Metric { field: "generated_text", id, .. } if id == "t0_g4_b2_asym_uniform_causal"),
+    );
+}
+
+#[test]
+fn a_runner_study_with_wrong_bytes_a_moved_marker_or_a_stale_hash_fails() {
+    let dir = runner_study();
     // bytes per token halved in results.json.
-    let (_t, copy) = crate::support::copy_of(&dir);
+    let (_t, copy) = crate::support::copy_of(dir);
     crate::support::edit_json(&copy, "results.json", |rows| {
         let v = rows[1]["bytes_per_token"].as_f64().unwrap();
         rows[1]["bytes_per_token"] = json!(v / 2.0);
@@ -887,7 +915,7 @@ fn a_runner_study_passes_and_tampering_with_it_fails() {
     });
 
     // A chart marker moved.
-    let (_t, copy) = crate::support::copy_of(&dir);
+    let (_t, copy) = crate::support::copy_of(dir);
     crate::support::edit_text(&copy, "quality-vs-bytes.svg", |svg| move_first_marker(&svg));
     crate::support::rehash(&copy);
     assert_problem(&no_models(&copy), "marker", |p| {
@@ -895,7 +923,7 @@ fn a_runner_study_passes_and_tampering_with_it_fails() {
     });
 
     // The manifest's hash of an output no longer the file's (no rehash).
-    let (_t, copy) = crate::support::copy_of(&dir);
+    let (_t, copy) = crate::support::copy_of(dir);
     crate::support::edit_text(&copy, "summary.md", |md| {
         md.replacen("0.000% |", "0.001% |", 1)
     });
