@@ -29,6 +29,8 @@ const SOURCE_ROOTS: &[&str] = &[
     "crates/gguf-file/src",
     "crates/kvcodec/Cargo.toml",
     "crates/kvcodec/src",
+    "crates/kvschemes/Cargo.toml",
+    "crates/kvschemes/src",
     "crates/kvstudy/Cargo.toml",
     "crates/kvstudy/src",
     "crates/models/Cargo.toml",

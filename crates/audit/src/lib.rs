@@ -29,23 +29,27 @@
 //! the format's log-softmax and KL arithmetic and `rayon` to re-run passes on every core;
 //! `serde_json` to parse JSON, `sha2` to hash, `crc32fast` for the ZIP checksums, `pulldown-cmark` to read markdown as a
 //! renderer does, `roxmltree` to read the SVG, `ndarray` for arrays, `walkdir` to list source
-//! trees, `clap` and `anyhow` for the binary. It never depends on the codec, the studies or the
-//! runner, and shares no code with them: the decoder, the quantization rule, the packed cache a
-//! model-quality pass reads, attention, the strict npz reader and every table are written here
-//! again from the evidence format's spec; the models' sizes and pinned hashes are its own copy
-//! too ([`common::models::ModelName`]). (Its tests use the two studies' libraries (`kvstudy`,
-//! `quality`), `evidence` and the codec as dev-dependencies, to make runs to tamper with; never
-//! the runner.)
+//! trees, `clap` and `anyhow` for the binary; `half` for IEEE 754's binary16 conversion (round
+//! to nearest even), in which the literature's schemes store scales and KIVI computes
+//! ([`model_quality::schemes`]): a conversion the standard defines, not a thing the audit checks.
+//! It never depends on the codec, the studies or the runner, and shares no code with them: the
+//! decoder, the quantization rule, the packed cache a model-quality pass reads, the literature's
+//! schemes, attention, the strict npz reader and every table are written here again from the
+//! evidence format's spec and the schemes' sources; the models' sizes and pinned hashes are its
+//! own copy too ([`common::models::ModelName`]). (Its tests use the two studies' libraries
+//! (`kvstudy`, `quality`), `evidence`, the codec and `kvschemes` as dev-dependencies, to make runs
+//! to tamper with and to hold the audit's own implementations to theirs bit for bit; never the
+//! runner.)
 //!
 //! # Model-quality evidence
 //!
-//! A directory whose manifest has format `model-quality-evidence/1` (a SmolLM2 run scoring
-//! next-token quality with a packed KV cache, `runner quality`) is checked by [`model_quality`]
+//! A directory whose manifest has format `model-quality-evidence/2` (a SmolLM2 run scoring
+//! next-token quality with a packed KV cache or a scheme of the literature, `runner quality`) is checked by [`model_quality`]
 //! instead: [`audit_dir`] chooses the checker by the manifest's `format`, and [`audit_pins`]
 //! audits every pinned directory whatever its format.
 //!
 //! **What a PASS means for this format.** The audit re-runs SmolLM2 with its own packed cache
-//! and requires every per-position log-prob, KL value and argmax bit for bit, and every
+//! (its own implementation of each scheme, [`model_quality::schemes`]) and requires every per-position log-prob, KL value and argmax bit for bit, and every
 //! generated id and text ([`model_quality::rerun`]); from those arrays it re-derives every
 //! aggregate, bytes-per-token figure (its own cache-size rule, [`model_quality::bytes`]), value of
 //! summary.json, cell of summary.md and chart marker, and checks every file's hash, the sources

@@ -5,7 +5,7 @@
 //! `--replace-all` makes the given directories the whole set. Each directory must audit PASS
 //! first (the binary passes the audit in as the check, see [`pin`]) and its manifest.json must
 //! declare one of the formats the caller knows (the runner: `packed-kv-evidence/1` and
-//! `model-quality-evidence/1`); this crate knows no study, so it is told both.
+//! `model-quality-evidence/2`); this crate knows no study, so it is told both.
 //! `audit` with no argument checks those hashes and then audits each pinned directory. Paths are
 //! relative to the root manifest's own directory. Nothing is written unless every directory
 //! passes, and the manifest is replaced atomically.
@@ -348,7 +348,7 @@ mod tests {
     use super::*;
 
     /// The formats the runner pins.
-    pub(super) const FORMATS: &[&str] = &["packed-kv-evidence/1", "model-quality-evidence/1"];
+    pub(super) const FORMATS: &[&str] = &["packed-kv-evidence/1", "model-quality-evidence/2"];
 
     /// A check that accepts every directory (the binary's is the audit).
     pub(super) fn accept(_: &Path) -> Result<(), String> {
@@ -551,7 +551,7 @@ mod tests {
         std::fs::create_dir(&dir).unwrap();
         std::fs::write(
             dir.join("manifest.json"),
-            r#"{ "format": "model-quality-evidence/1" }"#,
+            r#"{ "format": "model-quality-evidence/2" }"#,
         )
         .unwrap();
         // A dangling link cannot be hashed.
@@ -584,7 +584,7 @@ mod format_tests {
         let tmp = tempfile::tempdir().unwrap();
         for (name, format) in [
             ("kv", "packed-kv-evidence/1"),
-            ("quality", "model-quality-evidence/1"),
+            ("quality", "model-quality-evidence/2"),
             ("odd", "other/1"),
         ] {
             let dir = tmp.path().join(name);

@@ -14,8 +14,8 @@
 //! - [`error`]: typed errors;
 //! - [`one_text`]: `runner quality`, one text under one configuration, with greedy text;
 //! - [`study`]: `runner quality --protocol`, an archived study (protocol, runs, summary), with
-//!   its summary.md ([`report`]) and chart ([`chart`]), written as an evidence directory by
-//!   [`write`](mod@write).
+//!   its summary.md ([`report`]), chart ([`chart`]) and frontier and matched-budget ranking
+//!   ([`frontier`]), written as an evidence directory by [`write`](mod@write).
 //!
 //! [`measure`] runs one text under one [`CacheSpec`]: one plain pass (the float32 cache) and
 //! one pass on the packed cache (`Llama::forward_with_source`). With a float32 "packed" cache
@@ -26,6 +26,7 @@
 pub mod cache;
 pub mod chart;
 pub mod error;
+pub mod frontier;
 pub mod generate;
 pub mod metrics;
 pub mod one_text;

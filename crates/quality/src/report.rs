@@ -2,16 +2,21 @@
 //!
 //! As in the packed-KV summary, every figure is in a table and the text between them holds none.
 //! The tables: the run (model, texts, tokens scored per text, runs, generated tokens), the
-//! quality table (a float32 row, then one row per run averaged over the texts: NLL with 6
-//! decimals, perplexity with 4, the perplexity change against the float32 cache in percent with
-//! 3, KL mean and max with 6, top-1 agreement in percent with 3, bytes per token with 1 and
-//! thousands separators), and, when generating, one table per text with each run's first
+//! quality table (a float32 row, then one row per run averaged over the texts, named by its
+//! cache label (`crate::study::run_label`): NLL with 6 decimals, perplexity with 4, the
+//! perplexity change against the float32 cache in percent with 3, KL mean and max with 6, top-1
+//! agreement in percent with 3, bytes per token with 1 and thousands separators, bits per
+//! element with 3), the ranked table ([`crate::frontier`]: per budget of about 2.5, 4.5 and 8.5
+//! bits per element, then per schedule, the runs within a bit of it by KL mean, with their rank,
+//! bits per element, KL mean, perplexity change, top-1 agreement and whether they lie on their
+//! schedule's Pareto frontier), and, when generating, one table per text with each run's first
 //! departure from the float32 cache's greedy text and the text itself (in a code span, newlines
 //! written `\n`, `|` escaped).
 
 use evidence::format::thousands;
 use evidence::table::Table;
 
+use crate::frontier::{self, BUDGETS};
 use crate::study::{QualityProtocol, Study, Summary};
 
 /// 1234.5 -> "1,234.5".
@@ -81,8 +86,7 @@ pub fn run_table(protocol: &QualityProtocol, study: &Study) -> Table {
 /// The quality table: the float32 row, then a row per run.
 pub fn quality_table(summary: &Summary) -> Table {
     let headers = [
-        "setting",
-        "policy",
+        "cache",
         "schedule",
         "NLL",
         "perplexity",
@@ -91,11 +95,11 @@ pub fn quality_table(summary: &Summary) -> Table {
         "KL max",
         "top-1",
         "bytes/token",
+        "bits/element",
     ];
     let f = &summary.float32;
     let mut rows = vec![vec![
         "float32".to_string(),
-        "-".into(),
         "-".into(),
         format!("{:.6}", f.nll),
         format!("{:.4}", f.perplexity),
@@ -104,23 +108,65 @@ pub fn quality_table(summary: &Summary) -> Table {
         "0".into(),
         "100.000%".into(),
         thousands(f.bytes_per_token),
+        "32.000".into(),
     ]];
     for r in &summary.rows {
         rows.push(vec![
-            r.setting.clone(),
-            r.policy.clone(),
+            r.label(),
             r.schedule.clone(),
             format!("{:.6}", r.nll),
             format!("{:.4}", r.perplexity),
-            format!("{:.3}%", (r.perplexity / r.perplexity_f32 - 1.0) * 100.0),
+            ppl_change(r),
             format!("{:.6}", r.kl_mean),
             format!("{:.6}", r.kl_max),
             format!("{:.3}%", r.top1_agreement * 100.0),
             bytes_cell(r.bytes_per_token),
+            format!("{:.3}", r.bits_per_element),
         ]);
     }
     Table {
         headers: headers.iter().map(|h| h.to_string()).collect(),
+        rows,
+    }
+}
+
+fn ppl_change(r: &crate::study::SummaryRow) -> String {
+    format!("{:.3}%", (r.perplexity / r.perplexity_f32 - 1.0) * 100.0)
+}
+
+/// The ranked table: per budget, per schedule, the runs near it by mean KL.
+pub fn ranked_table(summary: &Summary) -> Table {
+    let on_frontier = frontier::members(summary);
+    let mut rows = Vec::new();
+    for entry in frontier::ranked(summary) {
+        let r = &summary.rows[entry.row];
+        rows.push(vec![
+            format!("{:.1}", BUDGETS[entry.budget]),
+            r.schedule.clone(),
+            entry.rank.to_string(),
+            r.label(),
+            format!("{:.3}", r.bits_per_element),
+            format!("{:.6}", r.kl_mean),
+            ppl_change(r),
+            format!("{:.3}%", r.top1_agreement * 100.0),
+            if on_frontier[entry.row] { "yes" } else { "no" }.into(),
+        ]);
+    }
+    Table {
+        headers: [
+            "budget (bits)",
+            "schedule",
+            "rank",
+            "cache",
+            "bits/element",
+            "KL mean",
+            "ppl change",
+            "top-1",
+            "on frontier",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect(),
         rows,
     }
 }
@@ -133,7 +179,6 @@ pub fn generation_table(study: &Study, t: usize) -> Table {
             "float32".into(),
             "-".into(),
             "-".into(),
-            "-".into(),
             code_cell(text),
         ]);
     }
@@ -144,24 +189,17 @@ pub fn generation_table(study: &Study, t: usize) -> Table {
             _ => "none".into(),
         };
         rows.push(vec![
-            r.setting.clone(),
-            r.policy.clone(),
+            r.label(),
             r.schedule.clone(),
             departure,
             code_cell(r.generated_text.as_deref().unwrap_or("")),
         ]);
     }
     Table {
-        headers: [
-            "setting",
-            "policy",
-            "schedule",
-            "first departure",
-            "generated text",
-        ]
-        .iter()
-        .map(|h| h.to_string())
-        .collect(),
+        headers: ["cache", "schedule", "first departure", "generated text"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
         rows,
     }
 }
@@ -180,14 +218,30 @@ pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Sum
          once per run with a packed cache; NLL is in nats per token, KL is the divergence of the \
          packed cache's next-token distribution from the float-precision one, top-one \
          agreement is the share of positions with the same most likely token, and bytes per \
-         token count the cache at the end of the text. Each row is the mean over the texts \
-         (the KL maximum is the largest over them). All per-position numbers are in arrays.npz \
-         and every row per text in results.json.",
+         token count the cache at the end of the text, from what it stores; bits per element \
+         are those bytes over the keys and values they hold. A cache is a setting of this \
+         project's codec (with its budget policy after a plus) or a named scheme of the \
+         literature. Each row is the mean over the texts (the KL maximum is the largest over \
+         them). All per-position numbers are in arrays.npz and every row per text in \
+         results.json.",
     );
     line("## Run");
     line(&run_table(protocol, study).to_markdown());
     line("## Quality against the float cache");
     line(&quality_table(summary).to_markdown());
+    line("## At matched budgets");
+    line(
+        "For each budget, the runs whose bits per element lie within one bit of it, per \
+         schedule, ranked by mean KL (lowest first). A run is on its schedule's frontier when \
+         no other run of that schedule, and not the float cache, stores no more bytes with no \
+         more KL and is better in one of the two.",
+    );
+    let ranked = ranked_table(summary);
+    if ranked.rows.is_empty() {
+        line("No run lies within one bit of a budget.");
+    } else {
+        line(&ranked.to_markdown());
+    }
     if protocol.generate.is_some() {
         line("## Greedy text");
         line(

@@ -10,14 +10,16 @@
 //! - `texts`: 1 to 8, unique names of 1 to 32 characters of `[A-Za-z0-9-_.]`; each text is
 //!   encoded with SmolLM2's BPE (no BOS) and cut to its first `max_tokens` ids
 //!   (2 <= `max_tokens` <= 2048); a shorter text is used whole, but needs at least 2 ids;
-//! - `runs`: 1 to 64, unique, each a `setting` (`g<GROUP>_b<BITS>[_asym][_swap]`), a `policy`
-//!   (`uniform`, `recent_f32:W`, `recent8:W`, `early8:W`) and a `schedule` (`prefill`,
-//!   `streaming`, `causal`), exactly what `quality::setting` parses and `CacheSpec::new`
-//!   accepts;
+//! - `runs`: 1 to 64, unique, each a `schedule` (`prefill`, `streaming`, `causal`) with either a
+//!   `setting` (`g<GROUP>_b<BITS>[_asym][_swap]`) and a `policy` (`uniform`, `recent_f32:W`,
+//!   `recent8:W`, `early8:W`), exactly what `quality::setting` parses and `CacheSpec::new`
+//!   accepts, or a `scheme` of the literature (`kivi4`, `llamacpp-q4_0+rot`: a name
+//!   `kvschemes::Scheme` parses, under a schedule [`SchemeSpec::new`] accepts);
 //! - `generate` (optional): `prompt_tokens` (1 to the shortest text's ids) and `tokens` (1 to 64).
 //!
 //! Rows run texts first, then runs in protocol order; a row's id is
-//! `t{text}_{setting}_{policy}_{schedule}` with `:` in the policy written `-`.
+//! `t{text}_{setting}_{policy}_{schedule}` or `t{text}_{scheme}_{schedule}`, with `:` and `+`
+//! written `-`.
 //!
 //! The directory (see [`crate::write`] for how it is staged and moved into place):
 //! - `arrays.npz`: per text, in order, `t{i}_ids` (int64 `[T]`), `t{i}_f32_logp` (float64 `[T-1]`,
@@ -28,7 +30,8 @@
 //! - `results.json`: one object per row ([`ResultRow`]), its aggregates computed from the arrays
 //!   exactly as the fields' docs say;
 //! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]);
-//! - `quality-vs-bytes.svg`: mean KL against cache bytes per token ([`crate::chart`]);
+//! - `quality-vs-bytes.svg`: mean KL against cache bytes per token, with each schedule's Pareto
+//!   frontier ([`crate::chart`]);
 //! - `manifest.json`: [`crate::write::QualityManifest`].
 //!
 //! The float32 pass of each text is computed once and shared by its runs; the runs of a text are
@@ -39,10 +42,13 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::metrics::{kl, log_softmax};
+use crate::scheme::{Cache, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
+use kvschemes::Scheme;
 use models::ModelName;
-use models::llama::{Llama, ModelError, argmax};
+use models::llama::{HookError, KvSource, Llama, ModelError, argmax};
 use models::tokenizer::bpe::{Bpe, BpeError};
+use ndarray::Array3;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -51,7 +57,7 @@ use evidence::EvidenceError;
 use evidence::MAX_STUDY_NAME_CHARS;
 
 /// Identifies this manifest layout.
-pub const QUALITY_MANIFEST_FORMAT: &str = "model-quality-evidence/1";
+pub const QUALITY_MANIFEST_FORMAT: &str = "model-quality-evidence/2";
 /// results.json.
 pub const RESULTS: &str = "results.json";
 /// summary.json.
@@ -100,14 +106,20 @@ pub struct QualityText {
     pub text: String,
 }
 
-/// One cache configuration, as labels.
+/// One cache configuration, as labels: a codec `setting` and `policy`, or a `scheme` of the
+/// literature, under a `schedule`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
-    /// Setting label (a [`KvSetting`]).
-    pub setting: String,
-    /// Policy label.
-    pub policy: String,
+    /// Setting label (a [`KvSetting`]); with `policy`, absent for a scheme.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setting: Option<String>,
+    /// Policy label; absent for a scheme.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// Scheme name (`kvschemes::Scheme`, as it prints itself); absent for a setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
     /// Schedule label.
     pub schedule: String,
 }
@@ -159,37 +171,108 @@ fn is_name(name: &str, max: usize) -> bool {
 }
 
 impl RunSpec {
+    /// A codec run.
+    pub fn codec(setting: &str, policy: &str, schedule: &str) -> RunSpec {
+        RunSpec {
+            setting: Some(setting.into()),
+            policy: Some(policy.into()),
+            scheme: None,
+            schedule: schedule.into(),
+        }
+    }
+
+    /// A scheme run.
+    pub fn scheme(scheme: &str, schedule: &str) -> RunSpec {
+        RunSpec {
+            setting: None,
+            policy: None,
+            scheme: Some(scheme.into()),
+            schedule: schedule.into(),
+        }
+    }
+
     /// The cache configuration, or the field (`runs[i].setting`, ...) that is refused.
-    pub fn spec(&self, index: usize) -> Result<CacheSpec, QualityProtocolError> {
+    pub fn spec(&self, index: usize) -> Result<Cache, QualityProtocolError> {
         let at = |name: &str| format!("runs[{index}].{name}");
-        let setting: KvSetting = self
-            .setting
-            .parse()
-            .map_err(|e: kvcodec::KvError| field(at("setting"), e.to_string()))?;
-        let policy = Policy::parse(&self.policy, &setting)
-            .map_err(|e| field(at("policy"), e.to_string()))?;
         let schedule: Schedule = self
             .schedule
             .parse()
             .map_err(|e: QualityError| field(at("schedule"), e.to_string()))?;
-        CacheSpec::new(setting, policy, schedule).map_err(|e| {
-            let name = match e {
-                QualityError::GroupSize { .. } => "setting",
-                QualityError::Policy(_) => "policy",
-                _ => "schedule",
-            };
-            field(at(name), e.to_string())
-        })
+        let (setting, policy) = match (&self.scheme, &self.setting, &self.policy) {
+            (Some(name), None, None) => {
+                let scheme: Scheme = name
+                    .parse()
+                    .map_err(|e: kvschemes::UnknownScheme| field(at("scheme"), e.to_string()))?;
+                return SchemeSpec::new(scheme, schedule)
+                    .map(Cache::from)
+                    .map_err(|e| field(at("schedule"), e.to_string()));
+            }
+            (Some(_), _, _) => {
+                return Err(field(
+                    at("scheme"),
+                    "a run names a scheme or a setting and policy, not both",
+                ));
+            }
+            (None, Some(setting), Some(policy)) => (setting, policy),
+            (None, None, _) => {
+                return Err(field(
+                    at("setting"),
+                    "missing: a run names a setting and policy, or a scheme",
+                ));
+            }
+            (None, Some(_), None) => {
+                return Err(field(at("policy"), "missing: a setting needs a policy"));
+            }
+        };
+        let setting: KvSetting = setting
+            .parse()
+            .map_err(|e: kvcodec::KvError| field(at("setting"), e.to_string()))?;
+        let policy =
+            Policy::parse(policy, &setting).map_err(|e| field(at("policy"), e.to_string()))?;
+        CacheSpec::new(setting, policy, schedule)
+            .map(Cache::from)
+            .map_err(|e| {
+                let name = match e {
+                    QualityError::GroupSize { .. } => "setting",
+                    QualityError::Policy(_) => "policy",
+                    _ => "schedule",
+                };
+                field(at(name), e.to_string())
+            })
     }
 
-    /// The row id of this run on text `text`.
-    pub fn row_id(&self, text: usize) -> String {
-        format!(
-            "t{text}_{}_{}_{}",
-            self.setting,
-            self.policy.replace(':', "-"),
-            self.schedule
+    /// How reports name the cache: the scheme, the setting under the uniform policy, or
+    /// `setting + policy`.
+    pub fn label(&self) -> String {
+        run_label(
+            self.setting.as_deref(),
+            self.policy.as_deref(),
+            self.scheme.as_deref(),
         )
+    }
+
+    /// The row id of this run on text `text`: `t{text}_{setting}_{policy}_{schedule}` or
+    /// `t{text}_{scheme}_{schedule}`, with `:` and `+` written `-`.
+    pub fn row_id(&self, text: usize) -> String {
+        let cache = match (&self.scheme, &self.setting, &self.policy) {
+            (Some(scheme), _, _) => scheme.clone(),
+            (None, setting, policy) => format!(
+                "{}_{}",
+                setting.as_deref().unwrap_or(""),
+                policy.as_deref().unwrap_or("")
+            ),
+        };
+        format!("t{text}_{cache}_{}", self.schedule).replace([':', '+'], "-")
+    }
+}
+
+/// How reports name a run's cache (see [`RunSpec::label`]).
+pub fn run_label(setting: Option<&str>, policy: Option<&str>, scheme: Option<&str>) -> String {
+    match (scheme, setting, policy) {
+        (Some(scheme), _, _) => scheme.to_string(),
+        (None, Some(setting), Some("uniform") | None) => setting.to_string(),
+        (None, Some(setting), Some(policy)) => format!("{setting} + {policy}"),
+        (None, None, _) => "-".to_string(),
     }
 }
 
@@ -269,10 +352,7 @@ impl QualityProtocol {
             if !seen.insert(run) {
                 return Err(field(
                     format!("runs[{i}]"),
-                    format!(
-                        "{} {} {} is listed twice",
-                        run.setting, run.policy, run.schedule
-                    ),
+                    format!("{} {} is listed twice", run.label(), run.schedule),
                 ));
             }
         }
@@ -300,7 +380,7 @@ impl QualityProtocol {
     }
 
     /// The cache configurations, in protocol order (validated).
-    pub fn specs(&self) -> Result<Vec<CacheSpec>, QualityProtocolError> {
+    pub fn specs(&self) -> Result<Vec<Cache>, QualityProtocolError> {
         self.runs
             .iter()
             .enumerate()
@@ -398,14 +478,19 @@ pub struct Row {
 /// One object of results.json.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultRow {
-    /// `t{text}_{setting}_{policy}_{schedule}`, ':' written '-'.
+    /// [`RunSpec::row_id`].
     pub id: String,
     /// The text's index.
     pub text: usize,
-    /// Setting label (a [`KvSetting`]).
-    pub setting: String,
-    /// Policy label.
-    pub policy: String,
+    /// Setting label (a [`KvSetting`]); absent for a scheme.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setting: Option<String>,
+    /// Policy label; absent for a scheme.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// Scheme name; absent for a setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
     /// Schedule label.
     pub schedule: String,
     /// T.
@@ -426,8 +511,11 @@ pub struct ResultRow {
     pub kl_max: f64,
     /// Share of positions whose argmax equals the f32 cache's.
     pub top1_agreement: f64,
-    /// End-state cache bytes / T (`crate::cache` docs).
+    /// End-state cache bytes / T, summed over layers from what each layer's cache stores
+    /// (`crate::cache` docs for a setting, `kvschemes::LayerCache::stored` for a scheme).
     pub bytes_per_token: f64,
+    /// [`bits_per_element`] of `bytes_per_token`.
+    pub bits_per_element: f64,
     /// 2 * layers * kv_heads * head_dim * 4.
     pub float32_bytes_per_token: usize,
     /// The first generated index that differs from the f32 cache's (`null`: none); absent
@@ -444,6 +532,34 @@ pub struct ResultRow {
     /// UTF-8 lossy decode of `t{i}_f32_generated`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub f32_generated_text: Option<String>,
+}
+
+/// Bits per stored K or V value: `bytes_per_token * 32 / float32_bytes_per_token` (32 for the
+/// float32 cache).
+pub fn bits_per_element(bytes_per_token: f64, float32_bytes_per_token: usize) -> f64 {
+    bytes_per_token * 32.0 / float32_bytes_per_token as f64
+}
+
+impl ResultRow {
+    /// How reports name its cache ([`RunSpec::label`]).
+    pub fn label(&self) -> String {
+        run_label(
+            self.setting.as_deref(),
+            self.policy.as_deref(),
+            self.scheme.as_deref(),
+        )
+    }
+}
+
+impl SummaryRow {
+    /// How reports name its cache ([`RunSpec::label`]).
+    pub fn label(&self) -> String {
+        run_label(
+            self.setting.as_deref(),
+            self.policy.as_deref(),
+            self.scheme.as_deref(),
+        )
+    }
 }
 
 /// A member that is present, `null` included (absent is `None` by `default`).
@@ -472,6 +588,16 @@ fn decode(bpe: &Bpe, ids: &[u32]) -> Result<String, QualityStudyError> {
     Ok(String::from_utf8_lossy(&bpe.decode(ids)?).into_owned())
 }
 
+/// How a run's cache is built for one layer: its source and the bytes it stores
+/// ([`Cache::layer`] in a study).
+pub type LayerBuilder = dyn Fn(
+        &Cache,
+        (usize, usize),
+        &Array3<f32>,
+        &Array3<f32>,
+    ) -> Result<(Box<dyn KvSource>, usize), HookError>
+    + Sync;
+
 /// Runs the study on `threads` worker threads; `progress` receives the steps done (see
 /// [`steps`]) and may be called from any of them.
 pub fn run_study(
@@ -480,6 +606,23 @@ pub fn run_study(
     bpe: &Bpe,
     threads: usize,
     progress: &(dyn Fn(usize) + Sync),
+) -> Result<Study, QualityStudyError> {
+    let layer =
+        |cache: &Cache, at: (usize, usize), k: &Array3<f32>, v: &Array3<f32>| cache.layer(at, k, v);
+    run_study_with(protocol, model, bpe, threads, progress, &layer)
+}
+
+/// [`run_study`] with each run's cache built by `layer`: the study's own arithmetic around a
+/// cache the caller supplies, so that a test can forge a study whose every downstream figure,
+/// file and hash is consistent with a cache that is not the scheme's (greedy generation still
+/// uses [`Cache::layer`]).
+pub fn run_study_with(
+    protocol: &QualityProtocol,
+    model: &Llama,
+    bpe: &Bpe,
+    threads: usize,
+    progress: &(dyn Fn(usize) + Sync),
+    layer: &LayerBuilder,
 ) -> Result<Study, QualityStudyError> {
     protocol.validate()?;
     let specs = protocol.specs()?;
@@ -545,6 +688,7 @@ pub fn run_study(
                             f32_generated_text: f32_generated_text.as_deref(),
                             float32_bytes,
                         },
+                        layer,
                     );
                     step();
                     row
@@ -569,7 +713,7 @@ pub fn run_study(
 struct RowInput<'a> {
     text: usize,
     ids: &'a [u32],
-    spec: CacheSpec,
+    spec: Cache,
     run: &'a RunSpec,
     f32_rows: &'a [Vec<f64>],
     f32_logp: &'a [f64],
@@ -581,7 +725,12 @@ struct RowInput<'a> {
     float32_bytes: usize,
 }
 
-fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, QualityStudyError> {
+fn one_row(
+    model: &Llama,
+    bpe: &Bpe,
+    input: RowInput<'_>,
+    layer: &LayerBuilder,
+) -> Result<Row, QualityStudyError> {
     let RowInput {
         text,
         ids,
@@ -597,7 +746,13 @@ fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, Quality
         float32_bytes,
     } = input;
     let positions = ids.len() - 1;
-    let packed = model.forward_with_source(ids, |_, k, v| crate::PackedLayer::boxed(spec, k, v))?;
+    let c = model.config();
+    let mut cache_bytes = 0usize;
+    let packed = model.forward_with_source(ids, |l, k, v| {
+        let (source, bytes) = layer(&spec, (l, c.layers), k, v)?;
+        cache_bytes = cache_bytes.saturating_add(bytes);
+        Ok(source)
+    })?;
     let logits = packed.logits.ok_or(QualityError::TooFewTokens(0))?;
     let mut logp = Vec::with_capacity(positions);
     let mut kls = Vec::with_capacity(positions);
@@ -623,9 +778,6 @@ fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, Quality
         )?),
         _ => None,
     };
-    let c = model.config();
-    let cache_bytes =
-        crate::cache::cache_bytes(&spec, c.layers, c.kv_heads, c.head_dim, ids.len())?;
     let n = positions as f64;
     let sum = |xs: &[f64]| xs.iter().fold(0f64, |a, &x| a + x);
     let nll_f32 = -sum(f32_logp) / n;
@@ -642,9 +794,10 @@ fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, Quality
         result: ResultRow {
             id: run.row_id(text),
             text,
-            setting: spec.setting.to_string(),
-            policy: spec.policy.to_string(),
-            schedule: spec.schedule.to_string(),
+            setting: run.setting.clone(),
+            policy: run.policy.clone(),
+            scheme: run.scheme.clone(),
+            schedule: run.schedule.clone(),
             tokens: ids.len(),
             positions,
             nll_f32,
@@ -655,6 +808,10 @@ fn one_row(model: &Llama, bpe: &Bpe, input: RowInput<'_>) -> Result<Row, Quality
             kl_max: kls.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x)),
             top1_agreement: agree as f64 / n,
             bytes_per_token: cache_bytes as f64 / ids.len() as f64,
+            bits_per_element: bits_per_element(
+                cache_bytes as f64 / ids.len() as f64,
+                float32_bytes,
+            ),
             float32_bytes_per_token: float32_bytes,
             first_departure,
             generated_text,
@@ -692,10 +849,15 @@ pub struct Float32Row {
 /// A run averaged over the texts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SummaryRow {
-    /// Setting label (a [`KvSetting`]).
-    pub setting: String,
-    /// Policy label.
-    pub policy: String,
+    /// Setting label (a [`KvSetting`]); absent for a scheme.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setting: Option<String>,
+    /// Policy label; absent for a scheme.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// Scheme name; absent for a setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
     /// Schedule label.
     pub schedule: String,
     /// Mean over texts (in text order) of the rows' `nll_f32`.
@@ -714,6 +876,8 @@ pub struct SummaryRow {
     pub top1_agreement: f64,
     /// Mean over texts of `bytes_per_token`.
     pub bytes_per_token: f64,
+    /// [`bits_per_element`] of `bytes_per_token`.
+    pub bits_per_element: f64,
     /// The float32 cache's bytes per token.
     pub float32_bytes_per_token: usize,
 }
@@ -734,6 +898,7 @@ pub fn summarize(protocol: &QualityProtocol, rows: &[ResultRow], float32_bytes: 
             SummaryRow {
                 setting: rows[r].setting.clone(),
                 policy: rows[r].policy.clone(),
+                scheme: rows[r].scheme.clone(),
                 schedule: rows[r].schedule.clone(),
                 nll_f32,
                 nll,
@@ -743,6 +908,7 @@ pub fn summarize(protocol: &QualityProtocol, rows: &[ResultRow], float32_bytes: 
                 kl_max: (0..texts).fold(f64::NEG_INFINITY, |m, t| m.max(rows[t * runs + r].kl_max)),
                 top1_agreement: mean(r, &|x| x.top1_agreement),
                 bytes_per_token: mean(r, &|x| x.bytes_per_token),
+                bits_per_element: bits_per_element(mean(r, &|x| x.bytes_per_token), float32_bytes),
                 float32_bytes_per_token: float32_bytes,
             }
         })
@@ -786,12 +952,12 @@ mod tests {
     #[test]
     fn a_valid_protocol_parses_and_row_ids_write_colons_as_dashes() {
         let p = QualityProtocol::from_json(&protocol().to_string()).unwrap();
-        let run = RunSpec {
-            setting: "g32_b2".into(),
-            policy: "recent_f32:64".into(),
-            schedule: "streaming".into(),
-        };
+        let run = RunSpec::codec("g32_b2", "recent_f32:64", "streaming");
         assert_eq!(run.row_id(0), "t0_g32_b2_recent_f32-64_streaming");
+        assert_eq!(run.label(), "g32_b2 + recent_f32:64");
+        let run = RunSpec::scheme("llamacpp-q4_0+rot", "prefill");
+        assert_eq!(run.row_id(3), "t3_llamacpp-q4_0-rot_prefill");
+        assert_eq!(run.label(), "llamacpp-q4_0+rot");
         assert_eq!(p.specs().unwrap().len(), 1);
     }
 
@@ -838,6 +1004,38 @@ mod tests {
             "generate.prompt_tokens"
         );
         assert_eq!(refused(|v| v["runs"][0]["bits"] = 4.into()), "runs[0].bits");
+    }
+
+    #[test]
+    fn a_run_names_a_scheme_or_a_setting_and_policy() {
+        let scheme = |v: &mut serde_json::Value, name: &str, schedule: &str| {
+            v["runs"][0] = serde_json::json!({ "scheme": name, "schedule": schedule });
+        };
+        let mut v = protocol();
+        scheme(&mut v, "kivi4", "streaming");
+        let p = QualityProtocol::from_json(&v.to_string()).unwrap();
+        assert!(matches!(p.specs().unwrap()[0], Cache::Scheme(_)));
+        assert_eq!(refused(|v| scheme(v, "kivi3", "prefill")), "runs[0].scheme");
+        assert_eq!(
+            refused(|v| scheme(v, "kivi4", "causal")),
+            "runs[0].schedule"
+        );
+        assert_eq!(
+            refused(|v| v["runs"][0]["scheme"] = "kivi4".into()),
+            "runs[0].scheme"
+        );
+        assert_eq!(
+            refused(|v| {
+                v["runs"][0] = serde_json::json!({ "policy": "uniform", "schedule": "prefill" });
+            }),
+            "runs[0].setting"
+        );
+        assert_eq!(
+            refused(|v| {
+                v["runs"][0] = serde_json::json!({ "setting": "g32_b4", "schedule": "prefill" });
+            }),
+            "runs[0].policy"
+        );
     }
 
     /// Sizes that passed the validator and then aborted (an allocation from the group size) or

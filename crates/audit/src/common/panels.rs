@@ -16,10 +16,11 @@
 //!   values that read one way (paints `none` or `#RRGGBB`, single numbers, generic font
 //!   families), no comment, processing instruction, declaration or foreign namespace, a viewBox
 //!   of exactly `0 0 width height`, a painted background over the whole document first, no group
-//!   but panels, markers, swatches and float32 lines, no transform but theirs and a rotation of
+//!   but panels, markers, swatches, float32 lines and frontiers, no transform but theirs and a rotation of
 //!   a root text about its own anchor, texts of one part (what the audit reads is all that is
 //!   drawn), polylines only in panels, each one horizontal or vertical segment at least twice as
-//!   long as it is wide (a float32 line's dashes one pen, thinner than half its longest dash), no
+//!   long as it is wide (a float32 line's dashes one pen, thinner than half its longest dash; a
+//!   frontier's steps any length), no
 //!   filled polyline, no rect but the background and one frame per panel equal to its plot area,
 //!   and no circle or polygon outside a marker or swatch;
 //! - the panels in order, each with its data attributes and titled, not overlapping, inside the
@@ -27,6 +28,11 @@
 //!   `<g class="float32">` holding only polylines (plotters draws a dashed line as one per
 //!   dash), every point within a pixel of the pixel its mapping gives the float32 size and
 //!   together spanning the plot's height, and its label;
+//! - in a panel with a frontier (the model-quality chart), a `<g class="frontier">` after its
+//!   float32 line and before its markers, holding exactly the staircase through its frontier
+//!   markers' own translates (from each, a horizontal segment to the next one's x, then a
+//!   vertical one to its y, a segment of zero length left out), one two-point polyline each;
+//!   none where the staircase has no segment, and none in a panel without a frontier;
 //! - in each panel exactly its markers, in order, each with exactly its data attributes, equal
 //!   to the audit's own values;
 //! - each marker within one pixel of where its panel's mapping puts its data, inside the plot
@@ -84,8 +90,6 @@ pub(crate) struct ExpectedChart {
     pub legend: Vec<LegendGroup>,
     /// Every text outside the panels and legend labels: title, axis titles, headings.
     pub texts: Vec<String>,
-    /// The names of a marker's attributes, besides `class` and `transform`.
-    pub marker_attributes: Vec<&'static str>,
     /// Reads a y tick label ("0.5%" -> 0.005).
     pub y_label: fn(&str) -> Option<f64>,
 }
@@ -101,9 +105,13 @@ pub(crate) struct ExpectedPanel {
     pub float32_label: String,
     pub empty_note: &'static str,
     pub markers: Vec<ExpectedMarker>,
+    /// The markers (indices into `markers`) a frontier staircase joins, in its order; fewer
+    /// than two: no frontier.
+    pub frontier: Vec<usize>,
 }
 
-/// One marker the audit expects.
+/// One marker the audit expects; `strings` and `numbers` name all its attributes besides
+/// `class` and `transform`.
 pub(crate) struct ExpectedMarker {
     /// Attributes that must read exactly so.
     pub strings: Vec<(&'static str, String)>,
@@ -208,6 +216,79 @@ fn vertical_line(group: Node, at: f64, y_axis: Axis) -> bool {
             .all(|&(x, y)| (x - at).abs() <= 1.0 && y_axis.holds(y))
         && reach(low)
         && reach(high)
+}
+
+/// A panel's frontier: a `<g class="frontier">` after its float32 line and before its markers,
+/// holding exactly the staircase through the frontier markers' own translates (in order: from
+/// each, a horizontal segment to the next one's x, then a vertical one to its y; a segment of
+/// zero length left out), one two-point polyline per segment; no group when the staircase has
+/// no segment.
+fn check_frontier(
+    panel: Node,
+    markers: &[Node],
+    expected: &ExpectedPanel,
+    fail: &mut dyn FnMut(ChartProblem),
+) {
+    let corners: Vec<(f64, f64)> = expected
+        .frontier
+        .iter()
+        .filter_map(|&i| markers.get(i).and_then(|m| translate(*m)))
+        .collect();
+    let mut want = Vec::new();
+    for pair in corners.windows(2) {
+        let ((x1, y1), (x2, y2)) = (pair[0], pair[1]);
+        for segment in [[(x1, y1), (x2, y1)], [(x2, y1), (x2, y2)]] {
+            if segment[0] != segment[1] {
+                want.push(segment);
+            }
+        }
+    }
+    let children: Vec<Node> = panel.children().filter(|n| n.is_element()).collect();
+    let groups: Vec<usize> = (0..children.len())
+        .filter(|&k| children[k].attribute("class") == Some("frontier"))
+        .collect();
+    let found: Vec<Option<[(f64, f64); 2]>> = groups
+        .first()
+        .map(|&k| {
+            children[k]
+                .children()
+                .filter(|n| n.is_element())
+                .map(form::segment)
+                .collect()
+        })
+        .unwrap_or_default();
+    // Drawn before every marker and after the float32 line.
+    let placed = match groups.as_slice() {
+        [] => true,
+        [k] => {
+            let first_marker = children
+                .iter()
+                .position(|n| n.attribute("class") == Some("marker"));
+            let float32 = children
+                .iter()
+                .position(|n| n.attribute("class") == Some("float32"));
+            first_marker.is_none_or(|m| *k < m) && float32.is_some_and(|f| f < *k)
+        }
+        _ => false,
+    };
+    let same = found.len() == want.len()
+        && found
+            .iter()
+            .zip(&want)
+            .all(|(f, w)| f.is_some_and(|f| f == *w));
+    if !placed || !same || (want.is_empty() && !groups.is_empty()) {
+        fail(ChartProblem::Mapping {
+            what: format!(
+                "panel {:?}: the frontier is not the staircase through its {} frontier markers \
+                 ({} segments found, {} expected), drawn once between the float32 line and the \
+                 markers",
+                expected.title,
+                corners.len(),
+                found.len(),
+                want.len()
+            ),
+        });
+    }
 }
 
 /// A marker whose shape reads: its group, how problems name it, its series and its paint.
@@ -345,8 +426,11 @@ pub(crate) fn check_panels(
         }
         let found: Vec<Node> = node
             .children()
-            .filter(|n| n.has_tag_name("g") && n.attribute("class") != Some("float32"))
+            .filter(|n| {
+                n.has_tag_name("g") && !matches!(n.attribute("class"), Some("float32" | "frontier"))
+            })
             .collect();
+        check_frontier(*node, &found, expected, &mut fail);
         if found.len() != expected.markers.len() {
             fail(ChartProblem::Marker {
                 index: index + found.len().min(expected.markers.len()),
@@ -362,7 +446,12 @@ pub(crate) fn check_panels(
                 .map(|a| a.name())
                 .filter(|n| !matches!(*n, "class" | "transform"))
                 .collect();
-            let mut wanted = want.marker_attributes.clone();
+            let mut wanted: Vec<&str> = w
+                .strings
+                .iter()
+                .map(|(name, _)| *name)
+                .chain(w.numbers.iter().map(|(name, _)| *name))
+                .collect();
             names.sort_unstable();
             wanted.sort_unstable();
             let same = marker.attribute("class") == Some("marker")

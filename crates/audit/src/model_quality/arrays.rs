@@ -270,7 +270,16 @@ pub(super) fn check_arrays(
                         .filter(|(a, b)| a == b)
                         .count() as f64
                         / positions,
-                    bytes_per_token: bytes::bytes_per_token(run, t),
+                    bytes_per_token: match bytes::bytes_per_token(run, t) {
+                        Ok(b) => b,
+                        Err(reason) => {
+                            report.fail(Problem::RerunFailed {
+                                pass: id.clone(),
+                                reason,
+                            });
+                            f64::NAN
+                        }
+                    },
                     first_departure,
                 },
             );

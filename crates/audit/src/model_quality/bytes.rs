@@ -15,9 +15,13 @@
 //!   positions cost 4 bytes per value;
 //! - the cache's bytes are the sum times layers times KV heads; bytes per token divides by T.
 //!
+//! A scheme's cache is billed by the audit's own rule for that scheme
+//! ([`super::schemes::stored_bytes`]), layer by layer (edge layers may differ), summed.
+//!
 //! Sizes are counted in u128, so no protocol can overflow them.
 
-use crate::model_quality::protocol::{Run, Schedule, Window};
+use crate::model_quality::protocol::{CodecRun, Run, RunCache, Schedule, Window};
+use crate::model_quality::schemes::{self, AuditScheme};
 use crate::packed_kv::decoder::GroupAxis;
 use crate::packed_kv::protocol::Mode;
 
@@ -67,7 +71,7 @@ pub enum Tier {
 
 /// The tier of token j's unit along `axis` when the cache holds n tokens (module docs); the
 /// rule the cache-size count and the audit's own packed cache ([`super::cache`]) share.
-pub fn tier(run: &Run, axis: GroupAxis, j: usize, n: usize) -> Tier {
+pub fn tier(run: &CodecRun, axis: GroupAxis, j: usize, n: usize) -> Tier {
     let g = run.setting.group_size;
     let (s, e) = match axis {
         GroupAxis::Token => {
@@ -91,7 +95,7 @@ pub fn tier(run: &Run, axis: GroupAxis, j: usize, n: usize) -> Tier {
     }
 }
 
-fn side_bytes(run: &Run, axis: GroupAxis, tokens: usize) -> u128 {
+fn side_bytes(run: &CodecRun, axis: GroupAxis, tokens: usize) -> u128 {
     let s = run.setting;
     let mut bytes = 0;
     let mut start = 0;
@@ -113,7 +117,7 @@ fn side_bytes(run: &Run, axis: GroupAxis, tokens: usize) -> u128 {
 }
 
 /// The axes K and V are grouped along: K along tokens and V along features, or swapped.
-pub fn axes(run: &Run) -> (GroupAxis, GroupAxis) {
+pub fn axes(run: &CodecRun) -> (GroupAxis, GroupAxis) {
     if run.setting.swap {
         (GroupAxis::Feature, GroupAxis::Token)
     } else {
@@ -121,34 +125,67 @@ pub fn axes(run: &Run) -> (GroupAxis, GroupAxis) {
     }
 }
 
-/// The cache's bytes for `tokens` tokens of SmolLM2 under `run`.
-pub fn cache_bytes(run: &Run, tokens: usize) -> u128 {
+/// The cache's bytes for `tokens` tokens of SmolLM2 under a codec run.
+pub fn cache_bytes(run: &CodecRun, tokens: usize) -> u128 {
     let (k, v) = axes(run);
     LAYERS * KV_HEADS * (side_bytes(run, k, tokens) + side_bytes(run, v, tokens))
 }
 
+/// The cache's bytes for `tokens` tokens of SmolLM2 under a scheme: the sum over layers.
+pub fn scheme_bytes(name: &str, schedule: Schedule, tokens: usize) -> Result<u128, String> {
+    let scheme = AuditScheme::parse(name)?;
+    let reading = match schedule {
+        Schedule::Streaming => schemes::ReadSchedule::Streaming,
+        // Causal is accepted only for per-token schemes, where it stores what prefill does.
+        Schedule::Prefill | Schedule::Causal => schemes::ReadSchedule::Prefill,
+    };
+    let layers = LAYERS as usize;
+    (0..layers).try_fold(0u128, |sum, layer| {
+        let bytes = schemes::stored_bytes(
+            &scheme,
+            reading,
+            (layer, layers),
+            KV_HEADS as usize,
+            HEAD_DIM,
+            tokens,
+        )?;
+        Ok(sum + bytes as u128)
+    })
+}
+
 /// Bytes per token: cache bytes as f64 over T as f64.
-pub fn bytes_per_token(run: &Run, tokens: usize) -> f64 {
-    cache_bytes(run, tokens) as f64 / tokens as f64
+pub fn bytes_per_token(run: &Run, tokens: usize) -> Result<f64, String> {
+    let bytes = match &run.cache {
+        RunCache::Codec(codec) => cache_bytes(codec, tokens),
+        RunCache::Scheme(name) => scheme_bytes(name, run.schedule, tokens)?,
+    };
+    Ok(bytes as f64 / tokens as f64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model_quality::protocol::{RunLabels, parse_policy, parse_schedule, parse_setting};
+    use crate::model_quality::protocol::{
+        CodecRun, RunCache, RunLabels, parse_policy, parse_schedule, parse_setting,
+    };
     use crate::packed_kv::decoder::Grid;
 
     fn run(label: &str, policy: &str, schedule: &str) -> Run {
         let setting = parse_setting(label).unwrap();
+        let schedule_parsed = parse_schedule(schedule).unwrap();
         Run {
             written: RunLabels {
-                setting: label.into(),
-                policy: policy.into(),
+                setting: Some(label.into()),
+                policy: Some(policy.into()),
+                scheme: None,
                 schedule: schedule.into(),
             },
-            setting,
-            policy: parse_policy(policy, &setting).unwrap(),
-            schedule: parse_schedule(schedule).unwrap(),
+            cache: RunCache::Codec(CodecRun {
+                setting,
+                policy: parse_policy(policy, &setting).unwrap(),
+                schedule: schedule_parsed,
+            }),
+            schedule: schedule_parsed,
         }
     }
 
@@ -212,11 +249,14 @@ mod tests {
         for (setting, policy, schedule, tokens, bytes) in cases {
             let r = run(setting, policy, schedule);
             assert_eq!(
-                cache_bytes(&r, tokens),
+                cache_bytes(r.codec().unwrap(), tokens),
                 bytes,
                 "{setting} {policy} {schedule}"
             );
-            assert_eq!(bytes_per_token(&r, tokens), bytes as f64 / tokens as f64);
+            assert_eq!(
+                bytes_per_token(&r, tokens).unwrap(),
+                bytes as f64 / tokens as f64
+            );
         }
         assert_eq!(FLOAT32_BYTES_PER_TOKEN, 46_080);
     }

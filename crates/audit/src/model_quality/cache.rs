@@ -23,7 +23,8 @@ use models::llama::{HookError, KvSource};
 use ndarray::Array3;
 
 use super::bytes::{Tier, axes, tier};
-use super::protocol::{Run, Schedule, Window};
+use super::protocol::{CodecRun, Run, RunCache, Schedule, Window};
+use super::schemes::{self, AuditScheme, ReadSchedule};
 use crate::packed_kv::decoder::GroupAxis;
 use crate::packed_kv::rules;
 
@@ -32,7 +33,7 @@ use crate::packed_kv::rules;
 fn round_trip(
     x: &[f32],
     (heads, tokens, d): (usize, usize, usize),
-    run: &Run,
+    run: &CodecRun,
     bits: u32,
     axis: GroupAxis,
 ) -> Vec<f32> {
@@ -90,7 +91,7 @@ struct Side {
 }
 
 impl Side {
-    fn new(x: &Array3<f32>, axis: GroupAxis, run: &Run) -> Side {
+    fn new(x: &Array3<f32>, axis: GroupAxis, run: &CodecRun) -> Side {
         let dims = x.dim();
         let raw: Vec<f32> = x.iter().copied().collect();
         let high = matches!(run.policy, Window::Recent8(_) | Window::Early8(_))
@@ -126,7 +127,7 @@ impl Side {
         }
     }
 
-    fn row(&self, run: &Run, head: usize, i: usize, j: usize) -> &[f32] {
+    fn row(&self, run: &CodecRun, head: usize, i: usize, j: usize) -> &[f32] {
         let (_, tokens, d) = self.dims;
         let n = match run.schedule {
             Schedule::Prefill => tokens,
@@ -159,17 +160,17 @@ impl Side {
 
 /// What attention reads at one layer under a run (module docs).
 pub struct AuditCache {
-    run: Run,
+    run: CodecRun,
     k: Side,
     v: Side,
 }
 
 impl AuditCache {
     /// The cache of one layer's K (after RoPE) and V, [kv_heads, tokens, head_dim].
-    pub fn new(run: &Run, k: &Array3<f32>, v: &Array3<f32>) -> AuditCache {
+    pub fn new(run: &CodecRun, k: &Array3<f32>, v: &Array3<f32>) -> AuditCache {
         let (k_axis, v_axis) = axes(run);
         AuditCache {
-            run: run.clone(),
+            run: *run,
             k: Side::new(k, k_axis, run),
             v: Side::new(v, v_axis, run),
         }
@@ -177,11 +178,33 @@ impl AuditCache {
 
     /// The same as a boxed source for `Llama::forward_with_source`.
     pub fn boxed(
-        run: &Run,
+        run: &CodecRun,
         k: &Array3<f32>,
         v: &Array3<f32>,
     ) -> Result<Box<dyn KvSource>, HookError> {
         Ok(Box::new(AuditCache::new(run, k, v)))
+    }
+}
+
+/// Layer `layer` of `layers` under `run`: the audit's codec cache, or its own implementation of
+/// the run's scheme ([`super::schemes`]; `causal` reads as `prefill` there, the protocol
+/// accepting it only for per-token schemes).
+pub fn source(
+    run: &Run,
+    (layer, layers): (usize, usize),
+    k: &Array3<f32>,
+    v: &Array3<f32>,
+) -> Result<Box<dyn KvSource>, HookError> {
+    match &run.cache {
+        RunCache::Codec(codec) => AuditCache::boxed(codec, k, v),
+        RunCache::Scheme(name) => {
+            let scheme = AuditScheme::parse(name)?;
+            let reading = match run.schedule {
+                Schedule::Streaming => ReadSchedule::Streaming,
+                Schedule::Prefill | Schedule::Causal => ReadSchedule::Prefill,
+            };
+            Ok(schemes::layer(&scheme, reading, (layer, layers), k, v)?)
+        }
     }
 }
 

@@ -1,23 +1,34 @@
 //! quality-vs-bytes.svg: one panel per schedule (in order of first appearance among the runs),
 //! side by side, each `<g class="panel" data-schedule="prefill">` declaring its log-log mapping
 //! and holding its markers, `<g class="marker" data-setting data-policy data-schedule
-//! data-bytes-per-token data-kl-mean transform="translate(X,Y)">`. The audit requires what
+//! data-bytes-per-token data-kl-mean transform="translate(X,Y)">` (`data-scheme` in place of
+//! `data-setting` and `data-policy` for a scheme). The audit requires what
 //! [`crate::common::panels`] requires of a chart of panels (the figures, not the style): exactly
 //! the runs with a positive mean KL, in run order, in their schedule's panel, with the audit's
 //! recomputed bytes per token and mean KL, within a pixel of the panel's mapping, each drawn as a
 //! point there; each panel titled `schedule: prefill`, one y range for all, its float32 line at
-//! 46,080 B/token labelled `float32 46,080 B/token`; tick labels at their pixel. A series is a
-//! (setting, policy) pair: the pairs with policy `uniform` first, then the others, each in order
-//! of first appearance; the legend lists them in that order, under `settings (uniform policy)`
-//! (labelled `g32_b4`) or `with a budget policy (hollow)` (labelled `g32_b4 + recent_f32:64`).
+//! 46,080 B/token labelled `float32 46,080 B/token`; tick labels at their pixel; and the
+//! staircase through the markers on their schedule's Pareto frontier ([`super::frontier`]), in
+//! order of bytes per token (ties in run order). A series is a cache label (`g32_b4`, `g32_b4 +
+//! recent_f32:64`, `kivi4`): the settings under `uniform` first, then those under a budget
+//! policy, then the schemes, each in order of first appearance; the legend lists them in that
+//! order under `settings (uniform policy)`, `with a budget policy (hollow)` and `schemes of the
+//! literature` (a heading only when it has series).
 
 use super::bytes::FLOAT32_BYTES_PER_TOKEN;
-use super::protocol::{Run, Window};
+use super::frontier::on_frontier;
+use super::protocol::{Run, SeriesGroup};
 use super::summary::Aggregate;
 use crate::common::panels::{ExpectedChart, ExpectedMarker, ExpectedPanel, check_panels};
 use crate::common::report::{Problem, Report};
 use crate::common::svg::decimal_label;
 use crate::common::text::thousands;
+
+const GROUPS: [(SeriesGroup, &str); 3] = [
+    (SeriesGroup::Uniform, "settings (uniform policy)"),
+    (SeriesGroup::Budget, "with a budget policy (hollow)"),
+    (SeriesGroup::Scheme, "schemes of the literature"),
+];
 
 /// Checks the chart against the runs and the audit's aggregates (one per run).
 pub(super) fn check_chart(
@@ -27,12 +38,12 @@ pub(super) fn check_chart(
     aggregates: &[Aggregate],
     report: &mut Report,
 ) {
-    let pair = |run: &Run| (run.setting.to_string(), run.policy.to_string());
-    let mut series: Vec<(String, String)> = Vec::new();
-    for uniform in [true, false] {
+    let mut series: Vec<(String, SeriesGroup)> = Vec::new();
+    for (group, _) in GROUPS {
         for run in runs {
-            if (run.policy == Window::Uniform) == uniform && !series.contains(&pair(run)) {
-                series.push(pair(run));
+            let entry = (run.label(), group);
+            if run.group() == group && !series.contains(&entry) {
+                series.push(entry);
             }
         }
     }
@@ -42,42 +53,52 @@ pub(super) fn check_chart(
             schedules.push(run.schedule.to_string());
         }
     }
+    let frontier = on_frontier(runs, aggregates);
     let float32 = FLOAT32_BYTES_PER_TOKEN;
     let panels = schedules
         .iter()
         .enumerate()
         .map(|(column, schedule)| {
-            let markers = runs
+            let placed: Vec<usize> = (0..runs.len().min(aggregates.len()))
+                .filter(|&r| {
+                    runs[r].schedule.to_string() == *schedule && aggregates[r].kl_mean > 0.0
+                })
+                .collect();
+            let markers = placed
                 .iter()
-                .zip(aggregates)
-                .enumerate()
-                .filter(|(_, (run, a))| run.schedule.to_string() == *schedule && a.kl_mean > 0.0)
-                .map(|(index, (run, a))| {
-                    let (setting, policy) = pair(run);
-                    let series = if policy == "uniform" {
-                        setting.clone()
-                    } else {
-                        format!("{setting} + {policy}")
-                    };
-                    ExpectedMarker {
-                        strings: vec![
-                            ("data-setting", setting.clone()),
-                            ("data-policy", policy.clone()),
-                            ("data-schedule", schedule.clone()),
+                .map(|&r| {
+                    let (run, a) = (&runs[r], &aggregates[r]);
+                    let mut strings = match (run.scheme(), run.setting_policy()) {
+                        (Some(scheme), _) => vec![("data-scheme", scheme.to_string())],
+                        (None, (setting, policy)) => vec![
+                            ("data-setting", setting.unwrap_or_default()),
+                            ("data-policy", policy.unwrap_or_default()),
                         ],
+                    };
+                    strings.push(("data-schedule", schedule.clone()));
+                    ExpectedMarker {
+                        strings,
                         numbers: vec![
                             ("data-bytes-per-token", a.bytes_per_token),
                             ("data-kl-mean", a.kl_mean),
                         ],
                         x: a.bytes_per_token,
                         y: a.kl_mean,
-                        config: setting,
-                        condition: format!("{policy} {schedule}"),
-                        tokens: index,
-                        series,
+                        config: run.label(),
+                        condition: schedule.clone(),
+                        tokens: r,
+                        series: run.label(),
                     }
                 })
                 .collect();
+            // The frontier markers by bytes per token; a stable sort keeps run order on ties.
+            let mut steps: Vec<usize> =
+                (0..placed.len()).filter(|&m| frontier[placed[m]]).collect();
+            steps.sort_by(|&x, &y| {
+                aggregates[placed[x]]
+                    .bytes_per_token
+                    .total_cmp(&aggregates[placed[y]].bytes_per_token)
+            });
             ExpectedPanel {
                 attributes: vec![("data-schedule", schedule.clone())],
                 title: format!("schedule: {schedule}"),
@@ -86,30 +107,27 @@ pub(super) fn check_chart(
                 float32_label: format!("float32 {} B/token", thousands(float32)),
                 empty_note: "every KL is 0: nothing to mark on a log scale",
                 markers,
+                frontier: steps,
             }
         })
         .collect();
-    let group = |uniform: bool| -> Vec<String> {
-        series
-            .iter()
-            .filter(|(_, policy)| (policy == "uniform") == uniform)
-            .map(|(setting, policy)| {
-                if uniform {
-                    setting.clone()
-                } else {
-                    format!("{setting} + {policy}")
-                }
-            })
-            .collect()
-    };
-    let mut legend = vec![("settings (uniform policy)".to_string(), group(true))];
-    if series.iter().any(|(_, policy)| policy != "uniform") {
-        legend.push(("with a budget policy (hollow)".to_string(), group(false)));
-    }
+    let legend: Vec<(String, Vec<String>)> = GROUPS
+        .iter()
+        .map(|(group, heading)| {
+            let labels: Vec<String> = series
+                .iter()
+                .filter(|(_, g)| g == group)
+                .map(|(label, _)| label.clone())
+                .collect();
+            (heading.to_string(), labels)
+        })
+        .filter(|(_, labels)| !labels.is_empty())
+        .collect();
     let mut texts = vec![
         format!("{study}: next-token KL against cache bytes"),
         "KV cache bytes per token (log)".to_string(),
-        "one panel per schedule, each on its own scale".to_string(),
+        "one panel per schedule, each on its own scale; the line joins its Pareto frontier"
+            .to_string(),
         "KL(p_f32 || p_packed) (log),".to_string(),
         "mean over positions and texts".to_string(),
     ];
@@ -118,13 +136,6 @@ pub(super) fn check_chart(
         panels,
         legend,
         texts,
-        marker_attributes: vec![
-            "data-setting",
-            "data-policy",
-            "data-schedule",
-            "data-bytes-per-token",
-            "data-kl-mean",
-        ],
         y_label: decimal_label,
     };
     check_panels(svg, &expected, Problem::QualityChart, report);

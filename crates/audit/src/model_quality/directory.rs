@@ -1,4 +1,4 @@
-//! One model-quality evidence directory (`model-quality-evidence/1`), checked from its manifest
+//! One model-quality evidence directory (`model-quality-evidence/2`), checked from its manifest
 //! down: the protocol, the files, the sources, the manifest's fields and model record, then
 //! arrays.npz, results.json, summary.json, summary.md and the chart, in that order.
 

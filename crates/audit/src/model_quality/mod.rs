@@ -1,16 +1,21 @@
-//! Model-quality evidence (`model-quality-evidence/1`): what a SmolLM2 run scores when its KV
+//! Model-quality evidence (`model-quality-evidence/2`): what a SmolLM2 run scores when its KV
 //! cache is packed, checked from the arrays up.
 //!
 //! # What a PASS means for this format
 //!
 //! The audit re-runs SmolLM2 ([`rerun`]): it re-tokenizes each text and requires the recorded
 //! ids, runs the float32 pass and every run's pass with its own implementation of the packed
-//! cache ([`cache`]) in the model's KV hook, and requires every per-position log-prob, KL value
-//! and argmax bit for bit, and every generated id. From those arrays it then re-derives every
-//! aggregate of results.json (NLL, perplexity, KL mean and max, top-1 agreement, first
-//! departure), every bytes-per-token figure (from the setting, policy and T with its own
-//! implementation of the cache-size rule, [`bytes`]), every value of summary.json, every cell of
-//! summary.md's tables and every chart marker, and it checks each file's hash and the run's
+//! cache ([`cache`]) or of the run's scheme of the literature ([`schemes`]: KIVI, quanto,
+//! llama.cpp's block types and rotation, this project's codec as a scheme) in the model's KV
+//! hook, and requires every per-position log-prob, KL value and argmax bit for bit, and every
+//! generated id; a scheme whose codes were not what its rule gives therefore fails here. From
+//! those arrays it then re-derives every aggregate of results.json (NLL, perplexity, KL mean and
+//! max, top-1 agreement, bits per element, first departure), every bytes-per-token figure (from
+//! the setting, policy and T, or the scheme, schedule and T, with its own implementation of
+//! each cache-size rule, [`bytes`] and [`schemes::stored_bytes`]), every value of summary.json,
+//! every cell of summary.md's tables (the ranked table at matched budgets with its frontier
+//! column, [`frontier`]), every chart marker and each panel's frontier staircase, and it checks
+//! each file's hash and the run's
 //! sources as for packed-KV evidence. Without the model the report is UNVERIFIED (Pinsker's
 //! inequality and the first generated token are still checked); with `--sample K` only the
 //! passes it names were re-run. Generated text is not re-decoded: its report says so in a note.
@@ -29,7 +34,9 @@
 
 //!
 //! The modules, one concern each: [`protocol`] (schema and bounds), [`bytes`] (the cache-size
-//! rule), [`cache`] (the packed cache a re-run reads), [`rerun`] (the passes re-run, and the
+//! rule), [`cache`] (the packed cache a re-run reads), [`schemes`] (each scheme of the
+//! literature, written again from its source), [`frontier`] (the Pareto frontier and the
+//! matched-budget ranking), [`rerun`] (the passes re-run, and the
 //! checks that need no model), [`manifest`] (the manifest and its model record), [`arrays`] (arrays.npz: members,
 //! ranges and what each row derives from them), [`results`] (results.json), [`summary`] (the
 //! aggregates over texts and summary.json), [`tables`] (summary.md), [`chart`]
@@ -40,15 +47,17 @@ pub mod bytes;
 pub mod cache;
 pub mod chart;
 pub mod directory;
+pub mod frontier;
 pub mod manifest;
 pub mod protocol;
 pub mod rerun;
 pub mod results;
+pub mod schemes;
 pub mod summary;
 pub mod tables;
 
 /// The manifest format of model-quality evidence.
-pub const QUALITY_FORMAT: &str = "model-quality-evidence/1";
+pub const QUALITY_FORMAT: &str = "model-quality-evidence/2";
 /// The files a model-quality run writes besides manifest.json.
 pub const QUALITY_FILES: [&str; 5] = [
     "arrays.npz",

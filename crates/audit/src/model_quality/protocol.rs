@@ -1,9 +1,13 @@
 //! The model-quality protocol (`experiments/model-quality/protocol.json`), read with the audit's
-//! own types and held to the format's bounds; setting, policy and schedule labels are parsed
+//! own types and held to the format's bounds. A run names either a codec setting and policy or
+//! a scheme of the literature, under a schedule. Setting, policy and schedule labels are parsed
 //! here again with the quality crate's rules (`g<GROUP>_b<BITS>[_asym][_swap]`; `uniform`,
 //! `recent_f32:W`, `recent8:W`, `early8:W` with W a positive multiple of the group size;
 //! `prefill`, `streaming`, `causal`, the last with `uniform` only), and the widths and group
-//! sizes the KV codec allows ([`Mode::supports`], a group size of at least 1).
+//! sizes the KV codec allows ([`Mode::supports`], a group size of at least 1). A scheme name is
+//! one the audit's own schemes parse ([`super::schemes::AuditScheme::parse`]); `causal` is
+//! refused for KIVI and quanto (`kivi*`, `hf-quanto*`), which keep a residual and re-pack on
+//! their own terms.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -58,14 +62,19 @@ pub struct QualityText {
     pub text: String,
 }
 
-/// One run as the protocol spells it.
+/// One run as the protocol spells it: a setting and policy, or a scheme.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunLabels {
     /// `g<GROUP>_b<BITS>[_asym][_swap]`.
-    pub setting: String,
+    #[serde(default)]
+    pub setting: Option<String>,
     /// `uniform`, `recent_f32:W`, `recent8:W` or `early8:W`.
-    pub policy: String,
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// A scheme's name (`kivi4`, `llamacpp-q4_0+rot`).
+    #[serde(default)]
+    pub scheme: Option<String>,
     /// `prefill`, `streaming` or `causal`.
     pub schedule: String,
 }
@@ -151,12 +160,9 @@ impl fmt::Display for Schedule {
     }
 }
 
-/// One parsed run, with its labels as the protocol writes them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Run {
-    /// The labels as written (row ids and archive names use them as written; results and
-    /// summaries print the parsed values back).
-    pub written: RunLabels,
+/// A codec setting under a policy and schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodecRun {
     /// The setting.
     pub setting: QualitySetting,
     /// The policy.
@@ -165,18 +171,98 @@ pub struct Run {
     pub schedule: Schedule,
 }
 
+/// What a run's cache is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunCache {
+    /// The project's codec.
+    Codec(CodecRun),
+    /// A scheme, by its name (parsed by [`super::schemes::AuditScheme::parse`] when the
+    /// protocol was validated).
+    Scheme(String),
+}
+
+/// One parsed run, with its labels as the protocol writes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// The labels as written (row ids and archive names use them as written; results and
+    /// summaries print the parsed values back).
+    pub written: RunLabels,
+    /// The cache.
+    pub cache: RunCache,
+    /// The schedule.
+    pub schedule: Schedule,
+}
+
 impl Run {
-    /// The row id for text `text`: `t{text}_{setting}_{policy}_{schedule}` with the labels as
-    /// the protocol writes them, ':' written '-' (as the runner names rows).
+    /// The row id for text `text`: `t{text}_{setting}_{policy}_{schedule}` or
+    /// `t{text}_{scheme}_{schedule}` with the labels as the protocol writes them, ':' and '+'
+    /// written '-' (as the runner names rows).
     pub fn id(&self, text: usize) -> String {
         let w = &self.written;
-        format!(
-            "t{text}_{}_{}_{}",
-            w.setting,
-            w.policy.replace(':', "-"),
-            w.schedule
-        )
+        let cache = match (&w.scheme, &w.setting, &w.policy) {
+            (Some(scheme), _, _) => scheme.clone(),
+            (None, setting, policy) => format!(
+                "{}_{}",
+                setting.as_deref().unwrap_or_default(),
+                policy.as_deref().unwrap_or_default()
+            ),
+        };
+        format!("t{text}_{cache}_{}", w.schedule).replace([':', '+'], "-")
     }
+
+    /// The codec run, if the cache is the codec's.
+    pub fn codec(&self) -> Option<&CodecRun> {
+        match &self.cache {
+            RunCache::Codec(c) => Some(c),
+            RunCache::Scheme(_) => None,
+        }
+    }
+
+    /// The setting and policy labels, parsed and printed back (None for a scheme).
+    pub fn setting_policy(&self) -> (Option<String>, Option<String>) {
+        match &self.cache {
+            RunCache::Codec(c) => (Some(c.setting.to_string()), Some(c.policy.to_string())),
+            RunCache::Scheme(_) => (None, None),
+        }
+    }
+
+    /// The scheme's name (None for a codec run).
+    pub fn scheme(&self) -> Option<&str> {
+        match &self.cache {
+            RunCache::Codec(_) => None,
+            RunCache::Scheme(name) => Some(name),
+        }
+    }
+
+    /// How reports name the cache: the scheme, the setting under `uniform`, or
+    /// `setting + policy`.
+    pub fn label(&self) -> String {
+        match &self.cache {
+            RunCache::Scheme(name) => name.clone(),
+            RunCache::Codec(c) if c.policy == Window::Uniform => c.setting.to_string(),
+            RunCache::Codec(c) => format!("{} + {}", c.setting, c.policy),
+        }
+    }
+
+    /// The legend group of its series.
+    pub fn group(&self) -> SeriesGroup {
+        match &self.cache {
+            RunCache::Scheme(_) => SeriesGroup::Scheme,
+            RunCache::Codec(c) if c.policy == Window::Uniform => SeriesGroup::Uniform,
+            RunCache::Codec(_) => SeriesGroup::Budget,
+        }
+    }
+}
+
+/// The chart legend's groups, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeriesGroup {
+    /// A setting under the uniform policy.
+    Uniform,
+    /// A setting under a budget policy (drawn hollow).
+    Budget,
+    /// A scheme of the literature.
+    Scheme,
 }
 
 /// Parses a setting label as the quality crate does; None if it would refuse it.
@@ -290,38 +376,41 @@ impl QualityProtocol {
         let mut runs = Vec::new();
         let mut ids = BTreeSet::new();
         for (i, r) in self.runs.iter().enumerate() {
-            let setting = parse_setting(&r.setting).ok_or_else(|| {
-                refuse(
-                    format!("runs[{i}].setting"),
-                    "g<GROUP>_b<BITS>[_asym][_swap] with a width and group size the codec stores",
-                )
-            })?;
-            let policy = parse_policy(&r.policy, &setting).ok_or_else(|| {
-                refuse(
-                    format!("runs[{i}].policy"),
-                    "uniform, recent_f32:W, recent8:W or early8:W, W a positive multiple of the \
-                     group size",
-                )
-            })?;
             let schedule = parse_schedule(&r.schedule).ok_or_else(|| {
                 refuse(
                     format!("runs[{i}].schedule"),
                     "prefill, streaming or causal",
                 )
             })?;
-            if schedule == Schedule::Causal && policy != Window::Uniform {
-                return Err(refuse(
-                    format!("runs[{i}].schedule"),
-                    "causal only with the uniform policy",
-                ));
-            }
+            let cache = match (&r.scheme, &r.setting, &r.policy) {
+                (Some(name), None, None) => {
+                    super::schemes::AuditScheme::parse(name)
+                        .map_err(|reason| refuse(format!("runs[{i}].scheme"), reason))?;
+                    let residual = name.starts_with("kivi") || name.starts_with("hf-quanto");
+                    if schedule == Schedule::Causal && residual {
+                        return Err(refuse(
+                            format!("runs[{i}].schedule"),
+                            "KIVI and quanto keep a residual: prefill or streaming",
+                        ));
+                    }
+                    RunCache::Scheme(name.clone())
+                }
+                (None, Some(setting), Some(policy)) => {
+                    RunCache::Codec(codec_run(i, setting, policy, schedule)?)
+                }
+                _ => {
+                    return Err(refuse(
+                        format!("runs[{i}]"),
+                        "a setting and a policy, or a scheme",
+                    ));
+                }
+            };
             let run = Run {
                 written: r.clone(),
-                setting,
-                policy,
+                cache,
                 schedule,
             };
-            if !ids.insert((&r.setting, &r.policy, &r.schedule)) {
+            if !ids.insert((&r.setting, &r.policy, &r.scheme, &r.schedule)) {
                 return Err(refuse(format!("runs[{i}]"), "listed twice"));
             }
             runs.push(run);
@@ -336,6 +425,39 @@ impl QualityProtocol {
         }
         Ok(runs)
     }
+}
+
+/// Run `i`'s setting and policy, parsed.
+fn codec_run(
+    i: usize,
+    setting: &str,
+    policy: &str,
+    schedule: Schedule,
+) -> Result<CodecRun, ProtocolError> {
+    let setting = parse_setting(setting).ok_or_else(|| {
+        refuse(
+            format!("runs[{i}].setting"),
+            "g<GROUP>_b<BITS>[_asym][_swap] with a width and group size the codec stores",
+        )
+    })?;
+    let policy = parse_policy(policy, &setting).ok_or_else(|| {
+        refuse(
+            format!("runs[{i}].policy"),
+            "uniform, recent_f32:W, recent8:W or early8:W, W a positive multiple of the \
+             group size",
+        )
+    })?;
+    if schedule == Schedule::Causal && policy != Window::Uniform {
+        return Err(refuse(
+            format!("runs[{i}].schedule"),
+            "causal only with the uniform policy",
+        ));
+    }
+    Ok(CodecRun {
+        setting,
+        policy,
+        schedule,
+    })
 }
 
 #[cfg(test)]
@@ -385,14 +507,30 @@ mod tests {
         assert_eq!(parse_schedule("stream"), None);
         let run = Run {
             written: RunLabels {
-                setting: "g32_b2".into(),
-                policy: "recent_f32:64".into(),
+                setting: Some("g32_b2".into()),
+                policy: Some("recent_f32:64".into()),
+                scheme: None,
                 schedule: "streaming".into(),
             },
-            setting: s,
-            policy: Window::RecentF32(64),
+            cache: RunCache::Codec(CodecRun {
+                setting: s,
+                policy: Window::RecentF32(64),
+                schedule: Schedule::Streaming,
+            }),
             schedule: Schedule::Streaming,
         };
         assert_eq!(run.id(0), "t0_g32_b2_recent_f32-64_streaming");
+        assert_eq!(run.label(), "g32_b2 + recent_f32:64");
+        let run = Run {
+            written: RunLabels {
+                setting: None,
+                policy: None,
+                scheme: Some("llamacpp-q8_0+rot".into()),
+                schedule: "prefill".into(),
+            },
+            cache: RunCache::Scheme("llamacpp-q8_0+rot".into()),
+            schedule: Schedule::Prefill,
+        };
+        assert_eq!(run.id(2), "t2_llamacpp-q8_0-rot_prefill");
     }
 }

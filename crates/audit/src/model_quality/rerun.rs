@@ -30,7 +30,7 @@ use models::tokenizer::bpe::Bpe;
 use ndarray::{Array2, s};
 use rayon::prelude::*;
 
-use super::cache::AuditCache;
+use super::cache;
 use super::protocol::{QualityProtocol, Run};
 use super::results::QualityRow;
 use crate::common::model_files::{self, LoadedModel};
@@ -101,9 +101,10 @@ fn score(ids: &[u32], logits: &Array2<f32>, keep_rows: bool) -> Scored {
 /// Greedy tokens with the audit's packed cache: each step a pass over everything so far.
 fn greedy(model: &Llama, prompt: &[u32], n: usize, run: &Run) -> Result<Vec<i64>, String> {
     let mut ids = prompt.to_vec();
+    let layers = model.config().layers;
     for _ in 0..n {
         let (hidden, _) = model
-            .hidden_with_source(&ids, |_, k, v| AuditCache::boxed(run, k, v))
+            .hidden_with_source(&ids, |l, k, v| cache::source(run, (l, layers), k, v))
             .map_err(|e| e.to_string())?;
         let last = model.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
         let logits = ops::linear(last.view(), model.weights().token_embd.view(), None);
@@ -387,7 +388,10 @@ fn check_run(
     report: &mut Report,
 ) {
     let id = run.id(t);
-    let packed = match llama.forward_with_source(recorded, |_, k, v| AuditCache::boxed(run, k, v)) {
+    let layers = llama.config().layers;
+    let packed = match llama
+        .forward_with_source(recorded, |l, k, v| cache::source(run, (l, layers), k, v))
+    {
         Ok(c) => c,
         Err(e) => {
             return report.fail(Problem::RerunFailed {

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use super::arrays::Derived;
 use super::bytes::FLOAT32_BYTES_PER_TOKEN;
 use super::protocol::{QualityProtocol, Run};
+use super::summary::bits_per_element;
 use crate::common::problem::ResultsProblem;
 use crate::common::report::{Checked, Problem, Report};
 use crate::common::tolerance::close;
@@ -20,10 +21,15 @@ pub struct QualityRow {
     pub id: String,
     /// Text index.
     pub text: usize,
-    /// Setting label.
-    pub setting: String,
-    /// Policy label.
-    pub policy: String,
+    /// Setting label (absent for a scheme).
+    #[serde(default)]
+    pub setting: Option<String>,
+    /// Policy label (absent for a scheme).
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Scheme name (absent for a setting).
+    #[serde(default)]
+    pub scheme: Option<String>,
     /// Schedule label.
     pub schedule: String,
     /// T.
@@ -46,6 +52,8 @@ pub struct QualityRow {
     pub top1_agreement: f64,
     /// Cache bytes over T.
     pub bytes_per_token: f64,
+    /// bytes_per_token * 32 / 46,080.
+    pub bits_per_element: f64,
     /// 46,080.
     pub float32_bytes_per_token: f64,
     /// When generating: the first generated token that differs, or null (kept as written, so
@@ -97,9 +105,11 @@ pub(super) fn check_results(
             continue;
         }
         let t = tokens[i];
+        let (setting, policy) = run.setting_policy();
         let descriptive = row.text == i
-            && row.setting == run.setting.to_string()
-            && row.policy == run.policy.to_string()
+            && row.setting == setting
+            && row.policy == policy
+            && row.scheme.as_deref() == run.scheme()
             && row.schedule == run.schedule.to_string()
             && row.tokens == t
             && row.positions == t - 1
@@ -133,6 +143,11 @@ pub(super) fn check_results(
             metric("kl_max", row.kl_max, d.kl_max),
             metric("top1_agreement", row.top1_agreement, d.top1_agreement),
             metric("bytes_per_token", row.bytes_per_token, d.bytes_per_token),
+            metric(
+                "bits_per_element",
+                row.bits_per_element,
+                bits_per_element(d.bytes_per_token),
+            ),
         ];
         for problem in problems.into_iter().flatten() {
             report.fail(problem);

@@ -38,10 +38,15 @@ pub struct Float32Summary {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QualitySummaryRow {
-    /// Setting label.
-    pub setting: String,
-    /// Policy label.
-    pub policy: String,
+    /// Setting label (absent for a scheme).
+    #[serde(default)]
+    pub setting: Option<String>,
+    /// Policy label (absent for a scheme).
+    #[serde(default)]
+    pub policy: Option<String>,
+    /// Scheme name (absent for a setting).
+    #[serde(default)]
+    pub scheme: Option<String>,
     /// Schedule label.
     pub schedule: String,
     /// Mean over texts.
@@ -60,6 +65,8 @@ pub struct QualitySummaryRow {
     pub top1_agreement: f64,
     /// Mean over texts.
     pub bytes_per_token: f64,
+    /// bytes_per_token * 32 / 46,080.
+    pub bits_per_element: f64,
     /// 46,080.
     pub float32_bytes_per_token: f64,
 }
@@ -90,6 +97,15 @@ impl Aggregate {
     pub fn perplexity(&self) -> f64 {
         self.nll.exp()
     }
+    /// Bits per stored K or V value.
+    pub fn bits_per_element(&self) -> f64 {
+        bits_per_element(self.bytes_per_token)
+    }
+}
+
+/// Bits per stored K or V value of a cache of `bytes_per_token` (32 for the float32 cache).
+pub fn bits_per_element(bytes_per_token: f64) -> f64 {
+    bytes_per_token * 32.0 / FLOAT32_BYTES_PER_TOKEN as f64
 }
 
 /// Run `r`'s aggregates over the texts, in text order.
@@ -152,20 +168,30 @@ pub(super) fn check_summary(
         });
     }
     for (row, (run, a)) in summary.rows.iter().zip(runs.iter().zip(aggregates)) {
-        let label = format!("{} {} {}", run.setting, run.policy, run.schedule);
+        let label = format!("{} {}", run.label(), run.schedule);
+        let (setting, policy) = run.setting_policy();
         let labels = [
-            ("setting", &row.setting, run.setting.to_string()),
-            ("policy", &row.policy, run.policy.to_string()),
-            ("schedule", &row.schedule, run.schedule.to_string()),
+            ("setting", row.setting.clone(), setting),
+            ("policy", row.policy.clone(), policy),
+            (
+                "scheme",
+                row.scheme.clone(),
+                run.scheme().map(str::to_string),
+            ),
+            (
+                "schedule",
+                Some(row.schedule.clone()),
+                Some(run.schedule.to_string()),
+            ),
         ];
         let mut same = true;
         for (field, found, expected) in labels {
-            if *found != expected {
+            if found != expected {
                 same = false;
                 report.fail(Problem::Summary {
                     place: format!("{label} {field}"),
-                    found: found.clone(),
-                    expected,
+                    found: format!("{found:?}"),
+                    expected: format!("{expected:?}"),
                 });
             }
         }
@@ -181,6 +207,11 @@ pub(super) fn check_summary(
             ("kl_max", row.kl_max, a.kl_max),
             ("top1_agreement", row.top1_agreement, a.top1_agreement),
             ("bytes_per_token", row.bytes_per_token, a.bytes_per_token),
+            (
+                "bits_per_element",
+                row.bits_per_element,
+                a.bits_per_element(),
+            ),
             (
                 "float32_bytes_per_token",
                 row.float32_bytes_per_token,

@@ -1,9 +1,11 @@
 //! summary.md of a model-quality run: the tables it must hold (the run table, the quality table,
-//! and when generating one table per text), every cell the audit's own rendering, and no figure
-//! in free text but the names the protocol bounds.
+//! the ranked table at matched budgets when a run lies near one ([`super::frontier`]), and when
+//! generating one table per text), every cell the audit's own rendering, and no figure in free
+//! text but the names the protocol bounds.
 
 use super::QUALITY_CHART;
 use super::bytes::FLOAT32_BYTES_PER_TOKEN;
+use super::frontier;
 use super::protocol::{QualityProtocol, Run};
 use super::results::QualityRow;
 use super::summary::Aggregate;
@@ -58,8 +60,7 @@ pub fn expected_tables(
     }
     let mut tables = vec![("run", run_table)];
     let header = [
-        "setting",
-        "policy",
+        "cache",
         "schedule",
         "NLL",
         "perplexity",
@@ -68,12 +69,12 @@ pub fn expected_tables(
         "KL max",
         "top-1",
         "bytes/token",
+        "bits/element",
     ];
     let mut quality = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     if let Some(first) = aggregates.first() {
         quality.push(vec![
             "float32".into(),
-            "-".into(),
             "-".into(),
             format!("{:.6}", first.nll_f32),
             format!("{:.4}", first.perplexity_f32()),
@@ -82,26 +83,65 @@ pub fn expected_tables(
             "0".into(),
             "100.000%".into(),
             crate::common::text::thousands(FLOAT32_BYTES_PER_TOKEN as u64),
+            "32.000".into(),
         ]);
     }
+    let change = |a: &Aggregate| {
+        format!(
+            "{:.3}%",
+            (a.perplexity() / a.perplexity_f32() - 1.0) * 100.0
+        )
+    };
     for (run, a) in runs.iter().zip(aggregates) {
         quality.push(vec![
-            run.setting.to_string(),
-            run.policy.to_string(),
+            run.label(),
             run.schedule.to_string(),
             format!("{:.6}", a.nll),
             format!("{:.4}", a.perplexity()),
-            format!(
-                "{:.3}%",
-                (a.perplexity() / a.perplexity_f32() - 1.0) * 100.0
-            ),
+            change(a),
             format!("{:.6}", a.kl_mean),
             format!("{:.6}", a.kl_max),
             format!("{:.3}%", a.top1_agreement * 100.0),
             bytes_cell(a.bytes_per_token),
+            format!("{:.3}", a.bits_per_element()),
         ]);
     }
     tables.push(("quality", quality));
+    let lines = frontier::ranked(runs, aggregates);
+    if !lines.is_empty() {
+        let on = frontier::on_frontier(runs, aggregates);
+        let mut ranked = vec![
+            [
+                "budget (bits)",
+                "schedule",
+                "rank",
+                "cache",
+                "bits/element",
+                "KL mean",
+                "ppl change",
+                "top-1",
+                "on frontier",
+            ]
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+        ];
+        for (b, r, rank) in lines {
+            let a = &aggregates[r];
+            ranked.push(vec![
+                format!("{:.1}", frontier::BUDGETS[b]),
+                runs[r].schedule.to_string(),
+                rank.to_string(),
+                runs[r].label(),
+                format!("{:.3}", a.bits_per_element()),
+                format!("{:.6}", a.kl_mean),
+                change(a),
+                format!("{:.3}%", a.top1_agreement * 100.0),
+                if on[r] { "yes" } else { "no" }.into(),
+            ]);
+        }
+        tables.push(("ranked", ranked));
+    }
     if p.generate.is_some() {
         let shown = |text: &str| {
             text.replace('\r', "\\r")
@@ -111,16 +151,10 @@ pub fn expected_tables(
         };
         for i in 0..tokens.len() {
             let mut table = vec![
-                [
-                    "setting",
-                    "policy",
-                    "schedule",
-                    "first departure",
-                    "generated text",
-                ]
-                .iter()
-                .map(|h| h.to_string())
-                .collect::<Vec<_>>(),
+                ["cache", "schedule", "first departure", "generated text"]
+                    .iter()
+                    .map(|h| h.to_string())
+                    .collect::<Vec<_>>(),
             ];
             let text_rows: Vec<&QualityRow> = rows.iter().filter(|r| r.text == i).collect();
             if let Some(first) = text_rows.first() {
@@ -128,18 +162,16 @@ pub fn expected_tables(
                     "float32".into(),
                     "-".into(),
                     "-".into(),
-                    "-".into(),
                     shown(first.f32_generated_text.as_deref().unwrap_or("")),
                 ]);
             }
-            for row in text_rows {
+            for (row, run) in text_rows.into_iter().zip(runs) {
                 let departure = match &row.first_departure {
                     Some(serde_json::Value::Number(n)) => n.to_string(),
                     _ => "none".into(),
                 };
                 table.push(vec![
-                    row.setting.clone(),
-                    row.policy.clone(),
+                    run.label(),
                     row.schedule.clone(),
                     departure,
                     shown(row.generated_text.as_deref().unwrap_or("")),

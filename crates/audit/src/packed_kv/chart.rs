@@ -124,6 +124,7 @@ fn expected_chart(
                 float32_label: format!("float32 {} B", thousands(float32)),
                 empty_note: "every error is 0: nothing to mark on a log scale",
                 markers,
+                frontier: Vec::new(),
             });
         }
     }
@@ -155,13 +156,6 @@ fn expected_chart(
         panels,
         legend,
         texts,
-        marker_attributes: vec![
-            "data-config",
-            attribute,
-            "data-tokens",
-            "data-payload-bytes",
-            "data-relative-l2",
-        ],
         y_label: percent_label,
     }
 }

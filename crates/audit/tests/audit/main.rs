@@ -27,6 +27,7 @@ mod pins;
 mod properties;
 mod protocols;
 mod quality;
+mod schemes;
 mod shards;
 mod support;
 mod tampering;

@@ -132,7 +132,7 @@ impl Evidence {
             "generate": { "prompt_tokens": 2, "tokens": 3 }
         });
         let manifest = json!({
-            "format": "model-quality-evidence/1",
+            "format": "model-quality-evidence/2",
             "tool": { "name": "runner", "version": "0.1.0", "rustc": "rustc 1.90.0",
                       "profile": "release", "crates": {} },
             "platform": { "os": "linux", "arch": "x86_64", "target": "x86_64-unknown-linux-gnu" },
@@ -170,16 +170,16 @@ impl Evidence {
         let mut results = Vec::new();
         let mut summary = Vec::new();
         let mut table = String::from(
-            "| setting | policy | schedule | NLL | perplexity | ppl change | KL mean | KL max | \
-             top-1 | bytes/token |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|\n",
+            "| cache | schedule | NLL | perplexity | ppl change | KL mean | KL max | \
+             top-1 | bytes/token | bits/element |\n|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
         );
         table.push_str(&format!(
-            "| float32 | - | - | {nll_f32:.6} | {:.4} | 0.000% | 0 | 0 | 100.000% | 46,080 |\n",
+            "| float32 | - | {nll_f32:.6} | {:.4} | 0.000% | 0 | 0 | 100.000% | 46,080 | 32.000 |\n",
             nll_f32.exp()
         ));
         let mut generation = String::from(
-            "| setting | policy | schedule | first departure | generated text |\n|---|---|---|--:|---|\n\
-             | float32 | - | - | - | `ten eleven twelve` |\n",
+            "| cache | schedule | first departure | generated text |\n|---|---|--:|---|\n\
+             | float32 | - | - | `ten eleven twelve` |\n",
         );
         // The chart: one panel per schedule, prefill (the first row's) left of streaming, each
         // mapping 1,000..100,000 B/token to 280 px and sharing KL 0.001..1 on 200 px. Series 0
@@ -200,6 +200,12 @@ impl Evidence {
                 .filter(|(a, b)| a == b)
                 .count() as f64
                 / positions;
+            let label = if policy == "uniform" {
+                setting.clone()
+            } else {
+                format!("{setting} + {policy}")
+            };
+            let bits = bytes * 32.0 / 46_080.0;
             let departure = s
                 .generated
                 .iter()
@@ -210,6 +216,7 @@ impl Evidence {
                 "tokens": 5, "positions": 4, "nll_f32": nll_f32, "nll": nll,
                 "perplexity_f32": nll_f32.exp(), "perplexity": nll.exp(), "kl_mean": kl_mean,
                 "kl_max": kl_max, "top1_agreement": top1, "bytes_per_token": bytes,
+                "bits_per_element": bits,
                 "float32_bytes_per_token": 46080.0, "first_departure": departure,
                 "generated_text": "ten | eleven\nthirteen", "f32_generated_text": "ten eleven twelve"
             }));
@@ -219,18 +226,18 @@ impl Evidence {
                 "nll_f32": mean(&[nll_f32]), "nll": mean(&[nll]),
                 "perplexity_f32": nll_f32.exp(), "perplexity": nll.exp(),
                 "kl_mean": kl_mean, "kl_max": kl_max, "top1_agreement": top1,
-                "bytes_per_token": bytes, "float32_bytes_per_token": 46080
+                "bytes_per_token": bytes, "bits_per_element": bits, "float32_bytes_per_token": 46080
             }));
             table.push_str(&format!(
-                "| {setting} | {policy} | {schedule} | {nll:.6} | {:.4} | {:.3}% | {kl_mean:.6} | \
-                 {kl_max:.6} | {:.3}% | {} |\n",
+                "| {label} | {schedule} | {nll:.6} | {:.4} | {:.3}% | {kl_mean:.6} | \
+                 {kl_max:.6} | {:.3}% | {} | {bits:.3} |\n",
                 nll.exp(),
                 (nll.exp() / nll_f32.exp() - 1.0) * 100.0,
                 top1 * 100.0,
                 bytes_cell(*bytes)
             ));
             generation.push_str(&format!(
-                "| {setting} | {policy} | {schedule} | {} | `ten \\| eleven\\nthirteen` |\n",
+                "| {label} | {schedule} | {} | `ten \\| eleven\\nthirteen` |\n",
                 departure.map_or("none".to_string(), |d| d.to_string())
             ));
             let (left, paint) = match policy.as_str() {
@@ -283,7 +290,7 @@ impl Evidence {
              <rect x=\"0\" y=\"0\" width=\"1000\" height=\"300\" fill=\"#FFFFFF\"/>\n\
              <text x=\"10\" y=\"10\">tiny-quality: next-token KL against cache bytes</text>\n\
              <text x=\"400\" y=\"280\">KV cache bytes per token (log)</text>\n\
-             <text x=\"400\" y=\"296\">one panel per schedule, each on its own scale</text>\n\
+             <text x=\"400\" y=\"296\">one panel per schedule, each on its own scale; the line joins its Pareto frontier</text>\n\
              <text x=\"10\" y=\"100\" transform=\"rotate(-90 10 100)\">KL(p_f32 || p_packed) (log),</text>\n\
              <text x=\"24\" y=\"100\" transform=\"rotate(-90 24 100)\">mean over positions and texts</text>\n\
              <text x=\"760\" y=\"60\">settings (uniform policy)</text>\n\
@@ -508,7 +515,7 @@ fn a_changed_summary_cell_is_named() {
             Problem::Markdown(MarkdownProblem::Cell {
                 table: "quality",
                 row: 2,
-                column: 9,
+                column: 8,
                 ..
             })
         )

@@ -89,7 +89,7 @@ fn a_tiny_study_is_written_recomputable_and_independent_of_threads() {
     // The manifest: its format, the ids scored and the hash of every other file.
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["format"], "model-quality-evidence/1");
+    assert_eq!(manifest["format"], "model-quality-evidence/2");
     let ids: Vec<u32> = serde_json::from_value(manifest["model"]["ids"]["t0"].clone()).unwrap();
     assert_eq!(ids.len(), 40, "the text is cut to max_tokens");
     assert_eq!(ids, bpe.encode(&protocol.texts[0].text).unwrap()[..40]);

@@ -146,10 +146,20 @@ pub(super) fn check_form(
             group && class_of(Some(node)) == Some("marker") && class_of(parent) == Some("panel");
         let float32 =
             group && class_of(Some(node)) == Some("float32") && class_of(parent) == Some("panel");
-        if group && !(panel || swatch || marker || float32) {
+        let frontier =
+            group && class_of(Some(node)) == Some("frontier") && class_of(parent) == Some("panel");
+        if group && !(panel || swatch || marker || float32 || frontier) {
             return Err(element(
-                "a group other than a panel, marker, swatch or float32 line".into(),
+                "a group other than a panel, marker, swatch, float32 line or frontier".into(),
             ));
+        }
+        // The frontier's group holds its segments only, and carries nothing else.
+        let in_frontier =
+            parent.is_some_and(|p| p.has_tag_name("g")) && class_of(parent) == Some("frontier");
+        if (frontier && node.attributes().any(|a| a.name() != "class"))
+            || (in_frontier && name != "polyline")
+        {
+            return Err(element("a frontier other than segments".into()));
         }
         // The float32 line's group holds its dashes only, and carries nothing else.
         let in_float32 =
@@ -296,12 +306,15 @@ fn check_drawing(node: Node, root: Node, at_root: bool) -> Result<(), ChartProbl
         "polyline" => {
             let parent = node.parent_element();
             let in_panel = parent.is_some_and(|p| {
-                p.has_tag_name("g") && matches!(p.attribute("class"), Some("panel" | "float32"))
+                p.has_tag_name("g")
+                    && matches!(p.attribute("class"), Some("panel" | "float32" | "frontier"))
             });
             if !in_panel {
                 return Err(element("a polyline outside the panels".into()));
             }
-            let float32 = parent.is_some_and(|p| p.attribute("class") == Some("float32"));
+            // A float32 dash or a frontier step may be short: each is held to its line.
+            let float32 = parent
+                .is_some_and(|p| matches!(p.attribute("class"), Some("float32" | "frontier")));
             let Some([from, to]) = segment(node) else {
                 return Err(element(
                     "a polyline other than one horizontal or vertical segment".into(),

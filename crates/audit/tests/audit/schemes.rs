@@ -1,0 +1,139 @@
+//! Model-quality studies of the literature's schemes: the audit re-runs each scheme family
+//! (KIVI, quanto, llama.cpp with its rotation, this project's codec) with its own implementation
+//! and requires every value bit for bit, so a study whose scheme's codes were changed FAILs, for
+//! each family, even with every downstream figure recomputed by the study's own code and every
+//! hash rewritten.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use audit::Problem;
+use models::llama::{HookError, KvSource};
+use ndarray::Array3;
+use quality::scheme::Cache;
+use quality::study::{QualityProtocol, run_study_with};
+
+use crate::support::{assert_pass, assert_problem, workspace};
+
+/// One run per family, on 140 ids: more than KIVI's residual of 128, so that prefill quantizes
+/// the first tokens' values under KIVI and quanto's first flush has happened while decoding.
+const SCHEMES: &str = r#"{
+  "study": "tiny-schemes",
+  "model": "smollm2",
+  "texts": [ { "name": "formats", "text": "**Bit streams** (`bitpack/src/stream.rs`): a b-bit code stream, b from 1 to 8, puts element i at bits [i*b, (i+1)*b) of a little-endian stream, counting from bit 0 of byte 0 (equivalently of 32-bit word 0). At 4 bits that is the nibble order: `byte i = code[2i] | code[2i+1] << 4`, the even element in the low nibble; codes 2 and 13 form byte `0xD2`, which decodes to -5 and 6 before scaling. 3-, 5-, 6- and 7-bit codes straddle bytes and words. A plain one-value-at-a-time packer is the oracle; the fast packers are tested against it on patterned, random and all-maximum codes at every width and on odd lengths." } ],
+  "max_tokens": 140,
+  "runs": [
+    { "scheme": "kivi2", "schedule": "prefill" },
+    { "scheme": "hf-quanto4", "schedule": "streaming" },
+    { "scheme": "llamacpp-q4_0+rot", "schedule": "prefill" },
+    { "scheme": "llamacpp-iq4_nl", "schedule": "causal" },
+    { "scheme": "kvpack-k4v4-sink4", "schedule": "streaming" }
+  ]
+}"#;
+
+/// The run ids, in protocol order.
+const IDS: [&str; 5] = [
+    "t0_kivi2_prefill",
+    "t0_hf-quanto4_streaming",
+    "t0_llamacpp-q4_0-rot_prefill",
+    "t0_llamacpp-iq4_nl_causal",
+    "t0_kvpack-k4v4-sink4_streaming",
+];
+
+/// A layer's cache with one code changed: at layer 0, head 0, the value of position 0 reads
+/// feature 0 as the first of features 1..32 (its block or group) that reads differently, for
+/// every query, as if its code had been written as that one's.
+struct Forged {
+    inner: Box<dyn KvSource>,
+    rows: Vec<Vec<f32>>,
+}
+
+impl KvSource for Forged {
+    fn key(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        self.inner.key(head, query, position)
+    }
+    fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        match self.rows.get(query) {
+            Some(row) if head == 0 && position == 0 => row,
+            _ => self.inner.value(head, query, position),
+        }
+    }
+}
+
+fn forged_layer(
+    cache: &Cache,
+    (layer, layers): (usize, usize),
+    k: &Array3<f32>,
+    v: &Array3<f32>,
+) -> Result<(Box<dyn KvSource>, usize), HookError> {
+    let (inner, bytes) = cache.layer((layer, layers), k, v)?;
+    if layer != 0 {
+        return Ok((inner, bytes));
+    }
+    let tokens = k.dim().1;
+    let rows = (0..tokens)
+        .map(|q| {
+            let mut row = inner.value(0, q, 0).to_vec();
+            let other = (1..32)
+                .find(|&f| row[f] != row[0])
+                .expect("a code that differs");
+            row[0] = row[other];
+            row
+        })
+        .collect();
+    Ok((Box::new(Forged { inner, rows }), bytes))
+}
+
+/// The honest study and the forged one, each written by the study's own code.
+fn studies() -> &'static (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    static STUDIES: OnceLock<(tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)> =
+        OnceLock::new();
+    STUDIES.get_or_init(|| {
+        let files = models::files::locate_or_fetch(models::ModelName::SmolLm2)
+            .expect("the model is available");
+        let (model, bpe) = models::llama::load_with_tokenizer(&files).unwrap();
+        let protocol = QualityProtocol::from_json(SCHEMES).unwrap();
+        let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let write = |name: &str, study| {
+            let dir = tmp.path().join(name);
+            quality::write::write(&dir, &protocol, "a test protocol".into(), study, 2).unwrap();
+            dir
+        };
+        let honest = quality::study::run_study(&protocol, &model, &bpe, 2, &|_| {}).unwrap();
+        let forged = run_study_with(&protocol, &model, &bpe, 2, &|_| {}, &forged_layer).unwrap();
+        // The forgery changed what every run scored.
+        for (a, b) in honest.rows.iter().zip(&forged.rows) {
+            assert_ne!(a.logp, b.logp, "{}", a.result.id);
+        }
+        let honest = write("honest", &honest);
+        let forged = write("forged", &forged);
+        (tmp, honest, forged)
+    })
+}
+
+fn audit(dir: &Path) -> audit::Report {
+    audit::audit_dir(dir, &workspace())
+}
+
+#[test]
+fn a_study_of_every_scheme_family_passes_with_every_pass_re_run() {
+    let report = audit(&studies().1);
+    assert_pass(&report);
+    assert_eq!(
+        report.counted(audit::common::report::Checked::PassesRerun),
+        1 + IDS.len()
+    );
+}
+
+#[test]
+fn a_changed_code_fails_the_re_run_for_each_scheme_family() {
+    let report = audit(&studies().2);
+    for id in IDS {
+        let logp = format!("{id}_logp");
+        assert_problem(
+            &report,
+            id,
+            |p| matches!(p, Problem::Rerun { pass, array, .. } if pass == id && *array == logp),
+        );
+    }
+}
