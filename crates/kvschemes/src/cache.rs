@@ -18,7 +18,9 @@
 //!   a prompt's cache is built once: the scores of the quantized part, the rest f32;
 //! - [`Schedule::Streaming`]: query i reads the cache as token-by-token decoding leaves it when
 //!   token i arrives: its own state after the i tokens before it, plus token i as the scheme
-//!   holds a new token (KIVI: in the residual, full precision; llama.cpp: quantized on arrival).
+//!   holds a new token (KIVI: in the residual, full precision; llama.cpp: quantized on arrival;
+//!   `kvpack-*`: a K group is quantized when its last token arrives, so query i reads the state
+//!   after i + 1 tokens).
 //!
 //! For KIVI and llama.cpp a quantized position reads the same values whichever state it is read
 //! in (a KIVI key group always lies inside a quantized prefix of whole residuals, R being a
@@ -26,6 +28,11 @@
 //! largest prefix. quanto re-quantizes its whole cache at every flush, so while decoding a
 //! position reads the version its flushes have made of it (quantize after dequantize, once per
 //! flush since its first); each token's distinct versions are kept.
+//!
+//! Refused: a layer index past the model's; finite values whose scale or minimum overflows the
+//! scheme's metadata (fp16 for KIVI and llama.cpp, f32 for quanto), which would read back as
+//! infinities or NaN. A block scale that underflows fp16 to 0 is kept, as ggml keeps it: that
+//! block reads back as zeros.
 //!
 //! Bytes ([`Stored`]) are those of the state the schedule ends in (after the last token),
 //! counted from what is stored: llama.cpp's block bytes; KIVI's packed u32 code words, fp16
@@ -85,7 +92,8 @@ struct Side {
     /// version); f32 values past it.
     decoded: Array3<f32>,
     /// quanto while decoding: each (head, token)'s later distinct versions, [head * tokens +
-    /// token], version m >= 1 at m - 1 (the last one is a fixed point of re-quantization).
+    /// token], version m >= 1 at m - 1 (the last one is a fixed point of re-quantization: the
+    /// next version would equal it value for value, compared as f32).
     later: Vec<Vec<Vec<f32>>>,
     /// Leading positions held f32 whatever the state (the codec scheme's sinks).
     sinks: usize,
@@ -93,6 +101,34 @@ struct Side {
 }
 
 impl Side {
+    /// Refuses a side whose decoded values (any version) are not all finite: finite inputs
+    /// whose scale or minimum overflowed the scheme's metadata.
+    fn check_read_back(&self, scheme: Scheme, side: &'static str) -> Result<(), SchemeError> {
+        let (_, tokens, head_dim) = self.decoded.dim();
+        let bad = |head: usize, token: usize, value: f32| SchemeError::Unrepresentable {
+            scheme,
+            side,
+            head,
+            token,
+            value,
+        };
+        if let Some((i, &value)) = self
+            .decoded
+            .iter()
+            .enumerate()
+            .find(|(_, x)| !x.is_finite())
+        {
+            let row = i / head_dim.max(1);
+            return Err(bad(row / tokens.max(1), row % tokens.max(1), value));
+        }
+        for (at, versions) in self.later.iter().enumerate() {
+            if let Some(&value) = versions.iter().flatten().find(|x| !x.is_finite()) {
+                return Err(bad(at / tokens.max(1), at % tokens.max(1), value));
+            }
+        }
+        Ok(())
+    }
+
     fn row(&self, quantized: usize, version: usize, head: usize, position: usize) -> &[f32] {
         if position >= quantized || position < self.sinks {
             return row_of(&self.raw, head, position);
@@ -146,6 +182,9 @@ impl LayerCache {
                 v: [vd.0, vd.1, vd.2],
             });
         }
+        if layer >= layers {
+            return Err(SchemeError::Layer { layer, layers });
+        }
         let (_, tokens, head_dim) = kd;
         check_head_dim(scheme, head_dim)?;
         check_finite("K", k)?;
@@ -189,6 +228,8 @@ impl LayerCache {
                 )
             }
         };
+        k.check_read_back(scheme, "K")?;
+        v.check_read_back(scheme, "V")?;
         Ok(LayerCache {
             scheme,
             schedule,
@@ -626,5 +667,58 @@ mod tests {
         bad[[1, 2, 3]] = f32::NAN;
         let err = new(&kv(4, 64), &bad).unwrap_err().to_string();
         assert!(err.contains("V of head 1, token 2"), "{err}");
+        assert!(matches!(
+            LayerCache::new(scheme, Schedule::Prefill, (3, 3), &kv(4, 64), &kv(4, 64)),
+            Err(SchemeError::Layer {
+                layer: 3,
+                layers: 3
+            })
+        ));
+    }
+
+    /// Finite values whose metadata overflows the scheme's (fp16 scales for KIVI and
+    /// llama.cpp, f32 for quanto) are refused, never read back as infinities or NaN.
+    #[test]
+    fn values_beyond_the_metadatas_range_are_refused() {
+        let cases: [(Scheme, f32); 4] = [
+            (
+                Scheme::LlamaCpp {
+                    ty: CacheType::Q4_0,
+                    rotate: false,
+                },
+                1e6,
+            ),
+            (
+                Scheme::LlamaCpp {
+                    ty: CacheType::Q8_0,
+                    rotate: false,
+                },
+                1e7,
+            ),
+            (Scheme::Kivi(Width::Four), 5e4),
+            (Scheme::Quanto(Width::Two), 2e38),
+        ];
+        for (scheme, size) in cases {
+            let mut v = kv(200, 64);
+            v[[1, 2, 3]] = size;
+            v[[1, 2, 4]] = -size;
+            let err =
+                LayerCache::new(scheme, Schedule::Prefill, (0, 1), &kv(200, 64), &v).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    SchemeError::Unrepresentable {
+                        side: "V",
+                        head: 1,
+                        ..
+                    }
+                ),
+                "{scheme}: {err}"
+            );
+            // A tenth of the size fits.
+            v[[1, 2, 3]] = size / 10.0;
+            v[[1, 2, 4]] = -size / 10.0;
+            assert!(LayerCache::new(scheme, Schedule::Prefill, (0, 1), &kv(200, 64), &v).is_ok());
+        }
     }
 }

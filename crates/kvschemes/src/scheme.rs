@@ -152,6 +152,33 @@ pub enum SchemeError {
     /// The codec refused a layout or a tensor.
     #[error("KV codec: {0}")]
     Codec(String),
+    /// A layer index past the model's layers.
+    #[error("layer {layer} of a model with {layers} layers")]
+    Layer {
+        /// The index given.
+        layer: usize,
+        /// The model's layers.
+        layers: usize,
+    },
+    /// Values whose block scale, group scale or minimum the scheme's metadata cannot hold
+    /// (beyond fp16's range for KIVI and llama.cpp's types, f32's for quanto): the cache would
+    /// read back infinities or NaN.
+    #[error(
+        "{scheme}: {side} of head {head}, token {token} reads back {value} (its scale or minimum \
+         overflows the scheme's metadata); such values cannot be held"
+    )]
+    Unrepresentable {
+        /// The scheme.
+        scheme: Scheme,
+        /// "K" or "V".
+        side: &'static str,
+        /// The head.
+        head: usize,
+        /// The token.
+        token: usize,
+        /// The value read back.
+        value: f32,
+    },
     /// A value that is not finite.
     #[error("{side} of head {head}, token {token} holds {value}; schemes quantize finite values")]
     NotFinite {

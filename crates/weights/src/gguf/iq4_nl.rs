@@ -12,7 +12,9 @@
 //!   each q is the level nearest to x * id (`best_index_int8`: 0 at or below the first level, 15
 //!   at or above the last, otherwise binary search, an exact midpoint to the upper level). The
 //!   stored d is then the weighted least-squares fit sum(w q_v x) / sum(w q_v^2) over the chosen
-//!   levels q_v (0 when the denominator is 0), rounded to f16; the indices are not re-chosen
+//!   levels q_v (0 when the denominator is 0), each sum in f32 from 0 in element order of the
+//!   products `(w * q_v) * x` and `(w * q_v) * q_v`, as ggml writes them, the quotient rounded
+//!   to f16; the indices are not re-chosen
 //!   (with `ntry = -1` the search loop and the re-assignment never run).
 //! - Departure: for a block with |max| < 1e-15 ggml writes d = 0 and leaves the indices
 //!   unwritten (they are whatever its buffer held, the previous block's for a row); this module
