@@ -10,10 +10,10 @@
 //!
 //! A series is a cache label (`crate::study::run_label`): first the settings under the
 //! `uniform` policy (`g32_b4`), then the settings under a budget policy (`g32_b4 +
-//! recent_f32:64`), then the schemes of the literature (`kivi4`), each group in order of first
+//! recent_f32:64`), then the named schemes (`kivi4`, `kvpack-k4v4`), each group in order of first
 //! appearance; series i gets [`evidence::chart`]'s colour and shape i, hollow for a budget
 //! policy and filled otherwise, and the legend lists them under "settings (uniform policy)",
-//! "with a budget policy (hollow)" and "schemes of the literature" (a heading only when it has
+//! "with a budget policy (hollow)" and "named schemes (--scheme)" (a heading only when it has
 //! series). One marker per summary row whose mean KL is positive (a log scale cannot place 0),
 //! carrying its data (`data-setting` and `data-policy` for a setting, `data-scheme` for a
 //! scheme):
@@ -72,7 +72,7 @@ impl Group {
         match self {
             Group::Uniform => "settings (uniform policy)",
             Group::Budget => "with a budget policy (hollow)",
-            Group::Scheme => "schemes of the literature",
+            Group::Scheme => "named schemes (--scheme)",
         }
     }
 }

@@ -27,7 +27,7 @@ use crate::common::text::thousands;
 const GROUPS: [(SeriesGroup, &str); 3] = [
     (SeriesGroup::Uniform, "settings (uniform policy)"),
     (SeriesGroup::Budget, "with a budget policy (hollow)"),
-    (SeriesGroup::Scheme, "schemes of the literature"),
+    (SeriesGroup::Scheme, "named schemes (--scheme)"),
 ];
 
 /// Checks the chart against the runs and the audit's aggregates (one per run).
