@@ -45,6 +45,7 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
         "UNVERIFIED evidence/real-minilm",
         "UNVERIFIED evidence/real-smollm2",
         "UNVERIFIED evidence/model-quality",
+        "UNVERIFIED evidence/kv-methods",
         "pinned file hashes",
     ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
@@ -92,4 +93,67 @@ fn plain_audit_finds_the_root_manifest_above_the_current_directory_or_says_how()
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.starts_with("FAIL ../../manifest.json"), "{stdout}");
     assert!(stdout.contains("pins no evidence"), "{stdout}");
+}
+
+/// A checkout whose text files have CRLF line endings (`core.autocrlf=true`, as Git for Windows
+/// sets it) audits the archive as the LF one does: sources are hashed LF-normalised, and
+/// `.gitattributes` keeps evidence, the root manifest and fixtures byte for byte. A sampled
+/// audit re-runs one model pass per directory, so every verdict can be PASS.
+#[test]
+fn a_crlf_checkout_audits_the_archived_evidence_pass() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let clone = tmp.path().join("crlf");
+    let cloned = Command::new("git")
+        .args(["clone", "--quiet", "-c", "core.autocrlf=true"])
+        .arg(workspace())
+        .arg(&clone)
+        .status()
+        .expect("git starts");
+    assert!(cloned.success());
+    let read = |path: &str| std::fs::read(clone.join(path)).unwrap();
+    let crlf = |bytes: &[u8]| bytes.windows(2).any(|w| w == b"\r\n");
+    // The sources were converted (else this test would check nothing); the evidence was not.
+    assert!(crlf(&read("README.md")));
+    assert!(crlf(&read("crates/kvcodec/src/lib.rs")));
+    for path in [
+        "manifest.json",
+        "evidence/packed-kv/summary.md",
+        "evidence/kv-methods/results.json",
+        "evidence/model-quality/quality-vs-bytes.svg",
+    ] {
+        assert!(!read(path).contains(&b'\r'), "{path}");
+    }
+    let smollm2 = models::files::locate_or_fetch(models::ModelName::SmolLm2).unwrap();
+    models::files::locate_or_fetch(models::ModelName::MiniLm).unwrap();
+    let cache = smollm2
+        .weights()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_audit"))
+        .args(["--sample", "1", "--models"])
+        .arg(&cache)
+        .current_dir(&clone)
+        .output()
+        .expect("audit starts");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.ends_with("\nPASS\n"), "{stdout}");
+    for dir in [
+        "packed-kv",
+        "widths-and-modes",
+        "real-minilm",
+        "real-smollm2",
+        "gaussian-d32",
+        "gaussian-d64",
+        "model-quality",
+        "kv-methods",
+    ] {
+        assert!(
+            stdout.contains(&format!("PASS evidence/{dir}\n")),
+            "{dir}:\n{stdout}"
+        );
+    }
 }
