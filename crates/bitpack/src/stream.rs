@@ -312,12 +312,11 @@ pub mod imp {
     impl Kernel {
         /// The kernels this CPU can run, [`Kernel::Portable`] first.
         pub fn available() -> Vec<Kernel> {
-            let mut kernels = vec![Kernel::Portable];
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("bmi2") {
-                kernels.extend([Kernel::Bmi2, Kernel::Bmi2Stream]);
+                return vec![Kernel::Portable, Kernel::Bmi2, Kernel::Bmi2Stream];
             }
-            kernels
+            vec![Kernel::Portable]
         }
 
         /// The fastest kernel this CPU has for an output of `bytes` bytes (the feature

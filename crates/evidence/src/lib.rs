@@ -17,6 +17,7 @@ pub mod chart;
 pub mod error;
 pub mod format;
 pub mod hashing;
+pub mod npy;
 pub mod pin;
 pub mod provenance;
 pub mod staging;

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use ndarray::{ArrayBase, Data, Dimension};
-use ndarray_npy::{WritableElement, WriteNpyExt};
+use ndarray_npy::WriteNpyExt;
+
+use crate::npy::{Le, LeElement};
 use serde::Serialize;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime, ZipWriter};
@@ -107,7 +109,7 @@ impl Writer {
         self.npz.as_mut().expect("the archive is open until finish")
     }
 
-    /// Adds array `<id>_<name>` to arrays.npz.
+    /// Adds array `<id>_<name>` to arrays.npz, little-endian ([`crate::npy`]).
     pub fn add_array<A, S, D>(
         &mut self,
         id: &str,
@@ -115,7 +117,7 @@ impl Writer {
         array: &ArrayBase<S, D>,
     ) -> Result<(), EvidenceError>
     where
-        A: WritableElement,
+        A: LeElement,
         S: Data<Elem = A>,
         D: Dimension,
     {
@@ -227,7 +229,7 @@ impl<W: Write + Seek> Archive<W> {
         array: &ArrayBase<S, D>,
     ) -> Result<(), EvidenceError>
     where
-        A: WritableElement,
+        A: LeElement,
         S: Data<Elem = A>,
         D: Dimension,
     {
@@ -236,7 +238,7 @@ impl<W: Write + Seek> Archive<W> {
             .start_file(format!("{id}_{name}.npy"), self.options)
             .map_err(|e| npz(&e))?;
         let mut member = BufWriter::new(&mut self.zip);
-        array.write_npy(&mut member).map_err(|e| npz(&e))?;
+        array.mapv(Le).write_npy(&mut member).map_err(|e| npz(&e))?;
         member.flush().map_err(|e| npz(&e))
     }
 

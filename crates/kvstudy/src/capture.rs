@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 
+use evidence::npy::Le;
 use models::{Capture, ModelName};
 use ndarray::Array1;
 use ndarray_npy::NpzWriter;
@@ -123,19 +124,20 @@ pub fn write_npz(path: &Path, model: ModelName, capture: &Capture) -> Result<(),
     {
         let mut npz = NpzWriter::new(staged.as_file());
         let ids: Array1<i64> = capture.ids.iter().map(|&id| i64::from(id)).collect();
-        npz.add_array("ids", &ids).map_err(npz_error("ids"))?;
+        npz.add_array("ids", &ids.mapv(Le))
+            .map_err(npz_error("ids"))?;
         for (l, layer) in capture.layers.iter().enumerate() {
             for (part, array) in [("q", &layer.q), ("k", &layer.k), ("v", &layer.v)] {
                 let name = format!("l{l}_{part}");
-                npz.add_array(name.as_str(), array)
+                npz.add_array(name.as_str(), &array.mapv(Le))
                     .map_err(npz_error(&name))?;
             }
         }
         let hidden = hidden_name(model);
-        npz.add_array(hidden, &capture.hidden)
+        npz.add_array(hidden, &capture.hidden.mapv(Le))
             .map_err(npz_error(hidden))?;
         if let Some(logits) = &capture.logits {
-            npz.add_array("logits", logits)
+            npz.add_array("logits", &logits.mapv(Le))
                 .map_err(npz_error("logits"))?;
         }
         npz.finish().map_err(npz_error("(end of archive)"))?;
