@@ -6,7 +6,7 @@
 //! `prefill`, `streaming`, `causal`, the last with `uniform` only), and the widths and group
 //! sizes the KV codec allows ([`Mode::supports`], a group size of at least 1). A scheme name is
 //! one the audit's own schemes parse ([`super::schemes::AuditScheme::parse`]); `causal` is
-//! refused for KIVI and quanto (`kivi*`, `hf-quanto*`), which keep a residual and re-pack on
+//! refused for KIVI and quanto, which keep a residual and re-pack on
 //! their own terms.
 
 use std::collections::BTreeSet;
@@ -14,6 +14,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use super::schemes::AuditScheme;
 use crate::common::problem::ProtocolError;
 use crate::packed_kv::bounds::MAX_STUDY_NAME;
 use crate::packed_kv::protocol::Mode;
@@ -384,9 +385,12 @@ impl QualityProtocol {
             })?;
             let cache = match (&r.scheme, &r.setting, &r.policy) {
                 (Some(name), None, None) => {
-                    super::schemes::AuditScheme::parse(name)
+                    let scheme = AuditScheme::parse(name)
                         .map_err(|reason| refuse(format!("runs[{i}].scheme"), reason))?;
-                    let residual = name.starts_with("kivi") || name.starts_with("hf-quanto");
+                    let residual = matches!(
+                        scheme,
+                        AuditScheme::Kivi { .. } | AuditScheme::Quanto { .. }
+                    );
                     if schedule == Schedule::Causal && residual {
                         return Err(refuse(
                             format!("runs[{i}].schedule"),
@@ -532,5 +536,26 @@ mod tests {
             schedule: Schedule::Prefill,
         };
         assert_eq!(run.id(2), "t2_llamacpp-q8_0-rot_prefill");
+    }
+
+    #[test]
+    fn causal_is_refused_for_the_schemes_that_keep_a_residual() {
+        let protocol = |scheme: &str, schedule: &str| -> QualityProtocol {
+            serde_json::from_value(serde_json::json!({
+                "study": "s", "model": "smollm2",
+                "texts": [ { "name": "a", "text": "Some words." } ],
+                "max_tokens": 8,
+                "runs": [ { "scheme": scheme, "schedule": schedule } ]
+            }))
+            .unwrap()
+        };
+        for scheme in ["kivi2", "hf-quanto4"] {
+            let err = protocol(scheme, "causal").validate().unwrap_err();
+            assert_eq!(err.field, "runs[0].schedule", "{scheme}");
+            assert!(protocol(scheme, "streaming").validate().is_ok());
+        }
+        assert!(protocol("llamacpp-q4_0", "causal").validate().is_ok());
+        let err = protocol("kivi3", "prefill").validate().unwrap_err();
+        assert_eq!(err.field, "runs[0].scheme");
     }
 }
