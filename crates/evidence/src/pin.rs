@@ -320,13 +320,16 @@ pub fn pin(
     };
     let mut text = serde_json::to_string_pretty(&root).expect("a root manifest serializes");
     text.push('\n');
-    let mut builder = tempfile::Builder::new();
     // tempfile creates private (0600) files; the manifest is an ordinary file.
     #[cfg(unix)]
-    {
+    let builder = {
         use std::os::unix::fs::PermissionsExt;
+        let mut builder = tempfile::Builder::new();
         builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
+        builder
+    };
+    #[cfg(not(unix))]
+    let builder = tempfile::Builder::new();
     let mut tmp = builder.tempfile_in(base).map_err(io(format!(
         "creating a temporary file in {}",
         base.display()

@@ -326,16 +326,22 @@ impl<W: Seek> Seek for FirstError<W> {
 mod tests {
     use super::*;
 
-    /// Fails every write after `budget` bytes with ENOSPC.
+    /// Fails every write after `budget` bytes with the OS's "disk full" error (ENOSPC on Unix,
+    /// ERROR_DISK_FULL on Windows).
     struct SmallDisk {
         budget: usize,
         written: Vec<u8>,
     }
 
+    #[cfg(unix)]
+    const DISK_FULL: i32 = 28; // ENOSPC on Linux and macOS
+    #[cfg(windows)]
+    const DISK_FULL: i32 = 112; // ERROR_DISK_FULL
+
     impl Write for SmallDisk {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
             if self.written.len() + buf.len() > self.budget {
-                return Err(io::Error::from_raw_os_error(28));
+                return Err(io::Error::from_raw_os_error(DISK_FULL));
             }
             self.written.extend_from_slice(buf);
             Ok(buf.len())
@@ -361,6 +367,6 @@ mod tests {
         guard.flush().unwrap();
         assert_eq!(guard.inner.written, b"abc");
         let first = guard.state.borrow_mut().error.take().unwrap();
-        assert_eq!(first.raw_os_error(), Some(28));
+        assert_eq!(first.raw_os_error(), Some(DISK_FULL));
     }
 }

@@ -18,12 +18,13 @@
 //! ```
 //!
 //! The checked-in test vectors (`tests/data/numpy-default-rng.json`) were made
-//! with NumPy 2.4.6 on Linux/glibc. See [`ziggurat`] for why a libm other than
-//! glibc's might, rarely, differ in the last bit.
+//! with NumPy 2.4.6 on Linux/glibc (x86_64 with FMA). No draw depends on the platform's C
+//! library ([`ziggurat`], [`log1p`]), so they are the same on Windows, ARM and big-endian CPUs.
 
 #![warn(missing_docs)]
 
 pub mod entropy;
+pub mod log1p;
 pub mod pcg64;
 pub mod seed_sequence;
 pub mod tables;

@@ -314,7 +314,7 @@ impl GgufBlock for BlockQ8_0 {
         // ggml: roundf, halves away from zero; |x * id| <= 127 so the cast cannot saturate.
         BlockQ8_0 {
             d: f16::from_f32(d),
-            qs: x.map(|v| (v * id).round() as i8),
+            qs: x.map(|v| round_half_away(v * id) as i8),
         }
     }
 
@@ -648,6 +648,22 @@ fn check_row_length<B: GgufBlock>(len: usize, cols: usize) -> Result<()> {
     Ok(())
 }
 
+/// C's `roundf` (halves away from zero), from exact operations. Not `f32::round`: that calls
+/// the platform's `roundf`, and mingw-w64's (Windows, GNU) rounds 0.49999997 to 1.
+pub(crate) fn round_half_away(y: f32) -> f32 {
+    let magnitude = y.abs();
+    if magnitude.is_nan() || magnitude >= 8_388_608.0 {
+        return y; // already an integer (from 2^23 up), infinite or NaN
+    }
+    let whole = magnitude as u32 as f32; // truncation, exact below 2^23
+    let rounded = if magnitude - whole >= 0.5 {
+        whole + 1.0
+    } else {
+        whole
+    };
+    rounded.copysign(y)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -862,5 +878,39 @@ mod tests {
                 expected: 8
             })
         );
+    }
+
+    #[test]
+    fn roundf_halves_go_away_from_zero_and_nothing_else_does() {
+        let below_half = f32::from_bits(0.5f32.to_bits() - 1); // 0.49999997
+        for (y, expect) in [
+            (below_half, 0.0),
+            (-below_half, -0.0),
+            (0.5, 1.0),
+            (-0.5, -1.0),
+            (1.5, 2.0),
+            (2.5, 3.0),
+            (-2.5, -3.0),
+            (8_388_607.5, 8_388_608.0),
+            (16_777_215.0, 16_777_215.0),
+            (-0.0, -0.0),
+            (f32::INFINITY, f32::INFINITY),
+        ] {
+            assert_eq!(round_half_away(y).to_bits(), expect.to_bits(), "{y}");
+        }
+        assert!(round_half_away(f32::NAN).is_nan());
+        // Every tie and its neighbours up to 2^10, both signs.
+        for n in 0..1024u32 {
+            let tie = n as f32 + 0.5;
+            for y in [
+                tie,
+                f32::from_bits(tie.to_bits() - 1),
+                f32::from_bits(tie.to_bits() + 1),
+            ] {
+                let expect = if y >= tie { n as f32 + 1.0 } else { n as f32 };
+                assert_eq!(round_half_away(y), expect, "{y}");
+                assert_eq!(round_half_away(-y), -expect, "{y}");
+            }
+        }
     }
 }

@@ -212,8 +212,8 @@ impl Block {
                 let d = amax / 127.0;
                 let id = inverse(d);
                 for (q, &v) in codes.iter_mut().zip(x) {
-                    // roundf: halves away from zero, as f32::round.
-                    *q = (v * id).round() as i16;
+                    // roundf: halves away from zero.
+                    *q = round_half_away(v * id) as i16;
                 }
                 d
             }
@@ -327,6 +327,18 @@ pub fn stored_bytes(ty: BlockType, heads: usize, head_dim: usize, tokens: usize)
         .checked_mul(2)
 }
 
+/// C's `roundf` (halves away from zero) from exact operations: `f32::round` calls the
+/// platform's `roundf`, and mingw-w64's (Windows, GNU) rounds 0.49999997 to 1.
+fn round_half_away(y: f32) -> f32 {
+    let magnitude = y.abs();
+    if magnitude.is_nan() || magnitude >= 8_388_608.0 {
+        return y;
+    }
+    let whole = magnitude as u32 as f32;
+    let step = if magnitude - whole >= 0.5 { 1.0 } else { 0.0 };
+    (whole + step).copysign(y)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,5 +408,39 @@ mod tests {
         assert_eq!(nearest_level(500.0), 15);
         let tiny = Block::quantize(BlockType::Iq4Nl, &[1e-16; 32]);
         assert_eq!((tiny.d, tiny.dequantize()), (f16::ZERO, [0.0; 32]));
+    }
+
+    #[test]
+    fn roundf_halves_go_away_from_zero_and_nothing_else_does() {
+        let below_half = f32::from_bits(0.5f32.to_bits() - 1); // 0.49999997
+        for (y, expect) in [
+            (below_half, 0.0),
+            (-below_half, -0.0),
+            (0.5, 1.0),
+            (-0.5, -1.0),
+            (1.5, 2.0),
+            (2.5, 3.0),
+            (-2.5, -3.0),
+            (8_388_607.5, 8_388_608.0),
+            (16_777_215.0, 16_777_215.0),
+            (-0.0, -0.0),
+            (f32::INFINITY, f32::INFINITY),
+        ] {
+            assert_eq!(round_half_away(y).to_bits(), expect.to_bits(), "{y}");
+        }
+        assert!(round_half_away(f32::NAN).is_nan());
+        // Every tie and its neighbours up to 2^10, both signs.
+        for n in 0..1024u32 {
+            let tie = n as f32 + 0.5;
+            for y in [
+                tie,
+                f32::from_bits(tie.to_bits() - 1),
+                f32::from_bits(tie.to_bits() + 1),
+            ] {
+                let expect = if y >= tie { n as f32 + 1.0 } else { n as f32 };
+                assert_eq!(round_half_away(y), expect, "{y}");
+                assert_eq!(round_half_away(-y), -expect, "{y}");
+            }
+        }
     }
 }
