@@ -43,7 +43,9 @@ pub const MAX_SOURCE_BYTES: u64 = 16 << 20;
 #[non_exhaustive]
 pub enum FileError {
     /// A path from a manifest that is not a plain relative path.
-    #[error("{path:?} is not a plain relative path (absolute, `..`, `.`, empty part or backslash)")]
+    #[error(
+        "{path:?} is not a plain relative path (absolute, `..`, `.`, an empty part, a backslash or colon, or a name Windows reserves)"
+    )]
     NotPlain {
         /// The path as written.
         path: String,
@@ -104,7 +106,11 @@ pub enum FileError {
 pub fn plain_components(path: &str) -> Result<Vec<&str>, FileError> {
     let parts: Vec<&str> = path.split('/').collect();
     let plain = parts.iter().all(|p| {
-        !p.is_empty() && *p != "." && *p != ".." && !p.contains('\\') && !p.contains('\0')
+        !p.is_empty()
+            && *p != "."
+            && *p != ".."
+            && !p.contains(['\\', '\0', ':'])
+            && !windows_reserved(p)
     });
     if plain {
         Ok(parts)
@@ -112,6 +118,28 @@ pub fn plain_components(path: &str) -> Result<Vec<&str>, FileError> {
         Err(FileError::NotPlain {
             path: path.to_string(),
         })
+    }
+}
+
+/// A name Windows does not treat as an ordinary file name in any directory: a device (`CON`,
+/// `PRN`, `AUX`, `NUL`, `COM0`-`COM9`, `LPT0`-`LPT9`, also with superscript digits, with any
+/// extension, in any case), or one ending in a dot or a space (which Windows strips). Refused on
+/// every platform: a path in a manifest must name the same file wherever it is audited.
+fn windows_reserved(name: &str) -> bool {
+    if name.ends_with(['.', ' ']) {
+        return true;
+    }
+    let stem = name.split('.').next().unwrap_or(name).trim_end_matches(' ');
+    let upper = stem.to_ascii_uppercase();
+    match upper.as_str() {
+        "CON" | "PRN" | "AUX" | "NUL" | "CONIN$" | "CONOUT$" => true,
+        _ => upper
+            .strip_prefix("COM")
+            .or_else(|| upper.strip_prefix("LPT"))
+            .is_some_and(|digit| {
+                (digit.len() == 1 && digit.as_bytes()[0].is_ascii_digit())
+                    || matches!(digit, "\u{b9}" | "\u{b2}" | "\u{b3}")
+            }),
     }
 }
 
@@ -246,7 +274,18 @@ fn open_no_follow(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-#[cfg(not(unix))]
+#[cfg(windows)]
+fn open_no_follow(path: &Path) -> std::io::Result<File> {
+    use std::os::windows::fs::OpenOptionsExt;
+    use windows_sys::Win32::Storage::FileSystem::{FILE_FLAG_OPEN_REPARSE_POINT, FILE_SHARE_READ};
+    OpenOptions::new()
+        .read(true)
+        .share_mode(FILE_SHARE_READ)
+        .custom_flags(FILE_FLAG_OPEN_REPARSE_POINT)
+        .open(path)
+}
+
+#[cfg(not(any(unix, windows)))]
 fn open_no_follow(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().read(true).open(path)
 }
@@ -267,6 +306,10 @@ pub struct ConfinedDir {
     /// The open directory.
     #[cfg(unix)]
     fd: std::os::fd::OwnedFd,
+    /// The open directory, held without delete sharing so that it cannot be renamed or removed
+    /// while the audit reads it.
+    #[cfg(windows)]
+    handle: File,
     /// The directory's path as it was named (reports and messages print it).
     path: PathBuf,
     /// The SHA-256 of every read of each file, in order (one per read: the audit reads each
@@ -300,7 +343,16 @@ impl ConfinedDir {
         }
     }
 
-    #[cfg(not(unix))]
+    #[cfg(windows)]
+    fn new(handle: File, path: PathBuf) -> ConfinedDir {
+        ConfinedDir {
+            handle,
+            path,
+            hashes: RefCell::default(),
+        }
+    }
+
+    #[cfg(not(any(unix, windows)))]
     fn new(_: (), path: PathBuf) -> ConfinedDir {
         ConfinedDir {
             path,
@@ -609,8 +661,111 @@ mod sys {
     }
 }
 
-/// Without Unix descriptors: the same checks by path (a rename between them is not guarded).
-#[cfg(not(unix))]
+/// Windows: each directory is held open (`FILE_FLAG_BACKUP_SEMANTICS`) without delete sharing,
+/// so it cannot be renamed or removed while the audit reads it, and nothing is opened through a
+/// reparse point (`FILE_FLAG_OPEN_REPARSE_POINT`, then the open handle's attributes checked: a
+/// symbolic link, junction or mount point is refused, never followed). A file is opened by its
+/// path under the held directory, shared for reading only (nobody writes, renames or removes it
+/// while it is read), and must be a disk file (`GetFileType`): a device name such as `NUL` or
+/// `CON`, which Windows resolves in any directory, is refused by [`plain_components`] before any
+/// open, and a pipe or console handle is refused once open.
+#[cfg(windows)]
+mod sys {
+    use std::fs::{File, OpenOptions};
+    use std::io;
+    use std::os::windows::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::windows::io::AsRawHandle;
+    use std::path::Path;
+
+    use windows_sys::Win32::Storage::FileSystem::{
+        FILE_ATTRIBUTE_DIRECTORY, FILE_ATTRIBUTE_REPARSE_POINT, FILE_FLAG_BACKUP_SEMANTICS,
+        FILE_FLAG_OPEN_REPARSE_POINT, FILE_SHARE_READ, FILE_SHARE_WRITE, FILE_TYPE_DISK,
+        GetFileType,
+    };
+
+    use super::{ConfinedDir, EntryKind, Kind};
+
+    fn reparse_point(attributes: u32) -> bool {
+        attributes & FILE_ATTRIBUTE_REPARSE_POINT != 0
+    }
+
+    pub(super) fn open_dir(
+        parent: Option<&ConfinedDir>,
+        path: &Path,
+        no_follow: bool,
+    ) -> io::Result<File> {
+        let full = parent.map_or(path.to_path_buf(), |p| p.path.join(path));
+        let mut flags = FILE_FLAG_BACKUP_SEMANTICS;
+        if no_follow {
+            flags |= FILE_FLAG_OPEN_REPARSE_POINT;
+        }
+        let handle = OpenOptions::new()
+            .read(true)
+            .share_mode(FILE_SHARE_READ | FILE_SHARE_WRITE)
+            .custom_flags(flags)
+            .open(&full)?;
+        let attributes = handle.metadata()?.file_attributes();
+        if no_follow && reparse_point(attributes) {
+            return Err(io::Error::other("a reparse point (link or junction)"));
+        }
+        if attributes & FILE_ATTRIBUTE_DIRECTORY == 0 {
+            return Err(io::Error::from(io::ErrorKind::NotADirectory));
+        }
+        Ok(handle)
+    }
+
+    pub(super) fn open_file(dir: &ConfinedDir, name: &str) -> io::Result<File> {
+        let file = OpenOptions::new()
+            .read(true)
+            .share_mode(FILE_SHARE_READ)
+            .custom_flags(FILE_FLAG_OPEN_REPARSE_POINT)
+            .open(dir.path.join(name))?;
+        // SAFETY: a handle `file` owns, valid for the call.
+        if unsafe { GetFileType(file.as_raw_handle()) } != FILE_TYPE_DISK {
+            return Err(io::Error::other(
+                "not a disk file (a device, pipe or console)",
+            ));
+        }
+        if reparse_point(file.metadata()?.file_attributes()) {
+            return Err(io::Error::other("a reparse point (link or junction)"));
+        }
+        Ok(file)
+    }
+
+    pub(super) fn entry_kind(dir: &ConfinedDir, name: &str) -> io::Result<Kind> {
+        let metadata = std::fs::symlink_metadata(dir.path.join(name))?;
+        Ok(if reparse_point(metadata.file_attributes()) {
+            Kind::Symlink
+        } else if metadata.is_file() {
+            Kind::File
+        } else {
+            Kind::Other
+        })
+    }
+
+    pub(super) fn is_symlink(dir: &ConfinedDir, name: &str) -> Option<bool> {
+        entry_kind(dir, name).ok().map(|kind| kind == Kind::Symlink)
+    }
+
+    pub(super) fn list(dir: &ConfinedDir) -> io::Result<Vec<(String, EntryKind)>> {
+        // The handle is held for the directory's whole audit, so the path still names it.
+        let _held = &dir.handle;
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&dir.path)? {
+            let entry = entry?;
+            // An entry's metadata here is what the directory listing says: links not followed.
+            let kind = match entry.metadata() {
+                Ok(m) if m.is_file() && !reparse_point(m.file_attributes()) => EntryKind::File,
+                _ => EntryKind::Other,
+            };
+            out.push((entry.file_name().to_string_lossy().into_owned(), kind));
+        }
+        Ok(out)
+    }
+}
+
+/// Neither Unix nor Windows: the same checks by path (a rename between them is not guarded).
+#[cfg(not(any(unix, windows)))]
 mod sys {
     use std::fs::File;
     use std::io;
@@ -684,13 +839,42 @@ mod tests {
 
     #[test]
     fn paths_that_leave_the_base_are_refused() {
-        for path in ["/etc/passwd", "../x", "a/../b", "a//b", "./a", "", "a\\b"] {
+        for path in [
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "./a",
+            "",
+            "a\\b",
+            "NUL",
+            "evidence/con.txt",
+            "run/Lpt1",
+            "com\u{b9}.json",
+            "aux ",
+            "summary.md.",
+            "results.json:stream",
+            "C:x",
+        ] {
             assert!(
                 matches!(plain_components(path), Err(FileError::NotPlain { .. })),
                 "{path}"
             );
         }
         assert_eq!(plain_components("crates/a/src/lib.rs").unwrap().len(), 4);
+        // Near misses are ordinary names, and no name makes the check panic.
+        for path in [
+            "console.md",
+            "nul1",
+            "com10",
+            "lpt",
+            "éé",
+            "ÉCOM1",
+            "auxiliary/x",
+            "a.b",
+        ] {
+            assert!(plain_components(path).is_ok(), "{path}");
+        }
     }
 
     #[cfg(unix)]
@@ -842,5 +1026,68 @@ mod tests {
             ConfinedDir::open(&base.join("evidence/file")),
             Err(FileError::NotADirectory { .. })
         ));
+    }
+
+    #[cfg(windows)]
+    #[test]
+    fn on_windows_devices_links_and_renames_cannot_redirect_a_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path();
+        std::fs::create_dir(base.join("run")).unwrap();
+        std::fs::write(base.join("run").join("file"), b"12345").unwrap();
+        let dir = ConfinedDir::open(base).unwrap();
+        let run = dir.open_dir("run").unwrap();
+        assert_eq!(run.read("file", 5).unwrap(), b"12345");
+        assert!(matches!(
+            run.read("file", 4),
+            Err(FileError::TooLarge { cap: 4, .. })
+        ));
+        // Device names resolve in every directory on Windows: refused before any open.
+        for name in ["NUL", "con", "aux.json", "COM1", "file:stream"] {
+            assert!(
+                matches!(run.read(name, 99), Err(FileError::NotPlain { .. })),
+                "{name}"
+            );
+        }
+        assert!(matches!(
+            read_confined(base, "run/NUL", 99),
+            Err(FileError::NotPlain { .. })
+        ));
+        // The held directory cannot be renamed away (and another swapped in) while it is read.
+        assert!(std::fs::rename(base.join("run"), base.join("moved")).is_err());
+        drop(run);
+        std::fs::rename(base.join("run"), base.join("moved")).unwrap();
+        // A symbolic link, to a file or to a directory, is refused, not followed: checked where
+        // this account may make links (Windows asks for a privilege or developer mode) and the
+        // system shows them as reparse points (Wine 8.0 makes a Unix link it does not).
+        let moved = base.join("moved");
+        let reparse = |path: &Path| {
+            use std::os::windows::fs::MetadataExt;
+            std::fs::symlink_metadata(path).is_ok_and(|m| m.file_attributes() & 0x400 != 0)
+        };
+        if std::os::windows::fs::symlink_file(moved.join("file"), base.join("link")).is_ok()
+            && reparse(&base.join("link"))
+        {
+            assert!(matches!(
+                dir.read("link", 99),
+                Err(FileError::Symlink { .. })
+            ));
+            assert!(matches!(
+                read_confined(base, "link", 99),
+                Err(FileError::Symlink { .. })
+            ));
+        }
+        if std::os::windows::fs::symlink_dir(&moved, base.join("dirlink")).is_ok()
+            && reparse(&base.join("dirlink"))
+        {
+            assert!(matches!(
+                dir.open_dir("dirlink"),
+                Err(FileError::Symlink { .. })
+            ));
+            assert!(matches!(
+                read_confined(base, "dirlink/file", 99),
+                Err(FileError::Symlink { .. })
+            ));
+        }
     }
 }

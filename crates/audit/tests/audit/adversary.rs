@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use audit::Problem;
+#[cfg(unix)]
 use audit::common::files::FileError;
 use audit::common::npz::{NpyError, NpzError, ZipError};
 use audit::common::sources::SourceProblem;
