@@ -17,8 +17,10 @@
 //!   no lock file (it was not made this way); a lock file whose directory is gone and which can
 //!   be locked is removed.
 //! - Every file is fsynced (`File::sync_all`) before the rename, and so is the staging directory;
-//!   the parent is fsynced after it (directories on Unix only), so a run reported as written
-//!   survives a crash.
+//!   the parent is fsynced after it, so a run reported as written survives a crash. Windows has
+//!   no directory fsync: there the rename is made with `MoveFileExW(MOVEFILE_WRITE_THROUGH)`,
+//!   which returns once the move is on disk, and a lock file's identity (is it still the file
+//!   this run locked?) is its file index.
 //! - On any error (a full disk, say) the staging directory, its lock file and any parent
 //!   directories this run created are removed, and the error is reported once.
 
@@ -208,7 +210,7 @@ impl Staging {
         // Re-check just before the rename: renaming onto an empty directory would succeed
         // silently.
         check_new(out)?;
-        std::fs::rename(&self.dir, out).map_err(io(format!(
+        move_into_place(&self.dir, out).map_err(io(format!(
             "moving the finished run into {}",
             out.display()
         )))?;
@@ -244,12 +246,49 @@ fn same_file(file: &File, path: &Path) -> bool {
     }
 }
 
-#[cfg(not(unix))]
+/// On Windows a file's identity within a volume is its file index; the lock file and the path
+/// are in one directory, so on one volume. (The volume serial number is not compared: Wine 8.0
+/// reports different ones for two handles to one file.)
+#[cfg(windows)]
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::windows::fs::OpenOptionsExt;
+    use windows_sys::Win32::Storage::FileSystem::{
+        FILE_FLAG_BACKUP_SEMANTICS, FILE_FLAG_OPEN_REPARSE_POINT, FILE_SHARE_DELETE,
+        FILE_SHARE_READ, FILE_SHARE_WRITE,
+    };
+    // Opened for its attributes only, sharing everything, through no reparse point.
+    let other = std::fs::OpenOptions::new()
+        .access_mode(0)
+        .share_mode(FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE)
+        .custom_flags(FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT)
+        .open(path);
+    match (file_id(file), other.map(|other| file_id(&other))) {
+        (Some(a), Ok(Some(b))) => a == b,
+        _ => false,
+    }
+}
+
+/// The file index of an open file.
+#[cfg(windows)]
+fn file_id(file: &File) -> Option<(u32, u32)> {
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Storage::FileSystem::{
+        BY_HANDLE_FILE_INFORMATION, GetFileInformationByHandle,
+    };
+    // SAFETY: zeroed is a valid BY_HANDLE_FILE_INFORMATION (integers and FILETIMEs); the handle
+    // is `file`'s, open for the call.
+    let mut info: BY_HANDLE_FILE_INFORMATION = unsafe { std::mem::zeroed() };
+    let ok = unsafe { GetFileInformationByHandle(file.as_raw_handle(), &mut info) };
+    (ok != 0).then_some((info.nFileIndexHigh, info.nFileIndexLow))
+}
+
+#[cfg(not(any(unix, windows)))]
 fn same_file(_file: &File, path: &Path) -> bool {
     path.exists()
 }
 
-/// Makes a directory's entries durable: on Unix, fsync the directory itself.
+/// Makes a directory's entries durable: on Unix, fsync the directory itself. Windows cannot
+/// open a directory for syncing; there the rename itself is written through ([`move_into_place`]).
 #[cfg(unix)]
 fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
@@ -258,6 +297,27 @@ fn sync_dir(path: &Path) -> io::Result<()> {
 #[cfg(not(unix))]
 fn sync_dir(_path: &Path) -> io::Result<()> {
     Ok(())
+}
+
+/// Renames the finished staging directory to `out`. On Windows with `MOVEFILE_WRITE_THROUGH`,
+/// which returns only once the move is on disk (and never replaces an existing `out`).
+#[cfg(not(windows))]
+fn move_into_place(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::rename(from, to)
+}
+
+#[cfg(windows)]
+fn move_into_place(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::windows::ffi::OsStrExt;
+    use windows_sys::Win32::Storage::FileSystem::{MOVEFILE_WRITE_THROUGH, MoveFileExW};
+    let wide = |p: &Path| -> Vec<u16> { p.as_os_str().encode_wide().chain([0]).collect() };
+    let (from, to) = (wide(from), wide(to));
+    // SAFETY: two NUL-terminated UTF-16 strings that outlive the call.
+    if unsafe { MoveFileExW(from.as_ptr(), to.as_ptr(), MOVEFILE_WRITE_THROUGH) } != 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// What [`remove_stale_staging`] did.
@@ -415,5 +475,32 @@ mod tests {
         ] {
             assert!(!is_staging_name(name), "{name}");
         }
+    }
+
+    #[cfg(windows)]
+    #[test]
+    fn on_windows_a_file_is_told_apart_by_identity_and_the_move_is_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a.lock"), tmp.path().join("b.lock"));
+        std::fs::write(&a, "a").unwrap();
+        std::fs::write(&b, "b").unwrap();
+        let file = File::open(&a).unwrap();
+        assert!(same_file(&file, &a));
+        assert!(!same_file(&file, &b), "another file");
+        assert!(!same_file(&file, &tmp.path().join("gone")), "nothing there");
+        std::fs::rename(&a, tmp.path().join("moved")).unwrap();
+        assert!(!same_file(&file, &a), "the name no longer names the file");
+        assert!(same_file(&file, &tmp.path().join("moved")));
+
+        let staged = tmp.path().join(".run.partial-abc123");
+        std::fs::create_dir(&staged).unwrap();
+        std::fs::write(staged.join("results.json"), "{}").unwrap();
+        let out = tmp.path().join("run");
+        move_into_place(&staged, &out).unwrap();
+        assert_eq!(std::fs::read(out.join("results.json")).unwrap(), b"{}");
+        // Never onto something that exists.
+        std::fs::create_dir(&staged).unwrap();
+        assert!(move_into_place(&staged, &out).is_err());
+        assert!(staged.is_dir());
     }
 }

@@ -22,8 +22,8 @@ pub use error::ProtocolError;
 use crate::archive::{self, MAX_NPZ_BYTES, MAX_NPZ_MEMBERS};
 use crate::plan::Storage;
 use crate::protocol::{
-    Axes, Distribution, FROZEN, MAX_CONFIGURATIONS, MAX_MATRIX_ELEMENTS, MAX_STUDY_NAME_CHARS,
-    MAX_TIMED_CALLS, Protocol,
+    Axes, Distribution, FROZEN, KvSetting, MAX_CONFIGURATIONS, MAX_MATRIX_ELEMENTS,
+    MAX_STUDY_NAME_CHARS, MAX_TIMED_CALLS, Protocol,
 };
 
 /// Largest protocol file the runner reads (a protocol is a few hundred bytes).
@@ -437,6 +437,18 @@ impl Protocol {
         )
         .map_err(|source| ProtocolError::Layout {
             field: "budget.low_bits".into(),
+            source,
+        })?;
+        // The setting the budget's low tier is stored at (`Budget::setting`), so that making it
+        // later cannot fail: its group size bound is the setting's, not only the layout's.
+        KvSetting::new(
+            budget.group_size,
+            budget.low_bits,
+            kvcodec::Mode::Symmetric,
+            Axes::default(),
+        )
+        .map_err(|source| ProtocolError::Layout {
+            field: "budget.group_size".into(),
             source,
         })?;
         positive("budget.window", budget.window)?;

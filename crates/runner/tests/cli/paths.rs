@@ -3,11 +3,12 @@
 //! directory outside the root manifest's tree, `runner merge --out` inside one of its shards,
 //! and the Slurm merge script's handling of an output path with a space and a bracket.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn workspace() -> PathBuf {
+#[cfg(unix)]
+fn workspace() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
@@ -103,6 +104,7 @@ fn pin_refuses_a_directory_outside_the_root_manifests_tree() {
     let root = repo.join("manifest.json");
     let before = r#"{ "format": "evidence-pins/1", "about": "", "evidence": {} }"#;
     std::fs::write(&root, before).unwrap();
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut cases = vec![(
         "../outside/run",
         "is not a directory inside the root manifest's tree (`..` leaves the tree)",
@@ -165,6 +167,7 @@ fn merge_refuses_an_output_inside_one_of_its_shards() {
         );
     }
     let shard_files = names(&tmp.path().join("shard-1"));
+    #[cfg_attr(not(unix), allow(unused_mut))]
     let mut cases = vec![
         ("shard-1/merged", "shard-1"),
         ("shard-2/../shard-1/new/merged", "shard-1"),
