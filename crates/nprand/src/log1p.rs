@@ -15,7 +15,7 @@
 //! The method (fdlibm's comments): write 1 + x = 2^k (1 + f) with sqrt(2)/2 < 1 + f < sqrt(2);
 //! when k != 0, u = 1 + x is rounded, and c = ((1 + x) - u) / u corrects for it. With
 //! s = f / (2 + f), z = s^2, hfsq = f^2 / 2 and R(z) the degree-7 polynomial of
-//! [`polynomial`], log(1 + f) = f - (hfsq - s (hfsq + R)), and log1p(x) = k ln2_hi - ((hfsq -
+//! `polynomial`, log(1 + f) = f - (hfsq - s (hfsq + R)), and log1p(x) = k ln2_hi - ((hfsq -
 //! (s (hfsq + R) + (k ln2_lo + c))) - f). |f| < 2^-20 uses R = hfsq (1 - 2f/3) instead, and
 //! |x| < 2^-29 returns x - x^2/2 (x itself below 2^-54).
 
