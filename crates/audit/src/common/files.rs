@@ -2,7 +2,8 @@
 //! was given, reached without symbolic links, and read with a size cap.
 //!
 //! Paths come from manifests the audit does not trust, so a path is a list of plain components
-//! (no `..`, `.`, empty or absolute parts, no backslash or NUL); each directory on the way and the
+//! (no `..`, `.`, empty or absolute parts, no backslash, colon or NUL, and no name Windows
+//! reserves for a device, such as `NUL` or `CON`, on any platform); each directory on the way and the
 //! file itself are checked with `lstat` (a symbolic link is refused, not followed); the file is
 //! opened with `O_NOFOLLOW | O_NONBLOCK` (so a FIFO swapped in cannot block the audit) and must
 //! still be a regular file, within the cap, once open; and reading stops one byte past the cap.
@@ -22,6 +23,10 @@
 //! nothing it reads (the handle keeps the directory it opened). A directory reached from the root
 //! manifest ([`ConfinedDir::open_dir`]) is opened one name at a time with `O_NOFOLLOW`: a pinned
 //! directory that is a symbolic link, or lies under one, is refused.
+//!
+//! **On Windows** (the `sys` module there says how): the same checks with handles held open
+//! without delete sharing (a held directory cannot be renamed or removed), reparse points
+//! (links, junctions) refused rather than followed, and only disk files read.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -285,10 +290,6 @@ fn open_no_follow(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-#[cfg(not(any(unix, windows)))]
-fn open_no_follow(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().read(true).open(path)
-}
 
 /// What a directory entry is, without following links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -352,13 +353,6 @@ impl ConfinedDir {
         }
     }
 
-    #[cfg(not(any(unix, windows)))]
-    fn new(_: (), path: PathBuf) -> ConfinedDir {
-        ConfinedDir {
-            path,
-            hashes: RefCell::default(),
-        }
-    }
 
     /// The directory's path as it was named.
     pub fn path(&self) -> &Path {
@@ -750,71 +744,6 @@ mod sys {
     pub(super) fn list(dir: &ConfinedDir) -> io::Result<Vec<(String, EntryKind)>> {
         // The handle is held for the directory's whole audit, so the path still names it.
         let _held = &dir.handle;
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(&dir.path)? {
-            let entry = entry?;
-            // An entry's metadata here is what the directory listing says: links not followed.
-            let kind = match entry.metadata() {
-                Ok(m) if m.is_file() && !reparse_point(m.file_attributes()) => EntryKind::File,
-                _ => EntryKind::Other,
-            };
-            out.push((entry.file_name().to_string_lossy().into_owned(), kind));
-        }
-        Ok(out)
-    }
-}
-
-/// Neither Unix nor Windows: the same checks by path (a rename between them is not guarded).
-#[cfg(not(any(unix, windows)))]
-mod sys {
-    use std::fs::File;
-    use std::io;
-    use std::path::Path;
-
-    use super::{ConfinedDir, EntryKind, Kind};
-
-    pub(super) fn open_dir(
-        parent: Option<&ConfinedDir>,
-        path: &Path,
-        no_follow: bool,
-    ) -> io::Result<()> {
-        let full = parent.map_or(path.to_path_buf(), |p| p.path.join(path));
-        let metadata = if no_follow {
-            std::fs::symlink_metadata(&full)?
-        } else {
-            std::fs::metadata(&full)?
-        };
-        if metadata.is_dir() {
-            Ok(())
-        } else {
-            Err(io::Error::from(io::ErrorKind::NotADirectory))
-        }
-    }
-
-    pub(super) fn open_file(dir: &ConfinedDir, name: &str) -> io::Result<File> {
-        let full = dir.path.join(name);
-        if std::fs::symlink_metadata(&full)?.file_type().is_symlink() {
-            return Err(io::Error::other("a symbolic link"));
-        }
-        File::open(full)
-    }
-
-    pub(super) fn entry_kind(dir: &ConfinedDir, name: &str) -> io::Result<Kind> {
-        let kind = std::fs::symlink_metadata(dir.path.join(name))?.file_type();
-        Ok(if kind.is_symlink() {
-            Kind::Symlink
-        } else if kind.is_file() {
-            Kind::File
-        } else {
-            Kind::Other
-        })
-    }
-
-    pub(super) fn is_symlink(dir: &ConfinedDir, name: &str) -> Option<bool> {
-        entry_kind(dir, name).ok().map(|kind| kind == Kind::Symlink)
-    }
-
-    pub(super) fn list(dir: &ConfinedDir) -> io::Result<Vec<(String, EntryKind)>> {
         let at = if dir.path.as_os_str().is_empty() {
             Path::new(".")
         } else {
@@ -823,8 +752,9 @@ mod sys {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(at)? {
             let entry = entry?;
-            let kind = match entry.file_type() {
-                Ok(t) if t.is_file() => EntryKind::File,
+            // An entry's metadata here is what the directory listing says: links not followed.
+            let kind = match entry.metadata() {
+                Ok(m) if m.is_file() && !reparse_point(m.file_attributes()) => EntryKind::File,
                 _ => EntryKind::Other,
             };
             out.push((entry.file_name().to_string_lossy().into_owned(), kind));
