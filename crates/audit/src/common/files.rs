@@ -290,7 +290,6 @@ fn open_no_follow(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-
 /// What a directory entry is, without following links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum EntryKind {
@@ -352,7 +351,6 @@ impl ConfinedDir {
             hashes: RefCell::default(),
         }
     }
-
 
     /// The directory's path as it was named.
     pub fn path(&self) -> &Path {
