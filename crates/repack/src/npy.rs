@@ -12,6 +12,10 @@
 //! `rows * cols * 4` bytes, and only then decodes them. Each refusal says what the file holds
 //! and what is needed.
 //!
+//! Written ([`npy_matrix_bytes`]) little-endian on every machine (`'<f4'`): ndarray-npy writes
+//! the machine's byte order, which on a big-endian CPU would make `repack dequantize`'s file
+//! differ from the same command's on x86_64.
+//!
 //! This module works on bytes only and depends on no other of this crate's; reading the file is
 //! [`crate::files::read_npy_matrix`].
 
@@ -354,6 +358,41 @@ fn dtype_name(descr: &str) -> &'static str {
     }
 }
 
+/// A float32 written little-endian whatever the machine (the module docs).
+#[derive(Clone, Copy)]
+struct LeF32(f32);
+
+impl ndarray_npy::WritableElement for LeF32 {
+    fn type_descriptor() -> py_literal::Value {
+        py_literal::Value::String("<f4".into())
+    }
+
+    fn write<W: std::io::Write>(&self, mut writer: W) -> Result<(), ndarray_npy::WriteDataError> {
+        writer.write_all(&self.0.to_le_bytes())?;
+        Ok(())
+    }
+
+    fn write_slice<W: std::io::Write>(
+        slice: &[Self],
+        mut writer: W,
+    ) -> Result<(), ndarray_npy::WriteDataError> {
+        let bytes: Vec<u8> = slice.iter().flat_map(|v| v.0.to_le_bytes()).collect();
+        writer.write_all(&bytes)?;
+        Ok(())
+    }
+}
+
+/// `x` as a `.npy` file (version 1.0, C order, `'<f4'`), the same bytes on every machine.
+pub fn npy_matrix_bytes(x: &Array2<f32>) -> Vec<u8> {
+    use ndarray_npy::WriteNpyExt;
+    let mut out = Vec::new();
+    // Into memory, a float32 matrix's header and data cannot fail to format or to write.
+    x.mapv(LeF32)
+        .write_npy(&mut out)
+        .expect("a float32 matrix lays out as .npy in memory");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -524,5 +563,22 @@ mod tests {
             parse_npy_matrix(b"\x93NUMPY\x04\x00\x00\x00").unwrap_err(),
             NpyError::UnsupportedVersion { major: 4, minor: 0 }
         );
+    }
+
+    #[test]
+    fn writes_little_endian_float32_on_every_machine() {
+        let x = array![[1.5f32, -2.0, f32::MIN_POSITIVE], [0.0, -0.0, 1e30]];
+        let bytes = npy_matrix_bytes(&x);
+        let data: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert!(bytes.ends_with(&data));
+        let header = String::from_utf8_lossy(&bytes[10..bytes.len() - data.len()]).into_owned();
+        assert!(header.contains("'descr': '<f4'"), "{header}");
+        assert_eq!(parse_npy_matrix(&bytes).unwrap(), x);
+        // On a little-endian machine, exactly what ndarray-npy writes for the bare type.
+        if cfg!(target_endian = "little") {
+            let mut native = Vec::new();
+            x.write_npy(&mut native).unwrap();
+            assert_eq!(bytes, native);
+        }
     }
 }

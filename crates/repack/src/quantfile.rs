@@ -39,7 +39,6 @@ use std::str::FromStr;
 use gguf_file::writer::GgufWriter;
 use gguf_file::{GgufFile, TensorType};
 use ndarray::{Array2, ArrayView2};
-use ndarray_npy::WriteNpyExt;
 use safetensors::Dtype;
 use weights::WeightFormat;
 use weights::bpw::Cost;
@@ -429,11 +428,7 @@ pub fn dequantize_file(
     }
     let bytes = read_input(input)?;
     let (format, x, cost) = dequantize_bytes(&bytes, flags, input)?;
-    let mut npy = Vec::new();
-    // Into memory, a float32 matrix's header and data cannot fail to format or to write.
-    x.write_npy(&mut npy)
-        .expect("a float32 matrix lays out as .npy in memory");
-    write_new_file(output, &npy)?;
+    write_new_file(output, &crate::npy::npy_matrix_bytes(&x))?;
     Ok(QuantReport {
         format,
         shape: [x.nrows(), x.ncols()],
