@@ -650,7 +650,7 @@ fn check_row_length<B: GgufBlock>(len: usize, cols: usize) -> Result<()> {
 
 /// C's `roundf` (halves away from zero), from exact operations. Not `f32::round`: that calls
 /// the platform's `roundf`, and mingw-w64's (Windows, GNU) rounds 0.49999997 to 1.
-pub(crate) fn round_half_away(y: f32) -> f32 {
+fn round_half_away(y: f32) -> f32 {
     let magnitude = y.abs();
     if magnitude.is_nan() || magnitude >= 8_388_608.0 {
         return y; // already an integer (from 2^23 up), infinite or NaN
