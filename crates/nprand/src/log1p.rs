@@ -10,7 +10,7 @@
 //! glibc's x86_64 build picks a copy of `s_log1p.c` compiled with FMA (`sysdeps/x86_64/fpu/
 //! multiarch`), in which the compiler fused the polynomial's multiply-adds. That is what this is,
 //! operation for operation: the same code without those fusions differs from it on 186 of
-//! 400,000 tail arguments, so NumPy itself draws differently on an x86_64 CPU without FMA.
+//! 399,997 tail arguments, so NumPy itself draws differently on an x86_64 CPU without FMA.
 //!
 //! The method (fdlibm's comments): write 1 + x = 2^k (1 + f) with sqrt(2)/2 < 1 + f < sqrt(2);
 //! when k != 0, u = 1 + x is rounded, and c = ((1 + x) - u) / u corrects for it. With
