@@ -1,7 +1,8 @@
 //! One layer's K and V cache under a [`Scheme`]: what attention reads for each query and
 //! position, and the bytes the cache stores.
 //!
-//! K and V are [kv_heads, tokens, head_dim] (K after RoPE). Each scheme stores, after n tokens, a
+//! K and V are [kv_heads, tokens, head_dim] (K after RoPE; KVQuant's, built by
+//! [`LayerCache::kvquant`], before it). Each scheme stores, after n tokens, a
 //! quantized prefix of each and keeps the rest in full precision (f32 here):
 //!
 //! | scheme | K quantized after n tokens | V quantized after n tokens |
@@ -10,6 +11,7 @@
 //! | `hf-quanto*` | prefill: n; decoding: 1 + floor((n - 1) / 128) * 128 | the same |
 //! | `llamacpp-*` | n | n |
 //! | `kvpack-*` | prefill: n; decoding: S + 32 floor((n - S) / 32) (whole groups) | n |
+//! | `kvquant*` | n (before RoPE; the first N in fp16) | n (the first N in fp16) |
 //!
 //! (`kvpack-*-sink<S>` keeps its first S tokens f32 in both.)
 //!
@@ -36,7 +38,8 @@
 //!
 //! Bytes ([`Stored`]) are those of the state the schedule ends in (after the last token),
 //! counted from what is stored: llama.cpp's block bytes; KIVI's packed u32 code words, fp16
-//! scales and minimums; quanto's packed codes and f32 scales and shifts; 4 bytes per
+//! scales and minimums; quanto's packed codes and f32 scales and shifts; KVQuant's packed codes,
+//! outliers and ranges (its module's spec) and its layer's calibration; 4 bytes per
 //! full-precision value.
 
 use half::f16;
@@ -47,6 +50,7 @@ use kvcodec::{GroupAxis, Layout};
 
 use crate::codec::{self, CodecScheme};
 use crate::kivi::{self, Group};
+use crate::kvquant::{self, Calibration, KvQuantScheme};
 use crate::llamacpp::CacheType;
 use crate::quanto;
 use crate::scheme::{Scheme, SchemeError};
@@ -67,20 +71,23 @@ pub struct Stored {
     pub codes: usize,
     /// Scales, minimums and zero points.
     pub metadata: usize,
-    /// Full-precision values (4 bytes each).
+    /// Full-precision values (4 bytes each; KVQuant's first tokens, 2 bytes each in fp16).
     pub full_precision: usize,
+    /// Sparse outliers: their values, indices and per-row counts (KVQuant).
+    pub outliers: usize,
 }
 
 impl Stored {
     /// Everything.
     pub fn total(&self) -> usize {
-        self.codes + self.metadata + self.full_precision
+        self.codes + self.metadata + self.full_precision + self.outliers
     }
 
     fn add(&mut self, other: Stored) {
         self.codes += other.codes;
         self.metadata += other.metadata;
         self.full_precision += other.full_precision;
+        self.outliers += other.outliers;
     }
 }
 
@@ -217,6 +224,7 @@ impl LayerCache {
                     codec_side(v, schedule, codec, v_bits, GroupAxis::Feature)?,
                 )
             }
+            Scheme::KvQuant(_) => return Err(SchemeError::NeedsCalibration { scheme }),
             Scheme::LlamaCpp { ty, rotate } => {
                 let rotation = |size: Option<usize>| {
                     size.filter(|_| rotate)
@@ -232,6 +240,108 @@ impl LayerCache {
         v.check_read_back(scheme, "V")?;
         Ok(LayerCache {
             scheme,
+            schedule,
+            tokens,
+            k,
+            v,
+        })
+    }
+
+    /// Holds one layer's keys *before* RoPE and values under a KVQuant scheme, against
+    /// `calibration` (fitted for this scheme and model, [`kvquant::Calibration::fit`]);
+    /// `rope` rotates the keys read back ([kv_heads, tokens, head_dim], position p as the
+    /// model rotates position p). Every token is quantized on arrival, so both schedules read
+    /// the same cache.
+    pub fn kvquant<E: std::fmt::Display>(
+        scheme: KvQuantScheme,
+        calibration: &Calibration,
+        schedule: Schedule,
+        (layer, layers): (usize, usize),
+        (k_pre_rope, v): (&Array3<f32>, &Array3<f32>),
+        rope: impl FnOnce(&mut Array3<f32>) -> Result<(), E>,
+    ) -> Result<LayerCache, SchemeError> {
+        let named = Scheme::KvQuant(scheme);
+        let (kd, vd) = (k_pre_rope.dim(), v.dim());
+        if kd != vd {
+            return Err(SchemeError::Shapes {
+                k: [kd.0, kd.1, kd.2],
+                v: [vd.0, vd.1, vd.2],
+            });
+        }
+        if layer >= layers {
+            return Err(SchemeError::Layer { layer, layers });
+        }
+        let mismatch = |problem: String| SchemeError::Calibration {
+            scheme: named,
+            problem,
+        };
+        if calibration.bits != scheme.bits || calibration.first != scheme.first {
+            return Err(mismatch(format!(
+                "the calibration was fitted at {} bits with {} first tokens",
+                calibration.bits, calibration.first
+            )));
+        }
+        if calibration.layers.len() != layers {
+            return Err(mismatch(format!(
+                "the calibration has {} layers, the model {layers}",
+                calibration.layers.len()
+            )));
+        }
+        let fitted = &calibration.layers[layer];
+        let (heads, tokens, head_dim) = kd;
+        if fitted.key_upper.len() != heads * head_dim {
+            return Err(mismatch(format!(
+                "the calibration's key rows are {} wide, this layer's {}",
+                fitted.key_upper.len(),
+                heads * head_dim
+            )));
+        }
+        check_finite("K", k_pre_rope)?;
+        check_finite("V", v)?;
+        let mut stored = Stored {
+            metadata: calibration.layer_bytes(heads * head_dim),
+            ..Stored::default()
+        };
+        let mut side = |x: &Array3<f32>, keys: bool| {
+            let mut decoded = x.as_standard_layout().into_owned();
+            for (t, row) in kvquant::rows(x.view()).iter().enumerate() {
+                let values: Vec<f32> = if t < scheme.first {
+                    stored.full_precision += row.len() * 2;
+                    row.iter().map(|&x| f16::from_f32(x).to_f32()).collect()
+                } else {
+                    let q = if keys {
+                        kvquant::quantize_key_row(fitted, row)
+                    } else {
+                        kvquant::quantize_value_row(fitted, row)
+                    };
+                    let (codes, metadata, outliers) = q.bytes(scheme.bits);
+                    stored.codes += codes;
+                    stored.metadata += metadata;
+                    stored.outliers += outliers;
+                    q.decoded
+                };
+                for (i, value) in values.into_iter().enumerate() {
+                    decoded[[i / head_dim, t, i % head_dim]] = value;
+                }
+            }
+            decoded
+        };
+        let mut k = side(k_pre_rope, true);
+        let v = side(v, false);
+        rope(&mut k).map_err(|e| SchemeError::Rope(e.to_string()))?;
+        let whole = |decoded: Array3<f32>| Side {
+            raw: decoded.clone(),
+            decoded,
+            later: Vec::new(),
+            sinks: 0,
+            stored: Stored::default(),
+        };
+        let (mut k, v) = (whole(k), whole(v));
+        k.stored = stored;
+        k.check_read_back(named, "K")?;
+        v.check_read_back(named, "V")?;
+        Ok(LayerCache {
+            scheme: named,
             schedule,
             tokens,
             k,
@@ -263,7 +373,7 @@ impl LayerCache {
                 (n, n)
             }
             // Every token is quantized on arrival, the query's own included.
-            (Scheme::LlamaCpp { .. }, _) => (self.tokens, self.tokens),
+            (Scheme::LlamaCpp { .. } | Scheme::KvQuant(_), _) => (self.tokens, self.tokens),
             (Scheme::Codec(_), Schedule::Prefill) => (self.tokens, self.tokens),
             (Scheme::Codec(codec), Schedule::Streaming) => {
                 let n = query + 1;
@@ -325,7 +435,7 @@ impl LayerCache {
 
 fn check_head_dim(scheme: Scheme, head_dim: usize) -> Result<(), SchemeError> {
     let multiple = match scheme {
-        Scheme::Codec(_) => 1,
+        Scheme::Codec(_) | Scheme::KvQuant(_) => 1,
         Scheme::LlamaCpp { rotate: true, .. } | Scheme::Quanto(_) => 64,
         Scheme::LlamaCpp { rotate: false, .. } => 32,
         Scheme::Kivi(_) => kivi::GROUP,
@@ -375,6 +485,7 @@ fn llamacpp_side(raw: Array3<f32>, ty: CacheType, rotation: Option<&Hadamard>) -
             codes: blocks.len() / ty.block_bytes() * (ty.block_bytes() - metadata_bytes(ty)),
             metadata: blocks.len() / ty.block_bytes() * metadata_bytes(ty),
             full_precision: 0,
+            outliers: 0,
         },
     }
 }
@@ -442,6 +553,7 @@ fn kivi_side(raw: Array3<f32>, quantized: usize, bits: u32, axis: KiviAxis) -> S
             codes: words.len() * 4,
             metadata: (scales.len() + mins.len()) * 2,
             full_precision: residual * 4,
+            outliers: 0,
         },
     }
 }
@@ -553,6 +665,7 @@ fn quanto_side(raw: Array3<f32>, schedule: Schedule, bits: u32) -> Side {
             // An f32 scale and an f32 shift per group (the model's dtype).
             metadata: groups * 8,
             full_precision: heads * (tokens - end) * head_dim * 4,
+            outliers: 0,
         },
     }
 }
@@ -608,6 +721,7 @@ mod tests {
                 codes: 2 * groups.div_ceil(4) * 64,
                 metadata: 2 * groups * 8,
                 full_precision: 0,
+                outliers: 0,
             }
         );
         let streaming = LayerCache::new(scheme, Schedule::Streaming, (0, 1), &k, &v).unwrap();
@@ -644,6 +758,76 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn kvquant_quantizes_keys_before_rope_and_bills_codes_outliers_ranges_and_calibration() {
+        let (k, v) = (kv(40, 64), kv(40, 64).mapv(|x| x * 0.5 - 0.25));
+        let scheme = KvQuantScheme::parse("kvquant3-first1").unwrap();
+        let calibration = Calibration::fit(3, 1, &[(k.clone(), v.clone())]).unwrap();
+        // A stand-in RoPE: negate every key read back.
+        let negate = |x: &mut Array3<f32>| -> Result<(), String> {
+            x.mapv_inplace(|y| -y);
+            Ok(())
+        };
+        let build = |schedule| {
+            LayerCache::kvquant(scheme, &calibration, schedule, (0, 1), (&k, &v), negate).unwrap()
+        };
+        let (prefill, streaming) = (build(Schedule::Prefill), build(Schedule::Streaming));
+        assert_eq!(prefill.stored(), streaming.stored());
+        assert_eq!(prefill.quantized(3), (40, 40));
+        // Token 0 is kept in fp16, then rotated.
+        let fp16 = |x: &f32| f16::from_f32(*x).to_f32();
+        let negated: Vec<f32> = row(&k, 1, 0).iter().map(|x| -fp16(x)).collect();
+        assert_eq!(prefill.key(1, 5, 0), negated.as_slice());
+        let rounded: Vec<f32> = row(&v, 0, 0).iter().map(fp16).collect();
+        assert_eq!(prefill.value(0, 5, 0), rounded.as_slice());
+        let rows = kvquant::rows(k.view());
+        let fitted = &calibration.layers[0];
+        let q = kvquant::quantize_key_row(fitted, &rows[7]);
+        let negated: Vec<f32> = q.decoded[64..].iter().map(|x| -x).collect();
+        assert_eq!(prefill.key(1, 9, 7), negated.as_slice());
+        // Bytes: 39 quantized rows of 128 values per side at 3 bits, their outliers (4 bytes
+        // each, 2 per row for the count), 8 bytes of range per value row, the first token's 128
+        // values per side in fp16, and the layer's calibration.
+        let stored = prefill.stored();
+        assert_eq!(stored.codes, 2 * 39 * 128 * 3 / 8);
+        assert_eq!(stored.full_precision, 2 * 128 * 2);
+        let outliers: usize = (1..40)
+            .map(|t| {
+                let vt = kvquant::rows(v.view());
+                kvquant::quantize_key_row(fitted, &rows[t]).outliers.len()
+                    + kvquant::quantize_value_row(fitted, &vt[t]).outliers.len()
+            })
+            .sum();
+        assert_eq!(stored.outliers, outliers * 4 + 2 * 39 * 2);
+        assert_eq!(stored.metadata, 39 * 8 + calibration.layer_bytes(128));
+        // Without a calibration, or with another scheme's, it is refused.
+        assert!(matches!(
+            LayerCache::new(Scheme::KvQuant(scheme), Schedule::Prefill, (0, 1), &k, &v),
+            Err(SchemeError::NeedsCalibration { .. })
+        ));
+        let other = KvQuantScheme::parse("kvquant4-first1").unwrap();
+        let err = LayerCache::kvquant(
+            other,
+            &calibration,
+            Schedule::Prefill,
+            (0, 1),
+            (&k, &v),
+            negate,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("fitted at 3 bits"), "{err}");
+        let err = LayerCache::kvquant(
+            scheme,
+            &calibration,
+            Schedule::Prefill,
+            (0, 1),
+            (&k, &v),
+            |_| Err("wrong shape"),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("wrong shape"), "{err}");
     }
 
     #[test]

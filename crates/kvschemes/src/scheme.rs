@@ -7,6 +7,7 @@ use std::str::FromStr;
 use thiserror::Error;
 
 use crate::codec::CodecScheme;
+use crate::kvquant::KvQuantScheme;
 use crate::llamacpp::CacheType;
 
 /// The code widths KIVI and quanto's cache take.
@@ -37,6 +38,9 @@ pub enum Scheme {
     Quanto(Width),
     /// This project's codec: K and V widths, mode, sinks, edge layers ([`crate::codec`]).
     Codec(CodecScheme),
+    /// KVQuant: pre-RoPE keys, calibrated non-uniform levels, dense-and-sparse outliers
+    /// ([`crate::kvquant`]).
+    KvQuant(KvQuantScheme),
     /// A llama.cpp cache type for K and V, with or without its rotation
     /// ([`crate::llamacpp`], [`crate::hadamard`]).
     LlamaCpp {
@@ -61,6 +65,11 @@ impl Scheme {
                 all.push(Scheme::LlamaCpp { ty, rotate });
             }
         }
+        for name in KVQUANT_SCHEMES {
+            all.push(Scheme::KvQuant(
+                KvQuantScheme::parse(name).expect("a valid name"),
+            ));
+        }
         for name in CODEC_SCHEMES {
             all.push(Scheme::Codec(
                 CodecScheme::parse(name).expect("a valid name"),
@@ -78,6 +87,7 @@ impl Scheme {
                 format!("llamacpp-{ty}{}", if rotate { "+rot" } else { "" })
             }
             Scheme::Codec(codec) => codec.to_string(),
+            Scheme::KvQuant(kvquant) => kvquant.to_string(),
         }
     }
 }
@@ -87,6 +97,9 @@ impl fmt::Display for Scheme {
         f.write_str(&self.name())
     }
 }
+
+/// The KVQuant schemes [`Scheme::all`] lists; `kvquant<B>[-first<N>]` parses for B in 2..=5.
+pub const KVQUANT_SCHEMES: [&str; 4] = ["kvquant2", "kvquant3", "kvquant4", "kvquant4-first1"];
 
 /// The project's codec schemes [`Scheme::all`] lists; any other valid `kvpack-...` name parses
 /// too.
@@ -103,9 +116,9 @@ pub const CODEC_SCHEMES: [&str; 7] = [
 /// A name that is no scheme.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error(
-    "unknown scheme {name:?}; the schemes are {}, and kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] \
-     (widths 2 to 8, or 1 to 8 with -asym)",
-    Scheme::all().iter().filter(|s| !matches!(s, Scheme::Codec(_))).map(|s| s.name()).collect::<Vec<_>>().join(", ")
+    "unknown scheme {name:?}; the schemes are {}, kvquant<B>[-first<N>] (B 2 to 5, N 1 to 64), \
+     and kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] (widths 2 to 8, or 1 to 8 with -asym)",
+    Scheme::all().iter().filter(|s| !matches!(s, Scheme::Codec(_) | Scheme::KvQuant(_))).map(|s| s.name()).collect::<Vec<_>>().join(", ")
 )]
 pub struct UnknownScheme {
     /// The name given.
@@ -119,6 +132,7 @@ impl FromStr for Scheme {
             .into_iter()
             .find(|s| s.name() == name)
             .or_else(|| CodecScheme::parse(name).map(Scheme::Codec))
+            .or_else(|| KvQuantScheme::parse(name).map(Scheme::KvQuant))
             .ok_or_else(|| UnknownScheme {
                 name: name.to_string(),
             })
@@ -179,6 +193,26 @@ pub enum SchemeError {
         /// The value read back.
         value: f32,
     },
+    /// A KVQuant scheme asked for without its calibration and keys before RoPE.
+    #[error(
+        "{scheme} quantizes keys before RoPE against levels calibrated on another text: build \
+         its cache with LayerCache::kvquant, from a Calibration"
+    )]
+    NeedsCalibration {
+        /// The scheme.
+        scheme: Scheme,
+    },
+    /// A calibration that is not the scheme's or the model's.
+    #[error("{scheme}: {problem}")]
+    Calibration {
+        /// The scheme.
+        scheme: Scheme,
+        /// What does not fit.
+        problem: String,
+    },
+    /// The caller's RoPE refused the keys read back.
+    #[error("rotating the keys read back: {0}")]
+    Rope(String),
     /// A value that is not finite.
     #[error("{side} of head {head}, token {token} holds {value}; schemes quantize finite values")]
     NotFinite {
@@ -202,7 +236,8 @@ mod tests {
         for scheme in Scheme::all() {
             assert_eq!(scheme.name().parse::<Scheme>(), Ok(scheme));
         }
-        assert_eq!(Scheme::all().len(), 21);
+        assert_eq!(Scheme::all().len(), 25);
+        assert!("kvquant3-first5".parse::<Scheme>().is_ok());
         assert!("kvpack-k3v5-asym-sink2".parse::<Scheme>().is_ok());
         let err = "kivi3".parse::<Scheme>().unwrap_err().to_string();
         assert!(

@@ -11,6 +11,39 @@ use super::source::KvSource;
 use crate::capture::{Capture, LayerCapture};
 use crate::ops;
 
+/// One layer's cache inputs in [`Llama::forward_with_layer_source`]: keys after RoPE (what a
+/// cache usually stores), keys before it, and values, each [kv_heads, tokens, head_dim]; and the
+/// layer's RoPE, so that keys stored before it can be rotated as attention reads them.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerKv<'a> {
+    /// Keys after RoPE.
+    pub k: &'a Array3<f32>,
+    /// Values.
+    pub v: &'a Array3<f32>,
+    /// Keys before RoPE: the projection's output, split into heads.
+    pub k_pre_rope: &'a Array3<f32>,
+    cos: &'a Array2<f32>,
+    sin: &'a Array2<f32>,
+}
+
+impl LayerKv<'_> {
+    /// Rotates `keys` [kv_heads, tokens, head_dim] as the pass rotated its own (position p by
+    /// the same table entry), so that `rope(k_pre_rope)` is `k` bit for bit. Refuses another
+    /// shape.
+    pub fn rope(&self, keys: &mut Array3<f32>) -> Result<(), HookError> {
+        if keys.dim() != self.k_pre_rope.dim() {
+            return Err(format!(
+                "keys of shape {:?} to rotate, where the layer's are {:?}",
+                keys.dim(),
+                self.k_pre_rope.dim()
+            )
+            .into());
+        }
+        rope(keys, self.cos, self.sin);
+        Ok(())
+    }
+}
+
 impl Llama {
     /// The causal pass over `ids`: every layer's q, k (after RoPE) and v, the stream after the
     /// last block, and the logits at every position.
@@ -112,18 +145,59 @@ impl Llama {
     where
         F: FnMut(usize, &Array3<f32>, &Array3<f32>) -> Result<Box<dyn KvSource>, HookError>,
     {
+        self.hidden_with_layer_source(ids, |l, kv| source(l, kv.k, kv.v))
+    }
+
+    /// [`Llama::forward_with_source`] whose source also sees each layer's keys before RoPE
+    /// ([`LayerKv`]), for a cache that quantizes them there (KVQuant) and rotates what it reads
+    /// back with the layer's own RoPE.
+    pub fn forward_with_layer_source<F>(
+        &self,
+        ids: &[u32],
+        source: F,
+    ) -> Result<Capture, ModelError>
+    where
+        F: FnMut(usize, &LayerKv<'_>) -> Result<Box<dyn KvSource>, HookError>,
+    {
+        let (hidden, layers) = self.hidden_with_layer_source(ids, source)?;
+        let normed = self.final_norm(&hidden);
+        let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
+        Ok(Capture {
+            ids: ids.to_vec(),
+            layers,
+            hidden,
+            logits: Some(logits),
+        })
+    }
+
+    /// [`Llama::forward_with_layer_source`] without the LM head.
+    pub fn hidden_with_layer_source<F>(
+        &self,
+        ids: &[u32],
+        mut source: F,
+    ) -> Result<(Array2<f32>, Vec<LayerCapture>), ModelError>
+    where
+        F: FnMut(usize, &LayerKv<'_>) -> Result<Box<dyn KvSource>, HookError>,
+    {
         self.check_ids(ids)?;
         let c = &self.config;
         let mut x = self.embed(ids);
         let (cos, sin) = rope_table(0, ids.len(), c.head_dim, c.rope_base);
         let mut layers = Vec::with_capacity(c.layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
-            let captured = self.layer_qkv(w, &x, &cos, &sin);
+            let (captured, k_pre_rope) = self.layer_qkv_pre_rope(w, &x, &cos, &sin);
             let hook = |e: HookError| ModelError::Hook {
                 layer: l,
                 problem: e.to_string(),
             };
-            let read = source(l, &captured.k, &captured.v).map_err(hook)?;
+            let kv = LayerKv {
+                k: &captured.k,
+                v: &captured.v,
+                k_pre_rope: &k_pre_rope,
+                cos: &cos,
+                sin: &sin,
+            };
+            let read = source(l, &kv).map_err(hook)?;
             let attended = attention_from(&captured.q, read.as_ref(), c.kv_heads)
                 .map_err(|problem| ModelError::Hook { layer: l, problem })?;
             self.layer_rest(w, &mut x, &attended);
@@ -149,15 +223,27 @@ impl Llama {
         cos: &Array2<f32>,
         sin: &Array2<f32>,
     ) -> LayerCapture {
+        self.layer_qkv_pre_rope(w, x, cos, sin).0
+    }
+
+    /// [`Llama::layer_qkv`], and k before RoPE.
+    fn layer_qkv_pre_rope(
+        &self,
+        w: &LayerWeights,
+        x: &Array2<f32>,
+        cos: &Array2<f32>,
+        sin: &Array2<f32>,
+    ) -> (LayerCapture, Array3<f32>) {
         let c = &self.config;
         let mut h = x.clone();
         ops::rms_norm(&mut h, &w.attn_norm, c.rms_eps);
         let mut q = split_heads(ops::linear(h.view(), w.q.view(), None), c.heads);
-        let mut k = split_heads(ops::linear(h.view(), w.k.view(), None), c.kv_heads);
+        let k_pre_rope = split_heads(ops::linear(h.view(), w.k.view(), None), c.kv_heads);
         let v = split_heads(ops::linear(h.view(), w.v.view(), None), c.kv_heads);
         rope(&mut q, cos, sin);
+        let mut k = k_pre_rope.clone();
         rope(&mut k, cos, sin);
-        LayerCapture { q, k, v }
+        (LayerCapture { q, k, v }, k_pre_rope)
     }
 
     /// The rest of a block after attention: the output projection and the feed-forward layer,

@@ -46,6 +46,7 @@ mod tests;
 
 pub use config::LlamaConfig;
 pub use error::{HookError, ModelError};
+pub use forward::LayerKv;
 pub use load::{LayerWeights, LlamaWeights, load_with_tokenizer};
 pub use source::{KvSource, OwnKv, row_of};
 pub use step::argmax;

@@ -208,6 +208,30 @@ fn a_source_of_the_layers_own_rows_and_a_step_loop_give_the_bits_of_forward() {
 }
 
 #[test]
+fn a_layer_source_sees_keys_before_rope_and_rotates_them_to_the_passs_own() {
+    let model = tiny();
+    let ids = [3, 1, 4, 1, 5, 9, 2, 6];
+    let plain = model.forward(&ids).unwrap();
+    let sourced = model
+        .forward_with_layer_source(&ids, |_, kv| {
+            assert_ne!(kv.k_pre_rope, kv.k);
+            let mut k = kv.k_pre_rope.clone();
+            kv.rope(&mut k)?;
+            assert_eq!(&k, kv.k);
+            Ok(Box::new(OwnKv::new(&k, kv.v)))
+        })
+        .unwrap();
+    assert_eq!(sourced, plain);
+    let err = model
+        .forward_with_layer_source(&ids, |_, kv| {
+            kv.rope(&mut Array3::zeros((2, 3, 4)))?;
+            Ok(Box::new(OwnKv::new(kv.k, kv.v)))
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("keys of shape (2, 3, 4)"), "{err}");
+}
+
+#[test]
 fn a_source_or_step_cache_of_the_wrong_shape_is_refused() {
     let model = tiny();
     let short = Array3::<f32>::zeros((2, 1, 3));
