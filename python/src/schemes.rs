@@ -133,13 +133,15 @@ impl SchemeCache {
     }
 
     /// Bytes stored, by part: `codes`, `metadata` (scales, minimums), `full_precision` (4 per
-    /// value), `total`.
+    /// value), `outliers` (KVQuant's sparse values; 0 for the schemes this call builds),
+    /// `total`.
     #[getter]
     fn stored<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
         dict.set_item("codes", self.stored.codes)?;
         dict.set_item("metadata", self.stored.metadata)?;
         dict.set_item("full_precision", self.stored.full_precision)?;
+        dict.set_item("outliers", self.stored.outliers)?;
         dict.set_item("total", self.stored.total())?;
         Ok(dict)
     }

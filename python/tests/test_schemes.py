@@ -208,7 +208,8 @@ def test_one_head_in_gives_one_head_out_and_names_list_every_scheme():
     c = kvpack.schemes.cache(k[0], v[0], "llamacpp-q8_0")
     assert c.k.shape == (64, 64) and c.k.dtype == np.float32
     names = kvpack.schemes.names()
-    assert len(names) == 21 and "kivi4" in names and "hf-quanto2" in names
+    assert len(names) == 25 and "kivi4" in names and "hf-quanto2" in names
+    assert "kvquant4-first1" in names
     assert "kvpack-k8v4" in names and "llamacpp-iq4_nl+rot" in names
 
 
@@ -228,3 +229,6 @@ def test_bad_input_is_refused_by_name():
         kvpack.schemes.cache(k, bad, "llamacpp-q4_0")
     with pytest.raises(ValueError, match="dimensions"):
         kvpack.schemes.cache(k[0, 0], v[0, 0], "kivi4")
+    # KVQuant needs keys before RoPE and a calibration, which this call has not got.
+    with pytest.raises(ValueError, match="calibrated on another text"):
+        kvpack.schemes.cache(k, v, "kvquant4")

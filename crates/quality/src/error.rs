@@ -49,6 +49,9 @@ pub enum QualityError {
         /// The scheme.
         scheme: kvschemes::Scheme,
     },
+    /// A KVQuant calibration could not be fitted.
+    #[error(transparent)]
+    Calibration(#[from] kvschemes::kvquant::CalibrationError),
     /// The codec refused a layout or a tensor.
     #[error("KV codec: {0}")]
     Codec(#[from] kvcodec::KvError),

@@ -29,7 +29,7 @@ pub fn greedy(
     let mut ids = prompt.to_vec();
     for step in 0..n {
         let (hidden, _) =
-            model.hidden_with_source(&ids, |l, k, v| Ok(cache.layer((l, layers), k, v)?.0))?;
+            model.hidden_with_layer_source(&ids, |l, kv| Ok(cache.layer((l, layers), kv)?.0))?;
         let last = model.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
         let logits = ops::linear(last.view(), model.weights().token_embd.view(), None);
         let row = logits.row(0);

@@ -101,9 +101,9 @@ pub fn measure(
         Ok(())
     })?;
     let mut bytes = 0usize;
-    let packed = model.forward_with_source(ids, |l, k, v| {
+    let packed = model.forward_with_layer_source(ids, |l, kv| {
         progress(layers + l + 1);
-        let (source, layer_bytes) = cache.layer((l, layers), k, v)?;
+        let (source, layer_bytes) = cache.layer((l, layers), kv)?;
         bytes += layer_bytes;
         Ok(source)
     })?;
@@ -112,7 +112,7 @@ pub fn measure(
     };
     let positions = metrics::compare(ids, f32_logits, logits)?;
     let c = model.config();
-    let (setting, policy, scheme) = match cache {
+    let (setting, policy, scheme) = match &cache {
         Cache::Codec(spec) => (
             Some(spec.setting.to_string()),
             Some(spec.policy.to_string()),

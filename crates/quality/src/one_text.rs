@@ -40,6 +40,12 @@ pub enum QualityCmdError {
     /// The text cannot be tokenized or the ids decoded.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] BpeError),
+    /// A calibration text that overlaps the measured text.
+    #[error(
+        "the calibration text and the text overlap (one contains the other): a KVQuant scheme \
+         must not be calibrated on the text it is measured on; give --calibration-file"
+    )]
+    CalibrationOverlap,
     /// More tokens to generate than the model's context holds after the prompt.
     #[error(
         "--generate {generate} is more than SmolLM2's context of {context} tokens leaves after \
@@ -70,6 +76,9 @@ pub struct Request<'a> {
     /// A scheme's name (`kivi4`, `llamacpp-q4_0+rot`, ...): the cache instead of `setting` and
     /// `policy`, which are then not read.
     pub scheme: Option<&'a str>,
+    /// A KVQuant scheme's calibration text ([`DEFAULT_CALIBRATION`] when `None`); not read
+    /// for other caches.
+    pub calibration: Option<&'a str>,
     /// The text (teacher forcing).
     pub text: &'a str,
     /// The generation prompt; the text's first [`DEFAULT_PROMPT_TOKENS`] tokens when `None`.
@@ -103,6 +112,11 @@ pub struct GenerationReport {
 /// Without `--prompt`, generation continues the text's first tokens, at most this many: each
 /// generated token is one pass over the prompt and what came before (`crate::generate`).
 pub const DEFAULT_PROMPT_TOKENS: usize = 32;
+
+/// The calibration text a KVQuant scheme fits its levels on when none is given: docs/audit.md
+/// as it was when KVQuant was added (English prose about this project, not any text the studies
+/// evaluate; [`crate::study::CALIBRATION_TOKENS`] of its ids are used).
+pub const DEFAULT_CALIBRATION: &str = include_str!("../data/calibration.txt");
 
 /// The layers of SmolLM2-135M, for the progress count before the model is loaded.
 const SMOLLM2_LAYERS: usize = 30;
@@ -159,7 +173,8 @@ pub fn measure(
 ) -> Result<Report, QualityCmdError> {
     let ids = bpe.encode(request.text)?;
     let layers = model.config().layers;
-    let measurement = crate::measure(model, &ids, spec, &mut *progress)?;
+    let spec = calibrated(model, bpe, request, spec)?;
+    let measurement = crate::measure(model, &ids, spec.clone(), &mut *progress)?;
     let generation = if request.generate == 0 {
         None
     } else {
@@ -192,6 +207,35 @@ pub fn measure(
         measurement,
         generation,
     })
+}
+
+/// A KVQuant spec with its calibration fitted on the request's calibration text, which must not
+/// overlap the text; any other spec as it is.
+fn calibrated(
+    model: &Llama,
+    bpe: &Bpe,
+    request: &Request<'_>,
+    spec: Cache,
+) -> Result<Cache, QualityCmdError> {
+    let Cache::Scheme(scheme) = &spec else {
+        return Ok(spec);
+    };
+    let Some(kvquant) = scheme.kvquant() else {
+        return Ok(spec);
+    };
+    let calibration = request.calibration.unwrap_or(DEFAULT_CALIBRATION);
+    let (a, b) = (request.text.trim(), calibration.trim());
+    if a.contains(b) || b.contains(a) {
+        return Err(QualityCmdError::CalibrationOverlap);
+    }
+    let mut ids = bpe.encode(calibration)?;
+    ids.truncate(crate::study::CALIBRATION_TOKENS);
+    let fitted = crate::scheme::calibrate(model, &ids, &[kvquant])?;
+    let (_, fitted) = fitted
+        .into_iter()
+        .next()
+        .ok_or(QualityError::TooFewTokens(0))?;
+    Ok(scheme.clone().with_calibration(fitted)?.into())
 }
 
 /// The short table `runner quality` prints without `--json`.
@@ -266,6 +310,7 @@ mod tests {
             policy: "uniform",
             schedule: "prefill",
             scheme: None,
+            calibration: None,
             text: "x",
             prompt: None,
             generate: 0,

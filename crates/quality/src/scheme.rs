@@ -10,23 +10,32 @@
 //! `causal` is refused for them. The project's codec as a scheme (`kvpack-*`) reads `causal` as
 //! `prefill` (use `--setting` for the codec's own causal rule, which re-packs partial groups).
 //!
+//! KVQuant (`kvquant*`) quantizes keys before RoPE against levels fitted on a calibration text:
+//! its spec carries the [`Calibration`] ([`SchemeSpec::with_calibration`], fitted by
+//! [`calibrate`]), and its cache reads the layer's keys before RoPE and rotates what it reads
+//! back with the model's RoPE. Every token is quantized on arrival, so all three schedules store
+//! the same bytes.
+//!
 //! Bytes: the sum over layers of what each layer's cache stores at the end of the text
-//! (`kvschemes::LayerCache::stored`), counted from the stored blocks, code words, scales and
-//! full-precision values.
+//! (`kvschemes::LayerCache::stored`), counted from the stored blocks, code words, scales,
+//! outliers, calibration and full-precision values.
 
+use std::sync::Arc;
+
+use kvschemes::kvquant::{Calibration, KvQuantScheme};
 use kvschemes::{LayerCache, Scheme};
-use models::llama::{HookError, KvSource};
-use ndarray::Array3;
+use models::llama::{HookError, KvSource, LayerKv, Llama, OwnKv};
 
 use crate::cache::{self, CacheSpec, PackedLayer};
 use crate::error::QualityError;
 use crate::setting::Schedule;
 
-/// A scheme under a schedule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A scheme under a schedule (and, for KVQuant, its calibration).
+#[derive(Debug, Clone, PartialEq)]
 pub struct SchemeSpec {
     scheme: Scheme,
     schedule: Schedule,
+    calibration: Option<Arc<Calibration>>,
 }
 
 impl SchemeSpec {
@@ -35,7 +44,41 @@ impl SchemeSpec {
         if schedule == Schedule::Causal && matches!(scheme, Scheme::Kivi(_) | Scheme::Quanto(_)) {
             return Err(QualityError::SchemeSchedule { scheme });
         }
-        Ok(SchemeSpec { scheme, schedule })
+        Ok(SchemeSpec {
+            scheme,
+            schedule,
+            calibration: None,
+        })
+    }
+
+    /// The KVQuant scheme, when it is one (it needs a calibration).
+    pub fn kvquant(&self) -> Option<KvQuantScheme> {
+        match self.scheme {
+            Scheme::KvQuant(kvquant) => Some(kvquant),
+            _ => None,
+        }
+    }
+
+    /// The spec with the calibration a KVQuant scheme reads; refused for another scheme or a
+    /// calibration fitted for other widths or first tokens.
+    pub fn with_calibration(
+        mut self,
+        calibration: Arc<Calibration>,
+    ) -> Result<SchemeSpec, QualityError> {
+        match self.kvquant() {
+            Some(k) if k.bits == calibration.bits && k.first == calibration.first => {
+                self.calibration = Some(calibration);
+                Ok(self)
+            }
+            _ => Err(kvschemes::SchemeError::Calibration {
+                scheme: self.scheme,
+                problem: format!(
+                    "a calibration fitted at {} bits with {} first tokens does not fit it",
+                    calibration.bits, calibration.first
+                ),
+            }
+            .into()),
+        }
     }
 
     /// The scheme.
@@ -72,7 +115,7 @@ impl KvSource for SchemeLayer {
 
 /// The cache of a measurement: one of the project's settings under a policy and schedule, or a
 /// named scheme.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Cache {
     /// A codec setting, policy and schedule ([`crate::cache`]).
     Codec(CacheSpec),
@@ -101,16 +144,37 @@ impl Cache {
         }
     }
 
-    /// Layer `layer` of `layers`: its K (after RoPE) and V as attention reads them, and the
-    /// bytes that layer's cache stores at the end of the text (a setting's by
-    /// [`cache::cache_bytes`], the same for every layer).
+    /// Layer `layer` of `layers`: its K and V as attention reads them, and the bytes that
+    /// layer's cache stores at the end of the text (a setting's by [`cache::cache_bytes`], the
+    /// same for every layer).
     pub fn layer(
         &self,
         (layer, layers): (usize, usize),
-        k: &Array3<f32>,
-        v: &Array3<f32>,
+        kv: &LayerKv<'_>,
     ) -> Result<(Box<dyn KvSource>, usize), HookError> {
+        let (k, v) = (kv.k, kv.v);
         match self {
+            Cache::Scheme(spec) if spec.kvquant().is_some() => {
+                let (Some(kvquant), Some(calibration)) = (spec.kvquant(), &spec.calibration) else {
+                    return Err(
+                        QualityError::from(kvschemes::SchemeError::NeedsCalibration {
+                            scheme: spec.scheme,
+                        })
+                        .into(),
+                    );
+                };
+                let cache = LayerCache::kvquant(
+                    kvquant,
+                    calibration,
+                    spec.reading(),
+                    (layer, layers),
+                    (kv.k_pre_rope, v),
+                    |keys| kv.rope(keys),
+                )
+                .map_err(QualityError::from)?;
+                let bytes = cache.stored().total();
+                Ok((Box::new(SchemeLayer(cache)), bytes))
+            }
             Cache::Codec(spec) => {
                 let (kv_heads, tokens, head_dim) = k.dim();
                 let bytes = cache::cache_bytes(spec, 1, kv_heads, head_dim, tokens)?;
@@ -124,4 +188,27 @@ impl Cache {
             }
         }
     }
+}
+
+/// Fits each KVQuant scheme's calibration on `ids` (the calibration text): one float32 pass
+/// keeps every layer's keys before RoPE and values, and `kvschemes::kvquant::Calibration::fit`
+/// fits the thresholds and level tables; one calibration per distinct scheme, in order.
+pub fn calibrate(
+    model: &Llama,
+    ids: &[u32],
+    schemes: &[KvQuantScheme],
+) -> Result<Vec<(KvQuantScheme, Arc<Calibration>)>, QualityError> {
+    let mut layers = Vec::with_capacity(model.config().layers);
+    model.hidden_with_layer_source(ids, |_, kv| {
+        layers.push((kv.k_pre_rope.clone(), kv.v.clone()));
+        Ok(Box::new(OwnKv::new(kv.k, kv.v)))
+    })?;
+    let mut fitted: Vec<(KvQuantScheme, Arc<Calibration>)> = Vec::new();
+    for &scheme in schemes {
+        if fitted.iter().all(|(s, _)| *s != scheme) {
+            let calibration = Calibration::fit(scheme.bits, scheme.first, &layers)?;
+            fitted.push((scheme, Arc::new(calibration)));
+        }
+    }
+    Ok(fitted)
 }

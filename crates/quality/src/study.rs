@@ -15,14 +15,20 @@
 //!   `recent8:W`, `early8:W`), exactly what `quality::setting` parses and `CacheSpec::new`
 //!   accepts, or a `scheme` of the literature (`kivi4`, `llamacpp-q4_0+rot`: a name
 //!   `kvschemes::Scheme` parses, under a schedule [`SchemeSpec::new`] accepts);
-//! - `generate` (optional): `prompt_tokens` (1 to the shortest text's ids) and `tokens` (1 to 64).
+//! - `generate` (optional): `prompt_tokens` (1 to the shortest text's ids) and `tokens` (1 to 64);
+//! - `calibration` (required when a run names a KVQuant scheme): a `name` and `text`, neither
+//!   a text's name nor overlapping a text (one containing the other); its first
+//!   [`CALIBRATION_TOKENS`] ids are the calibration pass (`crate::scheme::calibrate`).
 //!
 //! Rows run texts first, then runs in protocol order; a row's id is
 //! `t{text}_{setting}_{policy}_{schedule}` or `t{text}_{scheme}_{schedule}`, with `:` and `+`
 //! written `-`.
 //!
 //! The directory (see [`crate::write`] for how it is staged and moved into place):
-//! - `arrays.npz`: per text, in order, `t{i}_ids` (int64 `[T]`), `t{i}_f32_logp` (float64 `[T-1]`,
+//! - `arrays.npz`: with a calibration text, first `calibration_ids` (int64 `[C]`) and per KVQuant
+//!   scheme, in the order runs first name it, `calibration_<scheme>_key_upper` and `_key_lower`
+//!   (float32 `[layers, W]`: each key channel's fp16 thresholds, widened) and `_key_levels` and
+//!   `_value_levels` (float32 `[layers, 2^bits]`); then per text, in order, `t{i}_ids` (int64 `[T]`), `t{i}_f32_logp` (float64 `[T-1]`,
 //!   ln p_f32(ids[j+1] | ids[..=j]) from an f64 log-softmax of the f32 logits), `t{i}_f32_argmax`
 //!   (int64 `[T-1]`) and, when generating, `t{i}_f32_generated` (int64 `[tokens]`); then per row, in
 //!   run order, `<id>_logp`, `<id>_kl` (float64 `[T-1]`, KL(p_f32 || p_packed) over the whole
@@ -44,11 +50,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::metrics::{kl, log_softmax};
 use crate::scheme::{Cache, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
+use std::sync::Arc;
+
 use kvschemes::Scheme;
+use kvschemes::kvquant::{Calibration, KvQuantScheme};
 use models::ModelName;
-use models::llama::{HookError, KvSource, Llama, ModelError, argmax};
+use models::llama::{HookError, KvSource, LayerKv, Llama, ModelError, argmax};
 use models::tokenizer::bpe::{Bpe, BpeError};
-use ndarray::Array3;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -76,6 +84,8 @@ pub const MAX_RUNS: usize = 64;
 pub const MAX_TOKENS: usize = 2048;
 /// Most generated tokens.
 pub const MAX_GENERATED: usize = 64;
+/// Ids of the calibration text kept (its first).
+pub const CALIBRATION_TOKENS: usize = 2048;
 
 /// A model-quality protocol, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +104,10 @@ pub struct QualityProtocol {
     /// Greedy generation, when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate: Option<Generate>,
+    /// The text KVQuant schemes fit their levels on (required when a run names one), distinct
+    /// from every evaluated text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<QualityText>,
 }
 
 /// One text.
@@ -356,6 +370,7 @@ impl QualityProtocol {
                 ));
             }
         }
+        self.validate_calibration()?;
         if let Some(g) = self.generate {
             if g.prompt_tokens == 0 {
                 return Err(field("generate.prompt_tokens", "must be at least 1, got 0"));
@@ -373,6 +388,53 @@ impl QualityProtocol {
                 return Err(field(
                     "generate.tokens",
                     format!("must be 1 to {MAX_GENERATED}, got {}", g.tokens),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The calibration text: required when a run names a KVQuant scheme; its name unlike the
+    /// texts', and no text inside it or it inside one (calibration is not evaluation).
+    fn validate_calibration(&self) -> Result<(), QualityProtocolError> {
+        let needs = self
+            .specs()?
+            .iter()
+            .position(|c| matches!(c, Cache::Scheme(s) if s.kvquant().is_some()));
+        let Some(calibration) = &self.calibration else {
+            return match needs {
+                Some(i) => Err(field(
+                    "calibration",
+                    format!(
+                        "missing: runs[{i}] names {}, which fits its levels on a calibration \
+                         text that is not evaluated",
+                        self.runs[i].label()
+                    ),
+                )),
+                None => Ok(()),
+            };
+        };
+        if !is_name(&calibration.name, MAX_TEXT_NAME_CHARS) {
+            return Err(field(
+                "calibration.name",
+                format!("must be 1 to {MAX_TEXT_NAME_CHARS} characters of [A-Za-z0-9-_.]"),
+            ));
+        }
+        for (i, text) in self.texts.iter().enumerate() {
+            if text.name == calibration.name {
+                return Err(field(
+                    "calibration.name",
+                    format!("{} is also texts[{i}]'s name", text.name),
+                ));
+            }
+            let (a, b) = (text.text.trim(), calibration.text.trim());
+            if a.contains(b) || b.contains(a) {
+                return Err(field(
+                    "calibration.text",
+                    format!(
+                        "overlaps texts[{i}] ({}): calibration is not evaluation",
+                        text.name
+                    ),
                 ));
             }
         }
@@ -577,11 +639,23 @@ pub struct Study {
     pub texts: Vec<TextResult>,
     /// Per row: texts, then runs in protocol order.
     pub rows: Vec<Row>,
+    /// The calibration, when the protocol has a calibration text.
+    pub calibration: Option<CalibrationRun>,
 }
 
-/// Progress steps of a protocol: per text, its float32 pass, then one per run.
+/// The calibration text's ids and each KVQuant scheme's calibration fitted on them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CalibrationRun {
+    /// Its first [`CALIBRATION_TOKENS`] ids.
+    pub ids: Vec<u32>,
+    /// Per KVQuant scheme, in the order runs first name them.
+    pub fitted: Vec<(KvQuantScheme, Arc<Calibration>)>,
+}
+
+/// Progress steps of a protocol: the calibration pass, when there is one; per text, its float32
+/// pass, then one per run.
 pub fn steps(protocol: &QualityProtocol) -> usize {
-    protocol.texts.len() * (1 + protocol.runs.len())
+    usize::from(protocol.calibration.is_some()) + protocol.texts.len() * (1 + protocol.runs.len())
 }
 
 fn decode(bpe: &Bpe, ids: &[u32]) -> Result<String, QualityStudyError> {
@@ -590,12 +664,7 @@ fn decode(bpe: &Bpe, ids: &[u32]) -> Result<String, QualityStudyError> {
 
 /// How a run's cache is built for one layer: its source and the bytes it stores
 /// ([`Cache::layer`] in a study).
-pub type LayerBuilder = dyn Fn(
-        &Cache,
-        (usize, usize),
-        &Array3<f32>,
-        &Array3<f32>,
-    ) -> Result<(Box<dyn KvSource>, usize), HookError>
+pub type LayerBuilder = dyn Fn(&Cache, (usize, usize), &LayerKv<'_>) -> Result<(Box<dyn KvSource>, usize), HookError>
     + Sync;
 
 /// Runs the study on `threads` worker threads; `progress` receives the steps done (see
@@ -607,8 +676,7 @@ pub fn run_study(
     threads: usize,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Study, QualityStudyError> {
-    let layer =
-        |cache: &Cache, at: (usize, usize), k: &Array3<f32>, v: &Array3<f32>| cache.layer(at, k, v);
+    let layer = |cache: &Cache, at: (usize, usize), kv: &LayerKv<'_>| cache.layer(at, kv);
     run_study_with(protocol, model, bpe, threads, progress, &layer)
 }
 
@@ -625,16 +693,41 @@ pub fn run_study_with(
     layer: &LayerBuilder,
 ) -> Result<Study, QualityStudyError> {
     protocol.validate()?;
-    let specs = protocol.specs()?;
+    let mut specs = protocol.specs()?;
     let all_ids = encode_texts(protocol, bpe)?;
+    let done = AtomicUsize::new(0);
+    let step = || progress(done.fetch_add(1, Ordering::SeqCst) + 1);
+    let calibration = match &protocol.calibration {
+        Some(text) => {
+            let mut ids = bpe.encode(&text.text)?;
+            ids.truncate(CALIBRATION_TOKENS);
+            let schemes: Vec<KvQuantScheme> = specs
+                .iter()
+                .filter_map(|c| match c {
+                    Cache::Scheme(s) => s.kvquant(),
+                    Cache::Codec(_) => None,
+                })
+                .collect();
+            let fitted = crate::scheme::calibrate(model, &ids, &schemes)?;
+            for spec in &mut specs {
+                if let Cache::Scheme(s) = spec
+                    && let Some(kvquant) = s.kvquant()
+                    && let Some((_, c)) = fitted.iter().find(|(k, _)| *k == kvquant)
+                {
+                    *s = s.clone().with_calibration(c.clone())?;
+                }
+            }
+            step();
+            Some(CalibrationRun { ids, fitted })
+        }
+        None => None,
+    };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .map_err(|source| QualityStudyError::Threads { threads, source })?;
     let c = model.config();
     let float32_bytes = crate::cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim);
-    let done = AtomicUsize::new(0);
-    let step = || progress(done.fetch_add(1, Ordering::SeqCst) + 1);
     let mut texts = Vec::with_capacity(all_ids.len());
     let mut rows = Vec::with_capacity(all_ids.len() * specs.len());
     for (t, ids) in all_ids.into_iter().enumerate() {
@@ -677,7 +770,7 @@ pub fn run_study_with(
                         RowInput {
                             text: t,
                             ids: &ids,
-                            spec: *spec,
+                            spec: spec.clone(),
                             run,
                             f32_rows: &f32_rows,
                             f32_logp: &f32_logp,
@@ -706,7 +799,11 @@ pub fn run_study_with(
             generated_text: f32_generated_text,
         });
     }
-    Ok(Study { texts, rows })
+    Ok(Study {
+        texts,
+        rows,
+        calibration,
+    })
 }
 
 /// What one row is computed from.
@@ -748,8 +845,8 @@ fn one_row(
     let positions = ids.len() - 1;
     let c = model.config();
     let mut cache_bytes = 0usize;
-    let packed = model.forward_with_source(ids, |l, k, v| {
-        let (source, bytes) = layer(&spec, (l, c.layers), k, v)?;
+    let packed = model.forward_with_layer_source(ids, |l, kv| {
+        let (source, bytes) = layer(&spec, (l, c.layers), kv)?;
         cache_bytes = cache_bytes.saturating_add(bytes);
         Ok(source)
     })?;

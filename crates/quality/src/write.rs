@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use models::ModelFiles;
-use ndarray::Array1;
+use ndarray::{Array1, Array2};
 use serde::{Deserialize, Serialize};
 
 use evidence::provenance::{Git, Platform, Tool, git_info, source_hashes, source_roots};
@@ -61,6 +61,31 @@ pub fn write(
     threads: usize,
 ) -> Result<QualityManifest, QualityStudyError> {
     let mut writer = Writer::create(out)?;
+    if let Some(calibration) = &study.calibration {
+        writer.add_array("calibration", "ids", &i64s(&calibration.ids))?;
+        for (scheme, fitted) in &calibration.fitted {
+            let id = format!("calibration_{scheme}");
+            // Every layer's rows are as wide (`Calibration::fit` checks the shapes).
+            let table = |rows: Vec<Vec<f32>>| {
+                let width = rows.first().map_or(0, Vec::len);
+                Array2::from_shape_fn((rows.len(), width), |(i, j)| rows[i][j])
+            };
+            let widen = |xs: &[half::f16]| xs.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+            let layers = &fitted.layers;
+            let upper = table(layers.iter().map(|l| widen(&l.key_upper)).collect());
+            let lower = table(layers.iter().map(|l| widen(&l.key_lower)).collect());
+            let key_levels = table(layers.iter().map(|l| l.key_levels.clone()).collect());
+            let value_levels = table(layers.iter().map(|l| l.value_levels.clone()).collect());
+            for (name, array) in [
+                ("key_upper", upper),
+                ("key_lower", lower),
+                ("key_levels", key_levels),
+                ("value_levels", value_levels),
+            ] {
+                writer.add_array(&id, name, &array)?;
+            }
+        }
+    }
     for (t, text) in study.texts.iter().enumerate() {
         let id = format!("t{t}");
         writer.add_array(&id, "ids", &i64s(&text.ids))?;

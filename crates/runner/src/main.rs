@@ -128,10 +128,14 @@ enum Command {
             conflicts_with_all = ["setting", "policy", "protocol"],
             help = "A named scheme instead of --setting and --policy: kivi2, kivi4, hf-quanto2, \
                     hf-quanto4, llamacpp-TYPE[+rot] with TYPE q4_0, q4_1, q5_0, q8_0 or iq4_nl, \
-                    or this project's codec as kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] \
-                    (docs/schemes.md)"
+                    kvquant<B>[-first<N>] (B 2 to 5), or this project's codec as \
+                    kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] (docs/schemes.md)"
         )]
         scheme: Option<String>,
+        /// A UTF-8 file of calibration text for a KVQuant scheme (default: the built-in one,
+        /// docs/audit.md as of this release); it must not overlap the text.
+        #[arg(long, value_name = "FILE", requires = "scheme")]
+        calibration_file: Option<PathBuf>,
         /// Greedy tokens to generate after the prompt with both caches (0: none).
         #[arg(long, default_value_t = 16)]
         generate: usize,
@@ -226,6 +230,7 @@ fn real_main() -> Result<()> {
             policy,
             schedule,
             scheme,
+            calibration_file,
             generate,
             prompt,
             json,
@@ -237,12 +242,16 @@ fn real_main() -> Result<()> {
                 (None, Some(path)) => kvstudy::capture::read_text_file(&path)?,
                 (None, None) => unreachable!("clap requires --text or --text-file"),
             };
+            let calibration = calibration_file
+                .map(|path| kvstudy::capture::read_text_file(&path))
+                .transpose()?;
             let request = quality::one_text::Request {
                 model,
                 setting: &setting,
                 policy: &policy,
                 schedule: &schedule,
                 scheme: scheme.as_deref(),
+                calibration: calibration.as_deref(),
                 text: &text,
                 prompt: prompt.as_deref(),
                 generate,

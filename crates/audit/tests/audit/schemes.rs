@@ -8,8 +8,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use audit::Problem;
-use models::llama::{HookError, KvSource};
-use ndarray::Array3;
+use models::llama::{HookError, KvSource, LayerKv};
 use quality::scheme::Cache;
 use quality::study::{QualityProtocol, run_study_with};
 
@@ -63,14 +62,13 @@ impl KvSource for Forged {
 fn forged_layer(
     cache: &Cache,
     (layer, layers): (usize, usize),
-    k: &Array3<f32>,
-    v: &Array3<f32>,
+    kv: &LayerKv<'_>,
 ) -> Result<(Box<dyn KvSource>, usize), HookError> {
-    let (inner, bytes) = cache.layer((layer, layers), k, v)?;
+    let (inner, bytes) = cache.layer((layer, layers), kv)?;
     if layer != 0 {
         return Ok((inner, bytes));
     }
-    let tokens = k.dim().1;
+    let tokens = kv.k.dim().1;
     let rows = (0..tokens)
         .map(|q| {
             let mut row = inner.value(0, q, 0).to_vec();

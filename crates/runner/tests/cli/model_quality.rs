@@ -168,7 +168,7 @@ fn a_tiny_study_is_written_recomputable_and_independent_of_threads() {
     }
 
     // The float32 numbers and the first run's numbers are `quality::measure`'s.
-    let spec = protocol.specs().unwrap()[0];
+    let spec = protocol.specs().unwrap().swap_remove(0);
     let measured = quality::measure(&model, &ids, spec, |_| {}).unwrap();
     assert_eq!(f32_logp.to_vec(), measured.positions.logp_f32);
     assert_eq!(rows[0].nll_f32, measured.nll_f32);
