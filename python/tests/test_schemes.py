@@ -136,6 +136,7 @@ def test_kivi_reads_as_its_fp16_quantizer_and_residual_give(bits, data):
         "codes": groups * 32 * bits // 8,
         "metadata": groups * 4,
         "full_precision": heads * (2 * tokens - nk - nv) * d * 4,
+        "outliers": 0,
         "total": groups * (32 * bits // 8 + 4) + heads * (2 * tokens - nk - nv) * d * 4,
     }
 
@@ -170,6 +171,7 @@ def test_hf_quanto_quantizes_the_prefill_at_once_as_quanto_does(bits, data):
         "codes": 2 * (-(-groups // per_byte)) * 64,
         "metadata": 2 * groups * 8,
         "full_precision": 0,
+        "outliers": 0,
         "total": 2 * (-(-groups // per_byte)) * 64 + 2 * groups * 8,
     }
 
