@@ -169,6 +169,8 @@ pub struct LayerCache {
     tokens: usize,
     k: Side,
     v: Side,
+    /// Sparse outlier values stored (KVQuant), K and V together.
+    outliers: usize,
 }
 
 impl LayerCache {
@@ -244,6 +246,7 @@ impl LayerCache {
             tokens,
             k,
             v,
+            outliers: 0,
         })
     }
 
@@ -302,6 +305,7 @@ impl LayerCache {
             metadata: calibration.layer_bytes(heads * head_dim),
             ..Stored::default()
         };
+        let mut count = 0usize;
         let mut side = |x: &Array3<f32>, keys: bool| {
             let mut decoded = x.as_standard_layout().into_owned();
             for (t, row) in kvquant::rows(x.view()).iter().enumerate() {
@@ -315,6 +319,7 @@ impl LayerCache {
                         kvquant::quantize_value_row(fitted, row)
                     };
                     let (codes, metadata, outliers) = q.bytes(scheme.bits);
+                    count += q.outliers.len();
                     stored.codes += codes;
                     stored.metadata += metadata;
                     stored.outliers += outliers;
@@ -346,6 +351,7 @@ impl LayerCache {
             tokens,
             k,
             v,
+            outliers: count,
         })
     }
 
@@ -423,6 +429,12 @@ impl LayerCache {
             }
         }
         (k, v)
+    }
+
+    /// Sparse outlier values the cache stores (KVQuant's; 0 for the other schemes), K and V
+    /// together: with the shape, they decide its bytes.
+    pub fn outliers(&self) -> usize {
+        self.outliers
     }
 
     /// Bytes stored at the end of the text (module docs), K and V together.
@@ -801,6 +813,7 @@ mod tests {
             })
             .sum();
         assert_eq!(stored.outliers, outliers * 4 + 2 * 39 * 2);
+        assert_eq!(prefill.outliers(), outliers);
         assert_eq!(stored.metadata, 39 * 8 + calibration.layer_bytes(128));
         // Without a calibration, or with another scheme's, it is refused.
         assert!(matches!(

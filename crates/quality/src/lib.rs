@@ -38,7 +38,7 @@ pub mod write;
 
 pub use cache::{CacheSpec, PackedLayer};
 pub use error::QualityError;
-pub use scheme::{Cache, SchemeSpec};
+pub use scheme::{Cache, LayerCost, SchemeSpec};
 pub use setting::{KvSetting, Policy, Schedule};
 
 use models::llama::Llama;
@@ -103,8 +103,8 @@ pub fn measure(
     let mut bytes = 0usize;
     let packed = model.forward_with_layer_source(ids, |l, kv| {
         progress(layers + l + 1);
-        let (source, layer_bytes) = cache.layer((l, layers), kv)?;
-        bytes += layer_bytes;
+        let (source, cost) = cache.layer((l, layers), kv)?;
+        bytes += cost.bytes;
         Ok(source)
     })?;
     let (Some(f32_logits), Some(logits)) = (&plain.logits, &packed.logits) else {

@@ -100,6 +100,16 @@ impl SchemeSpec {
     }
 }
 
+/// What one layer's cache stores: its bytes at the end of the text, and how many of its values
+/// are sparse outliers (KVQuant's, which the data decide; 0 for every other cache).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LayerCost {
+    /// Bytes.
+    pub bytes: usize,
+    /// Outlier values, K and V together.
+    pub outliers: usize,
+}
+
 /// One layer's cache under a scheme, as attention reads it.
 #[derive(Debug, Clone)]
 pub struct SchemeLayer(LayerCache);
@@ -144,14 +154,14 @@ impl Cache {
         }
     }
 
-    /// Layer `layer` of `layers`: its K and V as attention reads them, and the bytes that
-    /// layer's cache stores at the end of the text (a setting's by [`cache::cache_bytes`], the
+    /// Layer `layer` of `layers`: its K and V as attention reads them, and what that layer's
+    /// cache stores at the end of the text (a setting's bytes by [`cache::cache_bytes`], the
     /// same for every layer).
     pub fn layer(
         &self,
         (layer, layers): (usize, usize),
         kv: &LayerKv<'_>,
-    ) -> Result<(Box<dyn KvSource>, usize), HookError> {
+    ) -> Result<(Box<dyn KvSource>, LayerCost), HookError> {
         let (k, v) = (kv.k, kv.v);
         match self {
             Cache::Scheme(spec) if spec.kvquant().is_some() => {
@@ -172,19 +182,26 @@ impl Cache {
                     |keys| kv.rope(keys),
                 )
                 .map_err(QualityError::from)?;
-                let bytes = cache.stored().total();
-                Ok((Box::new(SchemeLayer(cache)), bytes))
+                let cost = LayerCost {
+                    bytes: cache.stored().total(),
+                    outliers: cache.outliers(),
+                };
+                Ok((Box::new(SchemeLayer(cache)), cost))
             }
             Cache::Codec(spec) => {
                 let (kv_heads, tokens, head_dim) = k.dim();
                 let bytes = cache::cache_bytes(spec, 1, kv_heads, head_dim, tokens)?;
-                Ok((Box::new(PackedLayer::new(*spec, k, v)?), bytes))
+                let cost = LayerCost { bytes, outliers: 0 };
+                Ok((Box::new(PackedLayer::new(*spec, k, v)?), cost))
             }
             Cache::Scheme(spec) => {
                 let cache = LayerCache::new(spec.scheme, spec.reading(), (layer, layers), k, v)
                     .map_err(QualityError::from)?;
-                let bytes = cache.stored().total();
-                Ok((Box::new(SchemeLayer(cache)), bytes))
+                let cost = LayerCost {
+                    bytes: cache.stored().total(),
+                    outliers: 0,
+                };
+                Ok((Box::new(SchemeLayer(cache)), cost))
             }
         }
     }

@@ -32,7 +32,9 @@
 //!   ln p_f32(ids[j+1] | ids[..=j]) from an f64 log-softmax of the f32 logits), `t{i}_f32_argmax`
 //!   (int64 `[T-1]`) and, when generating, `t{i}_f32_generated` (int64 `[tokens]`); then per row, in
 //!   run order, `<id>_logp`, `<id>_kl` (float64 `[T-1]`, KL(p_f32 || p_packed) over the whole
-//!   vocabulary), `<id>_argmax` (int64 `[T-1]`) and, when generating, `<id>_generated`;
+//!   vocabulary), `<id>_argmax` (int64 `[T-1]`), for a KVQuant run `<id>_outliers` (int64
+//!   `[layers]`: the outlier values each layer's cache stores, K and V together, which with the
+//!   shape decide its bytes) and, when generating, `<id>_generated`;
 //! - `results.json`: one object per row ([`ResultRow`]), its aggregates computed from the arrays
 //!   exactly as the fields' docs say;
 //! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]);
@@ -48,7 +50,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::metrics::{kl, log_softmax};
-use crate::scheme::{Cache, SchemeSpec};
+use crate::scheme::{Cache, LayerCost, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
 use std::sync::Arc;
 
@@ -535,6 +537,8 @@ pub struct Row {
     pub argmax: Vec<u32>,
     /// The greedy continuation with the packed cache, when generating.
     pub generated: Option<Vec<u32>>,
+    /// Per layer, the outlier values its cache stores (KVQuant runs only).
+    pub outliers: Option<Vec<usize>>,
 }
 
 /// One object of results.json.
@@ -664,7 +668,7 @@ fn decode(bpe: &Bpe, ids: &[u32]) -> Result<String, QualityStudyError> {
 
 /// How a run's cache is built for one layer: its source and the bytes it stores
 /// ([`Cache::layer`] in a study).
-pub type LayerBuilder = dyn Fn(&Cache, (usize, usize), &LayerKv<'_>) -> Result<(Box<dyn KvSource>, usize), HookError>
+pub type LayerBuilder = dyn Fn(&Cache, (usize, usize), &LayerKv<'_>) -> Result<(Box<dyn KvSource>, LayerCost), HookError>
     + Sync;
 
 /// Runs the study on `threads` worker threads; `progress` receives the steps done (see
@@ -845,9 +849,12 @@ fn one_row(
     let positions = ids.len() - 1;
     let c = model.config();
     let mut cache_bytes = 0usize;
+    let mut outliers = Vec::with_capacity(c.layers);
+    let is_kvquant = matches!(&spec, Cache::Scheme(s) if s.kvquant().is_some());
     let packed = model.forward_with_layer_source(ids, |l, kv| {
-        let (source, bytes) = layer(&spec, (l, c.layers), kv)?;
-        cache_bytes = cache_bytes.saturating_add(bytes);
+        let (source, cost) = layer(&spec, (l, c.layers), kv)?;
+        cache_bytes = cache_bytes.saturating_add(cost.bytes);
+        outliers.push(cost.outliers);
         Ok(source)
     })?;
     let logits = packed.logits.ok_or(QualityError::TooFewTokens(0))?;
@@ -918,6 +925,7 @@ fn one_row(
         kl: kls,
         argmax: maxes,
         generated,
+        outliers: is_kvquant.then_some(outliers),
     })
 }
 
@@ -1133,6 +1141,46 @@ mod tests {
             }),
             "runs[0].policy"
         );
+    }
+
+    #[test]
+    fn a_kvquant_run_needs_a_calibration_text_that_is_not_evaluated() {
+        let kvquant = |v: &mut serde_json::Value| {
+            v["runs"][0] =
+                serde_json::json!({ "scheme": "kvquant4-first1", "schedule": "prefill" });
+        };
+        assert_eq!(refused(kvquant), "calibration");
+        let mut v = protocol();
+        kvquant(&mut v);
+        v["calibration"] = serde_json::json!({ "name": "c", "text": "Other words, elsewhere." });
+        let p = QualityProtocol::from_json(&v.to_string()).unwrap();
+        assert_eq!(steps(&p), 1 + 2);
+        for (calibration, field) in [
+            (
+                serde_json::json!({ "name": "a", "text": "Other." }),
+                "calibration.name",
+            ),
+            (
+                serde_json::json!({ "name": "c d", "text": "Other." }),
+                "calibration.name",
+            ),
+            (
+                serde_json::json!({ "name": "c", "text": "words" }),
+                "calibration.text",
+            ),
+            (
+                serde_json::json!({ "name": "c", "text": " Some words here. And more." }),
+                "calibration.text",
+            ),
+        ] {
+            assert_eq!(
+                refused(|v| {
+                    kvquant(v);
+                    v["calibration"] = calibration;
+                }),
+                field
+            );
+        }
     }
 
     /// Sizes that passed the validator and then aborted (an allocation from the group size) or

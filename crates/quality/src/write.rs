@@ -100,6 +100,10 @@ pub fn write(
         writer.add_array(id, "logp", &Array1::from(row.logp.clone()))?;
         writer.add_array(id, "kl", &Array1::from(row.kl.clone()))?;
         writer.add_array(id, "argmax", &i64s(&row.argmax))?;
+        if let Some(outliers) = &row.outliers {
+            let counts: Array1<i64> = outliers.iter().map(|&n| n as i64).collect();
+            writer.add_array(id, "outliers", &counts)?;
+        }
         if let Some(g) = &row.generated {
             writer.add_array(id, "generated", &i64s(g))?;
         }

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use audit::Problem;
 use models::llama::{HookError, KvSource, LayerKv};
-use quality::scheme::Cache;
+use quality::scheme::{Cache, LayerCost};
 use quality::study::{QualityProtocol, run_study_with};
 
 use crate::support::{assert_pass, assert_problem, workspace};
@@ -63,7 +63,7 @@ fn forged_layer(
     cache: &Cache,
     (layer, layers): (usize, usize),
     kv: &LayerKv<'_>,
-) -> Result<(Box<dyn KvSource>, usize), HookError> {
+) -> Result<(Box<dyn KvSource>, LayerCost), HookError> {
     let (inner, bytes) = cache.layer((layer, layers), kv)?;
     if layer != 0 {
         return Ok((inner, bytes));

@@ -180,3 +180,56 @@ fn kivi_and_quanto_under_the_causal_schedule_are_refused_by_name() {
         "{err}"
     );
 }
+
+/// KVQuant reads a calibration fitted on another text; every token is quantized on arrival, so
+/// the three schedules store the same bytes and give the same logits; its bytes are its layer
+/// cache's; without a calibration, or with another width's, it is refused.
+#[test]
+fn kvquant_is_calibrated_on_another_text_and_reads_the_same_under_every_schedule() {
+    let model = tiny();
+    let calibration_ids: Vec<u32> = (0..200).map(|i| ((i * 11 + 5) % 30) as u32).collect();
+    let scheme: Scheme = "kvquant3-first1".parse().unwrap();
+    let Scheme::KvQuant(kvquant) = scheme else {
+        unreachable!()
+    };
+    let fitted = quality::scheme::calibrate(&model, &calibration_ids, &[kvquant, kvquant]).unwrap();
+    assert_eq!(fitted.len(), 1, "one calibration per distinct scheme");
+    let calibration = fitted[0].1.clone();
+    assert_eq!(calibration.layers[0].key_levels.len(), 8);
+    let ids = ids(60);
+    let run = |schedule| {
+        let spec = SchemeSpec::new(scheme, schedule)
+            .unwrap()
+            .with_calibration(calibration.clone())
+            .unwrap();
+        quality::measure(&model, &ids, spec, |_| {}).unwrap()
+    };
+    let prefill = run(Schedule::Prefill);
+    for schedule in [Schedule::Streaming, Schedule::Causal] {
+        let other = run(schedule);
+        assert_eq!(other.nll.to_bits(), prefill.nll.to_bits(), "{schedule}");
+        assert_eq!(other.bytes_per_token, prefill.bytes_per_token, "{schedule}");
+    }
+    assert!(prefill.kl_mean > 0.0);
+    // 3-bit codes for 59 of 60 tokens and more: outliers, counts, value ranges, the first
+    // token in fp16 and the layer's calibration.
+    assert!(prefill.bits_per_element > 3.0 && prefill.bits_per_element < 6.0);
+
+    let bare = SchemeSpec::new(scheme, Schedule::Prefill).unwrap();
+    let err = quality::measure(&model, &ids, bare.clone(), |_| {}).unwrap_err();
+    assert!(
+        err.to_string().contains("calibrated on another text"),
+        "{err}"
+    );
+    let other: Scheme = "kvquant4-first1".parse().unwrap();
+    let err = SchemeSpec::new(other, Schedule::Prefill)
+        .unwrap()
+        .with_calibration(calibration.clone())
+        .unwrap_err();
+    assert!(err.to_string().contains("fitted at 3 bits"), "{err}");
+    let err = SchemeSpec::new("kivi4".parse().unwrap(), Schedule::Prefill)
+        .unwrap()
+        .with_calibration(calibration)
+        .unwrap_err();
+    assert!(err.to_string().contains("does not fit it"), "{err}");
+}
