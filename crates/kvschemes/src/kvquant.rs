@@ -14,9 +14,11 @@
 //! - **Calibration** (`SimQuant.quantize` l.400-555), per layer, on a text that is not
 //!   evaluated:
 //!   - key thresholds: per channel c, the 99.5th and 0.5th percentiles of c over the
-//!     calibration tokens (l.465-466; `t = 1 - (1 - 0.99) / 2`, l.413), with NumPy's linear
-//!     interpolation: sorted s of n values, position p = q (n - 1), `s[i] + (s[i + 1] - s[i]) *
-//!     (p - i)` at i = floor(p), in f64; stored as fp16 (l.612-613), `upper_c` and `lower_c`;
+//!     calibration tokens (l.465-466; `t = 1 - (1 - 0.99) / 2`, l.413), by linear interpolation
+//!     as written here: s the values sorted by total order, n of them, position p = q (n - 1),
+//!     `s[i] + (s[i + 1] - s[i]) * (p - i)` at i = floor(p), in f64 (NumPy's `_lerp`, and
+//!     `torch.quantile` in f32, evaluate `b - (b - a)(1 - g)` where g >= 1/2, which can differ in
+//!     the last bit); rounded once from f64 to fp16 (l.612-613), `upper_c` and `lower_c`;
 //!   - key normalization: `offset_c = fp16(fp16(upper_c + lower_c) / 2)` and `range_c =
 //!     fp16(fp16(upper_c - lower_c) / 2)` (fp16 operations, as eval computes them from the fp16
 //!     thresholds, l.318-319), `x' = (x - offset_c) / range_c` in f32;
@@ -27,25 +29,30 @@
 //!     tokens from F on (F = the first-token option's count, l.490-495), of channels or tokens
 //!     whose range is positive, over all channels and tokens together: one table of 2^b levels
 //!     for K and one for V per layer, by k-means (below).
-//! - **k-means** (1-D, 2^b clusters): the values as f64, sorted ascending; it needs at least 2^b
-//!   distinct values. Start: level i is the value at index floor((i + 1/2) n / 2^b). Then
-//!   Lloyd's steps: each value goes to its nearest level (|x - level| in f64, a tie to the lower
-//!   level); each level becomes the mean of its values (their f64 sum in ascending order, divided
-//!   by their count; a level with none keeps its value); stop when no value changes level, or
-//!   after 50 steps (`max_iter=50`). The levels are rounded to f32 and sorted. Like the
-//!   source's, this finds a local optimum: two starting levels inside one dense cluster can stay
-//!   there.
+//! - **k-means** (1-D, 2^b clusters): the values as f64, sorted ascending by total order (-0
+//!   before +0); it needs at least 2^b distinct values (compared with `==`). Start: level i is
+//!   the value at index floor((i + 1/2) n / 2^b) (so levels may repeat). Then Lloyd's steps: each
+//!   value goes to its nearest level (|x - level| in f64; on a tie, the level of lowest index, as
+//!   the source's argmin over its table); each level becomes the mean of its values (their f64
+//!   sum in ascending order, divided by their count; a level with none keeps its value); stop
+//!   when no value changes level, or after 50 steps (`max_iter=50`). The levels are rounded to
+//!   f32 and sorted ascending, so at eval a tie goes to the lower level. Like the source's, this
+//!   finds a local optimum: two starting levels inside one dense cluster can stay there.
 //! - **Keys** (eval, l.30-78 and l.265-361), token t >= F, channel c: an outlier when x <
 //!   lower_c or x > upper_c (strict, against the calibrated thresholds); it reads back as fp16.
 //!   Otherwise the code is the nearest level to x' (distances in f64, a tie to the lower level)
 //!   and reads back `level * range_c + offset_c` in f32 (code 0, reading back offset_c, when
 //!   range_c is 0).
-//! - **Values** (l.80-113 and l.302-315), token t >= F: the row's 99.5th and 0.5th percentiles as
-//!   above (`torch.quantile`, linear); an outlier when x >= upper or x <= lower (inclusive, so
-//!   a row's largest and smallest values always are); the outliers replaced by the row's lower
-//!   median (`torch.median`); maxval and minval the largest and smallest of the result; `offset =
-//!   (maxval + minval) / 2`, `range = (maxval - minval) / 2` in f32; codes and read-back as for
-//!   keys.
+//! - **Values** (l.80-113 and l.302-315), token t >= F: the row's 99.5th and 0.5th percentiles
+//!   by the interpolation above, kept in f64 (not rounded to f32 as in calibration); an outlier
+//!   when x >= upper or x <= lower, x compared as f64 (inclusive, so a row's largest and
+//!   smallest values always are); the outliers replaced by the row's lower median (element
+//!   floor((W - 1) / 2) in total order, as `torch.median`); maxval and minval the largest and
+//!   smallest of the result by total order (+0 above -0); `offset = (maxval + minval) / 2`,
+//!   `range = (maxval - minval) / 2` in f32; codes and read-back as for keys.
+//! - Values whose thresholds, offsets or ranges overflow fp16 or f32 are kept by the fit; a
+//!   cache that would read back a value that is not finite is refused (`SchemeError::
+//!   Unrepresentable`).
 //! - **First tokens** (`--first_few_fp16 F`, l.358-359, l.387-390): rows t < F are kept whole in
 //!   fp16 (keys before RoPE).
 //! - **Bytes**, per token and side: b bits per code of the row, packed (`ceil(W b / 8)` bytes);
@@ -330,14 +337,24 @@ pub fn kmeans(mut data: Vec<f64>, levels: usize) -> Result<Vec<f32>, usize> {
     let mut assignment = vec![usize::MAX; n];
     for _ in 0..MAX_STEPS {
         let mut changed = false;
-        let mut level = 0;
+        // The levels by value (then index), one per value: the lowest index holds a repeated
+        // value, so that on a tie the lowest index wins. A level left empty keeps its value and
+        // may fall out of order, hence the sort at every step.
+        let mut order: Vec<usize> = (0..levels).collect();
+        order.sort_by(|&a, &b| centroids[a].total_cmp(&centroids[b]).then(a.cmp(&b)));
+        order.dedup_by(|later, kept| centroids[*later] == centroids[*kept]);
+        let mut at = 0;
         for (x, assigned) in data.iter().zip(assignment.iter_mut()) {
-            // Nearest levels rise with x (both ascending); a tie stays at the lower one.
-            while level + 1 < levels
-                && (x - centroids[level + 1]).abs() < (x - centroids[level]).abs()
-            {
-                level += 1;
+            let distance = |i: usize| (x - centroids[order[i]]).abs();
+            // The nearest value rises with x (both ascending).
+            while at + 1 < order.len() && distance(at + 1) < distance(at) {
+                at += 1;
             }
+            let level = if at + 1 < order.len() && distance(at + 1) == distance(at) {
+                order[at].min(order[at + 1])
+            } else {
+                order[at]
+            };
             if *assigned != level {
                 *assigned = level;
                 changed = true;
@@ -442,7 +459,9 @@ pub fn quantize_value_row(calibration: &LayerCalibration, row: &[f32]) -> Quanti
     let outlier = |x: f32| f64::from(x) >= upper || f64::from(x) <= lower;
     let kept = row.iter().map(|&x| if outlier(x) { median } else { x });
     let (max, min) = kept.fold((f32::NEG_INFINITY, f32::INFINITY), |(hi, lo), x| {
-        (hi.max(x), lo.min(x))
+        let hi = if x.total_cmp(&hi).is_gt() { x } else { hi };
+        let lo = if x.total_cmp(&lo).is_lt() { x } else { lo };
+        (hi, lo)
     });
     let (offset, range) = ((max + min) / 2.0, (max - min) / 2.0);
     let mut out = QuantizedRow {
@@ -515,6 +534,10 @@ mod tests {
             assert!((f64::from(*got) - want).abs() < 1e-3, "{levels:?}");
         }
         assert_eq!(kmeans(vec![0.5; 100], 4), Err(1));
+        // Starting levels that repeat: the quantile start gives [0, 0, 0.2, 1]; every value
+        // still goes to its nearest level (the repeated one, once, by lowest index).
+        let data = vec![-1.0, 0.0, 0.0, 0.0, 0.0, 0.2, 0.9, 1.0];
+        assert_eq!(kmeans(data, 4), Ok(vec![-1.0, 0.0, 0.2, 0.95]));
         assert_eq!(kmeans(vec![0.1, 0.2, 0.2], 4), Err(2));
     }
 

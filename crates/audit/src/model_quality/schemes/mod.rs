@@ -12,8 +12,11 @@
 //! | `hf-quanto2`, `hf-quanto4` | [`quanto`] | per token, groups of 64 channels, f32 scale and shift | the same | prefill: none; streaming: the residual, and each flush re-quantizes |
 //! | `llamacpp-TYPE[+rot]` | [`ggml`], [`hadamard`] | ggml's blocks of 32 channels per token (rotated first with `+rot`) | the same | none |
 //! | `kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8]` | [`codec`] | the codec, groups of 32 tokens | groups of 32 channels | the sinks; streaming: K's filling group |
+//! | `kvquant<B>[-first<N>]` | [`kvquant`] | before RoPE, per channel against calibrated thresholds, non-uniform levels, fp16 outliers | per token, the same levels' kind | the first N tokens, in fp16 |
 //!
-//! K and V are [kv_heads, tokens, head_dim], K after RoPE. Query i reads positions j <= i.
+//! K and V are [kv_heads, tokens, head_dim], K after RoPE (KVQuant's before it: it needs its
+//! calibration and the model's RoPE, so [`layer`] and [`stored_bytes`] refuse it, and
+//! [`kvquant::layer`] builds its cache, whose bytes depend on the values as well as the shape). Query i reads positions j <= i.
 //! Schedules ([`ReadSchedule`]): `Prefill`, every query reads the cache the whole text leaves;
 //! `Streaming`, query i reads the cache as token-by-token decoding leaves it when token i
 //! arrives. A full-precision value is the layer's own f32 value, billed at 4 bytes.
@@ -33,6 +36,7 @@ pub mod codec;
 pub mod ggml;
 pub mod hadamard;
 pub mod kivi;
+pub mod kvquant;
 pub mod quanto;
 
 use std::fmt;
@@ -65,6 +69,13 @@ pub enum AuditScheme {
     },
     /// This project's codec ([`codec`]).
     Codec(CodecScheme),
+    /// KVQuant ([`kvquant`]).
+    KvQuant {
+        /// The code width, 2 to 5.
+        bits: u32,
+        /// Tokens kept whole in fp16 at the start (0 without `-first`).
+        first: usize,
+    },
 }
 
 /// When the cache is quantized (module docs).
@@ -92,7 +103,12 @@ impl AuditScheme {
                     };
                     BlockType::from_name(ty).map(|ty| AuditScheme::LlamaCpp { ty, rotate })
                 }
-                None => CodecScheme::parse(name).map(AuditScheme::Codec),
+                None => CodecScheme::parse(name)
+                    .map(AuditScheme::Codec)
+                    .or_else(|| {
+                        kvquant::parse(name)
+                            .map(|(bits, first)| AuditScheme::KvQuant { bits, first })
+                    }),
             },
         };
         scheme.ok_or_else(|| {
@@ -100,7 +116,8 @@ impl AuditScheme {
             format!(
                 "unknown scheme {name:?}: the schemes are kivi2, kivi4, hf-quanto2, hf-quanto4, \
                  llamacpp-TYPE and llamacpp-TYPE+rot for TYPE in {}, and \
-                 kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] (widths 2 to 8, or 1 to 8 with -asym)",
+                 kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] (widths 2 to 8, or 1 to 8 with -asym), \
+                 and kvquant<B>[-first<N>] (B 2 to 5, N 1 to 64)",
                 types.join(", ")
             )
         })
@@ -119,6 +136,7 @@ impl AuditScheme {
                 )
             }
             AuditScheme::Codec(codec) => codec.name(),
+            AuditScheme::KvQuant { bits, first } => kvquant::name(*bits, *first),
         }
     }
 
@@ -132,8 +150,16 @@ impl AuditScheme {
             AuditScheme::Quanto { .. } => quanto::GROUP,
             AuditScheme::LlamaCpp { rotate: false, .. } => ggml::BLOCK,
             AuditScheme::LlamaCpp { rotate: true, .. } => 64,
-            AuditScheme::Codec(_) => 1,
+            AuditScheme::Codec(_) | AuditScheme::KvQuant { .. } => 1,
         }
+    }
+
+    /// Why [`layer`] and [`stored_bytes`] refuse KVQuant.
+    fn needs_calibration(&self) -> String {
+        format!(
+            "{self} quantizes keys before RoPE against levels calibrated on another text: its \
+             cache is built by kvquant::layer, from a calibration"
+        )
     }
 
     fn check_shape(&self, (layer, layers): (usize, usize), head_dim: usize) -> Result<(), String> {
@@ -226,6 +252,9 @@ pub fn layer(
     k: &Array3<f32>,
     v: &Array3<f32>,
 ) -> Result<Box<dyn KvSource>, String> {
+    if let AuditScheme::KvQuant { .. } = scheme {
+        return Err(scheme.needs_calibration());
+    }
     if k.dim() != v.dim() {
         return Err(format!(
             "{scheme}: K is {:?} and V is {:?} (kv_heads, tokens, head_dim); they must agree",
@@ -249,6 +278,7 @@ pub fn layer(
             &k,
             &v,
         )?),
+        AuditScheme::KvQuant { .. } => return Err(scheme.needs_calibration()),
     })
 }
 
@@ -263,6 +293,9 @@ pub fn stored_bytes(
     head_dim: usize,
     tokens: usize,
 ) -> Result<usize, String> {
+    if let AuditScheme::KvQuant { .. } = scheme {
+        return Err(scheme.needs_calibration());
+    }
     scheme.check_shape((layer, layers), head_dim)?;
     let bytes = match scheme {
         AuditScheme::Kivi { bits } => kivi::stored_bytes(*bits, kv_heads, head_dim, tokens),
@@ -273,6 +306,7 @@ pub fn stored_bytes(
         AuditScheme::Codec(codec) => {
             codec::stored_bytes(codec, schedule, (layer, layers), kv_heads, head_dim, tokens)
         }
+        AuditScheme::KvQuant { .. } => return Err(scheme.needs_calibration()),
     };
     bytes.ok_or_else(|| {
         format!(
@@ -515,6 +549,26 @@ mod tests {
             "kvpack-k4v4-sink99999999999",
             "kvpack-k4294967298v4",
             "kvpack-k4v4--asym",
+            "kvquant",
+            "kvquant1",
+            "kvquant2",
+            "kvquant5",
+            "kvquant6",
+            "kvquant04",
+            "kvquant4-first",
+            "kvquant4-first0",
+            "kvquant4-first1",
+            "kvquant4-first01",
+            "kvquant4-first64",
+            "kvquant4-first65",
+            "kvquant4-first99999999999999999999",
+            "kvquant4-first1-first2",
+            "kvquant4-sink1",
+            "kvquant4-",
+            "kvquant-first1",
+            "kvquant3-first5",
+            " kvquant3",
+            "KVQUANT3",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -585,7 +639,9 @@ mod tests {
                 let bytes = stored_bytes(&ours, ReadSchedule::Prefill, (1, 30), 2, head_dim, 3);
                 assert_eq!(read.is_ok(), theirs.is_ok(), "{scheme} {head_dim}");
                 assert_eq!(bytes.is_ok(), theirs.is_ok(), "{scheme} {head_dim}");
-                if let Err(err) = bytes {
+                if let (Err(err), Scheme::KvQuant(_)) = (&bytes, scheme) {
+                    assert!(err.contains("built by kvquant::layer"), "{err}");
+                } else if let Err(err) = bytes {
                     assert!(
                         err.contains(&format!("{scheme} needs a head size"))
                             && err.contains(&format!("this one is {head_dim}")),
