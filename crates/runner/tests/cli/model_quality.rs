@@ -352,3 +352,59 @@ fn a_named_scheme_runs_on_smollm2_and_prints_its_bits_per_element() {
         assert!(stderr.contains(needle), "{flags:?}: {stderr}");
     }
 }
+
+/// `runner quality --scheme kvquant3 --calibration-file C`: KVQuant fits its levels on the
+/// calibration text, then measures the text; a calibration text that overlaps the text is
+/// refused by name, and so is `--calibration-file` without a scheme.
+#[test]
+fn a_kvquant_scheme_is_calibrated_on_another_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let calibration = dir.path().join("calibration.txt");
+    std::fs::write(
+        &calibration,
+        "Rivers carry sediment from the mountains to the sea. Over thousands of years the \
+         sediment settles in deltas, where the water slows and spreads into many channels. \
+         Farmers have long settled on these plains, because floods renew the soil each spring, \
+         and towns grew where the channels met the coast.",
+    )
+    .unwrap();
+    let text = "The quick brown fox jumps over the lazy dog.";
+    let args = |scheme: &str, text: &str| {
+        vec![
+            "quality".to_string(),
+            "--model".into(),
+            "smollm2".into(),
+            "--text".into(),
+            text.into(),
+            "--scheme".into(),
+            scheme.into(),
+            "--calibration-file".into(),
+            calibration.display().to_string(),
+            "--generate".into(),
+            "0".into(),
+            "--json".into(),
+        ]
+    };
+    let run = |args: Vec<String>| runner(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let output = run(args("kvquant3", text));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["scheme"], "kvquant3");
+    let bits = json["bits_per_element"].as_f64().unwrap();
+    // 3-bit codes, outliers, counts, value ranges and the calibration, over 10 tokens.
+    assert!(bits > 3.0, "{bits}");
+    assert!(json["kl_mean"].as_f64().unwrap() > 0.0);
+
+    let output = run(args("kvquant3", "Rivers carry sediment"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the calibration text and the text overlap"),
+        "{stderr}"
+    );
+    let mut bare = args("kvquant3", text);
+    bare.retain(|a| a != "--scheme" && a != "kvquant3");
+    let output = run(bare);
+    assert_eq!(output.status.code(), Some(2));
+}
