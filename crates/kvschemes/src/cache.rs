@@ -184,17 +184,7 @@ impl LayerCache {
         k: &Array3<f32>,
         v: &Array3<f32>,
     ) -> Result<LayerCache, SchemeError> {
-        let (kd, vd) = (k.dim(), v.dim());
-        if kd != vd {
-            return Err(SchemeError::Shapes {
-                k: [kd.0, kd.1, kd.2],
-                v: [vd.0, vd.1, vd.2],
-            });
-        }
-        if layer >= layers {
-            return Err(SchemeError::Layer { layer, layers });
-        }
-        let (_, tokens, head_dim) = kd;
+        let (_, tokens, head_dim) = check_shapes(k, v, (layer, layers))?;
         check_head_dim(scheme, head_dim)?;
         check_finite("K", k)?;
         check_finite("V", v)?;
@@ -264,16 +254,7 @@ impl LayerCache {
         rope: impl FnOnce(&mut Array3<f32>) -> Result<(), E>,
     ) -> Result<LayerCache, SchemeError> {
         let named = Scheme::KvQuant(scheme);
-        let (kd, vd) = (k_pre_rope.dim(), v.dim());
-        if kd != vd {
-            return Err(SchemeError::Shapes {
-                k: [kd.0, kd.1, kd.2],
-                v: [vd.0, vd.1, vd.2],
-            });
-        }
-        if layer >= layers {
-            return Err(SchemeError::Layer { layer, layers });
-        }
+        let kd = check_shapes(k_pre_rope, v, (layer, layers))?;
         let mismatch = |problem: String| SchemeError::Calibration {
             scheme: named,
             problem,
@@ -443,6 +424,25 @@ impl LayerCache {
         stored.add(self.v.stored);
         stored
     }
+}
+
+/// K's shape, when V's is the same and the layer is one of the model's.
+fn check_shapes(
+    k: &Array3<f32>,
+    v: &Array3<f32>,
+    (layer, layers): (usize, usize),
+) -> Result<(usize, usize, usize), SchemeError> {
+    let (kd, vd) = (k.dim(), v.dim());
+    if kd != vd {
+        return Err(SchemeError::Shapes {
+            k: [kd.0, kd.1, kd.2],
+            v: [vd.0, vd.1, vd.2],
+        });
+    }
+    if layer >= layers {
+        return Err(SchemeError::Layer { layer, layers });
+    }
+    Ok(kd)
 }
 
 fn check_head_dim(scheme: Scheme, head_dim: usize) -> Result<(), SchemeError> {

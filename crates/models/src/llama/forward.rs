@@ -120,19 +120,11 @@ impl Llama {
     /// [`Llama::forward`]'s, one [`ops::dot`] per score in the same order, so a source that
     /// returns the layer's own rows gives the bits of [`Llama::forward`]. The capture keeps what
     /// each layer computed.
-    pub fn forward_with_source<F>(&self, ids: &[u32], source: F) -> Result<Capture, ModelError>
+    pub fn forward_with_source<F>(&self, ids: &[u32], mut source: F) -> Result<Capture, ModelError>
     where
         F: FnMut(usize, &Array3<f32>, &Array3<f32>) -> Result<Box<dyn KvSource>, HookError>,
     {
-        let (hidden, layers) = self.hidden_with_source(ids, source)?;
-        let normed = self.final_norm(&hidden);
-        let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
-        Ok(Capture {
-            ids: ids.to_vec(),
-            layers,
-            hidden,
-            logits: Some(logits),
-        })
+        self.forward_with_layer_source(ids, |l, kv| source(l, kv.k, kv.v))
     }
 
     /// [`Llama::forward_with_source`] without the LM head: the stream after the last block
