@@ -54,6 +54,10 @@ pub enum Checked {
     BytesPerToken,
     /// Generated texts decoded from their ids.
     GeneratedTexts,
+    /// KVQuant calibration values read and range-checked (ids, fp16 thresholds, levels).
+    CalibrationValues,
+    /// KVQuant per-layer outlier counts read and range-checked.
+    OutlierCounts,
 }
 
 impl Checked {
@@ -83,6 +87,10 @@ impl Checked {
             Checked::Timings => "raw timings (form only)",
             Checked::Positions => "scored positions (log-prob, KL and argmax read and checked)",
             Checked::GeneratedTexts => "generated texts (decoded from their ids)",
+            Checked::CalibrationValues => {
+                "KVQuant calibration values (ids, fp16 thresholds and ascending levels read)"
+            }
+            Checked::OutlierCounts => "KVQuant outlier counts (per layer, within the cache)",
             Checked::BytesPerToken => {
                 "bytes-per-token figures (re-derived from the cache-size rule)"
             }

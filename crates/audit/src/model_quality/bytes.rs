@@ -18,6 +18,16 @@
 //! A scheme's cache is billed by the audit's own rule for that scheme
 //! ([`super::schemes::stored_bytes`]), layer by layer (edge layers may differ), summed.
 //!
+//! KVQuant's cache stores its outliers apart, so its bytes depend on the values: a layer of T
+//! tokens with F first tokens (Q = T - F quantized rows per side, none when T <= F; min(T, F)
+//! first rows per side) and rows of W = kv_heads * head_dim values at B bits stores
+//! - its shape part ([`kvquant_layer_shape_bytes`]): per quantized row and side, ceil(W B / 8)
+//!   bytes of codes and a 2-byte outlier count; per quantized value row, 8 bytes (f32 maxval and
+//!   minval); per first-token row and side, W fp16 values, 2 bytes each; once, its calibration,
+//!   2 fp16 thresholds per key channel and both tables of 2^B f32 levels, W * 2 * 2 + 2 * 2^B * 4;
+//! - and 4 bytes per outlier (fp16 value, 16-bit index), K and V together, as arrays.npz's
+//!   `<id>_outliers` archives them ([`kvquant_bytes`]).
+//!
 //! Sizes are counted in u128, so no protocol can overflow them.
 
 use crate::model_quality::protocol::{CodecRun, Run, RunCache, Schedule, Window};
@@ -153,7 +163,52 @@ pub fn scheme_bytes(name: &str, schedule: Schedule, tokens: usize) -> Result<u12
     })
 }
 
-/// Bytes per token: cache bytes as f64 over T as f64.
+/// SmolLM2's row width W = kv_heads * head_dim.
+pub const WIDTH: usize = KV_HEADS as usize * HEAD_DIM;
+
+/// The bytes one KVQuant layer stores whatever its values (module docs): `tokens` tokens at
+/// `bits` bits with `first` first tokens kept in fp16, rows of `width` values; its outliers'
+/// 4 bytes each come on top.
+pub fn kvquant_layer_shape_bytes(bits: u32, first: usize, width: usize, tokens: usize) -> u128 {
+    let (width, tokens, first) = (width as u128, tokens as u128, first as u128);
+    let quantized = tokens.saturating_sub(first);
+    let kept = tokens.min(first);
+    let codes = (width * u128::from(bits)).div_ceil(8);
+    let calibration = width * 2 * 2 + 2 * (1u128 << bits) * 4;
+    2 * quantized * (codes + 2) + quantized * 8 + 2 * kept * width * 2 + calibration
+}
+
+/// A KVQuant cache's bytes for `tokens` tokens of SmolLM2 with each layer's archived outlier
+/// count (module docs); refused for counts that are not one per layer, or negative.
+pub fn kvquant_bytes(
+    (bits, first): (u32, usize),
+    tokens: usize,
+    outliers: &[i64],
+) -> Result<u128, String> {
+    if outliers.len() != LAYERS as usize {
+        return Err(format!(
+            "{} outlier counts, where SmolLM2 has {LAYERS} layers",
+            outliers.len()
+        ));
+    }
+    outliers.iter().try_fold(0u128, |sum, &n| {
+        let n = u128::try_from(n).map_err(|_| format!("an outlier count of {n}"))?;
+        Ok(sum + kvquant_layer_shape_bytes(bits, first, WIDTH, tokens) + 4 * n)
+    })
+}
+
+/// Bytes per token: cache bytes as f64 over T as f64 (a KVQuant run's by [`kvquant_bytes`]
+/// from its archived outlier counts).
+pub fn kvquant_bytes_per_token(
+    scheme: (u32, usize),
+    tokens: usize,
+    outliers: &[i64],
+) -> Result<f64, String> {
+    Ok(kvquant_bytes(scheme, tokens, outliers)? as f64 / tokens as f64)
+}
+
+/// Bytes per token: cache bytes as f64 over T as f64 (KVQuant refused: its bytes need the
+/// outlier counts, [`kvquant_bytes_per_token`]).
 pub fn bytes_per_token(run: &Run, tokens: usize) -> Result<f64, String> {
     let bytes = match &run.cache {
         RunCache::Codec(codec) => cache_bytes(codec, tokens),
@@ -259,5 +314,90 @@ mod tests {
             );
         }
         assert_eq!(FLOAT32_BYTES_PER_TOKEN, 46_080);
+    }
+
+    /// Hand-computed from the spec, W = 192.
+    #[test]
+    fn kvquant_bytes_follow_the_rule_by_hand() {
+        // kvquant4-first1, T = 10: 9 quantized rows per side: codes 192 x 4 / 8 = 96 and a
+        // count of 2 per row and side, 2 x 9 x 98 = 1,764; value metadata 9 x 8 = 72; the first
+        // row per side 2 x 192 x 2 = 768; calibration 192 x 4 + 2 x 16 x 4 = 896.
+        assert_eq!(
+            kvquant_layer_shape_bytes(4, 1, WIDTH, 10),
+            1764 + 72 + 768 + 896
+        );
+        // kvquant3, W = 5 (codes 15 bits = 2 bytes), T = 3: 2 x 3 x 4 + 24 + 0 + 20 + 64.
+        assert_eq!(kvquant_layer_shape_bytes(3, 0, 5, 3), 24 + 24 + 20 + 64);
+        // Fewer tokens than first tokens: every row kept, nothing quantized.
+        assert_eq!(
+            kvquant_layer_shape_bytes(2, 8, 4, 3),
+            2 * 3 * 4 * 2 + 4 * 4 + 2 * 4 * 4
+        );
+        let mut outliers = vec![0i64; 30];
+        outliers[3] = 7;
+        assert_eq!(
+            kvquant_bytes((4, 1), 10, &outliers).unwrap(),
+            30 * 3500 + 28
+        );
+        assert_eq!(
+            kvquant_bytes_per_token((4, 1), 10, &outliers).unwrap(),
+            (30 * 3500 + 28) as f64 / 10.0
+        );
+        assert!(kvquant_bytes((4, 1), 10, &outliers[1..]).is_err());
+        outliers[0] = -1;
+        assert!(kvquant_bytes((4, 1), 10, &outliers).is_err());
+    }
+
+    /// The shape part plus 4 bytes per outlier is what kvschemes' KVQuant cache stores.
+    #[test]
+    fn kvquant_bytes_equal_what_kvschemes_stores() {
+        use kvschemes::kvquant::{Calibration, KvQuantScheme};
+        use kvschemes::{LayerCache, Schedule as Theirs};
+        use ndarray::Array3;
+        use rand::SeedableRng;
+        use rand_chacha::ChaCha20Rng;
+        use rand_distr::{Distribution as _, StandardNormal};
+
+        let mut rng = ChaCha20Rng::seed_from_u64(7);
+        let mut draw = |(h, t, d): (usize, usize, usize)| {
+            Array3::from_shape_fn((h, t, d), |_| {
+                let x: f64 = StandardNormal.sample(&mut rng);
+                x as f32
+            })
+        };
+        for (bits, first, heads, head_dim, tokens) in [
+            (4, 1, 3, 64, 17),
+            (2, 0, 2, 16, 9),
+            (3, 4, 1, 13, 3),
+            (5, 2, 2, 8, 40),
+        ] {
+            let layers: Vec<(Array3<f32>, Array3<f32>)> = (0..2)
+                .map(|_| (draw((heads, 96, head_dim)), draw((heads, 96, head_dim))))
+                .collect();
+            let calibration = Calibration::fit(bits, first, &layers).unwrap();
+            let scheme = KvQuantScheme { bits, first };
+            let (k, v) = (
+                draw((heads, tokens, head_dim)),
+                draw((heads, tokens, head_dim)),
+            );
+            for schedule in [Theirs::Prefill, Theirs::Streaming] {
+                let cache = LayerCache::kvquant(
+                    scheme,
+                    &calibration,
+                    schedule,
+                    (1, 2),
+                    (&k, &v),
+                    |_: &mut Array3<f32>| Ok::<(), String>(()),
+                )
+                .unwrap();
+                let ours = kvquant_layer_shape_bytes(bits, first, heads * head_dim, tokens)
+                    + 4 * cache.outliers() as u128;
+                assert_eq!(
+                    ours,
+                    cache.stored().total() as u128,
+                    "{bits} {first} {heads}x{head_dim} {tokens}"
+                );
+            }
+        }
     }
 }

@@ -19,12 +19,12 @@
 //!     leaves the 8-bit window as what the cache held);
 //! - 8 bits: the row of the whole head quantized at 8 bits.
 
-use models::llama::{HookError, KvSource};
+use models::llama::{HookError, KvSource, LayerKv};
 use ndarray::Array3;
 
 use super::bytes::{Tier, axes, tier};
 use super::protocol::{CodecRun, Run, RunCache, Schedule, Window};
-use super::schemes::{self, AuditScheme, ReadSchedule};
+use super::schemes::{self, AuditScheme, ReadSchedule, kvquant};
 use crate::packed_kv::decoder::GroupAxis;
 use crate::packed_kv::rules;
 
@@ -205,6 +205,39 @@ pub fn source(
             };
             Ok(schemes::layer(&scheme, reading, (layer, layers), k, v)?)
         }
+    }
+}
+
+/// Layer `layer` of `layers` under `run`, from the pass's [`LayerKv`]: [`source`]'s cache, or
+/// for a KVQuant run the audit's KVQuant cache ([`kvquant::layer`], keys quantized before RoPE
+/// against `calibration`, the audit's own re-fit, then rotated as the pass rotates its keys);
+/// with the outlier values the layer stores (0 for any other cache).
+pub fn layer_source(
+    run: &Run,
+    calibration: Option<&kvquant::Calibration>,
+    (layer, layers): (usize, usize),
+    kv: &LayerKv<'_>,
+) -> Result<(Box<dyn KvSource>, usize), HookError> {
+    match run.kvquant() {
+        Some(scheme) => {
+            let calibration = calibration.ok_or_else(|| {
+                format!(
+                    "{}: no calibration was re-fitted, so its cache cannot be built",
+                    run.label()
+                )
+            })?;
+            let cache = kvquant::layer(
+                scheme,
+                calibration,
+                (layer, layers),
+                kv.k_pre_rope,
+                kv.v,
+                |keys| kv.rope(keys),
+            )?;
+            let outliers = cache.outliers();
+            Ok((Box::new(cache), outliers))
+        }
+        None => Ok((source(run, (layer, layers), kv.k, kv.v)?, 0)),
     }
 }
 

@@ -8,11 +8,18 @@
 //! cache ([`cache`]) or of the run's scheme of the literature ([`schemes`]: KIVI, quanto,
 //! llama.cpp's block types and rotation, this project's codec as a scheme) in the model's KV
 //! hook, and requires every per-position log-prob, KL value and argmax bit for bit, and every
-//! generated id; a scheme whose codes were not what its rule gives therefore fails here. From
+//! generated id; a scheme whose codes were not what its rule gives therefore fails here.
+//! KVQuant is calibrated on the protocol's calibration text: the audit re-tokenizes it and
+//! requires `calibration_ids`, runs the float32 pass over it, re-fits each KVQuant scheme's
+//! calibration with its own KVQuant ([`schemes::kvquant`]: fp16 key thresholds, k-means level
+//! tables) and requires the archived calibration bit for bit; each KVQuant pass then reads the
+//! audit's KVQuant cache against that calibration, and each layer's outlier count (which, with
+//! the shape, decides its bytes) is re-run and required bit for bit too. From
 //! those arrays it then re-derives every aggregate of results.json (NLL, perplexity, KL mean and
 //! max, top-1 agreement, bits per element, first departure), every bytes-per-token figure (from
 //! the setting, policy and T, or the scheme, schedule and T, with its own implementation of
-//! each cache-size rule, [`bytes`] and [`schemes::stored_bytes`]), every value of summary.json,
+//! each cache-size rule, [`bytes`] and [`schemes::stored_bytes`]; KVQuant's from its shape and
+//! archived outlier counts, [`bytes::kvquant_bytes`]), every value of summary.json,
 //! every cell of summary.md's tables (the ranked table at matched budgets with its frontier
 //! column, [`frontier`]), every chart marker and each panel's frontier staircase, and it checks
 //! each file's hash and the run's
@@ -21,13 +28,16 @@
 //! passes it names were re-run. Generated text is not re-decoded: its report says so in a note.
 //!
 //! The checks:
-//! - the protocol: schema and bounds ([`protocol`]), unknown fields refused;
+//! - the protocol: schema and bounds ([`protocol`]), unknown fields refused; a KVQuant run needs
+//!   a calibration text that is not evaluated;
 //! - the files: exactly manifest.json and [`QUALITY_FILES`], each hashing as recorded; the
 //!   sources as for packed-KV manifests ([`crate::common::sources`]); the model record pinned, its
 //!   ids `t{i}` one list per text of T = min(max_tokens, the text's length) >= 2 ids below 49,152;
 //! - arrays.npz: exactly the members the format lists, in order, each of its dtype and shape;
 //!   `t{i}_ids` the manifest's ids; every log-prob finite and <= 0, every KL finite and >= 0
-//!   (-1e-12 allowed for rounding), every argmax and generated id below 49,152;
+//!   (-1e-12 allowed for rounding), every argmax and generated id below 49,152; with a
+//!   calibration, `calibration_ids` below 49,152, thresholds finite fp16 values, levels
+//!   ascending within [-1, 1], outlier counts within the cache ([`arrays`]);
 //! - results.json, summary.json, summary.md and quality-vs-bytes.svg re-derived as above, to
 //!   the audit's relative tolerance ([`crate::common::tolerance::close`]) for figures and
 //!   exactly for rendered cells.

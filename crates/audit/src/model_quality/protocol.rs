@@ -8,13 +8,20 @@
 //! one the audit's own schemes parse ([`super::schemes::AuditScheme::parse`]); `causal` is
 //! refused for KIVI and quanto, which keep a residual and re-pack on
 //! their own terms.
+//!
+//! A run naming a KVQuant scheme (`kvquant<B>[-first<N>]`) needs the protocol's `calibration`,
+//! a `name` and `text` its levels and thresholds are fitted on: the name 1 to 32 of
+//! `[A-Za-z0-9-_.]` and none of the texts' names, the text (trimmed) neither containing nor
+//! contained in any evaluated text (trimmed): calibration is not evaluation. Its first
+//! [`CALIBRATION_TOKENS`] ids (SmolLM2's BPE, no BOS, as the texts are encoded) are the
+//! calibration pass's.
 
 use std::collections::BTreeSet;
 use std::fmt;
 
 use serde::Deserialize;
 
-use super::schemes::AuditScheme;
+use super::schemes::{AuditScheme, kvquant};
 use crate::common::problem::ProtocolError;
 use crate::packed_kv::bounds::MAX_STUDY_NAME;
 use crate::packed_kv::protocol::Mode;
@@ -33,6 +40,8 @@ pub const MAX_CACHE_TOKENS: usize = 8192;
 
 /// Most generated tokens.
 pub const MAX_GENERATED: usize = 64;
+/// Ids of the calibration text the calibration pass reads (its first).
+pub const CALIBRATION_TOKENS: usize = 2048;
 
 /// A model-quality study's protocol.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -51,6 +60,9 @@ pub struct QualityProtocol {
     /// Greedy generation, if any.
     #[serde(default)]
     pub generate: Option<Generate>,
+    /// The text KVQuant schemes are calibrated on (required when a run names one).
+    #[serde(default)]
+    pub calibration: Option<QualityText>,
 }
 
 /// One text.
@@ -233,6 +245,11 @@ impl Run {
             RunCache::Codec(_) => None,
             RunCache::Scheme(name) => Some(name),
         }
+    }
+
+    /// The (bits, first tokens) of a KVQuant run's scheme (None for any other run).
+    pub fn kvquant(&self) -> Option<(u32, usize)> {
+        self.scheme().and_then(kvquant::parse)
     }
 
     /// How reports name the cache: the scheme, the setting under `uniform`, or
@@ -427,7 +444,64 @@ impl QualityProtocol {
                 "prompt_tokens at least 1 and tokens 1 to 64",
             ));
         }
+        self.validate_calibration(&runs)?;
         Ok(runs)
+    }
+
+    /// The calibration text: required when a run is KVQuant; its name unlike every text's, and
+    /// its text (trimmed) neither inside a text (trimmed) nor holding one (module docs).
+    fn validate_calibration(&self, runs: &[Run]) -> Result<(), ProtocolError> {
+        let Some(calibration) = &self.calibration else {
+            return match runs.iter().position(|r| r.kvquant().is_some()) {
+                Some(i) => Err(refuse(
+                    "calibration",
+                    format!(
+                        "missing: runs[{i}] is {}, which is calibrated on a text that is not \
+                         evaluated",
+                        runs[i].label()
+                    ),
+                )),
+                None => Ok(()),
+            };
+        };
+        if !plain_name(&calibration.name, MAX_TEXT_NAME) {
+            return Err(refuse(
+                "calibration.name",
+                "1 to 32 ASCII letters, digits, '-', '_' or '.'",
+            ));
+        }
+        for (i, text) in self.texts.iter().enumerate() {
+            if text.name == calibration.name {
+                return Err(refuse(
+                    "calibration.name",
+                    format!("{:?} is also texts[{i}]'s name", text.name),
+                ));
+            }
+            let (a, b) = (text.text.trim(), calibration.text.trim());
+            if a.contains(b) || b.contains(a) {
+                return Err(refuse(
+                    "calibration.text",
+                    format!(
+                        "overlaps texts[{i}] ({}), one holding the other: calibration is not \
+                         evaluation",
+                        text.name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The distinct KVQuant schemes' (bits, first tokens), in the order runs first name them:
+    /// the calibrations arrays.npz holds.
+    pub fn kvquant_schemes(runs: &[Run]) -> Vec<(u32, usize)> {
+        let mut out: Vec<(u32, usize)> = Vec::new();
+        for scheme in runs.iter().filter_map(Run::kvquant) {
+            if !out.contains(&scheme) {
+                out.push(scheme);
+            }
+        }
+        out
     }
 }
 
@@ -557,5 +631,107 @@ mod tests {
         assert!(protocol("llamacpp-q4_0", "causal").validate().is_ok());
         let err = protocol("kivi3", "prefill").validate().unwrap_err();
         assert_eq!(err.field, "runs[0].scheme");
+    }
+
+    fn with_calibration(
+        runs: serde_json::Value,
+        calibration: serde_json::Value,
+    ) -> QualityProtocol {
+        let mut p = serde_json::json!({
+            "study": "s", "model": "smollm2",
+            "texts": [
+                { "name": "a", "text": "Some words about bit streams." },
+                { "name": "b", "text": "  Other words, about caches. " }
+            ],
+            "max_tokens": 8,
+            "runs": runs
+        });
+        if !calibration.is_null() {
+            p["calibration"] = calibration;
+        }
+        serde_json::from_value(p).unwrap()
+    }
+
+    #[test]
+    fn a_kvquant_run_needs_a_calibration_text_that_is_not_evaluated() {
+        let runs = serde_json::json!([
+            { "scheme": "kivi2", "schedule": "prefill" },
+            { "scheme": "kvquant4-first1", "schedule": "prefill" },
+            { "scheme": "kvquant4-first1", "schedule": "streaming" },
+            { "scheme": "kvquant3", "schedule": "prefill" }
+        ]);
+        let good = serde_json::json!({ "name": "calib-1.x", "text": "A passage of prose." });
+        let runs_parsed = with_calibration(runs.clone(), good).validate().unwrap();
+        assert_eq!(
+            QualityProtocol::kvquant_schemes(&runs_parsed),
+            vec![(4, 1), (3, 0)]
+        );
+        assert_eq!(runs_parsed[0].kvquant(), None);
+        let err = with_calibration(runs.clone(), serde_json::Value::Null)
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field, "calibration");
+        assert!(err.reason.contains("runs[1]"), "{}", err.reason);
+        for (calibration, field) in [
+            (
+                serde_json::json!({ "name": "", "text": "x y z" }),
+                "calibration.name",
+            ),
+            (
+                serde_json::json!({ "name": "a b", "text": "x y z" }),
+                "calibration.name",
+            ),
+            (
+                serde_json::json!({ "name": "n".repeat(33), "text": "x y z" }),
+                "calibration.name",
+            ),
+            (
+                serde_json::json!({ "name": "b", "text": "x y z" }),
+                "calibration.name",
+            ),
+            // Inside a text, trimmed.
+            (
+                serde_json::json!({ "name": "c", "text": " about caches " }),
+                "calibration.text",
+            ),
+            // Holding a text, trimmed.
+            (
+                serde_json::json!({ "name": "c", "text": "Before. Other words, about caches. After." }),
+                "calibration.text",
+            ),
+            (
+                serde_json::json!({ "name": "c", "text": "   " }),
+                "calibration.text",
+            ),
+        ] {
+            let err = with_calibration(runs.clone(), calibration.clone())
+                .validate()
+                .unwrap_err();
+            assert_eq!(err.field, field, "{calibration}");
+        }
+        // A calibration without a KVQuant run is accepted (its ids are still archived).
+        let plain = serde_json::json!([{ "scheme": "kivi2", "schedule": "prefill" }]);
+        assert!(
+            with_calibration(
+                plain.clone(),
+                serde_json::json!({ "name": "c", "text": "x y" })
+            )
+            .validate()
+            .is_ok()
+        );
+        assert!(
+            with_calibration(plain, serde_json::Value::Null)
+                .validate()
+                .is_ok()
+        );
+        // Unknown fields stay refused, in the calibration too.
+        let err = serde_json::from_value::<QualityProtocol>(serde_json::json!({
+            "study": "s", "model": "smollm2",
+            "texts": [ { "name": "a", "text": "Some words." } ],
+            "max_tokens": 8,
+            "runs": [ { "scheme": "kvquant4", "schedule": "prefill" } ],
+            "calibration": { "name": "c", "text": "x", "ids": [1] }
+        }));
+        assert!(err.is_err());
     }
 }

@@ -19,20 +19,32 @@
 //! With the model, every generated text in results.json must also be its archived ids decoded
 //! (SmolLM2's BPE, UTF-8 with invalid bytes replaced).
 //!
+//! With a calibration text, before the passes (pass `calibration`): the text's first
+//! [`CALIBRATION_TOKENS`] ids (SmolLM2's BPE, no BOS) must be `calibration_ids`; when a run is
+//! KVQuant, one float32 pass over them keeps every layer's keys before RoPE and values, the
+//! audit's own KVQuant ([`kvquant::Calibration::fit`]) fits each KVQuant scheme's calibration
+//! once, and `calibration_<scheme>_key_upper`, `_key_lower` (the fp16 thresholds widened),
+//! `_key_levels` and `_value_levels` must be its values bit for bit. A KVQuant run's pass (and
+//! each greedy step) then reads the audit's KVQuant cache against that calibration
+//! ([`cache::layer_source`]), and `<id>_outliers`, each layer's stored outlier count, must be the
+//! pass's bit for bit besides the log-probs, KL values, argmaxes and generated ids.
+//!
 //! Without the model, two things still hold at every position and are checked
 //! (`check_consistency`): Pinsker's inequality, KL >= 2 * TV^2 >= 2 * (p_f32(t) - p(t))^2
 //! for the scored token t; and the float32 run's first generated token is its argmax at the last
 //! prompt position (the cached generation's logits are a full pass's, bit for bit).
 
-use models::llama::{Llama, argmax};
+use models::llama::{Llama, OwnKv, argmax};
 use models::ops;
 use models::tokenizer::bpe::Bpe;
 use ndarray::{Array2, s};
 use rayon::prelude::*;
 
+use super::arrays::{CALIBRATION_ARRAYS, calibration_prefix};
 use super::cache;
-use super::protocol::{QualityProtocol, Run};
+use super::protocol::{CALIBRATION_TOKENS, QualityProtocol, Run};
 use super::results::QualityRow;
+use super::schemes::kvquant::{self, Calibration};
 use crate::common::model_files::{self, LoadedModel};
 use crate::common::models::ModelName;
 use crate::common::npz::{Archive, Element};
@@ -98,13 +110,33 @@ fn score(ids: &[u32], logits: &Array2<f32>, keep_rows: bool) -> Scored {
     out
 }
 
+/// Each KVQuant scheme's calibration as the audit re-fits it, by (bits, first tokens).
+type Calibrations = Vec<((u32, usize), Calibration)>;
+
+/// The calibration of `run`'s KVQuant scheme, if it is one and was re-fitted.
+fn calibration_of<'a>(calibrations: &'a Calibrations, run: &Run) -> Option<&'a Calibration> {
+    let scheme = run.kvquant()?;
+    calibrations
+        .iter()
+        .find(|(s, _)| *s == scheme)
+        .map(|(_, c)| c)
+}
+
 /// Greedy tokens with the audit's packed cache: each step a pass over everything so far.
-fn greedy(model: &Llama, prompt: &[u32], n: usize, run: &Run) -> Result<Vec<i64>, String> {
+fn greedy(
+    model: &Llama,
+    prompt: &[u32],
+    n: usize,
+    run: &Run,
+    calibration: Option<&Calibration>,
+) -> Result<Vec<i64>, String> {
     let mut ids = prompt.to_vec();
     let layers = model.config().layers;
     for _ in 0..n {
         let (hidden, _) = model
-            .hidden_with_source(&ids, |l, k, v| cache::source(run, (l, layers), k, v))
+            .hidden_with_layer_source(&ids, |l, kv| {
+                Ok(cache::layer_source(run, calibration, (l, layers), kv)?.0)
+            })
             .map_err(|e| e.to_string())?;
         let last = model.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
         let logits = ops::linear(last.view(), model.weights().token_embd.view(), None);
@@ -121,7 +153,19 @@ fn require<T: Element + Bits>(
     derived: &[T],
     report: &mut Report,
 ) -> bool {
-    let Ok(archived) = archive.values::<T>(name, &[derived.len()]) else {
+    require_shaped(archive, pass, name, &[derived.len()], derived, report)
+}
+
+/// [`require`] of a member of `shape` (`derived` in C order).
+fn require_shaped<T: Element + Bits>(
+    archive: &Archive,
+    pass: &str,
+    name: &str,
+    shape: &[usize],
+    derived: &[T],
+    report: &mut Report,
+) -> bool {
+    let Ok(archived) = archive.values::<T>(name, shape) else {
         // Its shape and dtype are checked (and reported) with the other arrays.
         return false;
     };
@@ -153,6 +197,15 @@ trait Bits: Copy {
 impl Bits for f64 {
     fn bits(self) -> u64 {
         self.to_bits()
+    }
+    fn shown(self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl Bits for f32 {
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
     }
     fn shown(self) -> String {
         format!("{self:?}")
@@ -212,6 +265,7 @@ impl Rerun<'_> {
             return;
         };
         self.check_texts(bpe, archive, report);
+        let calibrations = self.check_calibration(llama, bpe, archive, report);
         let chosen = sample::choose(&all, self.arrays_sha256, options.sample);
         if chosen.len() < all.len() {
             report.note(Note::Sampled {
@@ -224,11 +278,133 @@ impl Rerun<'_> {
             self.runs,
             self.ids,
             &chosen,
+            &calibrations,
             &model,
             llama,
             archive,
             report,
         );
+    }
+
+    /// The calibration pass (module docs): `calibration_ids` re-tokenized, and each KVQuant
+    /// scheme's calibration re-fitted and required bit for bit; returns the calibrations the
+    /// KVQuant runs' passes read.
+    fn check_calibration(
+        &self,
+        llama: &Llama,
+        bpe: &Bpe,
+        archive: &Archive,
+        report: &mut Report,
+    ) -> Calibrations {
+        let pass = "calibration";
+        let Some(text) = &self.protocol.calibration else {
+            return Vec::new();
+        };
+        let ids = match bpe.encode(&text.text) {
+            Ok(mut ids) => {
+                ids.truncate(CALIBRATION_TOKENS);
+                ids
+            }
+            Err(e) => {
+                report.fail(Problem::RerunFailed {
+                    pass: pass.into(),
+                    reason: format!("the calibration text does not tokenize: {e}"),
+                });
+                return Vec::new();
+            }
+        };
+        let archived = match archive.info("calibration_ids").map(|i| i.shape.as_slice()) {
+            Some(&[n]) => archive.values::<i64>("calibration_ids", &[n]).ok(),
+            _ => None,
+        };
+        // Its dtype and shape are checked (and reported) with the other arrays.
+        if let Some(archived) = archived {
+            let derived: Vec<i64> = ids.iter().map(|&x| i64::from(x)).collect();
+            let differs = archived
+                .iter()
+                .zip(&derived)
+                .position(|(a, b)| a != b)
+                .or((archived.len() != derived.len()).then(|| archived.len().min(derived.len())));
+            if let Some(i) = differs {
+                report.fail(Problem::Rerun {
+                    pass: pass.into(),
+                    array: "calibration_ids".into(),
+                    index: i,
+                    found: archived.get(i).map_or("the end".into(), |x| x.to_string()),
+                    expected: derived.get(i).map_or("the end".into(), |x| {
+                        format!("{x} (the calibration text's tokenization)")
+                    }),
+                });
+            }
+        }
+        let schemes = QualityProtocol::kvquant_schemes(self.runs);
+        if schemes.is_empty() {
+            return Vec::new();
+        }
+        let mut layers = Vec::with_capacity(llama.config().layers);
+        let plain = llama.hidden_with_layer_source(&ids, |_, kv| {
+            layers.push((kv.k_pre_rope.clone(), kv.v.clone()));
+            Ok(Box::new(OwnKv::new(kv.k, kv.v)))
+        });
+        if let Err(e) = plain {
+            report.fail(Problem::RerunFailed {
+                pass: pass.into(),
+                reason: e.to_string(),
+            });
+            return Vec::new();
+        }
+        report.count(Checked::PassesRerun, 1);
+        let mut out = Vec::new();
+        for (bits, first) in schemes {
+            let calibration = match Calibration::fit(bits, first, &layers) {
+                Ok(c) => c,
+                Err(reason) => {
+                    report.fail(Problem::RerunFailed {
+                        pass: pass.into(),
+                        reason: format!("{}: {reason}", kvquant::name(bits, first)),
+                    });
+                    continue;
+                }
+            };
+            let prefix = calibration_prefix((bits, first));
+            let rows = calibration.layers.len();
+            let widen = |xs: &[half::f16]| xs.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+            let tables: [Vec<f32>; 4] = [
+                calibration
+                    .layers
+                    .iter()
+                    .flat_map(|l| widen(&l.key_upper))
+                    .collect(),
+                calibration
+                    .layers
+                    .iter()
+                    .flat_map(|l| widen(&l.key_lower))
+                    .collect(),
+                calibration
+                    .layers
+                    .iter()
+                    .flat_map(|l| l.key_levels.clone())
+                    .collect(),
+                calibration
+                    .layers
+                    .iter()
+                    .flat_map(|l| l.value_levels.clone())
+                    .collect(),
+            ];
+            for (name, table) in CALIBRATION_ARRAYS.iter().zip(&tables) {
+                let shape = [rows, table.len() / rows.max(1)];
+                require_shaped(
+                    archive,
+                    pass,
+                    &format!("{prefix}_{name}"),
+                    &shape,
+                    table,
+                    report,
+                );
+            }
+            out.push(((bits, first), calibration));
+        }
+        out
     }
 
     /// results.json's generated texts are the archived ids decoded (UTF-8, invalid bytes
@@ -282,6 +458,7 @@ fn passes(
     runs: &[Run],
     ids: &[Vec<u32>],
     chosen: &[String],
+    calibrations: &Calibrations,
     model: &LoadedModel,
     llama: &Llama,
     archive: &Archive,
@@ -357,6 +534,7 @@ fn passes(
                 check_run(
                     llama,
                     run,
+                    calibration_of(calibrations, run),
                     t,
                     recorded,
                     &f32_scored,
@@ -379,6 +557,7 @@ fn passes(
 fn check_run(
     llama: &Llama,
     run: &Run,
+    calibration: Option<&Calibration>,
     t: usize,
     recorded: &[u32],
     f32_scored: &Scored,
@@ -389,9 +568,14 @@ fn check_run(
 ) {
     let id = run.id(t);
     let layers = llama.config().layers;
-    let packed = match llama
-        .forward_with_source(recorded, |l, k, v| cache::source(run, (l, layers), k, v))
-    {
+    let mut outliers = vec![0i64; layers];
+    let packed = match llama.forward_with_layer_source(recorded, |l, kv| {
+        let (source, count) = cache::layer_source(run, calibration, (l, layers), kv)?;
+        if let Some(slot) = outliers.get_mut(l) {
+            *slot = i64::try_from(count)?;
+        }
+        Ok(source)
+    }) {
         Ok(c) => c,
         Err(e) => {
             return report.fail(Problem::RerunFailed {
@@ -420,8 +604,11 @@ fn check_run(
         &scored.argmax,
         report,
     );
+    if run.kvquant().is_some() {
+        require(archive, &id, &format!("{id}_outliers"), &outliers, report);
+    }
     if let (Some(prompt), Some(g)) = (prompt, p.generate) {
-        match greedy(llama, prompt, g.tokens, run) {
+        match greedy(llama, prompt, g.tokens, run, calibration) {
             Ok(generated) => {
                 require(archive, &id, &format!("{id}_generated"), &generated, report);
             }

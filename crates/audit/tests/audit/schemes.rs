@@ -1,8 +1,8 @@
 //! Model-quality studies of the literature's schemes: the audit re-runs each scheme family
-//! (KIVI, quanto, llama.cpp with its rotation, this project's codec) with its own implementation
-//! and requires every value bit for bit, so a study whose scheme's codes were changed FAILs, for
-//! each family, even with every downstream figure recomputed by the study's own code and every
-//! hash rewritten.
+//! (KIVI, quanto, llama.cpp with its rotation, this project's codec, KVQuant with its calibration
+//! re-fitted on the protocol's calibration text) with its own implementation and requires every
+//! value bit for bit, so a study whose scheme's codes were changed FAILs, for each family, even
+//! with every downstream figure recomputed by the study's own code and every hash rewritten.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -12,7 +12,9 @@ use models::llama::{HookError, KvSource, LayerKv};
 use quality::scheme::{Cache, LayerCost};
 use quality::study::{QualityProtocol, run_study_with};
 
-use crate::support::{assert_pass, assert_problem, workspace};
+use crate::support::{
+    AnyArray, array, assert_pass, assert_problem, copy_of, edit_arrays, rehash, workspace,
+};
 
 /// One run per family, on 140 ids: more than KIVI's residual of 128, so that prefill quantizes
 /// the first tokens' values under KIVI and quanto's first flush has happened while decoding.
@@ -26,17 +28,20 @@ const SCHEMES: &str = r#"{
     { "scheme": "hf-quanto4", "schedule": "streaming" },
     { "scheme": "llamacpp-q4_0+rot", "schedule": "prefill" },
     { "scheme": "llamacpp-iq4_nl", "schedule": "causal" },
-    { "scheme": "kvpack-k4v4-sink4", "schedule": "streaming" }
-  ]
+    { "scheme": "kvpack-k4v4-sink4", "schedule": "streaming" },
+    { "scheme": "kvquant4-first1", "schedule": "prefill" }
+  ],
+  "calibration": { "name": "harbour", "text": "The harbour town woke slowly in winter. Before dawn the bakers lit their ovens, and the smell of bread drifted down the narrow streets towards the water, where the fishing boats rocked against the stone quay. Old men in heavy coats gathered by the harbour wall to argue about the weather, the price of diesel and the football results, as their fathers had argued before them. By eight o'clock the children were running to school along the sea front, their bags bouncing, stopping only to throw pebbles at the gulls that sat on the railings. The ferry to the islands left at nine, twice a week in the cold months, carrying post, groceries, a doctor on Tuesdays and whatever visitors had come to walk the cliffs. Most of the shops on the high street kept short hours until Easter: the bookshop opened at eleven, the chandlery when its owner remembered, and the cafe only on days when the sun came out. In the afternoons the light turned silver over the bay and the tide went out across the sands, leaving pools where herons stood without moving for an hour at a time. Walkers came down from the hills with muddy boots and red faces, asking for tea and directions to the bus. When the lamps came on along the promenade the town grew quiet again; a few windows glowed above the harbour, a radio played somewhere behind a curtain, and the boats knocked gently against their moorings until morning." }
 }"#;
 
 /// The run ids, in protocol order.
-const IDS: [&str; 5] = [
+const IDS: [&str; 6] = [
     "t0_kivi2_prefill",
     "t0_hf-quanto4_streaming",
     "t0_llamacpp-q4_0-rot_prefill",
     "t0_llamacpp-iq4_nl_causal",
     "t0_kvpack-k4v4-sink4_streaming",
+    "t0_kvquant4-first1_prefill",
 ];
 
 /// A layer's cache with one code changed: at layer 0, head 0, the value of position 0 reads
@@ -117,9 +122,14 @@ fn audit(dir: &Path) -> audit::Report {
 fn a_study_of_every_scheme_family_passes_with_every_pass_re_run() {
     let report = audit(&studies().1);
     assert_pass(&report);
+    // The float32 pass, each run's, and the calibration pass.
     assert_eq!(
         report.counted(audit::common::report::Checked::PassesRerun),
-        1 + IDS.len()
+        1 + IDS.len() + 1
+    );
+    assert_eq!(
+        report.counted(audit::common::report::Checked::OutlierCounts),
+        30
     );
 }
 
@@ -134,4 +144,62 @@ fn a_changed_code_fails_the_re_run_for_each_scheme_family() {
             |p| matches!(p, Problem::Rerun { pass, array, .. } if pass == id && *array == logp),
         );
     }
+    // The forgery touched layer 0's cache, not the calibration; layer 0's outliers are the
+    // honest cache's (later layers read what the forged layer passed on, so theirs may differ).
+    let touched = |p: &Problem| match p {
+        Problem::Rerun {
+            pass, array, index, ..
+        } => pass == "calibration" || (array.ends_with("_outliers") && *index == 0),
+        Problem::Value { array, .. } => array.starts_with("calibration"),
+        _ => false,
+    };
+    assert!(!report.problems.iter().any(touched), "{}", report.render());
+}
+
+/// A forger who edits KVQuant's archived calibration and outlier counts (and rewrites the
+/// hashes) is caught by the calibration re-fit and the pass's own counts; the outlier counts
+/// also decide the bytes, so results.json's figure no longer derives from the arrays.
+#[test]
+fn an_edited_calibration_or_outlier_count_fails_the_re_run() {
+    let (_tmp, dir) = copy_of(&studies().1);
+    let id = "t0_kvquant4-first1_prefill";
+    edit_arrays(&dir, |arrays| {
+        let AnyArray::F32(levels) = array(arrays, "calibration_kvquant4-first1_value_levels")
+        else {
+            panic!("float32 levels")
+        };
+        levels[[3, 5]] = f32::from_bits(levels[[3, 5]].to_bits() + 1);
+        let AnyArray::F32(upper) = array(arrays, "calibration_kvquant4-first1_key_upper") else {
+            panic!("float32 thresholds")
+        };
+        // The next fp16 value, widened.
+        let x = half::f16::from_f32(upper[[7, 11]]);
+        upper[[7, 11]] = half::f16::from_bits(x.to_bits() + 1).to_f32();
+        let AnyArray::I64(outliers) = array(arrays, &format!("{id}_outliers")) else {
+            panic!("int64 counts")
+        };
+        outliers[[0]] += 1;
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    for (name, index) in [
+        ("calibration_kvquant4-first1_key_upper", 7 * 192 + 11),
+        ("calibration_kvquant4-first1_value_levels", 3 * 16 + 5),
+    ] {
+        assert_problem(&report, name, |p| {
+            matches!(p, Problem::Rerun { pass, array, index: i, .. }
+                if pass == "calibration" && array == name && *i == index)
+        });
+    }
+    let outliers = format!("{id}_outliers");
+    assert_problem(
+        &report,
+        &outliers,
+        |p| matches!(p, Problem::Rerun { pass, array, index: 0, .. } if pass == id && *array == outliers),
+    );
+    assert_problem(
+        &report,
+        "bytes_per_token",
+        |p| matches!(p, Problem::Metric { id: row, field: "bytes_per_token", .. } if row == id),
+    );
 }
