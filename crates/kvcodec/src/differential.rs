@@ -103,7 +103,7 @@ fn check(x: ArrayView2<f32>, layout: Layout, label: &str) {
 }
 
 /// xorshift64 values in [-1, 1).
-fn noise(tokens: usize, features: usize, seed: u64) -> Array2<f32> {
+pub(crate) fn noise(tokens: usize, features: usize, seed: u64) -> Array2<f32> {
     let mut state = seed | 1;
     Array2::from_shape_fn((tokens, features), |_| {
         state ^= state << 13;
@@ -146,7 +146,11 @@ fn ties(tokens: usize, features: usize, layout: Layout) -> Array2<f32> {
 }
 
 /// Data patterns by name.
-fn patterns(tokens: usize, features: usize, layout: Layout) -> Vec<(&'static str, Array2<f32>)> {
+pub(crate) fn patterns(
+    tokens: usize,
+    features: usize,
+    layout: Layout,
+) -> Vec<(&'static str, Array2<f32>)> {
     let tiny = f32::from_bits(3);
     vec![
         ("noise", noise(tokens, features, 7)),

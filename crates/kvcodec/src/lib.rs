@@ -16,6 +16,9 @@
 //!   against;
 //! - [`kernel`]: which implementation of the inner loops runs (portable or AVX2);
 //! - [`packed`]: the packed tensor container and its payload bytes;
+//! - [`attention`](mod@attention): attention read straight from a packed K and V (scores and
+//!   weighted sum dequantized in registers, online softmax), and the f32 baseline it is
+//!   measured against;
 //! - [`error`]: typed errors.
 //!
 //! The code streams underneath are `bitpack`'s (where the 4-bit nibble order is written down).
@@ -50,6 +53,7 @@
 #![warn(missing_docs)]
 
 pub mod asymmetric;
+pub mod attention;
 #[cfg(test)]
 mod differential;
 pub mod error;

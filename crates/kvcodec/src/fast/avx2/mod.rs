@@ -17,6 +17,7 @@
 //! [`squeeze4`]: pack::squeeze4
 //! [`Unpack`]: unpack::Unpack
 
+pub(crate) mod attention;
 mod columns;
 mod fit;
 mod pack;

@@ -1,0 +1,765 @@
+//! Attention read straight from a packed cache: the scores q·K over a K cache packed per
+//! channel (grouped along tokens) and the weighted sum over a V cache packed per token (grouped
+//! along features), dequantized in registers, with an online softmax, so that nothing of size
+//! N x D is ever decoded. One call serves one KV head and every query row that reads it (the
+//! query heads of a GQA or MQA group, and the positions of a prefill chunk), so the cache is
+//! read from memory once per call.
+//!
+//! # What every kernel computes
+//!
+//! Inputs: queries Q x D (f32, finite); `visible[i]` in 1..=N, the tokens query i attends to
+//! (N for a decode step, its position + 1 in a causal prefill chunk); K and V packed N x D of
+//! any width and mode, K along tokens in groups that are a multiple of 32 tokens, V along
+//! features in groups that are a multiple of 8, D a multiple of 8; the softmax scale (finite,
+//! positive; 1/sqrt(D) for a standard head). Let `c - o` be a stored code minus its group's
+//! offset (qmax, or the zero point), an exact small integer, and `sK`, `sV` the group scales.
+//! Every product and sum below is one f32 operation, in the order written (no fused
+//! multiply-add), which is what makes the portable and AVX2 kernels, and every thread count,
+//! give the same bits:
+//!
+//! 1. `qs[i][d] = q[i][d] * scale`.
+//! 2. Tokens are cut into splits of [`SPLIT_TOKENS`], each into blocks of [`BLOCK_TOKENS`]; a
+//!    split keeps per query a state (m, l, acc[D]), starting at (-inf, 0, 0).
+//! 3. Scores of a block: `s[i][t] = sum over d = 0, 1, .. of (c - o)K[d][t] * (qs[i][d] *
+//!    sK[d][g])`, added left to right from 0, with g the token's group; tokens at or past
+//!    `visible[i]` are masked.
+//! 4. `m' = max(m, unmasked scores)` (a block with none is skipped); `corr = exp(m - m')`, 0 when
+//!    m is -inf; `p[t] = exp(s[t] - m')`, 0 when masked; [`exp`] is this crate's own.
+//! 5. `l = l * corr + sum8(p)`: p[t] is added into lane t mod 8 in token order, and the lanes
+//!    are added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+//! 6. `acc[d] = acc[d] * corr`, then for each token in order `acc[d] = acc[d] + (c - o)V[t][d]
+//!    * (p[t] * sV[t][h])`, with h the feature's group (masked tokens add a zero).
+//! 7. Splits merge in token order: `m = max(mA, mB)`, `l = lA * exp(mA - m) + lB * exp(mB - m)`,
+//!    acc likewise element by element (a split with m = -inf leaves the other unchanged).
+//! 8. `out[i][d] = acc[d] / l`.
+//!
+//! [`attend_dense`] is the same computation over an unpacked f32 cache (N x D, row-major), the
+//! baseline a packed cache is measured against: step 3's sum is `qs[i][d] * K[t][d]` into lane
+//! d mod 8, lanes added as in step 5, and step 6 adds `V[t][d] * p[t]`.
+//! [`attend_reference`] decodes the cache exactly (f64) and attends in f64 with the row maximum
+//! subtracted and the platform's `exp`: the oracle the kernels are held to (1e-5 relative).
+//!
+//! Splits run in parallel on the current rayon pool; their size, and the merge order, do not
+//! depend on the number of threads.
+
+pub mod exp;
+mod portable;
+pub mod reference;
+
+use ndarray::{Array2, ArrayView2};
+use rayon::prelude::*;
+use thiserror::Error;
+
+use crate::kernel::Kernel;
+use crate::layout::{GroupAxis, Mode};
+use crate::packed::PackedTensor;
+
+pub use exp::exp;
+pub use reference::attend_reference;
+
+/// Tokens per split: the unit of parallel work, and of the merge.
+pub const SPLIT_TOKENS: usize = 4096;
+/// Tokens per block: the online softmax's step.
+pub const BLOCK_TOKENS: usize = 256;
+/// A packed K's group size must be a multiple of this (the kernels read 32 tokens of one group
+/// at a time).
+pub const K_GROUP_MULTIPLE: usize = 32;
+/// A packed V's group size, and the head dimension, must be multiples of this.
+pub const LANES: usize = 8;
+
+/// Why attention over a cache cannot run.
+#[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum AttentionError {
+    /// K not grouped along tokens, or V not along features.
+    #[error(
+        "the fused kernels read K grouped along tokens (per channel) and V along features (per \
+         token); got K along {k} and V along {v}"
+    )]
+    Axes {
+        /// K's axis.
+        k: &'static str,
+        /// V's axis.
+        v: &'static str,
+    },
+    /// A group size the kernels cannot step through.
+    #[error("{tensor}'s group size {group_size} is not a multiple of {multiple}")]
+    GroupSize {
+        /// `K` or `V`.
+        tensor: &'static str,
+        /// Its group size.
+        group_size: usize,
+        /// What it must be a multiple of.
+        multiple: usize,
+    },
+    /// K and V (or the queries) disagree on their shape, or D is not a multiple of 8.
+    #[error("{0}")]
+    Shape(String),
+    /// `visible` has another length than the queries have rows.
+    #[error("{got} visible counts for {queries} query rows")]
+    VisibleCount {
+        /// Counts given.
+        got: usize,
+        /// Query rows.
+        queries: usize,
+    },
+    /// A query that sees no token, or more than the cache holds.
+    #[error("query {row} sees {visible} tokens; it must see 1 to {tokens}")]
+    Visible {
+        /// The query row.
+        row: usize,
+        /// Its count.
+        visible: usize,
+        /// Tokens in the cache.
+        tokens: usize,
+    },
+    /// NaN or an infinity in a query.
+    #[error("query element [{row}, {col}] is {value}")]
+    NonFiniteQuery {
+        /// Row.
+        row: usize,
+        /// Column.
+        col: usize,
+        /// Value.
+        value: f32,
+    },
+    /// A softmax scale that is not finite and positive.
+    #[error("softmax scale {0} is not finite and positive")]
+    Scale(f32),
+    /// A kernel this CPU cannot run.
+    #[error("the {0} kernel needs CPU features this machine does not have")]
+    KernelUnavailable(Kernel),
+}
+
+/// Results of this module.
+pub type Result<T> = std::result::Result<T, AttentionError>;
+
+/// Attention of `queries` (Q x D) over one KV head's packed cache, with the fastest kernel this
+/// CPU runs; see the module comment for what is computed and the inputs it takes.
+pub fn attend(
+    queries: ArrayView2<f32>,
+    visible: &[usize],
+    k: &PackedTensor,
+    v: &PackedTensor,
+    scale: f32,
+) -> Result<Array2<f32>> {
+    attend_with(Kernel::detect(), queries, visible, k, v, scale)
+}
+
+/// [`attend`] with a chosen kernel (every kernel gives the same bits).
+pub fn attend_with(
+    kernel: Kernel,
+    queries: ArrayView2<f32>,
+    visible: &[usize],
+    k: &PackedTensor,
+    v: &PackedTensor,
+    scale: f32,
+) -> Result<Array2<f32>> {
+    let head = PackedHead::new(k, v)?;
+    let queries = Queries::new(queries, visible, head.tokens, head.features, scale)?;
+    run(kernel, &Cache::Packed(head), &queries)
+}
+
+/// The same attention over an unpacked f32 cache, K and V each N x D: the baseline a packed
+/// cache is measured against. Non-finite K or V values are not looked for (that would read the
+/// cache twice); they make the output non-finite.
+pub fn attend_dense(
+    queries: ArrayView2<f32>,
+    visible: &[usize],
+    k: ArrayView2<f32>,
+    v: ArrayView2<f32>,
+    scale: f32,
+) -> Result<Array2<f32>> {
+    attend_dense_with(Kernel::detect(), queries, visible, k, v, scale)
+}
+
+/// [`attend_dense`] with a chosen kernel (every kernel gives the same bits).
+pub fn attend_dense_with(
+    kernel: Kernel,
+    queries: ArrayView2<f32>,
+    visible: &[usize],
+    k: ArrayView2<f32>,
+    v: ArrayView2<f32>,
+    scale: f32,
+) -> Result<Array2<f32>> {
+    let head = DenseHead::new(k, v)?;
+    let queries = Queries::new(queries, visible, head.tokens, head.features, scale)?;
+    run(kernel, &Cache::Dense(head), &queries)
+}
+
+/// Checked queries: qs = q * scale, row-major, and each row's visible count.
+pub(crate) struct Queries<'a> {
+    pub rows: usize,
+    pub scaled: Vec<f32>,
+    pub visible: &'a [usize],
+}
+
+impl<'a> Queries<'a> {
+    fn new(
+        queries: ArrayView2<f32>,
+        visible: &'a [usize],
+        tokens: usize,
+        features: usize,
+        scale: f32,
+    ) -> Result<Self> {
+        let (rows, cols) = queries.dim();
+        if rows == 0 || cols != features {
+            return Err(AttentionError::Shape(format!(
+                "queries have shape {rows} x {cols}; they need at least one row of the cache's \
+                 {features} features"
+            )));
+        }
+        if visible.len() != rows {
+            return Err(AttentionError::VisibleCount {
+                got: visible.len(),
+                queries: rows,
+            });
+        }
+        if let Some((row, &count)) = visible
+            .iter()
+            .enumerate()
+            .find(|(_, c)| **c == 0 || **c > tokens)
+        {
+            return Err(AttentionError::Visible {
+                row,
+                visible: count,
+                tokens,
+            });
+        }
+        if let Some(((row, col), &value)) = queries.indexed_iter().find(|(_, x)| !x.is_finite()) {
+            return Err(AttentionError::NonFiniteQuery { row, col, value });
+        }
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(AttentionError::Scale(scale));
+        }
+        let scaled = queries.iter().map(|&x| x * scale).collect();
+        Ok(Queries {
+            rows,
+            scaled,
+            visible,
+        })
+    }
+
+    fn last_visible(&self) -> usize {
+        self.visible.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// Offsets subtracted from a tensor's stored codes, one per group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Offsets<'a> {
+    /// Symmetric: qmax for every group.
+    Constant(i32),
+    /// Asymmetric: the packed zero-point stream (LSB first, as `bitpack` writes it).
+    Stream { bytes: &'a [u8], bits: u32 },
+}
+
+impl Offsets<'_> {
+    fn at(&self, group: usize) -> i32 {
+        match *self {
+            Offsets::Constant(o) => o,
+            Offsets::Stream { bytes, bits } => {
+                let bit = group * bits as usize;
+                let (byte, shift) = (bit / 8, bit % 8);
+                let low = u16::from(bytes[byte]);
+                let high = u16::from(bytes.get(byte + 1).copied().unwrap_or(0));
+                i32::from(((low | (high << 8)) >> shift) & ((1 << bits) - 1))
+            }
+        }
+    }
+}
+
+/// One packed tensor as the kernels read it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stream<'a> {
+    pub codes: &'a [u8],
+    pub bits: u32,
+    /// Codes per grouped row, padding included.
+    pub row_len: usize,
+    pub group_size: usize,
+    pub groups_per_row: usize,
+    /// [rows, groups_per_row], row-major.
+    pub scales: &'a [f32],
+    pub offsets: Offsets<'a>,
+}
+
+impl<'a> Stream<'a> {
+    fn new(packed: &'a PackedTensor) -> Self {
+        let layout = packed.layout();
+        let geometry = packed.geometry();
+        Stream {
+            codes: packed.code_bytes(),
+            bits: layout.bits.get(),
+            row_len: geometry.padded_row_len,
+            group_size: layout.group_size,
+            groups_per_row: geometry.groups_per_row,
+            scales: packed
+                .scales()
+                .as_slice()
+                .expect("a packed tensor's scales are standard layout"),
+            offsets: match layout.mode {
+                Mode::Symmetric => Offsets::Constant(i32::from(layout.bits.qmax())),
+                Mode::Asymmetric => Offsets::Stream {
+                    bytes: packed.zero_point_bytes(),
+                    bits: layout.bits.get(),
+                },
+            },
+        }
+    }
+}
+
+/// One KV head's packed K (grouped rows are features) and V (grouped rows are tokens).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PackedHead<'a> {
+    pub tokens: usize,
+    pub features: usize,
+    pub k: Stream<'a>,
+    pub v: Stream<'a>,
+}
+
+impl<'a> PackedHead<'a> {
+    fn new(k: &'a PackedTensor, v: &'a PackedTensor) -> Result<Self> {
+        let (kl, vl) = (k.layout(), v.layout());
+        if kl.axis != GroupAxis::Token || vl.axis != GroupAxis::Feature {
+            return Err(AttentionError::Axes {
+                k: kl.axis.name(),
+                v: vl.axis.name(),
+            });
+        }
+        if k.shape() != v.shape() {
+            return Err(AttentionError::Shape(format!(
+                "K is {:?} and V is {:?} (tokens x features); one head's K and V have one shape",
+                k.shape(),
+                v.shape()
+            )));
+        }
+        let [tokens, features] = k.shape();
+        check_features(features)?;
+        for (tensor, group_size, multiple) in [
+            ("K", kl.group_size, K_GROUP_MULTIPLE),
+            ("V", vl.group_size, LANES),
+        ] {
+            if !group_size.is_multiple_of(multiple) {
+                return Err(AttentionError::GroupSize {
+                    tensor,
+                    group_size,
+                    multiple,
+                });
+            }
+        }
+        Ok(PackedHead {
+            tokens,
+            features,
+            k: Stream::new(k),
+            v: Stream::new(v),
+        })
+    }
+}
+
+/// One KV head's unpacked K and V, N x D each, row-major.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DenseHead<'a> {
+    pub tokens: usize,
+    pub features: usize,
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+}
+
+impl<'a> DenseHead<'a> {
+    fn new(k: ArrayView2<'a, f32>, v: ArrayView2<'a, f32>) -> Result<Self> {
+        if k.dim() != v.dim() || k.is_empty() {
+            return Err(AttentionError::Shape(format!(
+                "K is {:?} and V is {:?}; one head's K and V have one non-empty shape",
+                k.dim(),
+                v.dim()
+            )));
+        }
+        let (tokens, features) = k.dim();
+        check_features(features)?;
+        let standard = |m: ArrayView2<'a, f32>, name: &str| {
+            m.to_slice().ok_or_else(|| {
+                AttentionError::Shape(format!("{name} is not a standard-layout (row-major) array"))
+            })
+        };
+        Ok(DenseHead {
+            tokens,
+            features,
+            k: standard(k, "K")?,
+            v: standard(v, "V")?,
+        })
+    }
+}
+
+fn check_features(features: usize) -> Result<()> {
+    if features.is_multiple_of(LANES) {
+        Ok(())
+    } else {
+        Err(AttentionError::Shape(format!(
+            "head dimension {features} is not a multiple of {LANES}"
+        )))
+    }
+}
+
+/// The cache one call reads.
+pub(crate) enum Cache<'a> {
+    Packed(PackedHead<'a>),
+    Dense(DenseHead<'a>),
+}
+
+impl Cache<'_> {
+    fn features(&self) -> usize {
+        match self {
+            Cache::Packed(h) => h.features,
+            Cache::Dense(h) => h.features,
+        }
+    }
+}
+
+/// A split's running softmax, per query: (max, sum, acc[D]).
+#[derive(Debug, Clone)]
+struct State {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+impl State {
+    fn new(queries: usize, features: usize) -> Self {
+        State {
+            max: vec![f32::NEG_INFINITY; queries],
+            sum: vec![0.0; queries],
+            acc: vec![0.0; queries * features],
+        }
+    }
+
+    /// Step 7: `self` then `later`, query by query.
+    fn merge(mut self, later: State, features: usize) -> State {
+        for i in 0..self.max.len() {
+            let (ma, mb) = (self.max[i], later.max[i]);
+            let acc = &mut self.acc[i * features..][..features];
+            let acc_b = &later.acc[i * features..][..features];
+            if mb == f32::NEG_INFINITY {
+                continue;
+            }
+            if ma == f32::NEG_INFINITY {
+                self.max[i] = mb;
+                self.sum[i] = later.sum[i];
+                acc.copy_from_slice(acc_b);
+                continue;
+            }
+            let m = ma.max(mb);
+            let (a, b) = (exp(ma - m), exp(mb - m));
+            self.max[i] = m;
+            self.sum[i] = self.sum[i] * a + later.sum[i] * b;
+            for (x, &y) in acc.iter_mut().zip(acc_b) {
+                *x = *x * a + y * b;
+            }
+        }
+        self
+    }
+}
+
+/// Per-block scratch, allocated once per split.
+pub(crate) struct Scratch {
+    /// Scores, then weights p, [Q][BLOCK_TOKENS].
+    pub scores: Vec<f32>,
+    /// Packed K: `qs[i][d] * sK[d][g]` at [(g - first group) * D + d] * Q + i.
+    pub k_weights: Vec<f32>,
+    /// Packed K: offsets at [(g - first group) * D + d].
+    pub k_offsets: Vec<i32>,
+    /// Packed V: `p[i][t] * sV[t][h]` at [(i * BLOCK + t - t0) * groups + h].
+    pub v_weights: Vec<f32>,
+    /// Packed V: offsets at [(t - t0) * groups + h].
+    pub v_offsets: Vec<i32>,
+}
+
+fn run(kernel: Kernel, cache: &Cache, queries: &Queries) -> Result<Array2<f32>> {
+    if !kernel.is_available() {
+        return Err(AttentionError::KernelUnavailable(kernel));
+    }
+    let features = cache.features();
+    let last = queries.last_visible();
+    let splits: Vec<std::ops::Range<usize>> = (0..last)
+        .step_by(SPLIT_TOKENS)
+        .map(|start| start..(start + SPLIT_TOKENS).min(last))
+        .collect();
+    let state = splits
+        .into_par_iter()
+        .map(|split| split_state(kernel, cache, queries, split))
+        .collect::<Vec<State>>()
+        .into_iter()
+        .reduce(|a, b| a.merge(b, features))
+        .expect("at least one split: every query sees a token");
+    let mut out = Array2::<f32>::zeros((queries.rows, features));
+    for (i, mut row) in out.rows_mut().into_iter().enumerate() {
+        let acc = &state.acc[i * features..][..features];
+        for (o, &a) in row.iter_mut().zip(acc) {
+            *o = a / state.sum[i];
+        }
+    }
+    Ok(out)
+}
+
+fn split_state(
+    kernel: Kernel,
+    cache: &Cache,
+    queries: &Queries,
+    split: std::ops::Range<usize>,
+) -> State {
+    let features = cache.features();
+    let q = queries.rows;
+    let mut state = State::new(q, features);
+    let mut scratch = Scratch {
+        scores: vec![0.0; q * BLOCK_TOKENS],
+        k_weights: Vec::new(),
+        k_offsets: Vec::new(),
+        v_weights: Vec::new(),
+        v_offsets: Vec::new(),
+    };
+    for t0 in split.clone().step_by(BLOCK_TOKENS) {
+        let len = (t0 + BLOCK_TOKENS).min(split.end) - t0;
+        if queries.visible.iter().all(|&v| v <= t0) {
+            continue;
+        }
+        block(kernel, cache, queries, t0, len, &mut state, &mut scratch);
+    }
+    state
+}
+
+/// Steps 3 to 6 for tokens t0..t0 + len.
+fn block(
+    kernel: Kernel,
+    cache: &Cache,
+    queries: &Queries,
+    t0: usize,
+    len: usize,
+    state: &mut State,
+    scratch: &mut Scratch,
+) {
+    let features = cache.features();
+    let q = queries.rows;
+    // Step 3.
+    match cache {
+        Cache::Packed(head) => {
+            prepare_keys(head, queries, t0, len, scratch);
+            dispatch::scores(kernel, head, q, t0, len, scratch);
+        }
+        Cache::Dense(head) => dispatch::dense_scores(kernel, head, queries, t0, len, scratch),
+    }
+    // Steps 4 and 5.
+    for i in 0..q {
+        let scores = &mut scratch.scores[i * BLOCK_TOKENS..][..len];
+        let seen = queries.visible[i].saturating_sub(t0).min(len);
+        scores[seen..].fill(f32::NEG_INFINITY);
+        let block_max = scores[..seen]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let m = state.max[i].max(block_max);
+        let corr = if seen == 0 {
+            1.0
+        } else {
+            exp(state.max[i] - m)
+        };
+        let mut lanes = [0f32; LANES];
+        for (t, s) in scores.iter_mut().enumerate() {
+            *s = if t < seen { exp(*s - m) } else { 0.0 };
+            lanes[t % LANES] += *s;
+        }
+        let sum8 = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+            + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        if seen > 0 {
+            state.max[i] = m;
+            state.sum[i] = state.sum[i] * corr + sum8;
+            for a in &mut state.acc[i * features..][..features] {
+                *a *= corr;
+            }
+        }
+    }
+    // Step 6.
+    match cache {
+        Cache::Packed(head) => {
+            prepare_values(head, q, t0, len, scratch);
+            dispatch::accumulate(kernel, head, q, t0, len, scratch, &mut state.acc);
+        }
+        Cache::Dense(head) => {
+            dispatch::dense_accumulate(kernel, head, q, t0, len, &scratch.scores, &mut state.acc)
+        }
+    }
+}
+
+/// The first and one-past-last K groups a block touches.
+fn key_groups(head: &PackedHead, t0: usize, len: usize) -> (usize, usize) {
+    let g = head.k.group_size;
+    (t0 / g, (t0 + len).div_ceil(g))
+}
+
+fn prepare_keys(head: &PackedHead, queries: &Queries, t0: usize, len: usize, s: &mut Scratch) {
+    let (first, end) = key_groups(head, t0, len);
+    let (d_count, q) = (head.features, queries.rows);
+    s.k_weights.clear();
+    s.k_offsets.clear();
+    for g in first..end {
+        for d in 0..d_count {
+            let scale = head.k.scales[d * head.k.groups_per_row + g];
+            s.k_offsets
+                .push(head.k.offsets.at(d * head.k.groups_per_row + g));
+            s.k_weights
+                .extend((0..q).map(|i| queries.scaled[i * d_count + d] * scale));
+        }
+    }
+}
+
+fn prepare_values(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Scratch) {
+    let groups = head.v.groups_per_row;
+    s.v_weights.clear();
+    s.v_offsets.clear();
+    for t in t0..t0 + len {
+        for h in 0..groups {
+            s.v_offsets.push(head.v.offsets.at(t * groups + h));
+        }
+    }
+    s.v_weights.resize(q * BLOCK_TOKENS * groups, 0.0);
+    for i in 0..q {
+        for j in 0..len {
+            let p = s.scores[i * BLOCK_TOKENS + j];
+            let scales = &head.v.scales[(t0 + j) * groups..][..groups];
+            let w = &mut s.v_weights[(i * BLOCK_TOKENS + j) * groups..][..groups];
+            for (w, &scale) in w.iter_mut().zip(scales) {
+                *w = p * scale;
+            }
+        }
+    }
+}
+
+/// Picks each block kernel for a kernel and a width.
+mod dispatch {
+    use super::{DenseHead, PackedHead, Queries, Scratch, portable};
+    use crate::kernel::Kernel;
+
+    macro_rules! by_bits {
+        ($bits:expr, $f:ident :: <B> ($($arg:expr),*)) => {
+            match $bits {
+                1 => $f::<1>($($arg),*),
+                2 => $f::<2>($($arg),*),
+                3 => $f::<3>($($arg),*),
+                4 => $f::<4>($($arg),*),
+                5 => $f::<5>($($arg),*),
+                6 => $f::<6>($($arg),*),
+                7 => $f::<7>($($arg),*),
+                8 => $f::<8>($($arg),*),
+                other => unreachable!("a packed tensor's width is 1 to 8 bits, not {other}"),
+            }
+        };
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn avx2() -> crate::fast::avx2::Avx2 {
+        crate::fast::avx2::Avx2::detect().expect("the kernel's availability was checked")
+    }
+
+    pub(super) fn scores(
+        kernel: Kernel,
+        head: &PackedHead,
+        q: usize,
+        t0: usize,
+        len: usize,
+        s: &mut Scratch,
+    ) {
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                use crate::fast::avx2::attention::packed_scores;
+                let k = avx2();
+                // SAFETY: `k` proves the CPU has AVX2.
+                unsafe { by_bits!(head.k.bits, packed_scores::<B>(k, head, q, t0, len, s)) }
+            }
+            _ => {
+                use portable::packed_scores;
+                by_bits!(head.k.bits, packed_scores::<B>(head, q, t0, len, s))
+            }
+        }
+    }
+
+    pub(super) fn accumulate(
+        kernel: Kernel,
+        head: &PackedHead,
+        q: usize,
+        t0: usize,
+        len: usize,
+        s: &Scratch,
+        acc: &mut [f32],
+    ) {
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                use crate::fast::avx2::attention::packed_accumulate;
+                let k = avx2();
+                // SAFETY: `k` proves the CPU has AVX2.
+                unsafe {
+                    by_bits!(
+                        head.v.bits,
+                        packed_accumulate::<B>(k, head, q, t0, len, s, acc)
+                    )
+                }
+            }
+            _ => {
+                use portable::packed_accumulate;
+                by_bits!(
+                    head.v.bits,
+                    packed_accumulate::<B>(head, q, t0, len, s, acc)
+                )
+            }
+        }
+    }
+
+    pub(super) fn dense_scores(
+        kernel: Kernel,
+        head: &DenseHead,
+        queries: &Queries,
+        t0: usize,
+        len: usize,
+        s: &mut Scratch,
+    ) {
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `avx2()` proves the CPU has AVX2.
+            Kernel::Avx2 => unsafe {
+                crate::fast::avx2::attention::dense_scores(
+                    avx2(),
+                    head,
+                    &queries.scaled,
+                    queries.rows,
+                    t0,
+                    len,
+                    &mut s.scores,
+                )
+            },
+            _ => {
+                portable::dense_scores(head, &queries.scaled, queries.rows, t0, len, &mut s.scores)
+            }
+        }
+    }
+
+    pub(super) fn dense_accumulate(
+        kernel: Kernel,
+        head: &DenseHead,
+        q: usize,
+        t0: usize,
+        len: usize,
+        p: &[f32],
+        acc: &mut [f32],
+    ) {
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `avx2()` proves the CPU has AVX2.
+            Kernel::Avx2 => unsafe {
+                crate::fast::avx2::attention::dense_accumulate(avx2(), head, q, t0, len, p, acc)
+            },
+            _ => portable::dense_accumulate(head, q, t0, len, p, acc),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,111 @@
+//! The block kernels in plain Rust, one value at a time: the spec's steps 3 and 6 as written
+//! (see the module comment of [`super`]). The AVX2 kernels compute each value with the same
+//! operations in the same order, eight tokens or features to a vector.
+
+use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, Stream};
+
+/// The stored code at element `at` of a tensor's grouped view (LSB-first stream).
+#[inline]
+fn code<const B: u32>(stream: &Stream, at: usize) -> i32 {
+    let bit = at * B as usize;
+    let (byte, shift) = (bit / 8, bit % 8);
+    let low = u16::from(stream.codes[byte]);
+    let high = u16::from(stream.codes.get(byte + 1).copied().unwrap_or(0));
+    i32::from(((low | (high << 8)) >> shift) & ((1 << B) - 1))
+}
+
+/// Step 3 over a packed K: scores of tokens t0.. for every query into `s.scores`, for the
+/// block's tokens rounded up to whole 32-token runs (the padded K row holds them).
+pub(crate) fn packed_scores<const B: u32>(
+    head: &PackedHead,
+    q: usize,
+    t0: usize,
+    len: usize,
+    s: &mut Scratch,
+) {
+    let k = &head.k;
+    let d_count = head.features;
+    let first = t0 / k.group_size;
+    for j in 0..len.next_multiple_of(K_GROUP_MULTIPLE) {
+        let t = t0 + j;
+        let g = t / k.group_size - first;
+        for i in 0..q {
+            let mut sum = 0f32;
+            for d in 0..d_count {
+                let c = code::<B>(k, d * k.row_len + t) - s.k_offsets[g * d_count + d];
+                sum += c as f32 * s.k_weights[(g * d_count + d) * q + i];
+            }
+            s.scores[i * BLOCK_TOKENS + j] = sum;
+        }
+    }
+}
+
+/// Step 6 over a packed V: adds tokens t0..t0 + len into `acc` [Q][D].
+pub(crate) fn packed_accumulate<const B: u32>(
+    head: &PackedHead,
+    q: usize,
+    t0: usize,
+    len: usize,
+    s: &Scratch,
+    acc: &mut [f32],
+) {
+    let v = &head.v;
+    let d_count = head.features;
+    let groups = v.groups_per_row;
+    for j in 0..len {
+        let t = t0 + j;
+        for d in 0..d_count {
+            let h = d / v.group_size;
+            let c = (code::<B>(v, t * v.row_len + d) - s.v_offsets[j * groups + h]) as f32;
+            for i in 0..q {
+                let w = s.v_weights[(i * BLOCK_TOKENS + j) * groups + h];
+                acc[i * d_count + d] += c * w;
+            }
+        }
+    }
+}
+
+/// Step 3 over an unpacked K: `qs[i][d] * K[t][d]` into lane d mod 8, lanes added as a tree.
+pub(crate) fn dense_scores(
+    head: &DenseHead,
+    scaled: &[f32],
+    q: usize,
+    t0: usize,
+    len: usize,
+    scores: &mut [f32],
+) {
+    let d_count = head.features;
+    for j in 0..len {
+        let row = &head.k[(t0 + j) * d_count..][..d_count];
+        for i in 0..q {
+            let qs = &scaled[i * d_count..][..d_count];
+            let mut lanes = [0f32; LANES];
+            for (d, (&x, &y)) in qs.iter().zip(row).enumerate() {
+                lanes[d % LANES] += x * y;
+            }
+            scores[i * BLOCK_TOKENS + j] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        }
+    }
+}
+
+/// Step 6 over an unpacked V: `acc[i][d] += V[t][d] * p[i][t]`, token by token.
+pub(crate) fn dense_accumulate(
+    head: &DenseHead,
+    q: usize,
+    t0: usize,
+    len: usize,
+    p: &[f32],
+    acc: &mut [f32],
+) {
+    let d_count = head.features;
+    for j in 0..len {
+        let row = &head.v[(t0 + j) * d_count..][..d_count];
+        for i in 0..q {
+            let w = p[i * BLOCK_TOKENS + j];
+            for (a, &x) in acc[i * d_count..][..d_count].iter_mut().zip(row) {
+                *a += x * w;
+            }
+        }
+    }
+}
