@@ -8,12 +8,15 @@
 //!   varied, not drawn from a protocol);
 //! - [`cases`]: the operations, by family (KV codec, GGUF blocks, GPTQ and AWQ packing, b-bit
 //!   streams), and which bytes each one counts;
+//! - [`attention`]: decode-step attention over a packed cache against f32 attention, as
+//!   speedups and bandwidths;
 //! - [`report`]: the table and the JSON lines;
 //! - [`targets`]: the speed goals as ratios to memcpy, and which of them a run met.
 //!
 //! Timings are descriptive: no test asserts one, and absolute figures vary from machine to
 //! machine; ratios to memcpy travel better.
 
+pub mod attention;
 pub mod cases;
 pub mod data;
 pub mod measure;

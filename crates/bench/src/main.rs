@@ -6,6 +6,7 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 
+use bench::attention::{self, AttentionRow, Sweep};
 use bench::cases::{self, Measured, Scale};
 use bench::measure::{self, Settings};
 use bench::report::{self, Row};
@@ -36,6 +37,8 @@ enum Family {
     Gguf,
     Weights,
     Streams,
+    /// Decode-step attention over a packed cache against f32 attention.
+    Attention,
 }
 
 fn main() {
@@ -81,7 +84,13 @@ fn real_main() -> Result<()> {
     );
 
     let families = if cli.only.is_empty() {
-        vec![Family::Kv, Family::Gguf, Family::Weights, Family::Streams]
+        vec![
+            Family::Kv,
+            Family::Gguf,
+            Family::Weights,
+            Family::Streams,
+            Family::Attention,
+        ]
     } else {
         cli.only.clone()
     };
@@ -103,23 +112,70 @@ fn real_main() -> Result<()> {
         }
         rows.push(row);
     };
-    for family in families {
+    for &family in &families {
         match family {
             Family::Kv => cases::kv(&scale, settings, &pool, &mut record),
             Family::Gguf => cases::gguf(&scale, settings, &pool, &mut record),
             Family::Weights => cases::packed_weights(&scale, settings, &pool, &mut record),
             Family::Streams => cases::streams(&scale, settings, &pool, &mut record),
+            Family::Attention => {}
         }
+    }
+    let mut attention_rows = Vec::new();
+    if families.contains(&Family::Attention) {
+        let sweep = if cli.quick {
+            Sweep::quick()
+        } else {
+            Sweep::full()
+        };
+        let mut record = |row: AttentionRow| {
+            if cli.json {
+                let line = serde_json::to_string(&row).expect("a row serializes");
+                if let Err(err) = writeln!(stdout, "{line}") {
+                    failed.get_or_insert(err);
+                }
+            } else {
+                eprintln!(
+                    "bench: attention {} tokens x {}, {} query heads, {} bits g{}: {:.2}x f32",
+                    row.tokens,
+                    row.head_dim,
+                    row.query_heads,
+                    row.bits,
+                    row.group_size,
+                    row.speedup
+                );
+            }
+            attention_rows.push(row);
+        };
+        attention::run(&sweep, settings, &pool, memcpy_gbps, &mut record);
     }
     if let Some(err) = failed {
         return Err(err).context("writing to stdout");
     }
-    let goals = targets::table(&targets::outcomes(&rows));
+    let mut goals = String::new();
+    if !rows.is_empty() {
+        goals.push_str(&targets::table(&targets::outcomes(&rows)));
+    }
+    for (goal, outcome) in attention::goals(&attention_rows) {
+        let verdict = match outcome {
+            Some((speedup, true)) => format!("met (slowest {speedup:.2}x)"),
+            Some((speedup, false)) => format!("missed (slowest {speedup:.2}x)"),
+            None => "not measured in this run".to_string(),
+        };
+        goals.push_str(&format!("\n{goal}: {verdict}"));
+    }
     if cli.json {
         // stdout stays JSON lines; the goals go to the log.
         eprintln!("{goals}");
     } else {
-        writeln!(stdout, "{}\n\n{goals}", report::table(&rows)).context("writing to stdout")?;
+        if !rows.is_empty() {
+            writeln!(stdout, "{}\n", report::table(&rows)).context("writing to stdout")?;
+        }
+        if !attention_rows.is_empty() {
+            writeln!(stdout, "{}\n", attention::table(&attention_rows))
+                .context("writing to stdout")?;
+        }
+        writeln!(stdout, "{goals}").context("writing to stdout")?;
     }
     Ok(())
 }

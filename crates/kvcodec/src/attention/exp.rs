@@ -35,7 +35,7 @@ pub fn exp(x: f32) -> f32 {
     if x.is_nan() || x < FLUSH_BELOW {
         return 0.0;
     }
-    let n = (x * LOG2E + 0.5).floor();
+    let n = floor(x * LOG2E + 0.5);
     let r = (x - n * C1) - n * C2;
     let r2 = r * r;
     let mut y = P[0];
@@ -44,6 +44,14 @@ pub fn exp(x: f32) -> f32 {
     }
     let y = (y * r2 + r) + 1.0;
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `y.floor()` for |y| < 2^31 without a libm call (which `f32::floor` is on x86_64 without
+/// SSE4.1): truncation, one down for a negative non-integer.
+#[inline]
+fn floor(y: f32) -> f32 {
+    let t = y as i32 as f32;
+    if t > y { t - 1.0 } else { t }
 }
 
 #[cfg(test)]
@@ -61,6 +69,15 @@ mod tests {
             x -= 1.0 / 1024.0 + x.abs() * 1e-4;
         }
         assert!(worst < 2e-7, "worst relative error {worst}");
+    }
+
+    #[test]
+    fn floor_is_the_floor_on_the_range_it_sees() {
+        for y in [
+            -126.0f32, -125.5, -1.0, -0.75, -0.0, 0.0, 0.25, 0.5, -3.0e-8,
+        ] {
+            assert_eq!(floor(y), y.floor(), "{y}");
+        }
     }
 
     #[test]

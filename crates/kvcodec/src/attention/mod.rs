@@ -550,22 +550,19 @@ fn block(
     for i in 0..q {
         let scores = &mut scratch.scores[i * BLOCK_TOKENS..][..len];
         let seen = queries.visible[i].saturating_sub(t0).min(len);
-        scores[seen..].fill(f32::NEG_INFINITY);
-        let block_max = scores[..seen]
-            .iter()
-            .copied()
-            .fold(f32::NEG_INFINITY, f32::max);
+        let mut block_max = f32::NEG_INFINITY;
+        for &x in &scores[..seen] {
+            if x > block_max {
+                block_max = x;
+            }
+        }
         let m = state.max[i].max(block_max);
         let corr = if seen == 0 {
             1.0
         } else {
             exp(state.max[i] - m)
         };
-        let mut lanes = [0f32; LANES];
-        for (t, s) in scores.iter_mut().enumerate() {
-            *s = if t < seen { exp(*s - m) } else { 0.0 };
-            lanes[t % LANES] += *s;
-        }
+        let lanes = dispatch::weights(kernel, scores, seen, m);
         let sum8 = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
             + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
         if seen > 0 {
@@ -597,15 +594,24 @@ fn key_groups(head: &PackedHead, t0: usize, len: usize) -> (usize, usize) {
 fn prepare_keys(head: &PackedHead, queries: &Queries, t0: usize, len: usize, s: &mut Scratch) {
     let (first, end) = key_groups(head, t0, len);
     let (d_count, q) = (head.features, queries.rows);
-    s.k_weights.clear();
     s.k_offsets.clear();
-    for g in first..end {
-        for d in 0..d_count {
-            let scale = head.k.scales[d * head.k.groups_per_row + g];
-            s.k_offsets
-                .push(head.k.offsets.at(d * head.k.groups_per_row + g));
-            s.k_weights
-                .extend((0..q).map(|i| queries.scaled[i * d_count + d] * scale));
+    let groups = head.k.groups_per_row;
+    s.k_weights.resize((end - first) * d_count * q, 0.0);
+    for (g, weights) in (first..end).zip(s.k_weights.chunks_exact_mut(d_count * q)) {
+        for (d, weights) in weights.chunks_exact_mut(q).enumerate() {
+            let scale = head.k.scales[d * groups + g];
+            for (i, w) in weights.iter_mut().enumerate() {
+                *w = queries.scaled[i * d_count + d] * scale;
+            }
+        }
+    }
+    match head.k.offsets {
+        Offsets::Constant(o) => s.k_offsets.resize((end - first) * d_count, o),
+        offsets => {
+            for g in first..end {
+                s.k_offsets
+                    .extend((0..d_count).map(|d| offsets.at(d * groups + g)));
+            }
         }
     }
 }
@@ -614,10 +620,11 @@ fn prepare_values(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Sc
     let groups = head.v.groups_per_row;
     s.v_weights.clear();
     s.v_offsets.clear();
-    for t in t0..t0 + len {
-        for h in 0..groups {
-            s.v_offsets.push(head.v.offsets.at(t * groups + h));
-        }
+    match head.v.offsets {
+        Offsets::Constant(o) => s.v_offsets.resize(len * groups, o),
+        offsets => s
+            .v_offsets
+            .extend((t0 * groups..(t0 + len) * groups).map(|index| offsets.at(index))),
     }
     s.v_weights.resize(q * BLOCK_TOKENS * groups, 0.0);
     for i in 0..q {
@@ -710,6 +717,19 @@ mod dispatch {
                     packed_accumulate::<B>(head, q, t0, len, s, acc)
                 )
             }
+        }
+    }
+
+    /// Step 4's weights and step 5's lanes: `scores[t]` becomes `exp(scores[t] - m)` for t
+    /// below `seen` and 0 after it; returns the eight lane sums.
+    pub(super) fn weights(kernel: Kernel, scores: &mut [f32], seen: usize, m: f32) -> [f32; 8] {
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `avx2()` proves the CPU has AVX2.
+            Kernel::Avx2 => unsafe {
+                crate::fast::avx2::attention::weights(avx2(), scores, seen, m)
+            },
+            _ => portable::weights(scores, seen, m),
         }
     }
 

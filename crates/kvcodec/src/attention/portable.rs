@@ -2,6 +2,7 @@
 //! (see the module comment of [`super`]). The AVX2 kernels compute each value with the same
 //! operations in the same order, eight tokens or features to a vector.
 
+use super::exp::exp;
 use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, Stream};
 
 /// The stored code at element `at` of a tensor's grouped view (LSB-first stream).
@@ -108,4 +109,14 @@ pub(crate) fn dense_accumulate(
             }
         }
     }
+}
+
+/// Steps 4 and 5: weights in place and the eight lane sums.
+pub(crate) fn weights(scores: &mut [f32], seen: usize, m: f32) -> [f32; LANES] {
+    let mut lanes = [0f32; LANES];
+    for (t, s) in scores.iter_mut().enumerate() {
+        *s = if t < seen { exp(*s - m) } else { 0.0 };
+        lanes[t % LANES] += *s;
+    }
+    lanes
 }

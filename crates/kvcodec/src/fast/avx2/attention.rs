@@ -7,8 +7,102 @@ use core::arch::x86_64::*;
 
 use super::Avx2;
 use super::unpack::{Unpack, broadcast_codes};
-use super::vectors::{load_at, store};
+use super::vectors::{load, load_at, store};
+use crate::attention::exp::{self, C1, C2, FLUSH_BELOW, LOG2E, P};
 use crate::attention::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch};
+
+/// Eight B-bit codes from `codes[at..]` as i32 lanes (zero past the end of `codes`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn codes8<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize) -> __m256i {
+    if B == 8 && at + 8 <= codes.len() {
+        // SAFETY: reads the 8 bytes codes[at..at + 8], in bounds as just checked.
+        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(codes.as_ptr().add(at).cast())) }
+    } else {
+        unpack.spread(broadcast_codes(codes, at))
+    }
+}
+
+/// Thirty-two B-bit codes from `codes[at..]` as four vectors of i32 lanes, in order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn codes32<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize) -> [__m256i; 4] {
+    if B == 4 && at + 16 <= codes.len() {
+        // SAFETY: reads the 16 bytes codes[at..at + 16], in bounds as just checked.
+        let x = unsafe { _mm_loadu_si128(codes.as_ptr().add(at).cast()) };
+        let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
+        let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
+        // Even codes sit in the low nibbles: interleaving puts codes 0..15, then 16..31, in order.
+        let first = _mm_unpacklo_epi8(low, high);
+        let second = _mm_unpackhi_epi8(low, high);
+        [
+            _mm256_cvtepu8_epi32(first),
+            _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(first)),
+            _mm256_cvtepu8_epi32(second),
+            _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(second)),
+        ]
+    } else {
+        let b = B as usize;
+        [
+            codes8::<B>(unpack, codes, at),
+            codes8::<B>(unpack, codes, at + b),
+            codes8::<B>(unpack, codes, at + 2 * b),
+            codes8::<B>(unpack, codes, at + 3 * b),
+        ]
+    }
+}
+
+/// [`exp::exp`] on eight lanes, with the same operations.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn exp8(x: __m256) -> __m256 {
+    let flush = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(FLUSH_BELOW));
+    let n = _mm256_floor_ps(_mm256_add_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+        _mm256_set1_ps(0.5),
+    ));
+    let r = _mm256_sub_ps(
+        _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(C1))),
+        _mm256_mul_ps(n, _mm256_set1_ps(C2)),
+    );
+    let r2 = _mm256_mul_ps(r, r);
+    let mut y = _mm256_set1_ps(P[0]);
+    for &p in &P[1..] {
+        y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(p));
+    }
+    let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, r2), r), _mm256_set1_ps(1.0));
+    let n = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    let two_n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n));
+    _mm256_andnot_ps(flush, _mm256_mul_ps(y, two_n))
+}
+
+/// Steps 4 and 5 (see the portable kernel): eight tokens at a time, the lanes a vector.
+#[target_feature(enable = "avx2")]
+pub(crate) fn weights(_: Avx2, scores: &mut [f32], seen: usize, m: f32) -> [f32; LANES] {
+    let len = scores.len();
+    let whole = len / LANES * LANES;
+    let max = _mm256_set1_ps(m);
+    let seen_v = _mm256_set1_epi32(seen as i32);
+    let step = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut lanes = _mm256_setzero_ps();
+    for at in (0..whole).step_by(LANES) {
+        let index = _mm256_add_epi32(_mm256_set1_epi32(at as i32), step);
+        let visible = _mm256_castsi256_ps(_mm256_cmpgt_epi32(seen_v, index));
+        let p = _mm256_and_ps(visible, exp8(_mm256_sub_ps(load_at(scores, at), max)));
+        store(
+            (&mut scores[at..at + LANES]).try_into().expect("8 floats"),
+            p,
+        );
+        lanes = _mm256_add_ps(lanes, p);
+    }
+    let mut out = [0f32; LANES];
+    store(&mut out, lanes);
+    for (t, s) in scores.iter_mut().enumerate().skip(whole) {
+        *s = if t < seen { exp::exp(*s - m) } else { 0.0 };
+        out[t % LANES] += *s;
+    }
+    out
+}
 
 /// Step 3 over a packed K, 32 tokens (one group's run, since K groups are multiples of 32) and
 /// up to two queries at a time, their accumulators in registers across all D features.
@@ -74,9 +168,9 @@ fn run_scores<const B: u32, const N: usize>(
         let offset = _mm256_set1_epi32(offset);
         // A multiple of 8: rows are whole groups and runs start at multiples of 32.
         let base = d * keys.row_len + keys.t;
+        let codes = codes32::<B>(unpack, keys.codes, base * b / 8);
         let mut c = [_mm256_setzero_ps(); 4];
-        for (u, c) in c.iter_mut().enumerate() {
-            let codes = unpack.spread(broadcast_codes(keys.codes, (base + 8 * u) * b / 8));
+        for (c, &codes) in c.iter_mut().zip(&codes) {
             *c = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offset));
         }
         for (n, acc) in acc.iter_mut().enumerate() {
@@ -107,6 +201,23 @@ pub(crate) fn packed_accumulate<const B: u32>(
     acc: &mut [f32],
 ) {
     let unpack = Unpack::new::<B>();
+    if (B == 4 || B == 8)
+        && head.v.group_size.is_multiple_of(K_GROUP_MULTIPLE)
+        && head.features.is_multiple_of(K_GROUP_MULTIPLE)
+    {
+        let mut j = 0;
+        if q == 1 {
+            // One query: four tokens per load and store of the accumulators.
+            while j + 4 <= len {
+                tokens_accumulate32::<B>(&unpack, head, t0, j, s, acc);
+                j += 4;
+            }
+        }
+        for j in j..len {
+            token_accumulate32::<B>(&unpack, head, q, t0 + j, j, s, acc);
+        }
+        return;
+    }
     let mut j = 0;
     while j < len {
         if len - j >= 4 {
@@ -134,26 +245,106 @@ fn tokens_accumulate<const B: u32, const N: usize>(
     let b = B as usize;
     let d_count = head.features;
     let groups = v.groups_per_row;
-    for f in (0..d_count).step_by(LANES) {
+    for h in 0..groups {
+        let start = h * v.group_size;
+        if start >= d_count {
+            break;
+        }
+        let end = (start + v.group_size).min(d_count);
+        let mut offsets = [_mm256_setzero_si256(); N];
+        for (n, o) in offsets.iter_mut().enumerate() {
+            *o = _mm256_set1_epi32(s.v_offsets[(j + n) * groups + h]);
+        }
+        for f in (start..end).step_by(LANES) {
+            let mut c = [_mm256_setzero_ps(); N];
+            for (n, c) in c.iter_mut().enumerate() {
+                // A multiple of 8: rows are whole groups of a multiple of 8 features.
+                let at = ((t0 + j + n) * v.row_len + f) * b / 8;
+                let codes = codes8::<B>(unpack, v.codes, at);
+                *c = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offsets[n]));
+            }
+            for i in 0..q {
+                let at = i * d_count + f;
+                let weights = &s.v_weights[(i * BLOCK_TOKENS + j) * groups + h..];
+                let mut a = load_at(acc, at);
+                for (n, &c) in c.iter().enumerate() {
+                    let w = _mm256_set1_ps(weights[n * groups]);
+                    a = _mm256_add_ps(a, _mm256_mul_ps(c, w));
+                }
+                store((&mut acc[at..at + LANES]).try_into().expect("8 floats"), a);
+            }
+        }
+    }
+}
+
+/// One token of a V whose groups and rows are whole runs of 32 features, 32 at a time (the
+/// 4- and 8-bit caches' fast path).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn token_accumulate32<const B: u32>(
+    unpack: &Unpack,
+    head: &PackedHead,
+    q: usize,
+    t: usize,
+    j: usize,
+    s: &Scratch,
+    acc: &mut [f32],
+) {
+    let v = &head.v;
+    let b = B as usize;
+    let d_count = head.features;
+    let groups = v.groups_per_row;
+    for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
         let h = f / v.group_size;
-        let mut c = [_mm256_setzero_ps(); N];
-        for (n, c) in c.iter_mut().enumerate() {
-            // A multiple of 8: rows are whole groups of a multiple of 8 features.
-            let at = ((t0 + j + n) * v.row_len + f) * b / 8;
-            let offset = _mm256_set1_epi32(s.v_offsets[(j + n) * groups + h]);
-            *c = _mm256_cvtepi32_ps(_mm256_sub_epi32(
-                unpack.spread(broadcast_codes(v.codes, at)),
-                offset,
-            ));
+        let offset = _mm256_set1_epi32(s.v_offsets[j * groups + h]);
+        let codes = codes32::<B>(unpack, v.codes, (t * v.row_len + f) * b / 8);
+        let mut c = [_mm256_setzero_ps(); 4];
+        for (c, &codes) in c.iter_mut().zip(&codes) {
+            *c = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offset));
         }
         for i in 0..q {
-            let at = i * d_count + f;
-            let mut a = load_at(acc, at);
-            for (n, &c) in c.iter().enumerate() {
-                let w = s.v_weights[(i * BLOCK_TOKENS + j + n) * groups + h];
-                a = _mm256_add_ps(a, _mm256_mul_ps(c, _mm256_set1_ps(w)));
+            let w = _mm256_set1_ps(s.v_weights[(i * BLOCK_TOKENS + j) * groups + h]);
+            let row = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
+            for (dst, &c) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(&c) {
+                store(dst, _mm256_add_ps(load(dst), _mm256_mul_ps(c, w)));
             }
-            store((&mut acc[at..at + LANES]).try_into().expect("8 floats"), a);
+        }
+    }
+}
+
+/// Four tokens of a V as [`token_accumulate32`] reads it, for a single query: each
+/// accumulator takes the four tokens in order between one load and one store.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn tokens_accumulate32<const B: u32>(
+    unpack: &Unpack,
+    head: &PackedHead,
+    t0: usize,
+    j: usize,
+    s: &Scratch,
+    acc: &mut [f32],
+) {
+    let v = &head.v;
+    let b = B as usize;
+    let groups = v.groups_per_row;
+    for f in (0..head.features).step_by(K_GROUP_MULTIPLE) {
+        let h = f / v.group_size;
+        let row = &mut acc[f..][..K_GROUP_MULTIPLE];
+        let mut a = [_mm256_setzero_ps(); 4];
+        for (a, src) in a.iter_mut().zip(row.as_chunks::<LANES>().0) {
+            *a = load(src);
+        }
+        for n in 0..4 {
+            let offset = _mm256_set1_epi32(s.v_offsets[(j + n) * groups + h]);
+            let w = _mm256_set1_ps(s.v_weights[(j + n) * groups + h]);
+            let codes = codes32::<B>(unpack, v.codes, ((t0 + j + n) * v.row_len + f) * b / 8);
+            for (a, &codes) in a.iter_mut().zip(&codes) {
+                let c = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offset));
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(c, w));
+            }
+        }
+        for (dst, &a) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(&a) {
+            store(dst, a);
         }
     }
 }

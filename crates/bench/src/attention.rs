@@ -1,0 +1,257 @@
+//! Decode-step attention straight from a packed cache (`kvcodec::attention::attend`) against
+//! the same attention over an unpacked f32 cache (`attend_dense`), in the same run, on the same
+//! thread pool: one KV head of `tokens` x `head_dim`, K packed per channel (groups along
+//! tokens) and V per token (groups along features), symmetric, read by `query_heads` query
+//! rows at the last position (a GQA group when more than one).
+//!
+//! Bytes read are what each call must bring in: the packed K and V's payloads (codes, f32
+//! scales, shapes), or the two f32 matrices. The speedup is `f32_median_s / median_s`; the
+//! bandwidth is bytes read over the median, set against the memcpy of the same run.
+
+use ndarray::Array2;
+use serde::Serialize;
+use tabled::builder::Builder;
+use tabled::settings::object::Columns;
+use tabled::settings::{Alignment, Style};
+
+use kvcodec::attention::{attend, attend_dense};
+use kvcodec::{GroupAxis, Layout};
+
+use crate::data;
+use crate::measure::{Settings, median_seconds};
+
+/// The sweep: every combination is one row.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    pub tokens: Vec<usize>,
+    pub head_dims: Vec<usize>,
+    pub bits: Vec<u32>,
+    pub groups: Vec<usize>,
+    pub query_heads: Vec<usize>,
+}
+
+impl Sweep {
+    /// Contexts of 1k to 512k tokens, head dimensions 64, 128 and 256, 2, 4 and 8 bits, groups
+    /// of 32 and 128, one query head or a GQA group of four.
+    pub fn full() -> Sweep {
+        Sweep {
+            tokens: vec![1 << 10, 8 << 10, 32 << 10, 128 << 10, 512 << 10],
+            head_dims: vec![64, 128, 256],
+            bits: vec![2, 4, 8],
+            groups: vec![32, 128],
+            query_heads: vec![1, 4],
+        }
+    }
+
+    /// A few small cases, to check in seconds that the family runs.
+    pub fn quick() -> Sweep {
+        Sweep {
+            tokens: vec![1 << 10, 8 << 10],
+            head_dims: vec![64],
+            bits: vec![4, 8],
+            groups: vec![32],
+            query_heads: vec![1, 4],
+        }
+    }
+}
+
+/// One measured case, as `bench --json` prints it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AttentionRow {
+    /// Always `attention`.
+    pub op: &'static str,
+    pub bits: u32,
+    pub group_size: usize,
+    pub tokens: usize,
+    pub head_dim: usize,
+    pub query_heads: usize,
+    pub kv_heads: usize,
+    /// Median seconds of one call over the packed cache.
+    pub median_s: f64,
+    /// Median seconds of one call over the f32 cache.
+    pub f32_median_s: f64,
+    /// `f32_median_s / median_s`.
+    pub speedup: f64,
+    /// Bytes one packed call reads (K and V payloads).
+    pub bytes: usize,
+    /// Bytes one f32 call reads.
+    pub f32_bytes: usize,
+    /// `bytes / median_s` and `f32_bytes / f32_median_s`, in 10^9 bytes per second.
+    pub gbps: f64,
+    pub f32_gbps: f64,
+    /// The memcpy of the same run, in 10^9 bytes per second.
+    pub memcpy_gbps: f64,
+    pub threads: usize,
+}
+
+/// Runs the sweep on `pool`, handing each row to `record` as it is measured.
+pub fn run(
+    sweep: &Sweep,
+    settings: Settings,
+    pool: &rayon::ThreadPool,
+    memcpy_gbps: f64,
+    record: &mut dyn FnMut(AttentionRow),
+) {
+    for &head_dim in &sweep.head_dims {
+        for &tokens in &sweep.tokens {
+            let make = |seed| {
+                Array2::from_shape_vec(
+                    (tokens, head_dim),
+                    data::gaussian_like(tokens * head_dim, seed),
+                )
+                .expect("tokens x head_dim values")
+            };
+            let (k, v) = (make(21), make(22));
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            for &query_heads in &sweep.query_heads {
+                let q = Array2::from_shape_vec(
+                    (query_heads, head_dim),
+                    data::gaussian_like(query_heads * head_dim, 23),
+                )
+                .expect("query rows");
+                let visible = vec![tokens; query_heads];
+                let f32_median_s = median_seconds(settings, || {
+                    let out = pool.install(|| {
+                        attend_dense(q.view(), &visible, k.view(), v.view(), scale)
+                            .expect("a valid f32 cache")
+                    });
+                    std::hint::black_box(out);
+                });
+                let f32_bytes = 2 * tokens * head_dim * 4;
+                for &bits in &sweep.bits {
+                    for &group_size in &sweep.groups {
+                        let layout = |axis| Layout::new(axis, bits, group_size).expect("a layout");
+                        let pk = kvcodec::encode(k.view(), layout(GroupAxis::Token))
+                            .expect("finite values");
+                        let pv = kvcodec::encode(v.view(), layout(GroupAxis::Feature))
+                            .expect("finite values");
+                        let median_s = median_seconds(settings, || {
+                            let out = pool.install(|| {
+                                attend(q.view(), &visible, &pk, &pv, scale)
+                                    .expect("a valid packed cache")
+                            });
+                            std::hint::black_box(out);
+                        });
+                        let bytes = pk.payload_bytes() + pv.payload_bytes();
+                        record(AttentionRow {
+                            op: "attention",
+                            bits,
+                            group_size,
+                            tokens,
+                            head_dim,
+                            query_heads,
+                            kv_heads: 1,
+                            median_s,
+                            f32_median_s,
+                            speedup: f32_median_s / median_s,
+                            bytes,
+                            f32_bytes,
+                            gbps: bytes as f64 / median_s / 1e9,
+                            f32_gbps: f32_bytes as f64 / f32_median_s / 1e9,
+                            memcpy_gbps,
+                            threads: settings.threads,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The rows as an aligned text table.
+pub fn table(rows: &[AttentionRow]) -> String {
+    let mut builder = Builder::default();
+    builder.push_record([
+        "head_dim",
+        "tokens",
+        "q heads",
+        "bits",
+        "group",
+        "packed ms",
+        "f32 ms",
+        "speedup",
+        "packed GB/s",
+        "f32 GB/s",
+    ]);
+    for r in rows {
+        builder.push_record([
+            r.head_dim.to_string(),
+            r.tokens.to_string(),
+            r.query_heads.to_string(),
+            r.bits.to_string(),
+            r.group_size.to_string(),
+            format!("{:.3}", r.median_s * 1e3),
+            format!("{:.3}", r.f32_median_s * 1e3),
+            format!("{:.2}", r.speedup),
+            format!("{:.2}", r.gbps),
+            format!("{:.2}", r.f32_gbps),
+        ]);
+    }
+    let mut table = builder.build();
+    table
+        .with(Style::markdown())
+        .modify(Columns::new(0..), Alignment::right());
+    table.to_string()
+}
+
+/// The goals: at head_dim 128, groups of 32, 32k and 128k tokens, a 4-bit cache at
+/// least 3x as fast as f32 and an 8-bit one at least 2x. Each goal's cases, the slowest
+/// speedup among them, and whether it was met (None: no case of the run covers it).
+pub fn goals(rows: &[AttentionRow]) -> Vec<(String, Option<(f64, bool)>)> {
+    [(4, 3.0), (8, 2.0)]
+        .into_iter()
+        .map(|(bits, goal)| {
+            let slowest = rows
+                .iter()
+                .filter(|r| {
+                    r.bits == bits
+                        && r.head_dim == 128
+                        && r.group_size == 32
+                        && (r.tokens == 32 << 10 || r.tokens == 128 << 10)
+                })
+                .map(|r| r.speedup)
+                .min_by(f64::total_cmp);
+            (
+                format!(
+                    "{bits}-bit attention at least {goal}x f32 (head_dim 128, g32, 32k and 128k)"
+                ),
+                slowest.map(|s| (s, s >= goal)),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quick_sweep_measures_every_case_and_judges_no_goal_it_lacks() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let settings = Settings {
+            warmup: 0,
+            repeats: 1,
+            threads: 1,
+        };
+        let sweep = Sweep {
+            tokens: vec![64, 300],
+            head_dims: vec![16],
+            bits: vec![4],
+            groups: vec![32],
+            query_heads: vec![1, 2],
+        };
+        let mut rows = Vec::new();
+        run(&sweep, settings, &pool, 10.0, &mut |r| rows.push(r));
+        assert_eq!(rows.len(), 4);
+        for r in &rows {
+            assert!(r.median_s > 0.0 && r.f32_median_s > 0.0);
+            assert_eq!(r.f32_bytes, 2 * r.tokens * 16 * 4);
+            assert!(r.bytes < r.f32_bytes);
+        }
+        assert!(goals(&rows).iter().all(|(_, outcome)| outcome.is_none()));
+        assert!(table(&rows).contains("| 300 |"));
+    }
+}
