@@ -194,9 +194,10 @@ pub fn table(rows: &[AttentionRow]) -> String {
     table.to_string()
 }
 
-/// The issue's goals: at head_dim 128, groups of 32, 32k and 128k tokens, a 4-bit cache at
-/// least 3x as fast as f32 and an 8-bit one at least 2x. Each goal's cases, the slowest
-/// speedup among them, and whether it was met (None: no case of the run covers it).
+/// The issue's goals: one query head at head_dim 128, groups of 32, 32k and 128k tokens, a
+/// 4-bit cache at least 3x as fast as f32 and an 8-bit one at least 2x. Each goal's cases, the
+/// slowest speedup among them, and whether it was met (None: no case of the run covers it).
+/// GQA groups are measured and printed, not judged: the issue states its goal for one head.
 pub fn goals(rows: &[AttentionRow]) -> Vec<(String, Option<(f64, bool)>)> {
     [(4, 3.0), (8, 2.0)]
         .into_iter()
@@ -205,6 +206,7 @@ pub fn goals(rows: &[AttentionRow]) -> Vec<(String, Option<(f64, bool)>)> {
                 .iter()
                 .filter(|r| {
                     r.bits == bits
+                        && r.query_heads == 1
                         && r.head_dim == 128
                         && r.group_size == 32
                         && (r.tokens == 32 << 10 || r.tokens == 128 << 10)
@@ -213,7 +215,7 @@ pub fn goals(rows: &[AttentionRow]) -> Vec<(String, Option<(f64, bool)>)> {
                 .min_by(f64::total_cmp);
             (
                 format!(
-                    "{bits}-bit attention at least {goal}x f32 (head_dim 128, g32, 32k and 128k)"
+                    "{bits}-bit attention at least {goal}x f32 (one query head, head_dim 128, g32, 32k and 128k)"
                 ),
                 slowest.map(|s| (s, s >= goal)),
             )
