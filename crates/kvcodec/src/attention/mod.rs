@@ -13,29 +13,30 @@
 //! features in groups that are a multiple of 8, D a multiple of 8; the softmax scale (finite,
 //! positive; 1/sqrt(D) for a standard head). Let `c - o` be a stored code minus its group's
 //! offset (qmax, or the zero point), an exact small integer, and `sK`, `sV` the group scales.
-//! Every product and sum below is one f32 operation, in the order written (no fused
-//! multiply-add), which is what makes the portable and AVX2 kernels, and every thread count,
-//! give the same bits:
+//! Every product and sum below is one f32 operation, in the order written, and `fma(a, b, c)`
+//! is `a * b + c` rounded once; that is what makes the portable and AVX2 kernels, and every
+//! thread count, give the same bits:
 //!
 //! 1. `qs[i][d] = q[i][d] * scale`.
 //! 2. Tokens are cut into splits of [`SPLIT_TOKENS`], each into blocks of [`BLOCK_TOKENS`]; a
 //!    split keeps per query a state (m, l, acc[D]), starting at (-inf, 0, 0).
-//! 3. Scores of a block: `s[i][t] = sum over d = 0, 1, .. of (c - o)K[d][t] * (qs[i][d] *
-//!    sK[d][g])`, added left to right from 0, with g the token's group; tokens at or past
-//!    `visible[i]` are masked.
+//! 3. Scores of a block: from `s = 0`, for d = 0, 1, ..: `s = fma((c - o)K[d][t], qs[i][d] *
+//!    sK[d][g], s)`, with g the token's group; tokens at or past `visible[i]` are masked.
 //! 4. `m' = max(m, unmasked scores)` (a block with none is skipped); `corr = exp(m - m')`, 0 when
 //!    m is -inf; `p[t] = exp(s[t] - m')`, 0 when masked; [`exp`] is this crate's own.
 //! 5. `l = l * corr + sum8(p)`: p[t] is added into lane t mod 8 in token order, and the lanes
 //!    are added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
-//! 6. `acc[d] = acc[d] * corr`, then for each token in order `acc[d] = acc[d] + (c - o)V[t][d]
-//!    * (p[t] * sV[t][h])`, with h the feature's group (masked tokens add a zero).
+//! 6. `acc[d] = acc[d] * corr`, then for each token in order `acc[d] = fma((c - o)V[t][d],
+//!    p[t] * sV[t][h], acc[d])`, with h the feature's group (masked tokens add a zero).
 //! 7. Splits merge in token order: `m = max(mA, mB)`, `l = lA * exp(mA - m) + lB * exp(mB - m)`,
 //!    acc likewise element by element (a split with m = -inf leaves the other unchanged).
 //! 8. `out[i][d] = acc[d] / l`.
 //!
 //! [`attend_dense`] is the same computation over an unpacked f32 cache (N x D, row-major), the
-//! baseline a packed cache is measured against: step 3's sum is `qs[i][d] * K[t][d]` into lane
-//! d mod 8, lanes added as in step 5, and step 6 adds `V[t][d] * p[t]`.
+//! baseline a packed cache is measured against: step 3 is `lane = fma(qs[i][d], K[t][d],
+//! lane)` into lane d mod 8, lanes added as in step 5, and step 6 is `acc[d] = fma(V[t][d],
+//! p[t], acc[d])`. The fast kernel needs AVX2 and FMA ([`available`]); the portable one runs
+//! everywhere.
 //! [`attend_reference`] decodes the cache exactly (f64) and attends in f64 with the row maximum
 //! subtracted and the platform's `exp`: the oracle the kernels are held to (1e-5 relative).
 //!
@@ -135,7 +136,7 @@ pub enum AttentionError {
 pub type Result<T> = std::result::Result<T, AttentionError>;
 
 /// Attention of `queries` (Q x D) over one KV head's packed cache, with the fastest kernel this
-/// CPU runs; see the module comment for what is computed and the inputs it takes.
+/// CPU runs ([`fastest`]); see the module comment for what is computed and the inputs it takes.
 pub fn attend(
     queries: ArrayView2<f32>,
     visible: &[usize],
@@ -143,7 +144,7 @@ pub fn attend(
     v: &PackedTensor,
     scale: f32,
 ) -> Result<Array2<f32>> {
-    attend_with(Kernel::detect(), queries, visible, k, v, scale)
+    attend_with(fastest(), queries, visible, k, v, scale)
 }
 
 /// [`attend`] with a chosen kernel (every kernel gives the same bits).
@@ -170,7 +171,7 @@ pub fn attend_dense(
     v: ArrayView2<f32>,
     scale: f32,
 ) -> Result<Array2<f32>> {
-    attend_dense_with(Kernel::detect(), queries, visible, k, v, scale)
+    attend_dense_with(fastest(), queries, visible, k, v, scale)
 }
 
 /// [`attend_dense`] with a chosen kernel (every kernel gives the same bits).
@@ -473,8 +474,29 @@ pub(crate) struct Scratch {
     pub v_offsets: Vec<i32>,
 }
 
+/// Whether this CPU runs `kernel`'s attention: the AVX2 kernel needs FMA too.
+pub fn available(kernel: Kernel) -> bool {
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => crate::fast::avx2::attention::Fma::detect().is_some(),
+        Kernel::Portable => true,
+        #[allow(unreachable_patterns)]
+        _ => false,
+    }
+}
+
+/// The kernels this CPU runs attention with, slowest first.
+pub fn kernels() -> Vec<Kernel> {
+    Kernel::ALL.into_iter().filter(|&k| available(k)).collect()
+}
+
+/// The fastest kernel this CPU runs attention with.
+pub fn fastest() -> Kernel {
+    kernels().pop().unwrap_or(Kernel::Portable)
+}
+
 fn run(kernel: Kernel, cache: &Cache, queries: &Queries) -> Result<Array2<f32>> {
-    if !kernel.is_available() {
+    if !available(kernel) {
         return Err(AttentionError::KernelUnavailable(kernel));
     }
     let features = cache.features();
@@ -661,8 +683,8 @@ mod dispatch {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn avx2() -> crate::fast::avx2::Avx2 {
-        crate::fast::avx2::Avx2::detect().expect("the kernel's availability was checked")
+    fn avx2() -> crate::fast::avx2::attention::Fma {
+        crate::fast::avx2::attention::Fma::detect().expect("the kernel's availability was checked")
     }
 
     pub(super) fn scores(
@@ -678,7 +700,7 @@ mod dispatch {
             Kernel::Avx2 => {
                 use crate::fast::avx2::attention::packed_scores;
                 let k = avx2();
-                // SAFETY: `k` proves the CPU has AVX2.
+                // SAFETY: `k` proves the CPU has AVX2 and FMA.
                 unsafe { by_bits!(head.k.bits, packed_scores::<B>(k, head, q, t0, len, s)) }
             }
             _ => {
@@ -702,7 +724,7 @@ mod dispatch {
             Kernel::Avx2 => {
                 use crate::fast::avx2::attention::packed_accumulate;
                 let k = avx2();
-                // SAFETY: `k` proves the CPU has AVX2.
+                // SAFETY: `k` proves the CPU has AVX2 and FMA.
                 unsafe {
                     by_bits!(
                         head.v.bits,
@@ -725,7 +747,7 @@ mod dispatch {
     pub(super) fn weights(kernel: Kernel, scores: &mut [f32], seen: usize, m: f32) -> [f32; 8] {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `avx2()` proves the CPU has AVX2.
+            // SAFETY: `avx2()` proves the CPU has AVX2 and FMA.
             Kernel::Avx2 => unsafe {
                 crate::fast::avx2::attention::weights(avx2(), scores, seen, m)
             },
@@ -743,7 +765,7 @@ mod dispatch {
     ) {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `avx2()` proves the CPU has AVX2.
+            // SAFETY: `avx2()` proves the CPU has AVX2 and FMA.
             Kernel::Avx2 => unsafe {
                 crate::fast::avx2::attention::dense_scores(
                     avx2(),
@@ -772,7 +794,7 @@ mod dispatch {
     ) {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `avx2()` proves the CPU has AVX2.
+            // SAFETY: `avx2()` proves the CPU has AVX2 and FMA.
             Kernel::Avx2 => unsafe {
                 crate::fast::avx2::attention::dense_accumulate(avx2(), head, q, t0, len, p, acc)
             },

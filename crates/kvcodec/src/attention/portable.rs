@@ -1,6 +1,10 @@
-//! The block kernels in plain Rust, one value at a time: the spec's steps 3 and 6 as written
+//! The block kernels in plain Rust, one value at a time: the spec's steps 3 to 6 as written
 //! (see the module comment of [`super`]). The AVX2 kernels compute each value with the same
-//! operations in the same order, eight tokens or features to a vector.
+//! operations in the same order, eight tokens or features to a vector. Multiply-adds are
+//! `libm::fmaf` (pure Rust, rounded once on every platform), not `f32::mul_add`, which calls
+//! the platform's C library where the CPU has no FMA.
+
+use libm::fmaf;
 
 use super::exp::exp;
 use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, Stream};
@@ -34,7 +38,7 @@ pub(crate) fn packed_scores<const B: u32>(
             let mut sum = 0f32;
             for d in 0..d_count {
                 let c = code::<B>(k, d * k.row_len + t) - s.k_offsets[g * d_count + d];
-                sum += c as f32 * s.k_weights[(g * d_count + d) * q + i];
+                sum = fmaf(c as f32, s.k_weights[(g * d_count + d) * q + i], sum);
             }
             s.scores[i * BLOCK_TOKENS + j] = sum;
         }
@@ -60,7 +64,7 @@ pub(crate) fn packed_accumulate<const B: u32>(
             let c = (code::<B>(v, t * v.row_len + d) - s.v_offsets[j * groups + h]) as f32;
             for i in 0..q {
                 let w = s.v_weights[(i * BLOCK_TOKENS + j) * groups + h];
-                acc[i * d_count + d] += c * w;
+                acc[i * d_count + d] = fmaf(c, w, acc[i * d_count + d]);
             }
         }
     }
@@ -82,7 +86,7 @@ pub(crate) fn dense_scores(
             let qs = &scaled[i * d_count..][..d_count];
             let mut lanes = [0f32; LANES];
             for (d, (&x, &y)) in qs.iter().zip(row).enumerate() {
-                lanes[d % LANES] += x * y;
+                lanes[d % LANES] = fmaf(x, y, lanes[d % LANES]);
             }
             scores[i * BLOCK_TOKENS + j] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
                 + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
@@ -105,7 +109,7 @@ pub(crate) fn dense_accumulate(
         for i in 0..q {
             let w = p[i * BLOCK_TOKENS + j];
             for (a, &x) in acc[i * d_count..][..d_count].iter_mut().zip(row) {
-                *a += x * w;
+                *a = fmaf(x, w, *a);
             }
         }
     }

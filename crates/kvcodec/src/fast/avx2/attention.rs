@@ -1,7 +1,11 @@
-//! The attention block kernels (steps 3 and 6 of [`crate::attention`]) with AVX2: eight tokens
+//! The attention kernels (steps 3 to 6 of [`crate::attention`]) with AVX2 and FMA: eight tokens
 //! (scores) or eight features (values) to a vector. Each lane computes what the portable
-//! kernel computes for its token or feature, with the same f32 operations in the same order
-//! (multiply, then add: no fused multiply-add), so both give the same bits.
+//! kernel computes for its token or feature, with the same operations in the same order (each
+//! multiply-add fused, as `libm::fmaf` is), so both give the same bits.
+//!
+//! Codes become f32 `c - o` without rounding: 4-bit codes are split from their nibbles, the
+//! offset subtracted in bytes (|c - o| < 16) and the bytes sign-extended; 8-bit codes are
+//! widened and the offset subtracted in i32; other widths go through [`Unpack`].
 
 use core::arch::x86_64::*;
 
@@ -11,50 +15,68 @@ use super::vectors::{load, load_at, store};
 use crate::attention::exp::{self, C1, C2, FLUSH_BELOW, LOG2E, P};
 use crate::attention::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch};
 
-/// Eight B-bit codes from `codes[at..]` as i32 lanes (zero past the end of `codes`).
+/// Proof that the CPU has AVX2 and FMA.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fma {
+    _avx2: Avx2,
+}
+
+impl Fma {
+    /// The proof, if this CPU has both.
+    pub(crate) fn detect() -> Option<Fma> {
+        let avx2 = Avx2::detect()?;
+        std::arch::is_x86_feature_detected!("fma").then_some(Fma { _avx2: avx2 })
+    }
+}
+
+/// `c - offset` of eight B-bit codes from `codes[at..]` (zero codes past the end of `codes`).
 #[inline]
-#[target_feature(enable = "avx2")]
-fn codes8<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize) -> __m256i {
-    if B == 8 && at + 8 <= codes.len() {
+#[target_feature(enable = "avx2,fma")]
+fn values8<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: __m256i) -> __m256 {
+    let codes = if B == 8 && at + 8 <= codes.len() {
         // SAFETY: reads the 8 bytes codes[at..at + 8], in bounds as just checked.
         unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(codes.as_ptr().add(at).cast())) }
     } else {
         unpack.spread(broadcast_codes(codes, at))
-    }
+    };
+    _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offset))
 }
 
-/// Thirty-two B-bit codes from `codes[at..]` as four vectors of i32 lanes, in order.
+/// `c - offset` of thirty-two B-bit codes from `codes[at..]`, as four vectors in order.
 #[inline]
-#[target_feature(enable = "avx2")]
-fn codes32<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize) -> [__m256i; 4] {
+#[target_feature(enable = "avx2,fma")]
+fn values32<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: i32) -> [__m256; 4] {
     if B == 4 && at + 16 <= codes.len() {
         // SAFETY: reads the 16 bytes codes[at..at + 16], in bounds as just checked.
         let x = unsafe { _mm_loadu_si128(codes.as_ptr().add(at).cast()) };
         let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
         let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
-        // Even codes sit in the low nibbles: interleaving puts codes 0..15, then 16..31, in order.
-        let first = _mm_unpacklo_epi8(low, high);
-        let second = _mm_unpackhi_epi8(low, high);
+        // Even codes sit in the low nibbles: interleaving puts codes 0..15, then 16..31, in
+        // order; a 4-bit offset is below 16, so c - o fits a signed byte.
+        let o = _mm_set1_epi8(offset as i8);
+        let first = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), o);
+        let second = _mm_sub_epi8(_mm_unpackhi_epi8(low, high), o);
         [
-            _mm256_cvtepu8_epi32(first),
-            _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(first)),
-            _mm256_cvtepu8_epi32(second),
-            _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(second)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(first))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(second))),
         ]
     } else {
         let b = B as usize;
+        let o = _mm256_set1_epi32(offset);
         [
-            codes8::<B>(unpack, codes, at),
-            codes8::<B>(unpack, codes, at + b),
-            codes8::<B>(unpack, codes, at + 2 * b),
-            codes8::<B>(unpack, codes, at + 3 * b),
+            values8::<B>(unpack, codes, at, o),
+            values8::<B>(unpack, codes, at + b, o),
+            values8::<B>(unpack, codes, at + 2 * b, o),
+            values8::<B>(unpack, codes, at + 3 * b, o),
         ]
     }
 }
 
-/// [`exp::exp`] on eight lanes, with the same operations.
+/// [`exp::exp`] on eight lanes, with the same operations (none fused).
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn exp8(x: __m256) -> __m256 {
     let flush = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(FLUSH_BELOW));
     let n = _mm256_floor_ps(_mm256_add_ps(
@@ -77,8 +99,8 @@ fn exp8(x: __m256) -> __m256 {
 }
 
 /// Steps 4 and 5 (see the portable kernel): eight tokens at a time, the lanes a vector.
-#[target_feature(enable = "avx2")]
-pub(crate) fn weights(_: Avx2, scores: &mut [f32], seen: usize, m: f32) -> [f32; LANES] {
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn weights(_: Fma, scores: &mut [f32], seen: usize, m: f32) -> [f32; LANES] {
     let len = scores.len();
     let whole = len / LANES * LANES;
     let max = _mm256_set1_ps(m);
@@ -106,9 +128,9 @@ pub(crate) fn weights(_: Avx2, scores: &mut [f32], seen: usize, m: f32) -> [f32;
 
 /// Step 3 over a packed K, 32 tokens (one group's run, since K groups are multiples of 32) and
 /// up to two queries at a time, their accumulators in registers across all D features.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(crate) fn packed_scores<const B: u32>(
-    _: Avx2,
+    _: Fma,
     head: &PackedHead,
     q: usize,
     t0: usize,
@@ -154,7 +176,7 @@ struct Keys<'a> {
 }
 
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn run_scores<const B: u32, const N: usize>(
     unpack: &Unpack,
     keys: &Keys,
@@ -165,18 +187,13 @@ fn run_scores<const B: u32, const N: usize>(
     let b = B as usize;
     let mut acc = [[_mm256_setzero_ps(); 4]; N];
     for (d, &offset) in keys.offsets.iter().enumerate() {
-        let offset = _mm256_set1_epi32(offset);
         // A multiple of 8: rows are whole groups and runs start at multiples of 32.
         let base = d * keys.row_len + keys.t;
-        let codes = codes32::<B>(unpack, keys.codes, base * b / 8);
-        let mut c = [_mm256_setzero_ps(); 4];
-        for (c, &codes) in c.iter_mut().zip(&codes) {
-            *c = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offset));
-        }
+        let c = values32::<B>(unpack, keys.codes, base * b / 8, offset);
         for (n, acc) in acc.iter_mut().enumerate() {
             let w = _mm256_set1_ps(keys.weights[d * keys.queries + i0 + n]);
             for (a, &c) in acc.iter_mut().zip(&c) {
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(c, w));
+                *a = _mm256_fmadd_ps(c, w, *a);
             }
         }
     }
@@ -188,11 +205,12 @@ fn run_scores<const B: u32, const N: usize>(
     }
 }
 
-/// Step 6 over a packed V, four tokens at a time: their codes unpacked once per eight
-/// features, then added into every query's accumulator in token order.
-#[target_feature(enable = "avx2")]
+/// Step 6 over a packed V. Rows and groups of whole 32-feature runs are read 32 features at a
+/// time, four tokens per load and store of the accumulators for one query, two for a group of
+/// queries; other shapes eight features at a time.
+#[target_feature(enable = "avx2,fma")]
 pub(crate) fn packed_accumulate<const B: u32>(
-    _: Avx2,
+    _: Fma,
     head: &PackedHead,
     q: usize,
     t0: usize,
@@ -201,41 +219,45 @@ pub(crate) fn packed_accumulate<const B: u32>(
     acc: &mut [f32],
 ) {
     let unpack = Unpack::new::<B>();
-    if (B == 4 || B == 8)
-        && head.v.group_size.is_multiple_of(K_GROUP_MULTIPLE)
+    let mut j = 0;
+    if head.v.group_size.is_multiple_of(K_GROUP_MULTIPLE)
         && head.features.is_multiple_of(K_GROUP_MULTIPLE)
     {
-        let mut j = 0;
         if q == 1 {
-            // One query: four tokens per load and store of the accumulators.
             while j + 4 <= len {
-                tokens_accumulate32::<B>(&unpack, head, t0, j, s, acc);
+                tokens_accumulate32::<B, 4>(&unpack, head, 0, t0, j, s, acc);
                 j += 4;
             }
+        } else {
+            while j + 2 <= len {
+                for i in 0..q {
+                    tokens_accumulate32::<B, 2>(&unpack, head, i, t0, j, s, acc);
+                }
+                j += 2;
+            }
         }
-        for j in j..len {
-            token_accumulate32::<B>(&unpack, head, q, t0 + j, j, s, acc);
+        while j < len {
+            for i in 0..q {
+                tokens_accumulate32::<B, 1>(&unpack, head, i, t0, j, s, acc);
+            }
+            j += 1;
         }
         return;
     }
-    let mut j = 0;
     while j < len {
-        if len - j >= 4 {
-            tokens_accumulate::<B, 4>(&unpack, head, q, t0, j, s, acc);
-            j += 4;
-        } else {
-            tokens_accumulate::<B, 1>(&unpack, head, q, t0, j, s, acc);
-            j += 1;
-        }
+        token_accumulate::<B>(&unpack, head, q, t0, j, s, acc);
+        j += 1;
     }
 }
 
+/// N tokens from j into query i's accumulators, 32 features at a time: each accumulator takes
+/// the tokens in order between one load and one store.
 #[inline]
-#[target_feature(enable = "avx2")]
-fn tokens_accumulate<const B: u32, const N: usize>(
+#[target_feature(enable = "avx2,fma")]
+fn tokens_accumulate32<const B: u32, const N: usize>(
     unpack: &Unpack,
     head: &PackedHead,
-    q: usize,
+    i: usize,
     t0: usize,
     j: usize,
     s: &Scratch,
@@ -245,102 +267,21 @@ fn tokens_accumulate<const B: u32, const N: usize>(
     let b = B as usize;
     let d_count = head.features;
     let groups = v.groups_per_row;
-    for h in 0..groups {
-        let start = h * v.group_size;
-        if start >= d_count {
-            break;
-        }
-        let end = (start + v.group_size).min(d_count);
-        let mut offsets = [_mm256_setzero_si256(); N];
-        for (n, o) in offsets.iter_mut().enumerate() {
-            *o = _mm256_set1_epi32(s.v_offsets[(j + n) * groups + h]);
-        }
-        for f in (start..end).step_by(LANES) {
-            let mut c = [_mm256_setzero_ps(); N];
-            for (n, c) in c.iter_mut().enumerate() {
-                // A multiple of 8: rows are whole groups of a multiple of 8 features.
-                let at = ((t0 + j + n) * v.row_len + f) * b / 8;
-                let codes = codes8::<B>(unpack, v.codes, at);
-                *c = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offsets[n]));
-            }
-            for i in 0..q {
-                let at = i * d_count + f;
-                let weights = &s.v_weights[(i * BLOCK_TOKENS + j) * groups + h..];
-                let mut a = load_at(acc, at);
-                for (n, &c) in c.iter().enumerate() {
-                    let w = _mm256_set1_ps(weights[n * groups]);
-                    a = _mm256_add_ps(a, _mm256_mul_ps(c, w));
-                }
-                store((&mut acc[at..at + LANES]).try_into().expect("8 floats"), a);
-            }
-        }
-    }
-}
-
-/// One token of a V whose groups and rows are whole runs of 32 features, 32 at a time (the
-/// 4- and 8-bit caches' fast path).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn token_accumulate32<const B: u32>(
-    unpack: &Unpack,
-    head: &PackedHead,
-    q: usize,
-    t: usize,
-    j: usize,
-    s: &Scratch,
-    acc: &mut [f32],
-) {
-    let v = &head.v;
-    let b = B as usize;
-    let d_count = head.features;
-    let groups = v.groups_per_row;
+    let weights = &s.v_weights[(i * BLOCK_TOKENS + j) * groups..][..N * groups];
+    let offsets = &s.v_offsets[j * groups..][..N * groups];
     for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
         let h = f / v.group_size;
-        let offset = _mm256_set1_epi32(s.v_offsets[j * groups + h]);
-        let codes = codes32::<B>(unpack, v.codes, (t * v.row_len + f) * b / 8);
-        let mut c = [_mm256_setzero_ps(); 4];
-        for (c, &codes) in c.iter_mut().zip(&codes) {
-            *c = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offset));
-        }
-        for i in 0..q {
-            let w = _mm256_set1_ps(s.v_weights[(i * BLOCK_TOKENS + j) * groups + h]);
-            let row = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
-            for (dst, &c) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(&c) {
-                store(dst, _mm256_add_ps(load(dst), _mm256_mul_ps(c, w)));
-            }
-        }
-    }
-}
-
-/// Four tokens of a V as [`token_accumulate32`] reads it, for a single query: each
-/// accumulator takes the four tokens in order between one load and one store.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn tokens_accumulate32<const B: u32>(
-    unpack: &Unpack,
-    head: &PackedHead,
-    t0: usize,
-    j: usize,
-    s: &Scratch,
-    acc: &mut [f32],
-) {
-    let v = &head.v;
-    let b = B as usize;
-    let groups = v.groups_per_row;
-    for f in (0..head.features).step_by(K_GROUP_MULTIPLE) {
-        let h = f / v.group_size;
-        let row = &mut acc[f..][..K_GROUP_MULTIPLE];
+        let row = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
         let mut a = [_mm256_setzero_ps(); 4];
         for (a, src) in a.iter_mut().zip(row.as_chunks::<LANES>().0) {
             *a = load(src);
         }
-        for n in 0..4 {
-            let offset = _mm256_set1_epi32(s.v_offsets[(j + n) * groups + h]);
-            let w = _mm256_set1_ps(s.v_weights[(j + n) * groups + h]);
-            let codes = codes32::<B>(unpack, v.codes, ((t0 + j + n) * v.row_len + f) * b / 8);
-            for (a, &codes) in a.iter_mut().zip(&codes) {
-                let c = _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offset));
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(c, w));
+        for n in 0..N {
+            let w = _mm256_set1_ps(weights[n * groups + h]);
+            let at = ((t0 + j + n) * v.row_len + f) * b / 8;
+            let c = values32::<B>(unpack, v.codes, at, offsets[n * groups + h]);
+            for (a, &c) in a.iter_mut().zip(&c) {
+                *a = _mm256_fmadd_ps(c, w, *a);
             }
         }
         for (dst, &a) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(&a) {
@@ -349,10 +290,42 @@ fn tokens_accumulate32<const B: u32>(
     }
 }
 
+/// One token into every query's accumulators, eight features at a time.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn token_accumulate<const B: u32>(
+    unpack: &Unpack,
+    head: &PackedHead,
+    q: usize,
+    t0: usize,
+    j: usize,
+    s: &Scratch,
+    acc: &mut [f32],
+) {
+    let v = &head.v;
+    let b = B as usize;
+    let d_count = head.features;
+    let groups = v.groups_per_row;
+    for f in (0..d_count).step_by(LANES) {
+        // Groups are multiples of 8 features, so the 8 share one.
+        let h = f / v.group_size;
+        let offset = _mm256_set1_epi32(s.v_offsets[j * groups + h]);
+        // A multiple of 8: rows are whole groups of a multiple of 8 features.
+        let at = ((t0 + j) * v.row_len + f) * b / 8;
+        let c = values8::<B>(unpack, v.codes, at, offset);
+        for i in 0..q {
+            let at = i * d_count + f;
+            let w = _mm256_set1_ps(s.v_weights[(i * BLOCK_TOKENS + j) * groups + h]);
+            let a = _mm256_fmadd_ps(c, w, load_at(acc, at));
+            store((&mut acc[at..at + LANES]).try_into().expect("8 floats"), a);
+        }
+    }
+}
+
 /// Step 3 over an unpacked K, four tokens at a time per query.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(crate) fn dense_scores(
-    _: Avx2,
+    _: Fma,
     head: &DenseHead,
     scaled: &[f32],
     q: usize,
@@ -373,7 +346,7 @@ pub(crate) fn dense_scores(
 }
 
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn dense_tokens<const N: usize>(
     head: &DenseHead,
     scaled: &[f32],
@@ -387,8 +360,7 @@ fn dense_tokens<const N: usize>(
         for f in (0..d_count).step_by(LANES) {
             let x = load_at(scaled, i * d_count + f);
             for (n, a) in acc.iter_mut().enumerate() {
-                let y = load_at(head.k, (t + n) * d_count + f);
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(x, y));
+                *a = _mm256_fmadd_ps(x, load_at(head.k, (t + n) * d_count + f), *a);
             }
         }
         for (n, &a) in acc.iter().enumerate() {
@@ -401,9 +373,9 @@ fn dense_tokens<const N: usize>(
 }
 
 /// Step 6 over an unpacked V, four tokens at a time.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(crate) fn dense_accumulate(
-    _: Avx2,
+    _: Fma,
     head: &DenseHead,
     q: usize,
     t0: usize,
@@ -422,7 +394,7 @@ pub(crate) fn dense_accumulate(
                 for n in 0..n_count {
                     let x = load_at(head.v, (t0 + j + n) * d_count + f);
                     let w = _mm256_set1_ps(p[i * BLOCK_TOKENS + j + n]);
-                    a = _mm256_add_ps(a, _mm256_mul_ps(x, w));
+                    a = _mm256_fmadd_ps(x, w, a);
                 }
                 store((&mut acc[at..at + LANES]).try_into().expect("8 floats"), a);
             }
