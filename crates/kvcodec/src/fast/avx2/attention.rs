@@ -42,34 +42,60 @@ fn values8<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: __m25
     _mm256_cvtepi32_ps(_mm256_sub_epi32(codes, offset))
 }
 
-/// `c - offset` of thirty-two B-bit codes from `codes[at..]`, as four vectors in order.
+/// `c - offset` of thirty-two B-bit codes from `codes[at..]`, as four vectors in order. A
+/// macro, not a function, so that it is inlined into every kernel (a `#[target_feature]`
+/// function cannot be `#[inline(always)]`, and a call passes the four vectors through memory).
+macro_rules! values32 {
+    ($bits:ident, $unpack:expr, $codes:expr, $at:expr, $offset:expr) => {{
+        let (codes, at, offset): (&[u8], usize, i32) = ($codes, $at, $offset);
+        if $bits == 4 && at + 16 <= codes.len() {
+            // SAFETY: reads the 16 bytes codes[at..at + 16], in bounds as just checked.
+            let x = unsafe { _mm_loadu_si128(codes.as_ptr().add(at).cast()) };
+            let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
+            let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
+            // Even codes sit in the low nibbles: interleaving puts codes 0..15, then 16..31,
+            // in order; a 4-bit offset is below 16, so c - o fits a signed byte.
+            let o = _mm_set1_epi8(offset as i8);
+            let first = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), o);
+            let second = _mm_sub_epi8(_mm_unpackhi_epi8(low, high), o);
+            [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(first))),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(second))),
+            ]
+        } else {
+            let b = $bits as usize;
+            let o = _mm256_set1_epi32(offset);
+            [
+                values8::<$bits>($unpack, codes, at, o),
+                values8::<$bits>($unpack, codes, at + b, o),
+                values8::<$bits>($unpack, codes, at + 2 * b, o),
+                values8::<$bits>($unpack, codes, at + 3 * b, o),
+            ]
+        }
+    }};
+}
+
+/// `c - offset` of sixteen B-bit codes from `codes[at..]`, as two vectors in order.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn values32<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: i32) -> [__m256; 4] {
-    if B == 4 && at + 16 <= codes.len() {
-        // SAFETY: reads the 16 bytes codes[at..at + 16], in bounds as just checked.
-        let x = unsafe { _mm_loadu_si128(codes.as_ptr().add(at).cast()) };
+fn values16<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: i32) -> [__m256; 2] {
+    if B == 4 && at + 8 <= codes.len() {
+        // SAFETY: reads the 8 bytes codes[at..at + 8], in bounds as just checked.
+        let x = unsafe { _mm_loadl_epi64(codes.as_ptr().add(at).cast()) };
         let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
         let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
-        // Even codes sit in the low nibbles: interleaving puts codes 0..15, then 16..31, in
-        // order; a 4-bit offset is below 16, so c - o fits a signed byte.
-        let o = _mm_set1_epi8(offset as i8);
-        let first = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), o);
-        let second = _mm_sub_epi8(_mm_unpackhi_epi8(low, high), o);
+        let both = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), _mm_set1_epi8(offset as i8));
         [
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(first))),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(second))),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(both)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(both))),
         ]
     } else {
-        let b = B as usize;
         let o = _mm256_set1_epi32(offset);
         [
             values8::<B>(unpack, codes, at, o),
-            values8::<B>(unpack, codes, at + b, o),
-            values8::<B>(unpack, codes, at + 2 * b, o),
-            values8::<B>(unpack, codes, at + 3 * b, o),
+            values8::<B>(unpack, codes, at + B as usize, o),
         ]
     }
 }
@@ -152,14 +178,28 @@ pub(crate) fn packed_scores<const B: u32>(
             offsets: &s.k_offsets[g * d_count..][..d_count],
             queries: q,
         };
-        let mut i = 0;
-        while i < q {
-            if q - i >= 2 {
-                run_scores::<B, 2>(&unpack, &keys, i, run, &mut s.scores);
-                i += 2;
-            } else {
-                run_scores::<B, 1>(&unpack, &keys, i, run, &mut s.scores);
-                i += 1;
+        if q <= 2 {
+            match q {
+                2 => run_scores::<B, 2>(&unpack, &keys, 0, run, &mut s.scores),
+                _ => run_scores::<B, 1>(&unpack, &keys, 0, run, &mut s.scores),
+            }
+            continue;
+        }
+        // A query group: half runs, so that six queries' accumulators fit in registers and
+        // each code is unpacked once per six queries.
+        for half in [run, run + K_GROUP_MULTIPLE / 2] {
+            let mut i = 0;
+            while i < q {
+                let n = (q - i).min(6);
+                match n {
+                    6 => half_scores::<B, 6>(&unpack, &keys, i, half, &mut s.scores),
+                    5 => half_scores::<B, 5>(&unpack, &keys, i, half, &mut s.scores),
+                    4 => half_scores::<B, 4>(&unpack, &keys, i, half, &mut s.scores),
+                    3 => half_scores::<B, 3>(&unpack, &keys, i, half, &mut s.scores),
+                    2 => half_scores::<B, 2>(&unpack, &keys, i, half, &mut s.scores),
+                    _ => half_scores::<B, 1>(&unpack, &keys, i, half, &mut s.scores),
+                }
+                i += n;
             }
         }
     }
@@ -189,7 +229,7 @@ fn run_scores<const B: u32, const N: usize>(
     for (d, &offset) in keys.offsets.iter().enumerate() {
         // A multiple of 8: rows are whole groups and runs start at multiples of 32.
         let base = d * keys.row_len + keys.t;
-        let c = values32::<B>(unpack, keys.codes, base * b / 8, offset);
+        let c = values32!(B, unpack, keys.codes, base * b / 8, offset);
         for (n, acc) in acc.iter_mut().enumerate() {
             let w = _mm256_set1_ps(keys.weights[d * keys.queries + i0 + n]);
             for (a, &c) in acc.iter_mut().zip(&c) {
@@ -199,6 +239,37 @@ fn run_scores<const B: u32, const N: usize>(
     }
     for (n, acc) in acc.iter().enumerate() {
         let row = &mut scores[(i0 + n) * BLOCK_TOKENS + run..][..K_GROUP_MULTIPLE];
+        for (dst, &a) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(acc) {
+            store(dst, a);
+        }
+    }
+}
+
+/// [`run_scores`] over 16 tokens from `half` (relative to the block) for queries i0..i0 + N.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn half_scores<const B: u32, const N: usize>(
+    unpack: &Unpack,
+    keys: &Keys,
+    i0: usize,
+    half: usize,
+    scores: &mut [f32],
+) {
+    let b = B as usize;
+    let t = keys.t + (half % K_GROUP_MULTIPLE);
+    let mut acc = [[_mm256_setzero_ps(); 2]; N];
+    for (d, &offset) in keys.offsets.iter().enumerate() {
+        let base = d * keys.row_len + t;
+        let c = values16::<B>(unpack, keys.codes, base * b / 8, offset);
+        let weights = &keys.weights[d * keys.queries + i0..][..N];
+        for (acc, &w) in acc.iter_mut().zip(weights) {
+            let w = _mm256_set1_ps(w);
+            acc[0] = _mm256_fmadd_ps(c[0], w, acc[0]);
+            acc[1] = _mm256_fmadd_ps(c[1], w, acc[1]);
+        }
+    }
+    for (n, acc) in acc.iter().enumerate() {
+        let row = &mut scores[(i0 + n) * BLOCK_TOKENS + half..][..K_GROUP_MULTIPLE / 2];
         for (dst, &a) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(acc) {
             store(dst, a);
         }
@@ -230,9 +301,7 @@ pub(crate) fn packed_accumulate<const B: u32>(
             }
         } else {
             while j + 2 <= len {
-                for i in 0..q {
-                    tokens_accumulate32::<B, 2>(&unpack, head, i, t0, j, s, acc);
-                }
+                pair_accumulate32::<B>(&unpack, head, q, t0, j, s, acc);
                 j += 2;
             }
         }
@@ -279,13 +348,48 @@ fn tokens_accumulate32<const B: u32, const N: usize>(
         for n in 0..N {
             let w = _mm256_set1_ps(weights[n * groups + h]);
             let at = ((t0 + j + n) * v.row_len + f) * b / 8;
-            let c = values32::<B>(unpack, v.codes, at, offsets[n * groups + h]);
+            let c = values32!(B, unpack, v.codes, at, offsets[n * groups + h]);
             for (a, &c) in a.iter_mut().zip(&c) {
                 *a = _mm256_fmadd_ps(c, w, *a);
             }
         }
         for (dst, &a) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(&a) {
             store(dst, a);
+        }
+    }
+}
+
+/// Two tokens from j into every query's accumulators, 32 features at a time: the pair's codes
+/// are unpacked once, then each query's accumulators take both tokens in order.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn pair_accumulate32<const B: u32>(
+    unpack: &Unpack,
+    head: &PackedHead,
+    q: usize,
+    t0: usize,
+    j: usize,
+    s: &Scratch,
+    acc: &mut [f32],
+) {
+    let v = &head.v;
+    let b = B as usize;
+    let d_count = head.features;
+    let groups = v.groups_per_row;
+    for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
+        let h = f / v.group_size;
+        let at = ((t0 + j) * v.row_len + f) * b / 8;
+        let next = at + v.row_len * b / 8;
+        let c0 = values32!(B, unpack, v.codes, at, s.v_offsets[j * groups + h]);
+        let c1 = values32!(B, unpack, v.codes, next, s.v_offsets[(j + 1) * groups + h]);
+        for i in 0..q {
+            let weights = &s.v_weights[(i * BLOCK_TOKENS + j) * groups + h..];
+            let (w0, w1) = (_mm256_set1_ps(weights[0]), _mm256_set1_ps(weights[groups]));
+            let row = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
+            for ((dst, &a), &b) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(&c0).zip(&c1) {
+                let x = _mm256_fmadd_ps(a, w0, load(dst));
+                store(dst, _mm256_fmadd_ps(b, w1, x));
+            }
         }
     }
 }
