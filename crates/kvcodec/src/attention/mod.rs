@@ -44,6 +44,7 @@
 //! depend on the number of threads.
 
 pub mod exp;
+pub mod fma;
 mod portable;
 pub mod reference;
 

@@ -1,12 +1,10 @@
 //! The block kernels in plain Rust, one value at a time: the spec's steps 3 to 6 as written
 //! (see the module comment of [`super`]). The AVX2 kernels compute each value with the same
 //! operations in the same order, eight tokens or features to a vector. Multiply-adds are
-//! `libm::fmaf` (pure Rust, rounded once on every platform), not `f32::mul_add`, which calls
-//! the platform's C library where the CPU has no FMA.
-
-use libm::fmaf;
+//! [`super::fma::fma`], rounded once in integer arithmetic on every platform.
 
 use super::exp::exp;
+use super::fma::fma as fmaf;
 use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, Stream};
 
 /// The stored code at element `at` of a tensor's grouped view (LSB-first stream).

@@ -1,7 +1,7 @@
 //! The attention kernels (steps 3 to 6 of [`crate::attention`]) with AVX2 and FMA: eight tokens
 //! (scores) or eight features (values) to a vector. Each lane computes what the portable
 //! kernel computes for its token or feature, with the same operations in the same order (each
-//! multiply-add fused, as `libm::fmaf` is), so both give the same bits.
+//! multiply-add fused, as [`crate::attention::fma::fma`] is), so both give the same bits.
 //!
 //! Codes become f32 `c - o` without rounding: 4-bit codes are split from their nibbles, the
 //! offset subtracted in bytes (|c - o| < 16) and the bytes sign-extended; 8-bit codes are
