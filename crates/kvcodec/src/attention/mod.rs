@@ -19,12 +19,12 @@
 //!
 //! 1. `qs[i][d] = q[i][d] * scale`.
 //! 2. Tokens are cut into splits of [`SPLIT_TOKENS`], each into blocks of [`BLOCK_TOKENS`]; a
-//!    split keeps per query a state (m, l, acc[D]), starting at (-inf, 0, 0).
+//!    split keeps per query a state (m, l, acc\[D\]), starting at (-inf, 0, 0).
 //! 3. Scores of a block: from `s = 0`, for d = 0, 1, ..: `s = fma((c - o)K[d][t], qs[i][d] *
 //!    sK[d][g], s)`, with g the token's group; tokens at or past `visible[i]` are masked.
 //! 4. `m' = max(m, unmasked scores)` (a block with none is skipped); `corr = exp(m - m')`, 0 when
-//!    m is -inf; `p[t] = exp(s[t] - m')`, 0 when masked; [`exp`] is this crate's own.
-//! 5. `l = l * corr + sum8(p)`: p[t] is added into lane t mod 8 in token order, and the lanes
+//!    m is -inf; `p[t] = exp(s[t] - m')`, 0 when masked; [`exp()`] is this crate's own.
+//! 5. `l = l * corr + sum8(p)`: `p[t]` is added into lane t mod 8 in token order, and the lanes
 //!    are added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
 //! 6. `acc[d] = acc[d] * corr`, then for each token in order `acc[d] = fma((c - o)V[t][d],
 //!    p[t] * sV[t][h], acc[d])`, with h the feature's group (masked tokens add a zero).
@@ -43,6 +43,8 @@
 //! Splits run in parallel on the current rayon pool; their size, and the merge order, do not
 //! depend on the number of threads.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 pub mod exp;
 pub mod fma;
 mod portable;
@@ -479,7 +481,7 @@ pub(crate) struct Scratch {
 pub fn available(kernel: Kernel) -> bool {
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => crate::fast::avx2::attention::Fma::detect().is_some(),
+        Kernel::Avx2 => avx2::Fma::detect().is_some(),
         Kernel::Portable => true,
         #[allow(unreachable_patterns)]
         _ => false,
@@ -664,6 +666,8 @@ fn prepare_values(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Sc
 
 /// Picks each block kernel for a kernel and a width.
 mod dispatch {
+    #[cfg(target_arch = "x86_64")]
+    use super::avx2;
     use super::{DenseHead, PackedHead, Queries, Scratch, portable};
     use crate::kernel::Kernel;
 
@@ -684,8 +688,8 @@ mod dispatch {
     }
 
     #[cfg(target_arch = "x86_64")]
-    fn avx2() -> crate::fast::avx2::attention::Fma {
-        crate::fast::avx2::attention::Fma::detect().expect("the kernel's availability was checked")
+    fn proof() -> avx2::Fma {
+        avx2::Fma::detect().expect("the kernel's availability was checked")
     }
 
     pub(super) fn scores(
@@ -699,8 +703,8 @@ mod dispatch {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => {
-                use crate::fast::avx2::attention::packed_scores;
-                let k = avx2();
+                use avx2::packed_scores;
+                let k = proof();
                 // SAFETY: `k` proves the CPU has AVX2 and FMA.
                 unsafe { by_bits!(head.k.bits, packed_scores::<B>(k, head, q, t0, len, s)) }
             }
@@ -723,8 +727,8 @@ mod dispatch {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => {
-                use crate::fast::avx2::attention::packed_accumulate;
-                let k = avx2();
+                use avx2::packed_accumulate;
+                let k = proof();
                 // SAFETY: `k` proves the CPU has AVX2 and FMA.
                 unsafe {
                     by_bits!(
@@ -748,10 +752,8 @@ mod dispatch {
     pub(super) fn weights(kernel: Kernel, scores: &mut [f32], seen: usize, m: f32) -> [f32; 8] {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `avx2()` proves the CPU has AVX2 and FMA.
-            Kernel::Avx2 => unsafe {
-                crate::fast::avx2::attention::weights(avx2(), scores, seen, m)
-            },
+            // SAFETY: `proof()` proves the CPU has AVX2 and FMA.
+            Kernel::Avx2 => unsafe { avx2::weights(proof(), scores, seen, m) },
             _ => portable::weights(scores, seen, m),
         }
     }
@@ -766,10 +768,10 @@ mod dispatch {
     ) {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `avx2()` proves the CPU has AVX2 and FMA.
+            // SAFETY: `proof()` proves the CPU has AVX2 and FMA.
             Kernel::Avx2 => unsafe {
-                crate::fast::avx2::attention::dense_scores(
-                    avx2(),
+                avx2::dense_scores(
+                    proof(),
                     head,
                     &queries.scaled,
                     queries.rows,
@@ -795,10 +797,8 @@ mod dispatch {
     ) {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `avx2()` proves the CPU has AVX2 and FMA.
-            Kernel::Avx2 => unsafe {
-                crate::fast::avx2::attention::dense_accumulate(avx2(), head, q, t0, len, p, acc)
-            },
+            // SAFETY: `proof()` proves the CPU has AVX2 and FMA.
+            Kernel::Avx2 => unsafe { avx2::dense_accumulate(proof(), head, q, t0, len, p, acc) },
             _ => portable::dense_accumulate(head, q, t0, len, p, acc),
         }
     }

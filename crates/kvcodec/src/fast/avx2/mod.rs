@@ -17,13 +17,12 @@
 //! [`squeeze4`]: pack::squeeze4
 //! [`Unpack`]: unpack::Unpack
 
-pub(crate) mod attention;
 mod columns;
 mod fit;
 mod pack;
 mod tables;
-mod unpack;
-mod vectors;
+pub(crate) mod unpack;
+pub(crate) mod vectors;
 
 use core::arch::x86_64::*;
 

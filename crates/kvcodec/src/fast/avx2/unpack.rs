@@ -9,7 +9,7 @@ use crate::fast::bits::read_u64;
 use crate::fast::{decode, portable};
 
 /// Eight B-bit codes from the low B bytes of a u64, as i32 lanes.
-pub(super) struct Unpack {
+pub(crate) struct Unpack {
     shuffle: __m256i,
     shift: __m256i,
     mask: __m256i,
@@ -18,7 +18,7 @@ pub(super) struct Unpack {
 impl Unpack {
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub(super) fn new<const B: u32>() -> Unpack {
+    pub(crate) fn new<const B: u32>() -> Unpack {
         let shuffle = Tables::<B>::UNPACK_SHUFFLE;
         let shift = Tables::<B>::UNPACK_SHIFT;
         // SAFETY: reads the 32 bytes of each table.
@@ -40,7 +40,7 @@ impl Unpack {
     /// [`Unpack::codes`] of packed codes already broadcast to every 64-bit lane.
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub(super) fn spread(&self, packed: __m256i) -> __m256i {
+    pub(crate) fn spread(&self, packed: __m256i) -> __m256i {
         let bytes = _mm256_shuffle_epi8(packed, self.shuffle);
         _mm256_and_si256(_mm256_srlv_epi32(bytes, self.shift), self.mask)
     }
@@ -120,7 +120,7 @@ fn put<const MODE: u8>(dst: &mut [f32; 8], v: __m256) {
 /// end of `codes`).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn broadcast_codes(codes: &[u8], at: usize) -> __m256i {
+pub(crate) fn broadcast_codes(codes: &[u8], at: usize) -> __m256i {
     if at + 8 <= codes.len() {
         // SAFETY: reads the 8 bytes codes[at..at + 8], in bounds as just checked.
         unsafe { _mm256_broadcastq_epi64(_mm_loadl_epi64(codes.as_ptr().add(at).cast())) }

@@ -5,7 +5,7 @@ use core::arch::x86_64::*;
 
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn load(v: &[f32; 8]) -> __m256 {
+pub(crate) fn load(v: &[f32; 8]) -> __m256 {
     // SAFETY: reads exactly the 8 floats of `v`.
     unsafe { _mm256_loadu_ps(v.as_ptr()) }
 }
@@ -19,7 +19,7 @@ pub(super) fn load_i32(v: &[i32; 8]) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn store(dst: &mut [f32; 8], v: __m256) {
+pub(crate) fn store(dst: &mut [f32; 8], v: __m256) {
     // SAFETY: writes exactly the 8 floats of `dst`.
     unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), v) }
 }
@@ -34,7 +34,7 @@ pub(super) fn store_i32(dst: &mut [i32; 8], v: __m256i) {
 /// The 8 floats of `s` from `at`.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn load_at(s: &[f32], at: usize) -> __m256 {
+pub(crate) fn load_at(s: &[f32], at: usize) -> __m256 {
     load(s[at..at + 8].try_into().expect("8 floats"))
 }
 

@@ -1,7 +1,7 @@
 //! The attention kernels (steps 3 to 6 of [`crate::attention`]) with AVX2 and FMA: eight tokens
 //! (scores) or eight features (values) to a vector. Each lane computes what the portable
 //! kernel computes for its token or feature, with the same operations in the same order (each
-//! multiply-add fused, as [`crate::attention::fma::fma`] is), so both give the same bits.
+//! multiply-add fused, as [`super::fma::fma`] is), so both give the same bits.
 //!
 //! Codes become f32 `c - o` without rounding: 4-bit codes are split from their nibbles, the
 //! offset subtracted in bytes (|c - o| < 16) and the bytes sign-extended; 8-bit codes are
@@ -9,11 +9,11 @@
 
 use core::arch::x86_64::*;
 
-use super::Avx2;
-use super::unpack::{Unpack, broadcast_codes};
-use super::vectors::{load, load_at, store};
-use crate::attention::exp::{self, C1, C2, FLUSH_BELOW, LOG2E, P};
-use crate::attention::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch};
+use super::exp::{self, C1, C2, FLUSH_BELOW, LOG2E, P};
+use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch};
+use crate::fast::avx2::Avx2;
+use crate::fast::avx2::unpack::{Unpack, broadcast_codes};
+use crate::fast::avx2::vectors::{load, load_at, store};
 
 /// Proof that the CPU has AVX2 and FMA.
 #[derive(Debug, Clone, Copy)]
