@@ -12,6 +12,8 @@
 //! - [`metrics`]: log-softmax, NLL, KL and top-1 agreement in f64;
 //! - [`generate`]: greedy generation with a packed cache;
 //! - [`error`]: typed errors;
+//! - [`corpus`]: the public evaluation texts (`scripts/fetch-texts`) as documents, cleaned and
+//!   split into evaluation and calibration sets (no study reads them yet);
 //! - [`one_text`]: `runner quality`, one text under one configuration, with greedy text;
 //! - [`study`]: `runner quality --protocol`, an archived study (protocol, runs, summary), with
 //!   its summary.md ([`report`]), chart ([`chart`]) and frontier and matched-budget ranking
@@ -25,6 +27,7 @@
 
 pub mod cache;
 pub mod chart;
+pub mod corpus;
 pub mod error;
 pub mod frontier;
 pub mod generate;

