@@ -100,8 +100,7 @@ fn real_main() -> Result<()> {
     let mut record = |case: Measured| {
         let row = Row::new(case, memcpy_gbps, threads);
         if cli.json {
-            let line = serde_json::to_string(&row).expect("a row serializes");
-            if let Err(err) = writeln!(stdout, "{line}") {
+            if let Err(err) = json_line(&mut stdout, &row) {
                 failed.get_or_insert(err);
             }
         } else {
@@ -130,8 +129,7 @@ fn real_main() -> Result<()> {
         };
         let mut record = |row: AttentionRow| {
             if cli.json {
-                let line = serde_json::to_string(&row).expect("a row serializes");
-                if let Err(err) = writeln!(stdout, "{line}") {
+                if let Err(err) = json_line(&mut stdout, &row) {
                     failed.get_or_insert(err);
                 }
             } else {
@@ -184,4 +182,10 @@ fn real_main() -> Result<()> {
         writeln!(stdout, "{goals}").context("writing to stdout")?;
     }
     Ok(())
+}
+
+/// One row as a line of JSON.
+fn json_line(out: &mut impl Write, row: &impl serde::Serialize) -> std::io::Result<()> {
+    let line = serde_json::to_string(row).expect("a row serializes");
+    writeln!(out, "{line}")
 }
