@@ -88,8 +88,11 @@ fn every_pattern_width_and_mode_matches_the_oracle_and_every_kernel_agrees() {
                         continue; // a pattern the codec refuses (its own tests cover that)
                     };
                     let label = format!("{name}, {mode} K{k_bits}/g{k_group} V{v_bits}/g{v_group}");
-                    // One query row, a pair, and a GQA group: each has its own kernel path.
-                    for rows in [1, 2, 4] {
+                    // One query row, a pair, and a GQA group each have their own AVX2 path:
+                    // all three on random data, the group on every pattern (the portable
+                    // kernel's integer multiply-add is slow under QEMU, where CI runs this).
+                    let row_counts: &[usize] = if *name == "noise" { &[1, 2, 4] } else { &[4] };
+                    for &rows in row_counts {
                         let some = queries.slice(ndarray::s![..rows, ..]);
                         check(some, &decode_step(rows, tokens), &k, &v, &label);
                     }
