@@ -124,6 +124,8 @@ pub enum Note {
     ModelFilesChecked(String),
     /// Generated text was not re-decoded (no tokenizer loaded).
     GeneratedTextNotDecoded,
+    /// A sampled audit re-ran no KVQuant pass, so KVQuant's calibration was not re-fitted.
+    CalibrationNotSampled,
     /// A sampled audit re-ran these passes of that many.
     Sampled {
         /// The passes re-run.
@@ -176,6 +178,10 @@ impl fmt::Display for Note {
             Note::GeneratedTextNotDecoded => f.write_str(
                 "generated text was not re-decoded (the model's tokenizer was not loaded): only \
                  first_departure was checked against the generated ids",
+            ),
+            Note::CalibrationNotSampled => f.write_str(
+                "no sampled pass runs a KVQuant cache: KVQuant's calibration (its ids, \
+                 thresholds and levels) was not re-derived",
             ),
             Note::Sampled { passes, of } => write!(
                 f,

@@ -231,6 +231,15 @@ fn pass_ids(p: &QualityProtocol, runs: &[Run]) -> Vec<String> {
     out
 }
 
+/// Whether a chosen pass runs a KVQuant cache, which reads the calibration: a sampled audit
+/// that re-runs none leaves the calibration pass (the model over 2,048 tokens, and every fit)
+/// out, as it leaves the passes out.
+fn reads_calibration(p: &QualityProtocol, runs: &[Run], chosen: &[String]) -> bool {
+    runs.iter()
+        .filter(|r| r.kvquant().is_some())
+        .any(|r| (0..p.texts.len()).any(|t| chosen.contains(&r.id(t))))
+}
+
 /// What a re-run checks against.
 pub(super) struct Rerun<'a> {
     /// The protocol.
@@ -265,7 +274,6 @@ impl Rerun<'_> {
             return;
         };
         self.check_texts(bpe, archive, report);
-        let calibrations = self.check_calibration(llama, bpe, archive, report);
         let chosen = sample::choose(&all, self.arrays_sha256, options.sample);
         if chosen.len() < all.len() {
             report.note(Note::Sampled {
@@ -273,6 +281,15 @@ impl Rerun<'_> {
                 of: all.len(),
             });
         }
+        let sampled = chosen.len() < all.len();
+        let calibrations = if !sampled || reads_calibration(self.protocol, self.runs, &chosen) {
+            self.check_calibration(llama, bpe, archive, report)
+        } else {
+            if self.protocol.calibration.is_some() {
+                report.note(Note::CalibrationNotSampled);
+            }
+            Vec::new()
+        };
         passes(
             self.protocol,
             self.runs,

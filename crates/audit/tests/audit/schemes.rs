@@ -203,3 +203,36 @@ fn an_edited_calibration_or_outlier_count_fails_the_re_run() {
         |p| matches!(p, Problem::Metric { id: row, field: "bytes_per_token", .. } if row == id),
     );
 }
+
+/// A sampled audit re-fits KVQuant's calibration exactly when it re-runs a KVQuant pass, and
+/// says so when it does not; every sample of the honest study passes.
+#[test]
+fn a_sample_without_a_kvquant_pass_leaves_the_calibration_out_and_says_so() {
+    let dir = &studies().1;
+    let kvquant = "t0_kvquant4-first1_prefill";
+    let mut seen = Vec::new();
+    // Of this study's 7 passes, the sample of 1 misses the KVQuant run and the sample of 6
+    // holds it (the sample is chosen by arrays.npz's hash; the last assertion keeps it so).
+    for k in [1, 6] {
+        let options = audit::Options {
+            sample: Some(k),
+            ..audit::Options::default()
+        };
+        let report = audit::audit_dir_with(dir, &workspace(), &options);
+        assert_pass(&report);
+        let chosen: Vec<String> = report
+            .notes
+            .iter()
+            .find_map(|n| match n {
+                audit::Note::Sampled { passes, .. } => Some(passes.clone()),
+                _ => None,
+            })
+            .expect("a sample of fewer than all 7 passes");
+        let sampled_kvquant = chosen.iter().any(|p| p == kvquant);
+        let left_out = report.notes.contains(&audit::Note::CalibrationNotSampled);
+        assert_eq!(left_out, !sampled_kvquant, "sample of {k}: {chosen:?}");
+        seen.push(sampled_kvquant);
+    }
+    // Both cases occurred.
+    assert!(seen.contains(&true) && seen.contains(&false), "{seen:?}");
+}
