@@ -100,6 +100,20 @@ fn values16<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: i32)
     }
 }
 
+/// Asks for the bytes of a K row one block of tokens ahead of `at` (a byte of `codes`): K's
+/// rows are D separate streams, more than the hardware prefetcher follows.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn prefetch_row(codes: &[u8], at: usize, bits: usize) {
+    let ahead = codes.as_ptr().wrapping_add(at + BLOCK_TOKENS * bits / 8);
+    // SAFETY: a prefetch is a hint that never faults, whatever the address. (Newer compilers
+    // call it safe here; Rust 1.89, the workspace's rust-version, needs the block.)
+    #[allow(unused_unsafe)]
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<i8>())
+    };
+}
+
 /// [`exp::exp`] on eight lanes, with the same operations (none fused).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -229,6 +243,7 @@ fn run_scores<const B: u32, const N: usize>(
     for (d, &offset) in keys.offsets.iter().enumerate() {
         // A multiple of 8: rows are whole groups and runs start at multiples of 32.
         let base = d * keys.row_len + keys.t;
+        prefetch_row(keys.codes, base * b / 8, b);
         let c = values32!(B, unpack, keys.codes, base * b / 8, offset);
         for (n, acc) in acc.iter_mut().enumerate() {
             let w = _mm256_set1_ps(keys.weights[d * keys.queries + i0 + n]);
@@ -260,6 +275,7 @@ fn half_scores<const B: u32, const N: usize>(
     let mut acc = [[_mm256_setzero_ps(); 2]; N];
     for (d, &offset) in keys.offsets.iter().enumerate() {
         let base = d * keys.row_len + t;
+        prefetch_row(keys.codes, base * b / 8, b);
         let c = values16::<B>(unpack, keys.codes, base * b / 8, offset);
         let weights = &keys.weights[d * keys.queries + i0..][..N];
         for (acc, &w) in acc.iter_mut().zip(weights) {
