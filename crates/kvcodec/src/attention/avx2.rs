@@ -10,7 +10,7 @@
 use core::arch::x86_64::*;
 
 use super::exp::{self, C1, C2, FLUSH_BELOW, LOG2E, P};
-use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch};
+use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, tree_sum};
 use crate::fast::avx2::Avx2;
 use crate::fast::avx2::unpack::{Unpack, broadcast_codes};
 use crate::fast::avx2::vectors::{load, load_at, store};
@@ -486,8 +486,7 @@ fn dense_tokens<const N: usize>(
         for (n, &a) in acc.iter().enumerate() {
             let mut lanes = [0f32; LANES];
             store(&mut lanes, a);
-            scores[i * BLOCK_TOKENS + n] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            scores[i * BLOCK_TOKENS + n] = tree_sum(lanes);
         }
     }
 }

@@ -262,15 +262,25 @@ impl Offsets<'_> {
     fn at(&self, group: usize) -> i32 {
         match *self {
             Offsets::Constant(o) => o,
-            Offsets::Stream { bytes, bits } => {
-                let bit = group * bits as usize;
-                let (byte, shift) = (bit / 8, bit % 8);
-                let low = u16::from(bytes[byte]);
-                let high = u16::from(bytes.get(byte + 1).copied().unwrap_or(0));
-                i32::from(((low | (high << 8)) >> shift) & ((1 << bits) - 1))
-            }
+            Offsets::Stream { bytes, bits } => read_code(bytes, group, bits),
         }
     }
+}
+
+/// The `index`-th `bits`-bit code of an LSB-first stream (`bitpack`'s order), one at a time.
+pub(crate) fn read_code(bytes: &[u8], index: usize, bits: u32) -> i32 {
+    let bit = index * bits as usize;
+    let (byte, shift) = (bit / 8, bit % 8);
+    let low = u16::from(bytes[byte]);
+    let high = u16::from(bytes.get(byte + 1).copied().unwrap_or(0));
+    i32::from(((low | (high << 8)) >> shift) & ((1 << bits) - 1))
+}
+
+/// Step 5's sum of eight lanes, as a fixed tree: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 +
+/// l7)); the dense baseline's dot products end the same way.
+pub(crate) fn tree_sum(lanes: [f32; LANES]) -> f32 {
+    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
 }
 
 /// One packed tensor as the kernels read it.
@@ -588,8 +598,7 @@ fn block(
             exp(state.max[i] - m)
         };
         let lanes = dispatch::weights(kernel, scores, seen, m);
-        let sum8 = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-            + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        let sum8 = tree_sum(lanes);
         if seen > 0 {
             state.max[i] = m;
             state.sum[i] = state.sum[i] * corr + sum8;

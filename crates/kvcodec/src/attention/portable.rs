@@ -5,16 +5,15 @@
 
 use super::exp::exp;
 use super::fma::fma as fmaf;
-use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, Stream};
+use super::{
+    BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, Stream, read_code,
+    tree_sum,
+};
 
-/// The stored code at element `at` of a tensor's grouped view (LSB-first stream).
+/// The stored code at element `at` of a tensor's grouped view.
 #[inline]
 fn code<const B: u32>(stream: &Stream, at: usize) -> i32 {
-    let bit = at * B as usize;
-    let (byte, shift) = (bit / 8, bit % 8);
-    let low = u16::from(stream.codes[byte]);
-    let high = u16::from(stream.codes.get(byte + 1).copied().unwrap_or(0));
-    i32::from(((low | (high << 8)) >> shift) & ((1 << B) - 1))
+    read_code(stream.codes, at, B)
 }
 
 /// Step 3 over a packed K: scores of tokens t0.. for every query into `s.scores`, for the
@@ -86,8 +85,7 @@ pub(crate) fn dense_scores(
             for (d, (&x, &y)) in qs.iter().zip(row).enumerate() {
                 lanes[d % LANES] = fmaf(x, y, lanes[d % LANES]);
             }
-            scores[i * BLOCK_TOKENS + j] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            scores[i * BLOCK_TOKENS + j] = tree_sum(lanes);
         }
     }
 }
