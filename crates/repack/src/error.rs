@@ -194,7 +194,8 @@ pub enum Error {
 
     /// A GGUF tensor of a type `dequantize` does not read.
     #[error(
-        "{}: tensor {tensor:?} is {ty}; dequantize reads Q4_0, Q8_0 and Q4_1",
+        "{}: tensor {tensor:?} is {ty}; dequantize reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, \
+         Q8_0, Q4_K, Q5_K and Q6_K",
         path.display()
     )]
     GgufTensorType {

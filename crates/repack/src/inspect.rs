@@ -19,7 +19,6 @@ use crate::layers::{Layer, LayerKind, find_layers};
 use crate::metadata;
 use crate::names::layer_name;
 use crate::report::{cost_line, thousands};
-use gguf_file::TensorType;
 use weights::gguf;
 
 /// What `repack inspect FILE` found: the report it prints, and the layers whose check failed
@@ -82,22 +81,16 @@ pub fn inspect_gguf(path: &Path, bytes: &[u8]) -> Result<Inspection> {
             .unwrap();
             continue;
         };
-        let blocks =
-            t.ty.block_layout()
-                .map_or(0, |(_, size)| bytes / usize::try_from(size).unwrap_or(1));
-        let cost = match t.ty {
-            TensorType::Q4_0 => gguf::storage::<gguf::BlockQ4_0>(blocks),
-            TensorType::Q8_0 => gguf::storage::<gguf::BlockQ8_0>(blocks),
-            TensorType::Q4_1 => gguf::q4_1::storage(blocks),
-            _ => Cost {
-                elements,
-                code_bytes: bytes,
-                scale_bytes: 0,
-                zero_point_bytes: 0,
-                g_idx_bytes: 0,
-                extra_bytes: 0,
-            },
-        };
+        // Billed from the type's stored layout; a type no dequantizer here reads is billed as
+        // its bytes, all code.
+        let cost = gguf::tensor_cost(t.ty, elements).unwrap_or(Cost {
+            elements,
+            code_bytes: bytes,
+            scale_bytes: 0,
+            zero_point_bytes: 0,
+            g_idx_bytes: 0,
+            extra_bytes: 0,
+        });
         writeln!(
             out,
             "tensor {}: {}, shape {shape:?} (ggml dims {:?}), {} bytes\n  {}",

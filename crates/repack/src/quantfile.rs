@@ -138,11 +138,30 @@ impl FromStr for Target {
     }
 }
 
+/// The layout a tensor was written in or read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// One that `quantize` writes.
+    Written(Target),
+    /// A GGUF tensor type that `dequantize` reads but `quantize` does not write (F32, F16,
+    /// BF16, Q5_0, Q5_1 and the k-quants Q4_K, Q5_K, Q6_K).
+    Gguf(TensorType),
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Layout::Written(target) => target.fmt(f),
+            Layout::Gguf(ty) => ty.fmt(f),
+        }
+    }
+}
+
 /// What was quantized or dequantized.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantReport {
     /// The format.
-    pub format: Target,
+    pub format: Layout,
     /// [rows, cols] of the float32 matrix.
     pub shape: [usize; 2],
     /// What the quantized weight stores.
@@ -193,7 +212,7 @@ pub fn quantize_file(
     };
     write_new_file(output, &bytes)?;
     Ok(QuantReport {
-        format: target,
+        format: Layout::Written(target),
         shape: [x.nrows(), x.ncols()],
         cost,
     })
@@ -443,7 +462,7 @@ pub fn dequantize_bytes(
     bytes: &[u8],
     flags: &DequantizeFlags,
     input: &Path,
-) -> Result<(Target, Array2<f32>, Cost)> {
+) -> Result<(Layout, Array2<f32>, Cost)> {
     let raw = flags.raw_spec()?;
     let kind = Container::of(bytes);
     Ok(match (raw, kind) {
@@ -462,10 +481,13 @@ pub fn dequantize_bytes(
                 });
             }
             let (x, cost) = decode_raw(bytes, spec, input)?;
-            (spec.format, x, cost)
+            (Layout::Written(spec.format), x, cost)
         }
         (None, Container::Gguf) => read_gguf(bytes, flags.tensor.as_deref(), input)?,
-        (None, Container::SafeTensors) => read_nf4(bytes, flags.tensor.as_deref(), input)?,
+        (None, Container::SafeTensors) => {
+            let (target, x, cost) = read_nf4(bytes, flags.tensor.as_deref(), input)?;
+            (Layout::Written(target), x, cost)
+        }
         (None, Container::Unknown) => {
             return Err(Error::UnknownContainer {
                 path: input.to_path_buf(),
@@ -478,7 +500,7 @@ pub fn dequantize_bytes(
 /// [`dequantize_bytes`] on a whole file with no flags (`repack dequantize FILE OUT.npy`), as
 /// the `repack_dequantize` fuzz target and its kept regressions call it: the GGUF reader, and
 /// the NF4 safetensors reader through the quant state's shape to the dequantized matrix.
-pub fn dequantize_case(data: &[u8]) -> Result<(Target, Array2<f32>, Cost)> {
+pub fn dequantize_case(data: &[u8]) -> Result<(Layout, Array2<f32>, Cost)> {
     dequantize_bytes(data, &DequantizeFlags::default(), Path::new("fuzz input"))
 }
 
@@ -536,11 +558,12 @@ fn choose(names: &[&str], wanted: Option<&str>, path: &Path, what: &'static str)
     }
 }
 
+/// The tensor `wanted` (or the file's only one) dequantized, whatever its readable type.
 fn read_gguf(
     bytes: &[u8],
     wanted: Option<&str>,
     path: &Path,
-) -> Result<(Target, Array2<f32>, Cost)> {
+) -> Result<(Layout, Array2<f32>, Cost)> {
     let gguf_error = |source| Error::Gguf {
         path: path.to_path_buf(),
         source,
@@ -549,34 +572,30 @@ fn read_gguf(
     let names: Vec<&str> = file.tensors().iter().map(|t| t.name).collect();
     let info = &file.tensors()[choose(&names, wanted, path, "tensors")?];
     let (rows, cols) = gguf_matrix(path, info)?;
-    let in_file = Error::in_file(path);
     let data = file.tensor_bytes(info).map_err(gguf_error)?;
-    let (target, values, cost) = match info.ty {
-        TensorType::Q4_0 => {
-            let blocks = gguf::from_bytes::<BlockQ4_0>(data).map_err(|e| in_file(e.into()))?;
-            let cost = gguf::storage::<BlockQ4_0>(blocks.len());
-            (Target::Q4_0, gguf::dequantize(&blocks), cost)
-        }
-        TensorType::Q8_0 => {
-            let blocks = gguf::from_bytes::<BlockQ8_0>(data).map_err(|e| in_file(e.into()))?;
-            let cost = gguf::storage::<BlockQ8_0>(blocks.len());
-            (Target::Q8_0, gguf::dequantize(&blocks), cost)
-        }
-        TensorType::Q4_1 => {
-            let blocks = q4_1::from_bytes(data).map_err(|e| in_file(e.into()))?;
-            let cost = q4_1::storage(blocks.len());
-            (Target::Q4_1, q4_1::dequantize(&blocks), cost)
-        }
-        ty => {
+    // gguf-file checked that the tensor's bytes are in the file, so rows * cols is bounded by
+    // its size.
+    let mut values = vec![0f32; rows * cols];
+    let cost = match gguf::dequantize_tensor(info.ty, data, &mut values) {
+        Ok(cost) => cost,
+        Err(weights::FormatError::UnreadableGgufType { .. }) => {
             return Err(Error::GgufTensorType {
                 path: path.to_path_buf(),
                 tensor: info.name.to_string(),
-                ty,
+                ty: info.ty,
             });
         }
+        Err(e) => return Err(Error::in_file(path)(e.into())),
+    };
+    let layout = match Target::ALL
+        .into_iter()
+        .find(|t| t.ggml_type() == Some(info.ty))
+    {
+        Some(target) => Layout::Written(target),
+        None => Layout::Gguf(info.ty),
     };
     let x = Array2::from_shape_vec((rows, cols), values).expect("rows * cols values");
-    Ok((target, x, cost))
+    Ok((layout, x, cost))
 }
 
 fn read_nf4(
@@ -770,7 +789,10 @@ mod tests {
             if matches!(**source, Error::Format(weights::FormatError::EmptyMatrix { rows: 0, cols: 32 }))),
             "{err:?}"
         );
-        assert_eq!((target, back.dim()), (Target::Q4_1, (2, 64)));
+        assert_eq!(
+            (target, back.dim()),
+            (Layout::Written(Target::Q4_1), (2, 64))
+        );
         // The data: 2 rows of 2 blocks of 20 bytes, then zero padding to the alignment of 32
         // (which a reader does not need).
         let end = whole.len() - (96 - 80);

@@ -435,6 +435,16 @@ pub enum FormatError {
         absmax: f32,
     },
 
+    /// A GGUF tensor type with no dequantizer in this crate.
+    #[error(
+        "ggml type {ty} cannot be dequantized here: readable types are F32, F16, BF16, Q4_0, \
+         Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K"
+    )]
+    UnreadableGgufType {
+        /// The type's name.
+        ty: String,
+    },
+
     /// A stored scale (GGUF d, NF4 absmax) that is NaN or infinite.
     #[error("{format} block {block} has {what} = {value}; a stored scale must be finite")]
     NonFiniteScale {

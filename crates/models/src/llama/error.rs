@@ -42,7 +42,10 @@ pub enum ModelError {
         found: Vec<u64>,
     },
     /// A tensor is stored in a type this loader does not dequantize.
-    #[error("tensor {tensor} is {ty}; this loader reads F32, F16, Q4_0, Q4_1 and Q8_0")]
+    #[error(
+        "tensor {tensor} is {ty}; this loader reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, \
+         Q4_K, Q5_K and Q6_K"
+    )]
     TensorType {
         /// The tensor.
         tensor: String,

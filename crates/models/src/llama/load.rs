@@ -258,40 +258,15 @@ fn read_matrix(
     // The shape was checked against the hyperparameters and gguf-file checked that the bytes
     // are in the file, so this allocation is bounded by the file's size.
     let mut out = vec![0f32; rows * cols];
-    use gguf_file::TensorType as T;
-    use weights::gguf::{BlockQ4_0, BlockQ8_0};
-    match info.ty {
-        T::F32 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
-        }
-        T::F16 => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-            }
-        }
-        T::Q8_0 => {
-            let blocks =
-                weights::gguf::from_bytes::<BlockQ8_0>(bytes).map_err(|e| data(e.to_string()))?;
-            weights::gguf::dequantize_into(&blocks, &mut out).map_err(|e| data(e.to_string()))?;
-        }
-        T::Q4_0 => {
-            let blocks =
-                weights::gguf::from_bytes::<BlockQ4_0>(bytes).map_err(|e| data(e.to_string()))?;
-            weights::gguf::dequantize_into(&blocks, &mut out).map_err(|e| data(e.to_string()))?;
-        }
-        T::Q4_1 => {
-            let blocks = weights::gguf::q4_1::from_bytes(bytes).map_err(|e| data(e.to_string()))?;
-            weights::gguf::q4_1::dequantize_into(&blocks, &mut out)
-                .map_err(|e| data(e.to_string()))?;
-        }
-        other => {
+    match weights::gguf::dequantize_tensor(info.ty, bytes, &mut out) {
+        Ok(_) => {}
+        Err(weights::FormatError::UnreadableGgufType { .. }) => {
             return Err(ModelError::TensorType {
                 tensor: name.to_string(),
-                ty: other.to_string(),
+                ty: info.ty.to_string(),
             });
         }
+        Err(e) => return Err(data(e.to_string())),
     }
     Ok(Array2::from_shape_vec((rows, cols), out).expect("rows * cols values"))
 }

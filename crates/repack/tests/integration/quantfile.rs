@@ -776,3 +776,97 @@ fn unknown_format_names_are_listed() {
         assert_eq!(out.status.code(), Some(2));
     }
 }
+
+/// A GGUF file of one tensor per read-only block type, from the `weights` crate's committed
+/// blocks (11 rows of one block each), and gguf-py's values for each (see
+/// `crates/weights/tests/data/make_block_fixture.py`).
+/// A tensor's name (its type's), row length and gguf-py's values as bits.
+type Expected = (&'static str, usize, Vec<u32>);
+
+fn read_only_types_gguf(dir: &Path) -> (PathBuf, Vec<Expected>) {
+    let blocks = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../weights/tests/data/blocks");
+    let mut w = GgufWriter::new();
+    let mut expected = Vec::new();
+    for (name, ty, cols) in [
+        ("Q5_0", TensorType::Q5_0, 32),
+        ("Q5_1", TensorType::Q5_1, 32),
+        ("Q4_K", TensorType::Q4K, 256),
+        ("Q5_K", TensorType::Q5K, 256),
+        ("Q6_K", TensorType::Q6K, 256),
+    ] {
+        let bytes = std::fs::read(blocks.join(format!("{name}.bin"))).unwrap();
+        w.add_tensor(name, &[cols as u64, 11], ty, bytes).unwrap();
+        let values = std::fs::read(blocks.join(format!("{name}.f32"))).unwrap();
+        let bits = values
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        expected.push((name, cols, bits));
+    }
+    let file = dir.join("read_only.gguf");
+    std::fs::write(&file, w.to_bytes()).unwrap();
+    (file, expected)
+}
+
+#[test]
+fn dequantize_and_inspect_read_k_quants_and_q5_as_gguf_py_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, expected) = read_only_types_gguf(dir.path());
+    for (name, cols, bits) in expected {
+        let out = dir.path().join(format!("{name}.npy"));
+        let printed = succeeds(&["dequantize", "--tensor", name, path(&file), path(&out)]);
+        assert!(
+            printed.starts_with(&format!("{name} 11 x {cols}: ")),
+            "{printed}"
+        );
+        let x = read_npy(&out);
+        assert_eq!(x.dim(), (11, cols));
+        let ours: Vec<u32> = x.iter().map(|v| v.to_bits()).collect();
+        assert!(ours == bits, "{name}: values differ from gguf-py's");
+    }
+    let report = succeeds(&["inspect", path(&file)]);
+    for line in [
+        "tensor Q4_K: Q4_K, shape [11, 256] (ggml dims [256, 11]), 1,584 bytes\n  4.500 bits/weight",
+        "tensor Q5_K: Q5_K, shape [11, 256] (ggml dims [256, 11]), 1,936 bytes\n  5.500 bits/weight",
+        "tensor Q6_K: Q6_K, shape [11, 256] (ggml dims [256, 11]), 2,310 bytes\n  6.562 bits/weight",
+        "tensor Q5_0: Q5_0, shape [11, 32] (ggml dims [32, 11]), 242 bytes\n  5.500 bits/weight",
+        "tensor Q5_1: Q5_1, shape [11, 32] (ggml dims [32, 11]), 264 bytes\n  6.000 bits/weight",
+    ] {
+        assert!(report.contains(line), "{line}\nnot in\n{report}");
+    }
+}
+
+#[test]
+fn a_k_quant_block_with_a_nan_scale_is_refused_by_name_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocks = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../weights/tests/data/blocks");
+    let mut bytes = std::fs::read(blocks.join("Q6_K.bin")).unwrap();
+    bytes[2 * 210 + 208..2 * 210 + 210].copy_from_slice(&[0x00, 0x7E]); // block 2's d: NaN
+    let mut w = GgufWriter::new();
+    w.add_tensor("w", &[256, 11], TensorType::Q6K, bytes)
+        .unwrap();
+    let file = dir.path().join("nan.gguf");
+    std::fs::write(&file, w.to_bytes()).unwrap();
+    let out = dir.path().join("x.npy");
+    assert_eq!(
+        refused(&["dequantize", path(&file), path(&out)], &out),
+        format!(
+            "repack: error: {}: Q6_K block 2 has scale d = NaN; a stored scale must be finite\n",
+            file.display()
+        )
+    );
+    // A type with no dequantizer is named with the ones there are.
+    let mut w = GgufWriter::new();
+    w.add_tensor("w", &[256, 1], TensorType::Q2K, vec![0; 84])
+        .unwrap();
+    let file = dir.path().join("q2k.gguf");
+    std::fs::write(&file, w.to_bytes()).unwrap();
+    assert_eq!(
+        refused(&["dequantize", path(&file), path(&out)], &out),
+        format!(
+            "repack: error: {}: tensor \"w\" is Q2_K; dequantize reads F32, F16, BF16, Q4_0, \
+             Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K\n",
+            file.display()
+        )
+    );
+}

@@ -2,7 +2,9 @@
 //! quantizers for them. Q4_1 (a scale and a minimum per block) lives in [`q4_1`], outside the
 //! [`GgufBlock`] machinery: it has no fixed integer zero point, no logical form and no fast
 //! kernel. [`q5_0`] and [`iq4_nl`] are KV-cache types (llama.cpp's `-ctk`/`-ctv`), reference
-//! quantizers only.
+//! quantizers only. Types read from files but never written here (Q5_0 and Q5_1 weights, and
+//! the k-quants [`q4_k`], [`q5_k`], [`q6_k`]) go through [`stored`], which also dequantizes a
+//! tensor of any readable type ([`dequantize_tensor`]).
 //!
 //! Spec:
 //! - Container: a tensor of `rows` x `cols` (ggml's ne1 x ne0) is `rows * cols / 32` blocks in
@@ -64,9 +66,20 @@ mod avx2;
 pub mod iq4_nl;
 mod portable;
 pub mod q4_1;
+pub mod q4_k;
 pub mod q5_0;
+pub mod q5_1;
+pub mod q5_k;
+pub mod q6_k;
+pub mod stored;
 
 pub use q4_1::BlockQ4_1;
+pub use q4_k::BlockQ4K;
+pub use q5_0::BlockQ5_0;
+pub use q5_1::BlockQ5_1;
+pub use q5_k::BlockQ5K;
+pub use q6_k::BlockQ6K;
+pub use stored::{StoredBlock, dequantize_tensor, tensor_cost};
 
 /// ggml's largest magnitude of a block and the element that has it, sign kept: starting from
 /// 0, an element replaces the maximum only when its magnitude is strictly larger, so the first

@@ -13,9 +13,14 @@
 //!   codes 16, as ggml does.
 //!
 //! gguf-py 0.19's `gguf.quants.Q5_0` writes the same bytes (crates/kvschemes tests, on real
-//! SmolLM2 keys and values). This is the reference: no fast kernel.
+//! SmolLM2 keys and values). The quantizer is the reference only; weights stored as Q5_0 (Gemma
+//! 3's attention and FFN projections) are read through [`StoredBlock`]: 20 code bytes and a
+//! 2-byte scale per block, 5.5 bits per weight.
 
 use half::f16;
+
+use super::stored::StoredBlock;
+use crate::bpw::Cost;
 
 /// Values per Q5_0 block.
 pub const QK5_0: usize = 32;
@@ -88,6 +93,53 @@ impl BlockQ5_0 {
             d: f16::from_le_bytes([bytes[0], bytes[1]]),
             qh: [bytes[2], bytes[3], bytes[4], bytes[5]],
             qs: std::array::from_fn(|i| bytes[6 + i]),
+        }
+    }
+}
+
+impl StoredBlock for BlockQ5_0 {
+    const NAME: &'static str = "Q5_0";
+    const BYTES: usize = Self::BYTES;
+    const VALUES: usize = QK5_0;
+
+    fn read_from(bytes: &[u8]) -> Self {
+        Self::read_from(bytes[..Self::BYTES].try_into().expect("22 bytes"))
+    }
+
+    fn write_to(&self, out: &mut [u8]) {
+        out[..Self::BYTES].copy_from_slice(&self.to_bytes());
+    }
+
+    fn non_finite(&self) -> Option<(&'static str, f16)> {
+        (!self.d.is_finite()).then_some(("scale d", self.d))
+    }
+
+    fn dequantize_reference(&self, y: &mut [f32]) {
+        // ggml's loop: elements j and j + 16 from byte j, minus the offset 16 in int32.
+        let d = self.d.to_f32();
+        let qh = u32::from_le_bytes(self.qh);
+        for j in 0..16 {
+            let xh_0 = ((qh >> j) << 4) & 0x10;
+            let xh_1 = (qh >> (j + 12)) & 0x10;
+            let x0 = (u32::from(self.qs[j] & 0x0F) | xh_0) as i32 - 16;
+            let x1 = (u32::from(self.qs[j] >> 4) | xh_1) as i32 - 16;
+            y[j] = x0 as f32 * d;
+            y[j + 16] = x1 as f32 * d;
+        }
+    }
+
+    fn dequantize_fast(&self, y: &mut [f32]) {
+        y[..QK5_0].copy_from_slice(&self.dequantize());
+    }
+
+    fn cost(blocks: usize) -> Cost {
+        Cost {
+            elements: blocks * QK5_0,
+            code_bytes: blocks * 20,
+            scale_bytes: blocks * 2,
+            zero_point_bytes: 0,
+            g_idx_bytes: 0,
+            extra_bytes: 0,
         }
     }
 }

@@ -11,11 +11,15 @@
 //!   looks for a source file under a directory holding a `main.rs`);
 //! - `properties`: the integer layouts over arbitrary logical matrices: packing, padding,
 //!   act-order and transcoding are exact;
-//! - `smollm2`: real tensors of the SmolLM2-135M GGUF dequantize bit for bit as gguf-py does.
+//! - `gguf_files`: every tensor of the real SmolLM2-135M and Gemma 3 270M GGUF files dequantizes
+//!   bit for bit as gguf-py does;
+//! - `stored_blocks`: the read-only block types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): fast against
+//!   reference, both against gguf-py on committed blocks, and bad bytes refused.
 
 mod bpw;
 mod fast_packers;
 mod formats;
+mod gguf_files;
 mod gguf_kernels;
 mod properties;
-mod smollm2;
+mod stored_blocks;

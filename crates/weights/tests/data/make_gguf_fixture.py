@@ -1,11 +1,12 @@
-"""Writes the SmolLM2 dequantization fixture from the real GGUF, with gguf-py as the oracle.
+"""Writes a real model's dequantization fixture from its GGUF file, with gguf-py as the oracle.
 
 Usage (NumPy and gguf-py 0.19 only; run from anywhere):
 
-    python3 make_fixture.py [path/to/SmolLM2-135M-Instruct.Q4_1.gguf]
+    python3 make_gguf_fixture.py MODEL [path/to/file.gguf]
 
-The default path is `model-cache/smollm2/...` at the workspace root (or under $KVPACK_MODELS),
-where `scripts/fetch-models` puts it. Writes, next to this file:
+MODEL is `smollm2` or `gemma3`. The default path is the file `scripts/fetch-models` puts in
+`model-cache/` at the workspace root (or under $KVPACK_MODELS). Writes into the folder MODEL/
+next to this file:
 
 - `rows/<tensor>.bin`: the raw stored bytes (GGUF blocks, or f32 for a norm) of a few rows;
 - `rows/<tensor>.f32`: gguf-py's `gguf.quants.dequantize` of those bytes, little-endian f32;
@@ -22,19 +23,35 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGUFReader
 from gguf.quants import dequantize
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[4]
-FILE = "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# tensor name -> row indices (rows of ne0 elements) to copy out.
-ROWS = {
-    "token_embd.weight": [1, 49151],           # Q8_0
-    "blk.0.attn_q.weight": [0, 1, 2, 575],     # Q4_1
-    "blk.29.ffn_down.weight": [0, 287, 575],   # Q4_1
-    "blk.0.attn_norm.weight": [0],             # F32, a single row
+# model -> (file under the model cache, {tensor name: row indices (rows of ne0) to copy out}).
+MODELS = {
+    "smollm2": (
+        "smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        {
+            "token_embd.weight": [1, 49151],           # Q8_0
+            "blk.0.attn_q.weight": [0, 1, 2, 575],     # Q4_1
+            "blk.29.ffn_down.weight": [0, 287, 575],   # Q4_1
+            "blk.0.attn_norm.weight": [0],             # F32, a single row
+        },
+    ),
+    "gemma3": (
+        "gemma3/gemma-3-270m-q4_k_m.gguf",
+        {
+            "token_embd.weight": [2, 262143],          # Q8_0
+            "blk.0.attn_q.weight": [0, 1023],          # Q5_0
+            "blk.0.attn_output.weight": [0, 639],      # Q4_K
+            "blk.0.ffn_down.weight": [0, 1, 639],      # Q6_K
+            "blk.2.ffn_down.weight": [5, 638],         # Q4_K
+            "blk.2.attn_v.weight": [0, 255],           # Q5_0
+            "blk.0.attn_k_norm.weight": [0],           # F32, a single row
+        },
+    ),
 }
 
 
@@ -42,13 +59,14 @@ def f32_bytes(values):
     return np.ascontiguousarray(values, dtype="<f4").tobytes()
 
 
-def main(path):
+def main(model, path):
+    out = HERE / model
     reader = GGUFReader(path)
     tensors = {t.name: t for t in reader.tensors}
-    (HERE / "rows").mkdir(exist_ok=True)
+    (out / "rows").mkdir(parents=True, exist_ok=True)
 
     rows = {}
-    for name, indices in ROWS.items():
+    for name, indices in MODELS[model][1].items():
         t = tensors[name]
         raw = t.data.reshape(-1, t.data.shape[-1]) if t.data.ndim > 1 else t.data.reshape(1, -1)
         picked = np.ascontiguousarray(raw[indices])
@@ -58,8 +76,8 @@ def main(path):
         # The rows must dequantize as they do inside the whole tensor.
         whole = dequantize(t.data, t.tensor_type).reshape(-1, int(t.shape[0]))
         assert np.array_equal(whole[indices].view(np.uint32), values.view(np.uint32)), name
-        (HERE / "rows" / f"{name}.bin").write_bytes(stored)
-        (HERE / "rows" / f"{name}.f32").write_bytes(f32_bytes(values))
+        (out / "rows" / f"{name}.bin").write_bytes(stored)
+        (out / "rows" / f"{name}.f32").write_bytes(f32_bytes(values))
         rows[name] = {"type": t.tensor_type.name, "ne0": int(t.shape[0]), "rows": indices}
 
     hashes = {}
@@ -72,12 +90,15 @@ def main(path):
             "sha256": hashlib.sha256(f32_bytes(values)).hexdigest(),
         }
 
-    (HERE / "rows.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "rows.json").write_text(json.dumps(rows, indent=1) + "\n")
     # One tensor per line, in file order.
     lines = [f" {json.dumps(name)}: {json.dumps(entry)}" for name, entry in hashes.items()]
-    (HERE / "hashes.json").write_text("{\n" + ",\n".join(lines) + "\n}\n")
+    (out / "hashes.json").write_text("{\n" + ",\n".join(lines) + "\n}\n")
 
 
 if __name__ == "__main__":
-    default = Path(os.environ.get("KVPACK_MODELS") or ROOT / "model-cache") / FILE
-    main(sys.argv[1] if len(sys.argv) > 1 else default)
+    if len(sys.argv) < 2 or sys.argv[1] not in MODELS:
+        sys.exit(f"usage: make_gguf_fixture.py {{{','.join(MODELS)}}} [file.gguf]")
+    model = sys.argv[1]
+    default = Path(os.environ.get("KVPACK_MODELS") or ROOT / "model-cache") / MODELS[model][0]
+    main(model, sys.argv[2] if len(sys.argv) > 2 else default)
