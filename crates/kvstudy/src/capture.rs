@@ -3,9 +3,10 @@
 //! Members (ndarray-npy appends `.npy`): `ids` (int64, `[tokens]`); per layer L `l{L}_q`
 //! [query heads, tokens, head_dim], `l{L}_k` and `l{L}_v` [KV heads, tokens, head_dim] (float32;
 //! q and K after RoPE for a rotary model, as a cache holds K); the last residual stream,
-//! `last_hidden` for MiniLM (after its last LayerNorm) or `hidden_final` for SmolLM2 (before
-//! `output_norm`), [tokens, hidden]; and for SmolLM2 `logits` [tokens, vocabulary]. The names
-//! are those of the public references in the README, so the two compare member by member.
+//! `last_hidden` for MiniLM (after its last LayerNorm), `hidden_final` for SmolLM2 (before
+//! `output_norm`) and for Gemma 3 (after `output_norm`), [tokens, hidden]; and for the decoders
+//! `logits` [tokens, vocabulary]. The names and meanings are those of each model's public
+//! reference, so a dump and its reference compare member by member.
 //!
 //! The file is written next to its destination under a temporary name and moved into place
 //! only when complete, never over an existing file.
@@ -91,7 +92,7 @@ pub fn read_text_file(path: &Path) -> Result<String, KvDumpError> {
 pub fn hidden_name(model: ModelName) -> &'static str {
     match model {
         ModelName::MiniLm => "last_hidden",
-        ModelName::SmolLm2 => "hidden_final",
+        ModelName::SmolLm2 | ModelName::Gemma3 => "hidden_final",
     }
 }
 

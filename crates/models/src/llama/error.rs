@@ -1,4 +1,5 @@
-//! Why a model cannot be loaded or run, and what a K/V hook may fail with.
+//! Why a model (SmolLM2 or Gemma 3, which share this type) cannot be loaded or run, and what a
+//! K/V hook may fail with.
 
 use thiserror::Error;
 
@@ -21,6 +22,17 @@ pub enum ModelError {
     /// `files` is not a Llama model.
     #[error("{0} is not a Llama model")]
     NotLlama(ModelName),
+    /// `files` are another model's than the loader's.
+    #[error("{model}'s files given to the {expected} loader")]
+    NotModel {
+        /// The files' model.
+        model: ModelName,
+        /// The loader's.
+        expected: ModelName,
+    },
+    /// The SentencePiece tokenizer in the file cannot be built.
+    #[error("tokenizer: {0}")]
+    Spm(#[from] crate::tokenizer::spm::SpmError),
     /// A hyperparameter is missing a required relation or is out of range.
     #[error("hyperparameter {key}: {problem}")]
     Hyperparameter {

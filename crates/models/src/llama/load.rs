@@ -227,7 +227,7 @@ pub fn load_with_tokenizer(files: &ModelFiles) -> Result<(Llama, Bpe), ModelErro
 
 /// A GGUF tensor as an f32 matrix [rows, cols] (a 1-D tensor as [1, cols]), after checking its
 /// shape (ggml's ne0 is the row length) and type.
-fn read_matrix(
+pub(crate) fn read_matrix(
     gguf: &gguf_file::GgufFile<'_>,
     name: &str,
     rows: usize,

@@ -9,6 +9,7 @@
 //! - `gemma3_tokenizer`: Gemma 3 270M's SentencePiece tokenizer (llama.cpp's SPM) against ids
 //!   from Google's `sentencepiece` on 228 texts, decoding, and its speed on 8,192 tokens.
 
+mod gemma3;
 mod gemma3_tokenizer;
 mod minilm;
 mod smollm2;

@@ -8,7 +8,7 @@ loading the weights; 3.6 GB of memory at peak; the model is in $KVPACK_MODELS/ge
     python3 crates/models/tests/data/gemma3/kv_check.py \
         model-cache/gemma3/gemma-3-270m-q4_k_m.gguf \
         crates/models/tests/data/gemma3/kv_check.npz \
-        --public-npz crates/models/tests/data/gemma3/gemma3_public.npz \
+        --public-npz ../shared/reference/real-models/gemma3/public.npz \
         --public-json crates/models/tests/data/gemma3/gemma3_public.json
 
 The two `--public-*` options are optional: with them the script first runs itself on the public

@@ -1,0 +1,281 @@
+//! Gemma 3's causal pass: embedding, the blocks with their sliding or global attention, the
+//! final norm and the tied LM head; and greedy decoding.
+
+use ndarray::{Array2, Array3, Axis, s};
+use rayon::prelude::*;
+
+use super::Gemma3;
+use super::load::Gemma3LayerWeights;
+use crate::capture::{Capture, LayerCapture};
+use crate::llama::{HookError, ModelError, argmax};
+use crate::ops;
+
+/// Query positions per parallel task of the attention.
+const QUERY_BLOCK: usize = 32;
+
+impl Gemma3 {
+    /// The causal pass over `ids`: every layer's q (after QK-norm and RoPE, before the 1/16
+    /// scale), k (after QK-norm and RoPE) and v; the stream after `output_norm`
+    /// ([`Capture::hidden`], the reference's `hidden_final`); and the logits at every position.
+    pub fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError> {
+        self.forward_with(ids, |_, _, _| Ok(()))
+    }
+
+    /// [`Gemma3::forward`], calling `hook(layer, k, v)` on each layer's keys and values, both
+    /// [kv_heads, tokens, head_dim], before attention reads them. The hook may change the
+    /// values (not the shapes); later layers then see the effect. The capture keeps what each
+    /// layer computed, before the hook.
+    pub fn forward_with<F>(&self, ids: &[u32], hook: F) -> Result<Capture, ModelError>
+    where
+        F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
+    {
+        let (hidden, layers) = self.hidden_with(ids, hook)?;
+        let logits = ops::linear(hidden.view(), self.weights.token_embd.view(), None);
+        Ok(Capture {
+            ids: ids.to_vec(),
+            layers,
+            hidden,
+            logits: Some(logits),
+        })
+    }
+
+    /// [`Gemma3::forward_with`] without the LM head: the stream after `output_norm`
+    /// [tokens, hidden] and what each layer computed.
+    pub fn hidden_with<F>(
+        &self,
+        ids: &[u32],
+        mut hook: F,
+    ) -> Result<(Array2<f32>, Vec<LayerCapture>), ModelError>
+    where
+        F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
+    {
+        self.check_ids(ids)?;
+        let c = &self.config;
+        let mut x = self.embed(ids);
+        let tables = [c.rope_base_sliding, c.rope_base_global]
+            .map(|base| rope_table(ids.len(), c.head_dim, base));
+        let mut layers = Vec::with_capacity(c.layers);
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let (cos, sin) = &tables[usize::from(c.is_global(l))];
+            let captured = self.layer_qkv(w, &x, cos, sin);
+            let (mut k, mut v) = (captured.k.clone(), captured.v.clone());
+            hook(l, &mut k, &mut v).map_err(|e| ModelError::Hook {
+                layer: l,
+                problem: e.to_string(),
+            })?;
+            if k.dim() != captured.k.dim() || v.dim() != captured.v.dim() {
+                return Err(ModelError::Hook {
+                    layer: l,
+                    problem: format!(
+                        "changed the shapes of k and v from {:?} to {:?} and {:?}",
+                        captured.k.dim(),
+                        k.dim(),
+                        v.dim()
+                    ),
+                });
+            }
+            let k = k.as_standard_layout().into_owned();
+            let v = v.as_standard_layout().into_owned();
+            let attended = self.attention(l, &captured.q, &k, &v);
+            self.layer_rest(w, &mut x, &attended);
+            layers.push(captured);
+        }
+        ops::rms_norm(&mut x, &self.weights.output_norm, c.rms_eps);
+        Ok((x, layers))
+    }
+
+    /// `n` tokens continuing `ids`, each the argmax (lowest id on a tie) of the last position's
+    /// logits. Each step runs the whole sequence again (no cache), computing the LM head for
+    /// the last position only.
+    pub fn generate_greedy(&self, ids: &[u32], n: usize) -> Result<Vec<u32>, ModelError> {
+        self.check_ids(ids)?;
+        match ids.len().checked_add(n) {
+            Some(tokens) if tokens <= self.config.context => {}
+            tokens => {
+                return Err(ModelError::TooManyTokens {
+                    tokens: tokens.unwrap_or(usize::MAX),
+                    context: self.config.context,
+                });
+            }
+        }
+        let mut sequence = ids.to_vec();
+        for _ in 0..n {
+            let (hidden, _) = self.hidden_with(&sequence, |_, _, _| Ok(()))?;
+            let last = hidden.slice(s![hidden.nrows() - 1.., ..]);
+            let logits = ops::linear(last, self.weights.token_embd.view(), None);
+            sequence.push(argmax(logits.row(0).as_slice().expect("standard layout")));
+        }
+        Ok(sequence.split_off(ids.len()))
+    }
+
+    /// The scaled token embeddings of `ids` (checked), [tokens, hidden].
+    fn embed(&self, ids: &[u32]) -> Array2<f32> {
+        let scale = (self.config.hidden as f32).sqrt();
+        let mut x = Array2::<f32>::zeros((ids.len(), self.config.hidden));
+        for (mut row, &id) in x.axis_iter_mut(Axis(0)).zip(ids) {
+            for (o, &e) in row.iter_mut().zip(self.weights.token_embd.row(id as usize)) {
+                *o = e * scale;
+            }
+        }
+        x
+    }
+
+    /// A block's q and k (after QK-norm and RoPE) and v for the stream `x`.
+    fn layer_qkv(
+        &self,
+        w: &Gemma3LayerWeights,
+        x: &Array2<f32>,
+        cos: &Array2<f32>,
+        sin: &Array2<f32>,
+    ) -> LayerCapture {
+        let c = &self.config;
+        let mut h = x.clone();
+        ops::rms_norm(&mut h, &w.attn_norm, c.rms_eps);
+        let project = |weight: &Array2<f32>, heads: usize, norm: Option<&[f32]>| {
+            let y = ops::linear(h.view(), weight.view(), None);
+            let t = y.nrows();
+            // [tokens, heads * d] -> rows of one head each, normed over head_dim.
+            let mut rows = y
+                .into_shape_with_order((t * heads, c.head_dim))
+                .expect("heads * head_dim columns");
+            if let Some(gain) = norm {
+                ops::rms_norm(&mut rows, gain, c.rms_eps);
+            }
+            let y = rows
+                .into_shape_with_order((t, heads, c.head_dim))
+                .expect("same size");
+            y.permuted_axes([1, 0, 2]).as_standard_layout().into_owned()
+        };
+        let mut q = project(&w.q, c.heads, Some(&w.q_norm));
+        let mut k = project(&w.k, c.kv_heads, Some(&w.k_norm));
+        let v = project(&w.v, c.kv_heads, None);
+        rope_neox(&mut q, cos, sin);
+        rope_neox(&mut k, cos, sin);
+        LayerCapture { q, k, v }
+    }
+
+    /// Causal attention of layer `l` (sliding or global): q [heads, T, d], k and v
+    /// [kv_heads, T, d] in standard layout -> [T, heads * d]. Blocks of query positions of each
+    /// head run in parallel; each output is computed in one fixed order.
+    fn attention(
+        &self,
+        l: usize,
+        q: &Array3<f32>,
+        k: &Array3<f32>,
+        v: &Array3<f32>,
+    ) -> Array2<f32> {
+        let c = &self.config;
+        let (heads, t, d) = q.dim();
+        let group = heads / c.kv_heads;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let blocks = t.div_ceil(QUERY_BLOCK);
+        let parts: Vec<(usize, usize, Array2<f32>)> = (0..heads * blocks)
+            .into_par_iter()
+            .map(|task| {
+                let (h, block) = (task / blocks, task % blocks);
+                let rows = block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(t);
+                let q = q.index_axis(Axis(0), h);
+                let k = k.index_axis(Axis(0), h / group);
+                let v = v.index_axis(Axis(0), h / group);
+                let k = k.to_slice().expect("standard layout");
+                let v = v.to_slice().expect("standard layout");
+                let mut out = Array2::<f32>::zeros((rows.len(), d));
+                let mut scores = vec![0f32; t];
+                for (r, i) in rows.clone().enumerate() {
+                    let qi = q.row(i);
+                    let qi = qi.as_slice().expect("standard layout");
+                    let first = c.first_visible(l, i);
+                    let seen = &mut scores[first..=i];
+                    for (j, score) in (first..=i).zip(seen.iter_mut()) {
+                        *score = ops::dot(qi, &k[j * d..(j + 1) * d]) * scale;
+                    }
+                    ops::softmax_in_place(seen);
+                    let mut row = out.row_mut(r);
+                    for (j, &p) in (first..=i).zip(seen.iter()) {
+                        for (o, &x) in row.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+                            *o += p * x;
+                        }
+                    }
+                }
+                (h, rows.start, out)
+            })
+            .collect();
+        let mut out = Array2::<f32>::zeros((t, heads * d));
+        for (h, start, part) in parts {
+            out.slice_mut(s![start..start + part.nrows(), h * d..(h + 1) * d])
+                .assign(&part);
+        }
+        out
+    }
+
+    /// The rest of a block after attention: output projection and its norm, then the gated FFN
+    /// and its norm, each added to the stream `x`.
+    fn layer_rest(&self, w: &Gemma3LayerWeights, x: &mut Array2<f32>, attended: &Array2<f32>) {
+        let eps = self.config.rms_eps;
+        let mut branch = ops::linear(attended.view(), w.o.view(), None);
+        ops::rms_norm(&mut branch, &w.post_attention_norm, eps);
+        *x += &branch;
+        let mut h = x.clone();
+        ops::rms_norm(&mut h, &w.ffn_norm, eps);
+        let mut gate = ops::linear(h.view(), w.gate.view(), None);
+        let up = ops::linear(h.view(), w.up.view(), None);
+        gate.zip_mut_with(&up, |g, &u| *g = ops::gelu_tanh(*g) * u);
+        let mut branch = ops::linear(gate.view(), w.down.view(), None);
+        ops::rms_norm(&mut branch, &w.post_ffw_norm, eps);
+        *x += &branch;
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), ModelError> {
+        let c = &self.config;
+        if ids.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if ids.len() > c.context {
+            return Err(ModelError::TooManyTokens {
+                tokens: ids.len(),
+                context: c.context,
+            });
+        }
+        if let Some((position, &id)) = ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id as usize >= c.vocab)
+        {
+            return Err(ModelError::UnknownToken {
+                id,
+                position,
+                vocabulary: c.vocab,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// cos and sin of pos * base^(-2i / head_dim) for pos = 0..t, [t, head_dim / 2], computed in
+/// f64 with `libm` and rounded once to f32.
+pub(super) fn rope_table(t: usize, head_dim: usize, base: f32) -> (Array2<f32>, Array2<f32>) {
+    let half = head_dim / 2;
+    let freq: Vec<f64> = (0..half)
+        .map(|i| libm::pow(f64::from(base), -((2 * i) as f64) / head_dim as f64))
+        .collect();
+    let angle = |p: usize, i: usize| p as f64 * freq[i];
+    (
+        Array2::from_shape_fn((t, half), |(p, i)| libm::cos(angle(p, i)) as f32),
+        Array2::from_shape_fn((t, half), |(p, i)| libm::sin(angle(p, i)) as f32),
+    )
+}
+
+/// NeoX RoPE in place: channel i of each head and position rotates with channel i + d/2.
+pub(super) fn rope_neox(x: &mut Array3<f32>, cos: &Array2<f32>, sin: &Array2<f32>) {
+    let half = cos.ncols();
+    for mut head in x.axis_iter_mut(Axis(0)) {
+        for (pos, mut row) in head.axis_iter_mut(Axis(0)).enumerate() {
+            for i in 0..half {
+                let (c, s) = (cos[[pos, i]], sin[[pos, i]]);
+                let (a, b) = (row[i], row[i + half]);
+                row[i] = a * c - b * s;
+                row[i + half] = a * s + b * c;
+            }
+        }
+    }
+}
