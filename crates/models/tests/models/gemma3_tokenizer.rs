@@ -1,8 +1,8 @@
 //! Gemma 3 270M's tokenizer (`models::tokenizer::spm`, llama.cpp's SPM) on the real vocabulary,
 //! against `tests/data/gemma3_tokens/expected.json`: ids from Google's `sentencepiece` on a model
-//! rebuilt from the same GGUF, which transformers' GGUF tokenizer agrees with except on runs of
-//! more than 31 spaces (`make_fixture.py` says how and why). The GGUF is fetched by
-//! `scripts/fetch-models` on first use.
+//! rebuilt from the same GGUF, which llama.cpp's own `llama_tokenize` gave too, and transformers'
+//! GGUF tokenizer except on runs of more than 31 spaces (`make_fixture.py` says how and why). The
+//! GGUF is fetched by `scripts/fetch-models` on first use.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,6 @@
-"""Expected Gemma 3 token ids for `tests/models/gemma3_tokenizer.rs`, from two tokenizers that
-share no code with `src/tokenizer/spm.rs` (nor with each other).
+"""Expected Gemma 3 token ids for `tests/models/gemma3_tokenizer.rs`, from tokenizers that share
+no code with `src/tokenizer/spm.rs` (nor with each other): sentencepiece, transformers and,
+where installed, llama.cpp.
 
 Run from the workspace root after `scripts/fetch-models` (Python 3.11; sentencepiece 0.2.3,
 protobuf 7.36.2, gguf 0.19.0, transformers 5.23.0 with tokenizers 0.23.3, no torch; ~1 minute):
@@ -10,7 +11,7 @@ protobuf 7.36.2, gguf 0.19.0, transformers 5.23.0 with tokenizers 0.23.3, no tor
         model-cache/gemma3/gemma-3-270m-q4_k_m.gguf \
         crates/models/tests/data/gemma3_tokens/expected.json
 
-The two tokenizers:
+The tokenizers:
 
 1. Google's `sentencepiece` (the C++ library Gemma's tokenizer was trained with), on a
    ModelProto rebuilt from the GGUF's vocabulary through the `sentencepiece_model_pb2` module the
@@ -43,6 +44,19 @@ The two tokenizers:
    with a 33-space piece). For those texts the script checks that the two agree once every run
    of more than 31 spaces is cut to 31, so the runs are the only difference.
 
+3. llama.cpp itself, when `llama_cpp` can be imported: llama-cpp-python 0.3.36, built from its
+   sdist, which vendors llama.cpp 0c1e57098bba (the commit `src/tokenizer/spm.rs` cites; about
+   20 minutes to build on one core):
+
+       CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF" CMAKE_BUILD_PARALLEL_LEVEL=1 \
+           python3 -m pip install --no-deps llama-cpp-python==0.3.36
+       python3 -m pip install diskcache==5.6.3 jinja2==3.1.6
+
+   `Llama(path, vocab_only=True).tokenize(text, add_bos=True, special=True)` is
+   `llama_tokenize(add_special = true, parse_special = true)`; the script stops unless it gives
+   sentencepiece's ids on every text. The committed file was made with it (its version is under
+   "tokenizers" in the JSON; without it the script says so and leaves it out).
+
 The texts: the public prompt, the reference's two perplexity paragraphs, whitespace runs and
 edges, newlines and tabs, indented code, accents, curly quotes, emoji and CJK (byte fallback),
 control characters, chat and HTML special tokens, the empty string, one character, and a long
@@ -69,6 +83,11 @@ import tokenizers
 import transformers
 from sentencepiece import sentencepiece_model_pb2 as pb
 from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+try:
+    import llama_cpp
+except ImportError:
+    llama_cpp = None
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../../.."))
 SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
@@ -240,16 +259,26 @@ def agree_without_long_runs(text, by_sp, by_hf):
     return by_sp(shortened)[0] == by_hf(shortened)
 
 
+def llama_cpp_encoder(path):
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    return lambda text: llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+
+
 def main(gguf_path, out_path):
     digest = hashlib.sha256(open(gguf_path, "rb").read()).hexdigest()
     assert digest == SHA256, digest
     tokens, scores, types, meta = read_vocab(gguf_path)
     by_sp = sentencepiece_encoder(tokens, scores, types, meta)
     by_hf = transformers_encoder(tokens, scores, types, meta)
+    by_lc = llama_cpp_encoder(gguf_path) if llama_cpp else None
+    if by_lc is None:
+        print("llama_cpp is not installed: not checking against llama.cpp itself")
     out = []
     for name, text in texts():
         ids, round_trip = by_sp(text)
         hf = by_hf(text)
+        if by_lc is not None and by_lc(text) != ids:
+            sys.exit(f"{name}: llama.cpp gives {by_lc(text)[:12]}..., sentencepiece {ids[:12]}...")
         entry = {"name": name, "text": text, "round_trip": round_trip, "ids": ids}
         if hf == ids:
             print(f"{name}: {len(ids)} ids, both agree")
@@ -264,12 +293,13 @@ def main(gguf_path, out_path):
     if out[0]["ids"] != [2, 818, 5279, 529, 7001, 563]:
         sys.exit(f"public: {out[0]['ids']} is not the reference's [2, 818, 5279, 529, 7001, 563]")
     fixture = {
-        "about": "Gemma 3 270M token ids (BOS included) as sentencepiece gives them; transformers agrees except on runs of more than 31 spaces (transformers_ids); written by make_fixture.py",
+        "about": "Gemma 3 270M token ids (BOS included) as sentencepiece gives them, and llama.cpp when llama_cpp is listed under tokenizers; transformers agrees except on runs of more than 31 spaces (transformers_ids); written by make_fixture.py",
         "gguf": {"file": "gemma-3-270m-q4_k_m.gguf", "sha256": digest},
         "tokenizers": {
             "sentencepiece": sentencepiece.__version__,
             "transformers": transformers.__version__,
             "tokenizers": tokenizers.__version__,
+            **({"llama_cpp": llama_cpp.__version__} if llama_cpp else {}),
         },
         "texts": out,
     }
