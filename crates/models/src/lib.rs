@@ -10,7 +10,7 @@
 //!   activations), each with a fixed order of f32 operations;
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
 //! - [`transformer`]: one interface over both models ([`load`] by name), and their sizes;
-//! - [`tokenizer`]: WordPiece (MiniLM) and byte-level BPE (SmolLM2);
+//! - [`tokenizer`]: WordPiece (MiniLM), byte-level BPE (SmolLM2) and SentencePiece (Gemma 3);
 //! - [`gemma3`]: Gemma 3 from its GGUF (k-quant weights), with the same K/V hook as [`llama`];
 //! - [`bert`], [`llama`]: the other two forward passes ([`llama`]: SmolLM2 from its GGUF, with a hook
 //!   on each layer's K/V before attention reads them, a [`llama::KvSource`] that decides per

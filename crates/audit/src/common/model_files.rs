@@ -3,7 +3,7 @@
 //! Re-running a model pass is the only way to check that archived q, K and V (or per-position
 //! log-probabilities) are what the model computes, so the audit runs the `models` crate's forward
 //! passes and tokenizers. It may: those passes are held by their own tests to the public NumPy
-//! references of both models (`crates/models/tests/`), as `nprand` is held to NumPy's generator.
+//! references of the three models (`crates/models/tests/`), as `nprand` is held to NumPy's generator.
 //! What it must not trust is the model cache: each file the re-run reads (the weight file, and
 //! MiniLM's `config.json` and `vocab.txt`) is read once, as a confined regular file under a size
 //! cap, hashed, held to the audit's own pin ([`ModelName::pin`]), and parsed from those same
@@ -13,8 +13,10 @@ use std::path::Path;
 
 use models::Capture;
 use models::bert::MiniLm;
+use models::gemma3::Gemma3;
 use models::llama::Llama;
 use models::tokenizer::bpe::Bpe;
+use models::tokenizer::spm::Spm;
 
 use crate::common::files;
 use crate::common::hashes::sha256_hex;
@@ -22,7 +24,7 @@ use crate::common::models::ModelName;
 use crate::common::options::Models;
 use crate::common::report::{Note, Problem, Report};
 
-/// Largest model file the audit reads (the pinned ones are about 100 MB).
+/// Largest model file the audit reads (the pinned ones are 90 to 250 MB).
 pub const MAX_MODEL_BYTES: u64 = 4 << 30;
 
 /// A model ready to re-run passes.
@@ -35,6 +37,13 @@ pub enum LoadedModel {
         llama: Box<Llama>,
         /// Its tokenizer.
         bpe: Box<Bpe>,
+    },
+    /// Gemma 3 270M and its SentencePiece tokenizer, both from the one GGUF file.
+    Gemma3 {
+        /// The decoder.
+        model: Box<Gemma3>,
+        /// Its tokenizer.
+        spm: Box<Spm>,
     },
 }
 
@@ -115,6 +124,17 @@ fn read_pinned(model: ModelName, folder: &Path) -> Result<LoadedModel, Problem> 
                 bpe: Box::new(bpe),
             })
         }
+        ModelName::Gemma3 => {
+            let gguf = gguf_file::GgufFile::parse(&weights)
+                .map_err(|e| unparsed(pin.weight_file, chain(&e)))?;
+            let spm = Spm::from_gguf(&gguf).map_err(|e| unparsed(pin.weight_file, chain(&e)))?;
+            let model =
+                Gemma3::from_gguf(&gguf).map_err(|e| unparsed(pin.weight_file, chain(&e)))?;
+            Ok(LoadedModel::Gemma3 {
+                model: Box::new(model),
+                spm: Box::new(spm),
+            })
+        }
     }
 }
 
@@ -133,10 +153,18 @@ fn chain(e: &dyn std::error::Error) -> String {
 impl LoadedModel {
     /// The ids of a text's first `tokens` tokens as a run records them, by the evidence format's
     /// rule (written here, not taken from the runner): SmolLM2's first `tokens` BPE ids (no BOS);
-    /// MiniLM's `[CLS]`, the first `tokens - 2` word pieces and `[SEP]`. None if the text is too
-    /// short or does not tokenize.
+    /// Gemma 3's BOS and then its first `tokens - 1` SentencePiece ids; MiniLM's `[CLS]`, the
+    /// first `tokens - 2` word pieces and `[SEP]`. None if the text is too short or does not
+    /// tokenize.
     pub fn encode_prefix(&self, text: &str, tokens: usize) -> Option<Vec<u32>> {
         match self {
+            LoadedModel::Gemma3 { spm, .. } => {
+                let mut ids = spm.encode(text);
+                (ids.len() >= tokens && ids.first() == Some(&spm.bos())).then(|| {
+                    ids.truncate(tokens);
+                    ids
+                })
+            }
             LoadedModel::SmolLm2 { bpe, .. } => {
                 let mut ids = bpe.encode(text).ok()?;
                 (ids.len() >= tokens).then(|| {
@@ -161,6 +189,7 @@ impl LoadedModel {
     pub fn forward(&self, ids: &[u32]) -> Result<Capture, String> {
         match self {
             LoadedModel::SmolLm2 { llama, .. } => llama.forward(ids).map_err(|e| chain(&e)),
+            LoadedModel::Gemma3 { model, .. } => model.forward(ids).map_err(|e| chain(&e)),
             LoadedModel::MiniLm(m) => m.forward(ids).map_err(|e| chain(&e)),
         }
     }
@@ -169,7 +198,7 @@ impl LoadedModel {
     pub fn llama(&self) -> Option<(&Llama, &Bpe)> {
         match self {
             LoadedModel::SmolLm2 { llama, bpe } => Some((llama, bpe)),
-            LoadedModel::MiniLm(_) => None,
+            LoadedModel::MiniLm(_) | LoadedModel::Gemma3 { .. } => None,
         }
     }
 }

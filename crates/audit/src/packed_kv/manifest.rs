@@ -201,14 +201,17 @@ pub fn check_model(manifest: &Manifest, inputs: &[InputPlan], report: &mut Repor
                 format!("ids below {model}'s vocabulary of {}", shape.vocabulary),
             );
         }
-        if let Some((open, close)) = model.markers()
-            && (ids.first() != Some(&open) || ids.last() != Some(&close))
+        let (open, close) = model.markers();
+        if open.is_some_and(|open| ids.first() != Some(&open))
+            || close.is_some_and(|close| ids.last() != Some(&close))
         {
+            let named =
+                |marker: Option<u32>| marker.map_or("anything".to_string(), |id| id.to_string());
             fail(
                 report,
                 &field,
                 format!("first {:?}, last {:?}", ids.first(), ids.last()),
-                format!("[CLS] ({open}) first and [SEP] ({close}) last"),
+                format!("{} first and {} last", named(open), named(close)),
             );
         }
     }
