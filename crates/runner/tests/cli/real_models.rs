@@ -263,6 +263,16 @@ fn a_shard_of_the_smollm2_study_rewrites_its_archived_arrays() {
 }
 
 #[test]
+fn a_shard_of_the_gemma3_study_rewrites_its_archived_arrays() {
+    shard_reproduces_archive(
+        ModelName::Gemma3,
+        "experiments/real-models/gemma3.json",
+        "evidence/real-gemma3",
+        4,
+    );
+}
+
+#[test]
 fn a_missing_model_names_the_fetch_command_and_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("run");
