@@ -1,4 +1,4 @@
-"""The two real models' K/V cache for a text, as ``runner kv`` writes it (docs/real-models.md).
+"""The three real models' K/V cache for a text, as ``runner kv`` writes it (docs/real-models.md).
 
     >>> arrays = kvpack.models.kv("smollm2", "The quick brown fox")
     >>> arrays["l0_k"].shape          # tokens x (KV heads * head size), float32
@@ -21,7 +21,7 @@ from . import _kvpack
 
 __all__ = ["kv"]
 
-MODELS = ("minilm", "smollm2")
+MODELS = ("minilm", "smollm2", "gemma3")
 
 
 def kv(
@@ -29,11 +29,11 @@ def kv(
     text: str = "",
     out: Optional[Union[str, "os.PathLike[str]"]] = None,
 ) -> Dict[str, np.ndarray]:
-    """Runs ``model`` ("minilm" or "smollm2") on ``text`` and returns what ``runner kv`` writes.
+    """Runs ``model`` ("minilm", "smollm2" or "gemma3") on ``text`` and returns what ``runner kv`` writes.
 
     The keys are the .npz members ``runner kv --model M --text T --out FILE`` writes: ``ids``
     (int64 token ids), ``l<layer>_q``, ``l<layer>_k``, ``l<layer>_v`` (float32, tokens x
-    features, per layer), the final hidden state and, for SmolLM2, ``logits``. With ``out`` the
+    features, per layer), the final hidden state and, for the decoders, ``logits``. With ``out`` the
     file is also kept there (it must not exist); without it, it is written to a temporary
     directory and removed. Raises ``ValueError`` for an unknown model, ``kvpack.RunError`` when
     the model is not in the cache (the message says how to fetch it) or the text cannot be

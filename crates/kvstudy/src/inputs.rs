@@ -200,7 +200,7 @@ impl<'p> Inputs<'p> {
                     let ids = model
                         .encode_prefix(&source.texts[text].text, tokens)
                         .map_err(error)?;
-                    let capture = model.forward(&ids).map_err(error)?;
+                    let capture = model.forward_kv(&ids).map_err(error)?;
                     self.ids.insert(pass_id(text, tokens), ids);
                     self.current = Some((key, Current::Model(capture)));
                 }

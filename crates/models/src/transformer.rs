@@ -78,6 +78,11 @@ pub trait Transformer: Send + Sync {
     fn encode_prefix(&self, text: &str, tokens: usize) -> Result<Vec<u32>, ModelError>;
     /// One forward pass.
     fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError>;
+    /// One forward pass for its q, k and v: the LM head may be left out ([`Capture::logits`]
+    /// `None`), as Gemma 3's is, whose 262,144 rows cost more than its blocks.
+    fn forward_kv(&self, ids: &[u32]) -> Result<Capture, ModelError> {
+        self.forward(ids)
+    }
 }
 
 /// Why a model could not be loaded or run.
@@ -158,6 +163,19 @@ impl Transformer for Gemma3Model {
 
     fn forward(&self, ids: &[u32]) -> Result<Capture, ModelError> {
         self.model.forward(ids).map_err(ModelError::Gemma3)
+    }
+
+    fn forward_kv(&self, ids: &[u32]) -> Result<Capture, ModelError> {
+        let (hidden, layers) = self
+            .model
+            .hidden_with(ids, |_, _, _| Ok(()))
+            .map_err(ModelError::Gemma3)?;
+        Ok(Capture {
+            ids: ids.to_vec(),
+            layers,
+            hidden,
+            logits: None,
+        })
     }
 }
 

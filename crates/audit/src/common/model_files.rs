@@ -185,11 +185,20 @@ impl LoadedModel {
         }
     }
 
-    /// One plain forward pass.
+    /// One plain forward pass (Gemma 3's without its LM head, which no re-run compares).
     pub fn forward(&self, ids: &[u32]) -> Result<Capture, String> {
         match self {
             LoadedModel::SmolLm2 { llama, .. } => llama.forward(ids).map_err(|e| chain(&e)),
-            LoadedModel::Gemma3 { model, .. } => model.forward(ids).map_err(|e| chain(&e)),
+            // Without the LM head: a re-run compares q, K and V only.
+            LoadedModel::Gemma3 { model, .. } => model
+                .hidden_with(ids, |_, _, _| Ok(()))
+                .map(|(hidden, layers)| Capture {
+                    ids: ids.to_vec(),
+                    layers,
+                    hidden,
+                    logits: None,
+                })
+                .map_err(|e| chain(&e)),
             LoadedModel::MiniLm(m) => m.forward(ids).map_err(|e| chain(&e)),
         }
     }
