@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::Gemma3;
 use super::load::Gemma3LayerWeights;
 use crate::capture::{Capture, LayerCapture};
-use crate::llama::{HookError, ModelError, argmax};
+use crate::llama::{HookError, ModelError, argmax, check_continuation, check_ids};
 use crate::ops;
 
 /// Query positions per parallel task of the attention.
@@ -49,7 +49,7 @@ impl Gemma3 {
     where
         F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
     {
-        self.check_ids(ids)?;
+        check_ids(ids, self.config.context, self.config.vocab)?;
         let c = &self.config;
         let mut x = self.embed(ids);
         let tables = [c.rope_base_sliding, c.rope_base_global]
@@ -88,16 +88,8 @@ impl Gemma3 {
     /// logits. Each step runs the whole sequence again (no cache), computing the LM head for
     /// the last position only.
     pub fn generate_greedy(&self, ids: &[u32], n: usize) -> Result<Vec<u32>, ModelError> {
-        self.check_ids(ids)?;
-        match ids.len().checked_add(n) {
-            Some(tokens) if tokens <= self.config.context => {}
-            tokens => {
-                return Err(ModelError::TooManyTokens {
-                    tokens: tokens.unwrap_or(usize::MAX),
-                    context: self.config.context,
-                });
-            }
-        }
+        check_ids(ids, self.config.context, self.config.vocab)?;
+        check_continuation(ids, n, self.config.context)?;
         let mut sequence = ids.to_vec();
         for _ in 0..n {
             let (hidden, _) = self.hidden_with(&sequence, |_, _, _| Ok(()))?;
@@ -223,31 +215,6 @@ impl Gemma3 {
         let mut branch = ops::linear(gate.view(), w.down.view(), None);
         ops::rms_norm(&mut branch, &w.post_ffw_norm, eps);
         *x += &branch;
-    }
-
-    fn check_ids(&self, ids: &[u32]) -> Result<(), ModelError> {
-        let c = &self.config;
-        if ids.is_empty() {
-            return Err(ModelError::EmptyInput);
-        }
-        if ids.len() > c.context {
-            return Err(ModelError::TooManyTokens {
-                tokens: ids.len(),
-                context: c.context,
-            });
-        }
-        if let Some((position, &id)) = ids
-            .iter()
-            .enumerate()
-            .find(|&(_, &id)| id as usize >= c.vocab)
-        {
-            return Err(ModelError::UnknownToken {
-                id,
-                position,
-                vocabulary: c.vocab,
-            });
-        }
-        Ok(())
     }
 }
 

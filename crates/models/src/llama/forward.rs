@@ -259,27 +259,43 @@ impl Llama {
     }
 
     pub(super) fn check_ids(&self, ids: &[u32]) -> Result<(), ModelError> {
-        if ids.is_empty() {
-            return Err(ModelError::EmptyInput);
-        }
-        if ids.len() > self.config.context {
-            return Err(ModelError::TooManyTokens {
-                tokens: ids.len(),
-                context: self.config.context,
-            });
-        }
-        if let Some((position, &id)) = ids
-            .iter()
-            .enumerate()
-            .find(|&(_, &id)| id as usize >= self.config.vocab)
-        {
-            return Err(ModelError::UnknownToken {
-                id,
-                position,
-                vocabulary: self.config.vocab,
-            });
-        }
-        Ok(())
+        check_ids(ids, self.config.context, self.config.vocab)
+    }
+}
+
+/// A decoder's input: at least one id, at most `context`, each below `vocab`.
+pub(crate) fn check_ids(ids: &[u32], context: usize, vocab: usize) -> Result<(), ModelError> {
+    if ids.is_empty() {
+        return Err(ModelError::EmptyInput);
+    }
+    if ids.len() > context {
+        return Err(ModelError::TooManyTokens {
+            tokens: ids.len(),
+            context,
+        });
+    }
+    if let Some((position, &id)) = ids
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id as usize >= vocab)
+    {
+        return Err(ModelError::UnknownToken {
+            id,
+            position,
+            vocabulary: vocab,
+        });
+    }
+    Ok(())
+}
+
+/// `n` more tokens after `ids` fit in `context` (checked: `n` may come from a flag).
+pub(crate) fn check_continuation(ids: &[u32], n: usize, context: usize) -> Result<(), ModelError> {
+    match ids.len().checked_add(n) {
+        Some(tokens) if tokens <= context => Ok(()),
+        tokens => Err(ModelError::TooManyTokens {
+            tokens: tokens.unwrap_or(usize::MAX),
+            context,
+        }),
     }
 }
 

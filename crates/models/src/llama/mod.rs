@@ -47,6 +47,7 @@ mod tests;
 pub use config::LlamaConfig;
 pub use error::{HookError, ModelError};
 pub use forward::LayerKv;
+pub(crate) use forward::{check_continuation, check_ids};
 pub(crate) use load::read_matrix;
 pub use load::{LayerWeights, LlamaWeights, load_with_tokenizer};
 pub use source::{KvSource, OwnKv, row_of};

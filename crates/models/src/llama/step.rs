@@ -72,17 +72,8 @@ impl Llama {
     /// logits are bit-identical to a batched pass over the whole sequence (see the tests).
     pub fn generate_greedy(&self, ids: &[u32], n: usize) -> Result<Vec<u32>, ModelError> {
         self.check_ids(ids)?;
-        // Checked: `n` comes from a flag (`runner quality --generate`), and a sum past usize
-        // must be a refusal, not a wrap.
-        match ids.len().checked_add(n) {
-            Some(tokens) if tokens <= self.config.context => {}
-            tokens => {
-                return Err(ModelError::TooManyTokens {
-                    tokens: tokens.unwrap_or(usize::MAX),
-                    context: self.config.context,
-                });
-            }
-        }
+        // Checked: `n` comes from a flag (`runner quality --generate`).
+        super::forward::check_continuation(ids, n, self.config.context)?;
         let mut cache = KvCache::new(self.config.layers);
         let mut out = Vec::with_capacity(n);
         let mut next = ids;

@@ -64,12 +64,7 @@ impl BlockQ5_0 {
 
     /// The 5-bit codes, element order.
     pub fn codes(&self) -> [u8; 32] {
-        let qh = u32::from_le_bytes(self.qh);
-        std::array::from_fn(|i| {
-            let byte = self.qs[i % 16];
-            let low = if i < 16 { byte & 0x0F } else { byte >> 4 };
-            low | ((((qh >> i) & 1) as u8) << 4)
-        })
+        five_bit_codes(self.qh, &self.qs)
     }
 
     /// ggml's dequantization: `(q - 16) * d` in f32.
@@ -95,6 +90,17 @@ impl BlockQ5_0 {
             qs: std::array::from_fn(|i| bytes[6 + i]),
         }
     }
+}
+
+/// Q5_0's and Q5_1's 32 codes: the low 4 bits of element j from byte j % 16 of `qs` (low nibble
+/// for j < 16), bit 4 from bit j of the little-endian `qh`.
+pub(super) fn five_bit_codes(qh: [u8; 4], qs: &[u8; 16]) -> [u8; 32] {
+    let qh = u32::from_le_bytes(qh);
+    std::array::from_fn(|i| {
+        let byte = qs[i % 16];
+        let low = if i < 16 { byte & 0x0F } else { byte >> 4 };
+        low | ((((qh >> i) & 1) as u8) << 4)
+    })
 }
 
 impl StoredBlock for BlockQ5_0 {

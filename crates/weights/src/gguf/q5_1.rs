@@ -32,12 +32,7 @@ pub struct BlockQ5_1 {
 impl BlockQ5_1 {
     /// The 5-bit codes, element order.
     pub fn codes(&self) -> [u8; 32] {
-        let qh = u32::from_le_bytes(self.qh);
-        std::array::from_fn(|i| {
-            let byte = self.qs[i % 16];
-            let low = if i < 16 { byte & 0x0F } else { byte >> 4 };
-            low | ((((qh >> i) & 1) as u8) << 4)
-        })
+        super::q5_0::five_bit_codes(self.qh, &self.qs)
     }
 }
 
