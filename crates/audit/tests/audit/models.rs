@@ -64,6 +64,21 @@ fn smollm2_protocol() -> String {
     .to_string()
 }
 
+/// A Gemma 3 protocol: one KV head of 256 read by 4 query heads at the last position; a
+/// sliding layer (0) and a global one (5).
+fn gemma3_protocol() -> String {
+    serde_json::json!({
+        "study": "audit-gemma3",
+        "tokens": [40],
+        "features": 256,
+        "queries": 4,
+        "settings": [ { "group_size": 32, "bits": 4 } ],
+        "model": { "name": "gemma3", "texts": [{ "name": "harbour", "text": TEXT }],
+                   "layers": [0, 5], "kv_heads": [0] }
+    })
+    .to_string()
+}
+
 /// The folder holding `<model>/<weight file>`, the model fetched if it is missing.
 fn model_cache(model: ModelName) -> PathBuf {
     let files = models::files::locate_or_fetch(model).expect("the model is available");
@@ -414,6 +429,42 @@ fn a_smollm2_run_passes_and_its_weight_file_is_checked() {
         &report,
         "name",
         |p| matches!(p, Problem::ModelRecord { field, .. } if field == "name"),
+    );
+}
+
+#[test]
+fn a_gemma3_run_passes_and_needs_its_bos_first_and_its_models_bits() {
+    let cache = model_cache(ModelName::Gemma3);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("gemma3");
+    make_run(&gemma3_protocol(), &dir);
+    let report = with_models(&dir, &cache);
+    assert_pass(&report);
+    assert_eq!(report.counted(Checked::PassesRerun), 1);
+    assert_eq!(report.counted(Checked::InputsFromModel), 2);
+
+    // Gemma 3's passes open with BOS (2); a record without it is refused by name.
+    let (_tmp, copy) = copy_of(&dir);
+    edit_json(&copy, "manifest.json", |m| {
+        m["model"]["ids"]["t0_n40"][0] = 818.into();
+    });
+    assert_problem(
+        &audit_quick(&copy),
+        "BOS",
+        |p| matches!(p, Problem::ModelRecord { field, found, .. } if field == "ids.t0_n40" && found.starts_with("first Some(818)")),
+    );
+
+    // One bit of a global layer's key: not what the model computes.
+    let (_tmp, copy) = copy_of(&dir);
+    edit_arrays(&copy, |arrays| {
+        let x = &mut array(arrays, "t0_n40_l5_h0_k").f32()[[39, 255]];
+        *x = f32::from_bits(x.to_bits() ^ 1);
+    });
+    rehash(&copy);
+    assert_problem(
+        &with_models(&copy, &cache),
+        "one bit",
+        |p| matches!(p, Problem::Rerun { pass, array, .. } if pass == "t0_n40" && array == "t0_n40_l5_h0_k"),
     );
 }
 
