@@ -49,6 +49,26 @@ def test_smollm2_kv_is_the_archived_caches_prefix(tmp_path):
     assert arrays["l0_q"].shape == (9, n + 1, 64) and arrays["logits"].shape[0] == n + 1
 
 
+def test_gemma3_kv_is_the_archived_caches_prefix():
+    """Gemma 3 as SmolLM2 above (BOS first; one KV head of 256 read by 4 query heads), within
+    its 512-token window, where a sliding layer still sees every position."""
+    model_or_skip("gemma3")
+    directory = ROOT / "evidence" / "real-gemma3"
+    manifest = json.loads((directory / "manifest.json").read_text())
+    model = manifest["protocol"]["model"]
+    arrays = kvpack.models.kv("gemma3", model["texts"][0]["text"][:300])
+    n = len(arrays["ids"]) - 1  # the last token may be a word cut short
+    assert n > 40 and arrays["ids"][0] == 2
+    assert arrays["ids"][:n].tolist() == manifest["model"]["ids"]["t0_n128"][:n]
+    archived = np.load(directory / "arrays.npz", allow_pickle=False)
+    for layer in model["layers"]:
+        for part in "kv":
+            expected = archived[f"t0_n128_l{layer}_h0_{part}"][:n]
+            assert arrays[f"l{layer}_{part}"][0, :n].tobytes() == expected.tobytes(), (layer, part)
+    assert arrays["l0_q"].shape == (4, n + 1, 256)
+    assert arrays["logits"].shape == (n + 1, 262144)
+
+
 def test_minilm_kv_shapes_and_refusals(tmp_path):
     arrays = model_or_skip("minilm")
     assert [k for k in arrays if k.endswith("_k")] == [f"l{i}_k" for i in range(6)]
