@@ -16,38 +16,38 @@
 //! hidden_final = norm(x, output_norm);  logits = hidden_final token_embd^T   (tied)
 //! ```
 //!
-//! Conventions, each with its source ([LC] llama.cpp `ec98e2002` as vendored in ollama
-//! `f63eea3d`, [HF] transformers 5.24.0 `models/gemma3/modeling_gemma3.py`, as the shared
+//! Conventions, each with its source (LC: llama.cpp `ec98e2002` as vendored in ollama
+//! `f63eea3d`, HF: transformers 5.24.0 `models/gemma3/modeling_gemma3.py`, as the shared
 //! reference `shared/reference/real-models/gemma3/README.md` cites them, which checked each
 //! against llama.cpp's own activations):
-//! - Embedding scale `sqrtf(n_embd)` in f32, multiplied after the lookup ([LC] `gemma3.cpp:14`).
+//! - Embedding scale `sqrtf(n_embd)` in f32, multiplied after the lookup (LC: `gemma3.cpp:14`).
 //! - RMSNorm weights are used as stored: the converter already added 1 to every `*norm.weight`
-//!   ([LC] `llama-graph.cpp:730,744`; converter `Gemma3Model.norm_shift`). eps is
+//!   (LC: `llama-graph.cpp:730,744`; converter `Gemma3Model.norm_shift`). eps is
 //!   `gemma3.attention.layer_norm_rms_epsilon`.
 //! - QK-norm: RMSNorm over each head's 256 channels of q and of k, before RoPE
-//!   ([LC] `gemma3.cpp:64-79`).
+//!   (LC: `gemma3.cpp:64-79`).
 //! - RoPE is NeoX style: channel i pairs with i + head_dim/2, angle pos * base^(-2i / head_dim),
-//!   every channel rotated ([LC] `llama-model.cpp:7886-7914` gives GEMMA3 `LLAMA_ROPE_TYPE_NEOX`;
+//!   every channel rotated (LC: `llama-model.cpp:7886-7914` gives GEMMA3 `LLAMA_ROPE_TYPE_NEOX`;
 //!   `ops.cpp:5637-5652`). The angle is computed in f64 with `libm` and cos/sin rounded once to
 //!   f32, as in [`crate::llama`].
 //! - Global layers are those with `l % 6 == 5` (5, 11, 17 of 18: `set_swa_pattern(6)`,
-//!   [LC] `llama-model.cpp:1273`, `llama-hparams.cpp:8-18`); they use `gemma3.rope.freq_base`
-//!   (1e6). Sliding layers use base 10000 (`rope_freq_base_train_swa`, [LC]
+//!   LC: `llama-model.cpp:1273`, `llama-hparams.cpp:8-18`); they use `gemma3.rope.freq_base`
+//!   (1e6). Sliding layers use base 10000 (`rope_freq_base_train_swa`, LC:
 //!   `llama-model.cpp:1275`; the file has no `rope.freq_base_swa` key, and a file that has one is
 //!   refused rather than half-read) and see only the last `gemma3.attention.sliding_window`
 //!   (512) positions: query p1 reads key p0 iff p0 <= p1 and p1 - p0 < 512
-//!   ([LC] `llama-hparams.cpp:207-222`).
-//! - Attention scale 1/sqrt(key_length) = 1/16 on q after RoPE ([LC] `llama-model.cpp:1296`,
+//!   (LC: `llama-hparams.cpp:207-222`).
+//! - Attention scale 1/sqrt(key_length) = 1/16 on q after RoPE (LC: `llama-model.cpp:1296`,
 //!   `gemma3.cpp:85`), a power of two, so scaling the score instead is exact. One KV head is
 //!   read by all 4 query heads. No attention or final logit softcapping (the file has no
-//!   `final_logit_softcapping` key: [LC] `llama-model.cpp:1281`).
+//!   `final_logit_softcapping` key: LC: `llama-model.cpp:1281`).
 //! - FFN: GELU with the tanh approximation, gated: `down(gelu_tanh(gate h) * up h)`
-//!   ([LC] `gemma3.cpp:111-115`, `LLM_FFN_GELU, LLM_FFN_PAR`). llama.cpp's CPU backend reads
+//!   (LC: `gemma3.cpp:111-115`, `LLM_FFN_GELU, LLM_FFN_PAR`). llama.cpp's CPU backend reads
 //!   GELU from an f16 table; this pass computes the formula in f32 (`libm::tanhf`), as the
 //!   reference does.
 //! - Sandwich norms: `post_attention_norm` and `post_ffw_norm` act on each branch before its
-//!   residual add ([LC] `gemma3.cpp:45,95-124`).
-//! - Tied output: the file has no `output.weight` ([LC] `llama-model.cpp:3946-3951`).
+//!   residual add (LC: `gemma3.cpp:45,95-124`).
+//! - Tied output: the file has no `output.weight` (LC: `llama-model.cpp:3946-3951`).
 //!
 //! Determinism is [`crate::ops`]': every dot product in one fixed order, attention's sums over
 //! positions in order, threads splitting only independent outputs.

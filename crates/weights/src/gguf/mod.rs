@@ -3,7 +3,7 @@
 //! [`GgufBlock`] machinery: it has no fixed integer zero point, no logical form and no fast
 //! kernel. [`q5_0`] and [`iq4_nl`] are KV-cache types (llama.cpp's `-ctk`/`-ctv`), reference
 //! quantizers only. Types read from files but never written here (Q5_0 and Q5_1 weights, and
-//! the k-quants [`q4_k`], [`q5_k`], [`q6_k`]) go through [`stored`], which also dequantizes a
+//! the k-quants [`q4_k`], [`q5_k`], [`q6_k`]) go through [`stored`]; [`tensor`] dequantizes a
 //! tensor of any readable type ([`dequantize_tensor`]).
 //!
 //! Spec:
@@ -72,6 +72,7 @@ pub mod q5_1;
 pub mod q5_k;
 pub mod q6_k;
 pub mod stored;
+pub mod tensor;
 
 pub use q4_1::BlockQ4_1;
 pub use q4_k::BlockQ4K;
@@ -79,7 +80,8 @@ pub use q5_0::BlockQ5_0;
 pub use q5_1::BlockQ5_1;
 pub use q5_k::BlockQ5K;
 pub use q6_k::BlockQ6K;
-pub use stored::{StoredBlock, dequantize_tensor, tensor_cost};
+pub use stored::StoredBlock;
+pub use tensor::{dequantize_tensor, tensor_cost};
 
 /// ggml's largest magnitude of a block and the element that has it, sign kept: starting from
 /// 0, an element replaces the maximum only when its magnitude is strictly larger, so the first
