@@ -1,7 +1,7 @@
 """The three real models' K/V cache for a text, as ``runner kv`` writes it (docs/real-models.md).
 
     >>> arrays = kvpack.models.kv("smollm2", "The quick brown fox")
-    >>> arrays["l0_k"].shape          # tokens x (KV heads * head size), float32
+    >>> arrays["l0_k"].shape          # (KV heads, tokens, head size), float32
 
 The models are read from the model cache (``$KVPACK_MODELS``, else ``model-cache/`` in the
 workspace the wheel was built from; ``scripts/fetch-models`` fills it), their weights
@@ -29,12 +29,12 @@ def kv(
     text: str = "",
     out: Optional[Union[str, "os.PathLike[str]"]] = None,
 ) -> Dict[str, np.ndarray]:
-    """Runs ``model`` ("minilm", "smollm2" or "gemma3") on ``text`` and returns what ``runner kv`` writes.
+    """Runs ``model`` ("minilm", "smollm2" or "gemma3") on ``text``; returns what ``runner kv`` writes.
 
     The keys are the .npz members ``runner kv --model M --text T --out FILE`` writes: ``ids``
-    (int64 token ids), ``l<layer>_q``, ``l<layer>_k``, ``l<layer>_v`` (float32, tokens x
-    features, per layer), the final hidden state and, for the decoders, ``logits``. With ``out`` the
-    file is also kept there (it must not exist); without it, it is written to a temporary
+    (int64 token ids), ``l<layer>_q`` (float32, query heads x tokens x head size), ``l<layer>_k``
+    and ``l<layer>_v`` (float32, KV heads x tokens x head size), the final hidden state and, for
+    the decoders, ``logits``. With ``out`` the file is also kept there (it must not exist); without it, it is written to a temporary
     directory and removed. Raises ``ValueError`` for an unknown model, ``kvpack.RunError`` when
     the model is not in the cache (the message says how to fetch it) or the text cannot be
     run. The GIL is released while the model runs.
