@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use super::Gemma3;
 use super::load::Gemma3LayerWeights;
 use crate::capture::{Capture, LayerCapture};
-use crate::llama::{HookError, ModelError, argmax, check_continuation, check_ids};
+use crate::llama::{HookError, ModelError, argmax, check_continuation, check_ids, rope_table};
 use crate::ops;
 
 /// Query positions per parallel task of the attention.
@@ -53,7 +53,7 @@ impl Gemma3 {
         let c = &self.config;
         let mut x = self.embed(ids);
         let tables = [c.rope_base_sliding, c.rope_base_global]
-            .map(|base| rope_table(ids.len(), c.head_dim, base));
+            .map(|base| rope_table(0, ids.len(), c.head_dim, base));
         let mut layers = Vec::with_capacity(c.layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
             let (cos, sin) = &tables[usize::from(c.is_global(l))];
@@ -216,20 +216,6 @@ impl Gemma3 {
         ops::rms_norm(&mut branch, &w.post_ffw_norm, eps);
         *x += &branch;
     }
-}
-
-/// cos and sin of pos * base^(-2i / head_dim) for pos = 0..t, [t, head_dim / 2], computed in
-/// f64 with `libm` and rounded once to f32.
-pub(super) fn rope_table(t: usize, head_dim: usize, base: f32) -> (Array2<f32>, Array2<f32>) {
-    let half = head_dim / 2;
-    let freq: Vec<f64> = (0..half)
-        .map(|i| libm::pow(f64::from(base), -((2 * i) as f64) / head_dim as f64))
-        .collect();
-    let angle = |p: usize, i: usize| p as f64 * freq[i];
-    (
-        Array2::from_shape_fn((t, half), |(p, i)| libm::cos(angle(p, i)) as f32),
-        Array2::from_shape_fn((t, half), |(p, i)| libm::sin(angle(p, i)) as f32),
-    )
 }
 
 /// NeoX RoPE in place: channel i of each head and position rotates with channel i + d/2.

@@ -4,7 +4,8 @@
 use ndarray::{Array2, Array3};
 
 use super::Gemma3Config;
-use super::forward::{rope_neox, rope_table};
+use super::forward::rope_neox;
+use crate::llama::rope_table;
 
 fn config() -> Gemma3Config {
     Gemma3Config {
@@ -38,7 +39,7 @@ fn every_sixth_layer_is_global_and_the_others_see_the_last_512_positions() {
 
 #[test]
 fn neox_rope_turns_channel_i_with_channel_i_plus_half() {
-    let (cos, sin) = rope_table(3, 8, 10_000.0);
+    let (cos, sin) = rope_table(0, 3, 8, 10_000.0);
     // Position 0 is the identity; channel 0's angle at position p is p radians.
     assert_eq!((cos[[0, 0]], sin[[0, 0]]), (1.0, 0.0));
     assert_eq!(sin[[2, 0]], libm::sin(2.0) as f32);

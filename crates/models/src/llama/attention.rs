@@ -16,7 +16,7 @@ pub(super) fn split_heads(y: Array2<f32>, heads: usize) -> Array3<f32> {
 
 /// cos and sin of pos * base^(-2i / head_dim) for pos = start..start + t, [t, head_dim / 2],
 /// computed in f64 with `libm` and rounded once to f32.
-pub(super) fn rope_table(
+pub(crate) fn rope_table(
     start: usize,
     t: usize,
     head_dim: usize,

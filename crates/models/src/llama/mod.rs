@@ -44,6 +44,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use attention::rope_table;
 pub use config::LlamaConfig;
 pub use error::{HookError, ModelError};
 pub use forward::LayerKv;
