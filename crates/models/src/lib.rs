@@ -9,7 +9,9 @@
 //! - [`ops`]: the numerical building blocks both models share (linear layers, norms, softmax,
 //!   activations), each with a fixed order of f32 operations;
 //! - [`capture`]: what a forward pass hands back: token ids and per-layer q, k, v;
-//! - [`transformer`]: one interface over both models ([`load`] by name), and their sizes;
+//! - [`transformer`]: one interface over the three models ([`load`] by name), and their sizes;
+//! - [`decoder`]: one interface over the two decoders ([`CausalLm`]) for a caller that runs
+//!   its own cache inside attention;
 //! - [`tokenizer`]: WordPiece (MiniLM), byte-level BPE (SmolLM2) and SentencePiece (Gemma 3);
 //! - [`gemma3`]: Gemma 3 from its GGUF (k-quant weights), with the same K/V hook as [`llama`];
 //! - [`bert`], [`llama`]: the other two forward passes ([`llama`]: SmolLM2 from its GGUF, with a hook
@@ -26,6 +28,7 @@
 
 pub mod bert;
 pub mod capture;
+pub mod decoder;
 pub mod files;
 pub mod gemma3;
 pub mod llama;
@@ -34,5 +37,6 @@ pub mod tokenizer;
 pub mod transformer;
 
 pub use capture::{Capture, LayerCapture};
+pub use decoder::CausalLm;
 pub use files::{ModelFiles, ModelName, ModelRecord};
 pub use transformer::{ModelError, ModelShape, Transformer, load};

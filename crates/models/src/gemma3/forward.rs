@@ -1,13 +1,16 @@
 //! Gemma 3's causal pass: embedding, the blocks with their sliding or global attention, the
 //! final norm and the tied LM head; and greedy decoding.
 
-use ndarray::{Array2, Array3, Axis, s};
+use ndarray::{Array2, Array3, ArrayView2, Axis, s};
 use rayon::prelude::*;
 
 use super::Gemma3;
 use super::load::Gemma3LayerWeights;
 use crate::capture::{Capture, LayerCapture};
-use crate::llama::{HookError, ModelError, argmax, check_continuation, check_ids, rope_table};
+use crate::llama::{
+    HookError, KvSource, LayerKv, ModelError, argmax, attention_from, check_continuation,
+    check_ids, rope_neox, rope_table,
+};
 use crate::ops;
 
 /// Query positions per parallel task of the attention.
@@ -57,7 +60,7 @@ impl Gemma3 {
         let mut layers = Vec::with_capacity(c.layers);
         for (l, w) in self.weights.layers.iter().enumerate() {
             let (cos, sin) = &tables[usize::from(c.is_global(l))];
-            let captured = self.layer_qkv(w, &x, cos, sin);
+            let (captured, _) = self.layer_qkv(w, &x, cos, sin);
             let (mut k, mut v) = (captured.k.clone(), captured.v.clone());
             hook(l, &mut k, &mut v).map_err(|e| ModelError::Hook {
                 layer: l,
@@ -82,6 +85,50 @@ impl Gemma3 {
         }
         ops::rms_norm(&mut x, &self.weights.output_norm, c.rms_eps);
         Ok((x, layers))
+    }
+
+    /// The causal pass over `ids` where attention reads what `source(layer, kv)` hands back
+    /// instead of the layer's own K/V, as [`crate::llama::Llama::forward_with_layer_source`]
+    /// does: `kv` holds the layer's keys after QK-norm and RoPE, its values, and its keys after
+    /// QK-norm before RoPE (with the layer's NeoX RoPE, [`LayerKv::rope`]). A sliding-window
+    /// layer's query i reads only positions i - 511..=i of the source. Scores, softmax and
+    /// weighted sums are [`Gemma3::forward`]'s in the same order, so a source that returns the
+    /// layer's own rows gives its bits. Returns the stream after `output_norm` and what each
+    /// layer computed.
+    pub fn hidden_with_layer_source<F>(
+        &self,
+        ids: &[u32],
+        mut source: F,
+    ) -> Result<(Array2<f32>, Vec<LayerCapture>), ModelError>
+    where
+        F: FnMut(usize, &LayerKv<'_>) -> Result<Box<dyn KvSource>, HookError>,
+    {
+        check_ids(ids, self.config.context, self.config.vocab)?;
+        let c = &self.config;
+        let mut x = self.embed(ids);
+        let tables = [c.rope_base_sliding, c.rope_base_global]
+            .map(|base| rope_table(0, ids.len(), c.head_dim, base));
+        let mut layers = Vec::with_capacity(c.layers);
+        for (l, w) in self.weights.layers.iter().enumerate() {
+            let (cos, sin) = &tables[usize::from(c.is_global(l))];
+            let (captured, k_pre_rope) = self.layer_qkv(w, &x, cos, sin);
+            let hook = |problem: String| ModelError::Hook { layer: l, problem };
+            let kv = LayerKv::new((&captured.k, &captured.v, &k_pre_rope), (cos, sin), true);
+            let read = source(l, &kv).map_err(|e| hook(e.to_string()))?;
+            let attended = attention_from(&captured.q, read.as_ref(), c.kv_heads, &|i| {
+                c.first_visible(l, i)
+            })
+            .map_err(hook)?;
+            self.layer_rest(w, &mut x, &attended);
+            layers.push(captured);
+        }
+        ops::rms_norm(&mut x, &self.weights.output_norm, c.rms_eps);
+        Ok((x, layers))
+    }
+
+    /// The logits of rows of the stream after `output_norm` (the tied LM head), [rows, vocab].
+    pub fn logits(&self, hidden: ArrayView2<'_, f32>) -> Array2<f32> {
+        ops::linear(hidden, self.weights.token_embd.view(), None)
     }
 
     /// `n` tokens continuing `ids`, each the argmax (lowest id on a tie) of the last position's
@@ -112,14 +159,15 @@ impl Gemma3 {
         x
     }
 
-    /// A block's q and k (after QK-norm and RoPE) and v for the stream `x`.
+    /// A block's q and k (after QK-norm and RoPE) and v for the stream `x`, and k after QK-norm
+    /// before RoPE.
     fn layer_qkv(
         &self,
         w: &Gemma3LayerWeights,
         x: &Array2<f32>,
         cos: &Array2<f32>,
         sin: &Array2<f32>,
-    ) -> LayerCapture {
+    ) -> (LayerCapture, Array3<f32>) {
         let c = &self.config;
         let mut h = x.clone();
         ops::rms_norm(&mut h, &w.attn_norm, c.rms_eps);
@@ -141,9 +189,10 @@ impl Gemma3 {
         let mut q = project(&w.q, c.heads, Some(&w.q_norm));
         let mut k = project(&w.k, c.kv_heads, Some(&w.k_norm));
         let v = project(&w.v, c.kv_heads, None);
+        let k_pre_rope = k.clone();
         rope_neox(&mut q, cos, sin);
         rope_neox(&mut k, cos, sin);
-        LayerCapture { q, k, v }
+        (LayerCapture { q, k, v }, k_pre_rope)
     }
 
     /// Causal attention of layer `l` (sliding or global): q [heads, T, d], k and v
@@ -215,20 +264,5 @@ impl Gemma3 {
         let mut branch = ops::linear(gate.view(), w.down.view(), None);
         ops::rms_norm(&mut branch, &w.post_ffw_norm, eps);
         *x += &branch;
-    }
-}
-
-/// NeoX RoPE in place: channel i of each head and position rotates with channel i + d/2.
-pub(super) fn rope_neox(x: &mut Array3<f32>, cos: &Array2<f32>, sin: &Array2<f32>) {
-    let half = cos.ncols();
-    for mut head in x.axis_iter_mut(Axis(0)) {
-        for (pos, mut row) in head.axis_iter_mut(Axis(0)).enumerate() {
-            for i in 0..half {
-                let (c, s) = (cos[[pos, i]], sin[[pos, i]]);
-                let (a, b) = (row[i], row[i + half]);
-                row[i] = a * c - b * s;
-                row[i + half] = a * s + b * c;
-            }
-        }
     }
 }

@@ -4,7 +4,7 @@
 use ndarray::{Array2, Array3};
 
 use super::Gemma3Config;
-use super::forward::rope_neox;
+use crate::llama::rope_neox;
 use crate::llama::rope_table;
 
 fn config() -> Gemma3Config {

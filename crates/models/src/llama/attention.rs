@@ -94,12 +94,31 @@ pub(super) fn attention(
     out
 }
 
+/// NeoX RoPE in place (Gemma 3's): channel i of each head and position rotates with channel
+/// i + d/2.
+pub(crate) fn rope_neox(x: &mut Array3<f32>, cos: &Array2<f32>, sin: &Array2<f32>) {
+    let half = cos.ncols();
+    for mut head in x.axis_iter_mut(Axis(0)) {
+        for (pos, mut row) in head.axis_iter_mut(Axis(0)).enumerate() {
+            for i in 0..half {
+                let (c, s) = (cos[[pos, i]], sin[[pos, i]]);
+                let (a, b) = (row[i], row[i + half]);
+                row[i] = a * c - b * s;
+                row[i + half] = a * s + b * c;
+            }
+        }
+    }
+}
+
 /// [`attention`] over positions 0..T with rows from `source`: the same scores, softmax and
-/// weighted sums in the same order. A row that is not `head_dim` long is refused.
-pub(super) fn attention_from(
+/// weighted sums in the same order. Query i reads positions `first_visible(i)..=i` (0 for a
+/// global layer; a sliding-window layer's first position in its window). A row that is not
+/// `head_dim` long is refused.
+pub(crate) fn attention_from(
     q: &Array3<f32>,
     source: &dyn KvSource,
     kv_heads: usize,
+    first_visible: &(dyn Fn(usize) -> usize + Sync),
 ) -> Result<Array2<f32>, String> {
     let (heads, t, d) = q.dim();
     let group = heads / kv_heads;
@@ -114,8 +133,9 @@ pub(super) fn attention_from(
             for i in 0..t {
                 let qi = q.row(i);
                 let qi = qi.as_slice().expect("standard layout");
-                let seen = i + 1;
-                for (j, score) in scores[..seen].iter_mut().enumerate() {
+                let first = first_visible(i).min(i);
+                let seen = &mut scores[first..=i];
+                for (j, score) in (first..=i).zip(seen.iter_mut()) {
                     let k = source.key(kv, i, j);
                     if k.len() != d {
                         return Err(format!(
@@ -126,9 +146,9 @@ pub(super) fn attention_from(
                     }
                     *score = ops::dot(qi, k) * scale;
                 }
-                ops::softmax_in_place(&mut scores[..seen]);
+                ops::softmax_in_place(seen);
                 let mut row = out.row_mut(i);
-                for (j, &p) in scores[..seen].iter().enumerate() {
+                for (j, &p) in (first..=i).zip(seen.iter()) {
                     let v = source.value(kv, i, j);
                     if v.len() != d {
                         return Err(format!(

@@ -4,7 +4,7 @@
 use ndarray::{Array2, Array3, Axis, s};
 
 use super::Llama;
-use super::attention::{attention, attention_from, rope, rope_table, split_heads};
+use super::attention::{attention, attention_from, rope, rope_neox, rope_table, split_heads};
 use super::error::{HookError, ModelError};
 use super::load::LayerWeights;
 use super::source::KvSource;
@@ -20,13 +20,31 @@ pub struct LayerKv<'a> {
     pub k: &'a Array3<f32>,
     /// Values.
     pub v: &'a Array3<f32>,
-    /// Keys before RoPE: the projection's output, split into heads.
+    /// Keys before RoPE: the projection's output, split into heads (Gemma 3: after QK-norm).
     pub k_pre_rope: &'a Array3<f32>,
     cos: &'a Array2<f32>,
     sin: &'a Array2<f32>,
+    neox: bool,
 }
 
-impl LayerKv<'_> {
+impl<'a> LayerKv<'a> {
+    /// A layer's cache inputs with the RoPE table its pass used; `neox` for NeoX pairs
+    /// (channel i with i + d/2, Gemma 3) rather than adjacent ones (2i, 2i + 1, SmolLM2).
+    pub(crate) fn new(
+        (k, v, k_pre_rope): (&'a Array3<f32>, &'a Array3<f32>, &'a Array3<f32>),
+        (cos, sin): (&'a Array2<f32>, &'a Array2<f32>),
+        neox: bool,
+    ) -> LayerKv<'a> {
+        LayerKv {
+            k,
+            v,
+            k_pre_rope,
+            cos,
+            sin,
+            neox,
+        }
+    }
+
     /// Rotates `keys` [kv_heads, tokens, head_dim] as the pass rotated its own (position p by
     /// the same table entry), so that `rope(k_pre_rope)` is `k` bit for bit. Refuses another
     /// shape.
@@ -39,7 +57,11 @@ impl LayerKv<'_> {
             )
             .into());
         }
-        rope(keys, self.cos, self.sin);
+        if self.neox {
+            rope_neox(keys, self.cos, self.sin);
+        } else {
+            rope(keys, self.cos, self.sin);
+        }
         Ok(())
     }
 }
@@ -55,13 +77,11 @@ impl Llama {
     /// values, both [kv_heads, tokens, head_dim], before attention reads them. The hook may
     /// change the values (not the shapes); later layers then see the effect. The capture keeps
     /// what each layer computed, before the hook.
-    pub fn forward_with<F>(&self, ids: &[u32], mut hook: F) -> Result<Capture, ModelError>
+    pub fn forward_with<F>(&self, ids: &[u32], hook: F) -> Result<Capture, ModelError>
     where
         F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
     {
-        self.check_ids(ids)?;
-        let mut cache = KvCache::new(self.config.layers);
-        let (hidden, layers) = self.run(ids, &mut cache, &mut hook)?;
+        let (hidden, layers) = self.hidden_with(ids, hook)?;
         let normed = self.final_norm(&hidden);
         let logits = ops::linear(normed.view(), self.weights.token_embd.view(), None);
         Ok(Capture {
@@ -70,6 +90,21 @@ impl Llama {
             hidden,
             logits: Some(logits),
         })
+    }
+
+    /// [`Llama::forward_with`] without the LM head: the stream after the last block (before
+    /// `output_norm`), [tokens, hidden], and what each layer computed.
+    pub fn hidden_with<F>(
+        &self,
+        ids: &[u32],
+        mut hook: F,
+    ) -> Result<(Array2<f32>, Vec<LayerCapture>), ModelError>
+    where
+        F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
+    {
+        self.check_ids(ids)?;
+        let mut cache = KvCache::new(self.config.layers);
+        self.run(ids, &mut cache, &mut hook)
     }
 
     /// Runs `ids` at the positions after those in `cache`, whose K/V attention reads first;
@@ -182,15 +217,9 @@ impl Llama {
                 layer: l,
                 problem: e.to_string(),
             };
-            let kv = LayerKv {
-                k: &captured.k,
-                v: &captured.v,
-                k_pre_rope: &k_pre_rope,
-                cos: &cos,
-                sin: &sin,
-            };
+            let kv = LayerKv::new((&captured.k, &captured.v, &k_pre_rope), (&cos, &sin), false);
             let read = source(l, &kv).map_err(hook)?;
-            let attended = attention_from(&captured.q, read.as_ref(), c.kv_heads)
+            let attended = attention_from(&captured.q, read.as_ref(), c.kv_heads, &|_| 0)
                 .map_err(|problem| ModelError::Hook { layer: l, problem })?;
             self.layer_rest(w, &mut x, &attended);
             layers.push(captured);

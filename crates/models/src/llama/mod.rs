@@ -44,7 +44,7 @@ mod step;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use attention::rope_table;
+pub(crate) use attention::{attention_from, rope_neox, rope_table};
 pub use config::LlamaConfig;
 pub use error::{HookError, ModelError};
 pub use forward::LayerKv;

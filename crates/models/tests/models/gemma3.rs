@@ -10,7 +10,8 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use models::gemma3::{self, Gemma3};
-use models::{ModelName, files, ops};
+use models::llama::{KvSource, OwnKv};
+use models::{CausalLm, ModelName, files, ops};
 use ndarray::{Array, Array1, Dimension, Ix1, Ix2, Ix3, OwnedRepr};
 use ndarray_npy::NpzReader;
 
@@ -170,4 +171,64 @@ fn a_675_token_text_across_the_window_edge_matches_the_independent_pass() {
     for (name, diff) in worst {
         assert!(diff <= TOLERANCE, "{name}: max |diff| {diff}");
     }
+}
+
+/// Keys and values a test source hands attention: the layer's own, except that a sliding
+/// layer's rows older than its window read as NaN, which would poison any score that used them.
+struct WindowedOwn {
+    own: OwnKv,
+    nan: Vec<f32>,
+    window: Option<usize>,
+}
+
+impl KvSource for WindowedOwn {
+    fn key(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        match self.window {
+            Some(w) if query - position >= w => &self.nan,
+            _ => self.own.key(head, query, position),
+        }
+    }
+    fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        match self.window {
+            Some(w) if query - position >= w => &self.nan,
+            _ => self.own.value(head, query, position),
+        }
+    }
+}
+
+/// The pass whose attention reads a caller's cache (`CausalLm::hidden_with_layer_source`, what
+/// the quality study runs) gives the plain pass's bits when the cache is the layer's own K/V,
+/// over 675 tokens, so that sliding layers drop positions; rows outside a sliding layer's
+/// window are never read; and the keys before RoPE, rotated by the layer's own RoPE, are its
+/// keys bit for bit (KVQuant's cache stores them so).
+#[test]
+fn a_pass_on_its_own_cache_gives_the_plain_pass_bits_and_reads_nothing_outside_the_window() {
+    let model: &dyn CausalLm = model();
+    let mut npz = Npz::open("kv_check.npz");
+    let ids = npz.ids("ids");
+    let (plain, plain_layers) = model.hidden_with(&ids, &mut |_, _, _| Ok(())).unwrap();
+    let mut windows = Vec::new();
+    let (sourced, layers) = model
+        .hidden_with_layer_source(&ids, &mut |l, kv| {
+            let mut rotated = kv.k_pre_rope.clone();
+            kv.rope(&mut rotated)?;
+            assert_eq!(&rotated, kv.k, "layer {l}: rope(k before RoPE) is k");
+            windows.push(model.window(l));
+            Ok(Box::new(WindowedOwn {
+                own: OwnKv::new(kv.k, kv.v),
+                nan: vec![f32::NAN; kv.k.dim().2],
+                window: model.window(l),
+            }))
+        })
+        .unwrap();
+    assert_eq!(sourced, plain);
+    assert_eq!(layers, plain_layers);
+    let sliding = windows.iter().filter(|w| **w == Some(512)).count();
+    assert_eq!((windows.len(), sliding), (18, 15));
+    assert!(ids.len() > 512 + 100, "the text crosses the window's edge");
+    // The LM head of a few rows is the rows' slice of the whole head's.
+    let rows = plain.slice(ndarray::s![600..603, ..]);
+    let logits = model.logits(rows);
+    let whole = ops::linear(rows, self::model().weights().token_embd.view(), None);
+    assert_eq!(logits, whole);
 }
