@@ -41,6 +41,12 @@
 //! its codes, f32 scales, zero points (asymmetric) and 8-byte shape, as
 //! `PackedTensor::payload_bytes` counts them — and float32 positions cost 4 bytes per value;
 //! the sum is divided by the tokens. The float32 cache costs 2 * layers * kv_heads * head_dim * 4.
+//!
+//! Sliding layers (Gemma 3's, whose query reads only the last W = 512 positions): once n > W a
+//! layer needs no position before n - W, and holds, per side, only the units that contain a
+//! position from n - W on (a token-axis group leaves whole, once its last token is out of the
+//! window); the tiers of what it holds are those of the table above, by absolute position. What
+//! attention reads does not change (the positions dropped are the ones the window hides).
 
 use kvcodec::{GroupAxis, Layout, Mode, SHAPE_BYTES};
 use models::llama::{HookError, KvSource, row_of};
@@ -268,11 +274,12 @@ pub fn tensor_bytes(layout: Layout, tokens: usize, features: usize) -> usize {
     layout.bits.byte_count(g.code_count()) + 4 * g.scale_count() + zero_points + SHAPE_BYTES
 }
 
-/// Bytes of one KV head's K or V of `tokens` x `head_dim` at the end state (module docs).
+/// Bytes of one KV head's K or V of `tokens` x `head_dim` at the end state (module docs), from
+/// the unit holding position `first` on (0 unless a sliding layer dropped the positions before).
 fn side_bytes(
     spec: &CacheSpec,
     axis: GroupAxis,
-    tokens: usize,
+    (first, tokens): (usize, usize),
     head_dim: usize,
 ) -> Result<usize, QualityError> {
     let complete = |end: usize| spec.schedule != Schedule::Streaming || end <= tokens;
@@ -281,7 +288,7 @@ fn side_bytes(
         tier(spec.policy, start, end, tokens, complete(end))
     };
     let mut bytes = 0;
-    let mut run_start = 0;
+    let mut run_start = unit(axis, spec.setting.group_size(), first).0;
     while run_start < tokens {
         let t = tier_of(run_start);
         let mut run_end = run_start + 1;
@@ -308,9 +315,23 @@ pub fn cache_bytes(
     head_dim: usize,
     tokens: usize,
 ) -> Result<usize, QualityError> {
-    let per_head = side_bytes(spec, spec.setting.axes().k(), tokens, head_dim)?
-        + side_bytes(spec, spec.setting.axes().v(), tokens, head_dim)?;
-    Ok(layers * kv_heads * per_head)
+    Ok(layers * held_bytes(spec, kv_heads, head_dim, tokens, None)?)
+}
+
+/// One layer's cache bytes for `tokens` tokens when the layer dropped its first `evicted`
+/// positions (a sliding-window layer past its window; module docs, "Sliding layers"): each side
+/// keeps every unit that holds a position from `evicted` on.
+pub fn held_bytes(
+    spec: &CacheSpec,
+    kv_heads: usize,
+    head_dim: usize,
+    tokens: usize,
+    evicted: Option<usize>,
+) -> Result<usize, QualityError> {
+    let first = evicted.unwrap_or(0).min(tokens);
+    let per_head = side_bytes(spec, spec.setting.axes().k(), (first, tokens), head_dim)?
+        + side_bytes(spec, spec.setting.axes().v(), (first, tokens), head_dim)?;
+    Ok(kv_heads * per_head)
 }
 
 /// The float32 cache's bytes per token: 2 * layers * kv_heads * head_dim * 4.
@@ -395,6 +416,34 @@ mod tests {
         assert_eq!(
             MAX_CACHE_TOKENS,
             models::ModelName::SmolLm2.shape().max_tokens
+        );
+    }
+
+    /// A sliding layer past its window keeps, per side, the units holding its last W positions:
+    /// 100 tokens and W = 40 drop positions 0..60; K's token-axis groups of 32 keep 32..100 (the
+    /// group 32..64 still holds positions 60..64), V's per-token units keep 60..100.
+    #[test]
+    fn a_sliding_layer_is_billed_for_the_units_its_window_still_holds() {
+        let s = spec("g32_b4", "uniform", Schedule::Prefill);
+        let (k, v) = (
+            s.setting.layout(GroupAxis::Token),
+            s.setting.layout(GroupAxis::Feature),
+        );
+        assert_eq!(
+            held_bytes(&s, 1, 64, 100, Some(60)).unwrap(),
+            tensor_bytes(k, 68, 64) + tensor_bytes(v, 40, 64)
+        );
+        assert_eq!(
+            held_bytes(&s, 3, 64, 100, None).unwrap(),
+            cache_bytes(&s, 1, 3, 64, 100).unwrap()
+        );
+        // Tiers stay those of absolute positions: with a float32 window of the last 32 tokens,
+        // K holds 32..64 at low bits and 64..100 in float32 (the group 64..96 ends at 96 and
+        // 96 + 32 > 100); V holds 60..68 at low bits and 68..100 in float32.
+        let r = spec("g32_b4", "recent_f32:32", Schedule::Streaming);
+        assert_eq!(
+            held_bytes(&r, 1, 64, 100, Some(60)).unwrap(),
+            tensor_bytes(k, 32, 64) + 36 * 64 * 4 + tensor_bytes(v, 8, 64) + 32 * 64 * 4
         );
     }
 

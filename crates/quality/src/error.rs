@@ -58,6 +58,15 @@ pub enum QualityError {
     /// The model refused the input or the cache.
     #[error(transparent)]
     Model(#[from] models::llama::ModelError),
+    /// An encoder has no next-token distribution.
+    #[error("{0} is an encoder: it has no next-token distribution; only smollm2 and gemma3")]
+    NotDecoder(models::ModelName),
+    /// SmolLM2's tokenizer refused a text or ids.
+    #[error("tokenizer: {0}")]
+    Bpe(#[from] models::tokenizer::bpe::BpeError),
+    /// Gemma 3's tokenizer refused ids.
+    #[error("tokenizer: {0}")]
+    Spm(#[from] models::tokenizer::spm::SpmError),
     /// Fewer than two tokens: no next token to predict.
     #[error("{0} tokens: teacher forcing needs at least 2")]
     TooFewTokens(usize),

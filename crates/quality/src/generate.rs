@@ -5,10 +5,10 @@
 //! the cache of [`crate::cache`] and takes the last position: under `streaming` that is what a
 //! decoder appending one token at a time computes (the cache at step i depends only on tokens
 //! 0..=i); under `prefill` the whole cache is quantized again at every step, as a prefill of the
-//! longer text would be. The float32 cache's text is [`models::llama::Llama::generate_greedy`].
+//! longer text would be. The float32 cache's text is [`CausalLm::generate_greedy`].
 
-use models::llama::{Llama, argmax};
-use models::ops;
+use models::CausalLm;
+use models::llama::argmax;
 use ndarray::s;
 use serde::Serialize;
 
@@ -18,20 +18,20 @@ use crate::scheme::Cache;
 /// `n` greedy tokens after `prompt` with the cache `cache` (a setting or a scheme); `progress`
 /// is called with the number of tokens generated so far.
 pub fn greedy(
-    model: &Llama,
+    model: &dyn CausalLm,
     prompt: &[u32],
     n: usize,
     cache: impl Into<Cache>,
     mut progress: impl FnMut(usize),
 ) -> Result<Vec<u32>, QualityError> {
     let cache = cache.into();
-    let layers = model.config().layers;
+    let layers = model.layers();
     let mut ids = prompt.to_vec();
     for step in 0..n {
-        let (hidden, _) =
-            model.hidden_with_layer_source(&ids, |l, kv| Ok(cache.layer((l, layers), kv)?.0))?;
-        let last = model.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
-        let logits = ops::linear(last.view(), model.weights().token_embd.view(), None);
+        let (hidden, _) = model.hidden_with_layer_source(&ids, &mut |l, kv| {
+            Ok(cache.layer((l, layers), model.window(l), kv)?.0)
+        })?;
+        let logits = model.logits(hidden.slice(s![hidden.nrows() - 1.., ..]));
         let row = logits.row(0);
         ids.push(argmax(row.as_slice().unwrap_or(&[])));
         progress(step + 1);
@@ -54,7 +54,7 @@ pub struct Generation {
 
 /// Generates `n` tokens with both caches; `progress` as in [`greedy`] (packed cache only).
 pub fn compare(
-    model: &Llama,
+    model: &dyn CausalLm,
     prompt: &[u32],
     n: usize,
     cache: impl Into<Cache>,

@@ -1,4 +1,5 @@
-//! What a packed cache does to a real model: SmolLM2's forward pass with every layer's K and V
+//! What a packed cache does to a real model: a decoder's forward pass (SmolLM2 or Gemma 3,
+//! `models::CausalLm`) with every layer's K and V
 //! cache held by the KV codec (`kvcodec`), measured against the float32 cache by teacher
 //! forcing (NLL, perplexity, KL, top-1 agreement), by cache bytes per token and by greedy text.
 //!
@@ -9,6 +10,7 @@
 //!   policy (the rules, written once), and its bytes;
 //! - [`scheme`]: a named scheme of the literature (`kvschemes`) as the cache instead, and
 //!   [`Cache`], the one value a measurement takes (a setting or a scheme);
+//! - [`decoder`]: the model measured (SmolLM2 or Gemma 3) with its tokenizer;
 //! - [`metrics`]: log-softmax, NLL, KL and top-1 agreement in f64;
 //! - [`generate`]: greedy generation with a packed cache;
 //! - [`error`]: typed errors;
@@ -20,7 +22,7 @@
 //!   ([`frontier`]), written as an evidence directory by [`write`](mod@write).
 //!
 //! [`measure`] runs one text under one [`CacheSpec`]: one plain pass (the float32 cache) and
-//! one pass on the packed cache (`Llama::forward_with_source`). With a float32 "packed" cache
+//! one pass on the packed cache (`CausalLm::hidden_with_layer_source`). With a float32 "packed" cache
 //! (every unit in the float32 tier) the second pass gives the bits of the first (see the tests).
 
 #![warn(missing_docs)]
@@ -28,6 +30,7 @@
 pub mod cache;
 pub mod chart;
 pub mod corpus;
+pub mod decoder;
 pub mod error;
 pub mod frontier;
 pub mod generate;
@@ -44,7 +47,7 @@ pub use error::QualityError;
 pub use scheme::{Cache, LayerCost, SchemeSpec};
 pub use setting::{KvSetting, Policy, Schedule};
 
-use models::llama::Llama;
+use models::CausalLm;
 use serde::Serialize;
 
 /// One text under one cache configuration.
@@ -86,10 +89,15 @@ pub struct Measurement {
     pub positions: metrics::Comparison,
 }
 
-/// Measures `ids` under `cache` (a [`CacheSpec`] or a [`SchemeSpec`]); `progress` is called
-/// with the number of layer passes done out of 2 * layers.
+/// Positions whose logits [`measure`] holds at once: 64 rows of Gemma 3's vocabulary are 64 MiB
+/// per cache.
+pub const LOGIT_BLOCK: usize = 64;
+
+/// Measures `ids` under `cache` (a [`CacheSpec`] or a [`SchemeSpec`]) on a decoder (SmolLM2 or
+/// Gemma 3); `progress` is called with the number of layer passes done out of 2 * layers.
+/// Logits are computed [`LOGIT_BLOCK`] positions at a time (`metrics::compare_in_blocks`).
 pub fn measure(
-    model: &Llama,
+    model: &dyn CausalLm,
     ids: &[u32],
     cache: impl Into<Cache>,
     mut progress: impl FnMut(usize),
@@ -98,23 +106,24 @@ pub fn measure(
     if ids.len() < 2 {
         return Err(QualityError::TooFewTokens(ids.len()));
     }
-    let layers = model.config().layers;
-    let plain = model.forward_with(ids, |l, _, _| {
+    let layers = model.layers();
+    let (plain, _) = model.hidden_with(ids, &mut |l, _, _| {
         progress(l + 1);
         Ok(())
     })?;
     let mut bytes = 0usize;
-    let packed = model.forward_with_layer_source(ids, |l, kv| {
+    let (packed, _) = model.hidden_with_layer_source(ids, &mut |l, kv| {
         progress(layers + l + 1);
-        let (source, cost) = cache.layer((l, layers), kv)?;
+        let (source, cost) = cache.layer((l, layers), model.window(l), kv)?;
         bytes += cost.bytes;
         Ok(source)
     })?;
-    let (Some(f32_logits), Some(logits)) = (&plain.logits, &packed.logits) else {
-        return Err(QualityError::TooFewTokens(0));
-    };
-    let positions = metrics::compare(ids, f32_logits, logits)?;
-    let c = model.config();
+    let positions = metrics::compare_in_blocks(ids, LOGIT_BLOCK, |rows| {
+        Ok((
+            model.logits(plain.slice(ndarray::s![rows.clone(), ..])),
+            model.logits(packed.slice(ndarray::s![rows, ..])),
+        ))
+    })?;
     let (setting, policy, scheme) = match &cache {
         Cache::Codec(spec) => (
             Some(spec.setting.to_string()),
@@ -124,7 +133,8 @@ pub fn measure(
         Cache::Scheme(spec) => (None, None, Some(spec.scheme().to_string())),
     };
     let bytes_per_token = bytes as f64 / ids.len() as f64;
-    let f32_bytes_per_token = cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim);
+    let f32_bytes_per_token =
+        cache::f32_bytes_per_token(layers, model.kv_heads(), model.head_dim());
     Ok(Measurement {
         setting,
         policy,

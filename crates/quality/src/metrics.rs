@@ -12,7 +12,9 @@
 //! Sums are f64 in a fixed order, so the numbers are the same bits on any machine.
 
 use models::llama::argmax;
-use ndarray::Array2;
+use std::ops::Range;
+
+use ndarray::{Array2, s};
 use serde::Serialize;
 
 use crate::error::QualityError;
@@ -74,8 +76,27 @@ pub fn compare(
     if f32_logits.dim() != logits.dim() {
         return Err(QualityError::Shapes(f32_logits.dim(), logits.dim()));
     }
+    if f32_logits.nrows() < ids.len() {
+        return Err(QualityError::TooFewTokens(ids.len()));
+    }
+    compare_in_blocks(ids, ids.len(), |rows| {
+        Ok((
+            f32_logits.slice(s![rows.clone(), ..]).to_owned(),
+            logits.slice(s![rows, ..]).to_owned(),
+        ))
+    })
+}
+
+/// [`compare`] with the logits handed over `block` positions at a time: `logits(rows)` gives
+/// both caches' logits of positions `rows`, so that the whole [T, vocab] matrices (8.6 GB at
+/// 8,192 tokens of Gemma 3's vocabulary) never exist at once. The numbers are [`compare`]'s.
+pub fn compare_in_blocks(
+    ids: &[u32],
+    block: usize,
+    mut logits: impl FnMut(Range<usize>) -> Result<(Array2<f32>, Array2<f32>), QualityError>,
+) -> Result<Comparison, QualityError> {
     let positions = ids.len().saturating_sub(1);
-    if positions == 0 || f32_logits.nrows() < ids.len() {
+    if positions == 0 {
         return Err(QualityError::TooFewTokens(ids.len()));
     }
     let mut out = Comparison {
@@ -89,17 +110,25 @@ pub fn compare(
         kl_max: 0.0,
         top1_agreement: 0.0,
     };
-    for i in 0..positions {
-        let a = f32_logits.row(i);
-        let b = logits.row(i);
-        let a = a.as_slice().ok_or(QualityError::TooFewTokens(ids.len()))?;
-        let b = b.as_slice().ok_or(QualityError::TooFewTokens(ids.len()))?;
-        let (la, lb) = (log_softmax(a), log_softmax(b));
-        let next = ids[i + 1] as usize;
-        out.logp_f32.push(la.get(next).copied().unwrap_or(f64::NAN));
-        out.logp.push(lb.get(next).copied().unwrap_or(f64::NAN));
-        out.kl.push(kl(&la, &lb));
-        out.top1_same.push(argmax(a) == argmax(b));
+    let block = block.max(1);
+    for start in (0..positions).step_by(block) {
+        let rows = start..(start + block).min(positions);
+        let (f32_logits, logits) = logits(rows.clone())?;
+        if f32_logits.dim() != logits.dim() || f32_logits.nrows() != rows.len() {
+            return Err(QualityError::Shapes(f32_logits.dim(), logits.dim()));
+        }
+        for (r, i) in rows.enumerate() {
+            let a = f32_logits.row(r);
+            let b = logits.row(r);
+            let a = a.as_slice().ok_or(QualityError::TooFewTokens(ids.len()))?;
+            let b = b.as_slice().ok_or(QualityError::TooFewTokens(ids.len()))?;
+            let (la, lb) = (log_softmax(a), log_softmax(b));
+            let next = ids[i + 1] as usize;
+            out.logp_f32.push(la.get(next).copied().unwrap_or(f64::NAN));
+            out.logp.push(lb.get(next).copied().unwrap_or(f64::NAN));
+            out.kl.push(kl(&la, &lb));
+            out.top1_same.push(argmax(a) == argmax(b));
+        }
     }
     let mean = |xs: &[f64]| xs.iter().sum::<f64>() / positions as f64;
     out.nll_f32 = -mean(&out.logp_f32);
@@ -151,5 +180,27 @@ mod tests {
             compare(&[0], &a, &b),
             Err(QualityError::TooFewTokens(1))
         ));
+    }
+
+    #[test]
+    fn blocks_of_any_size_give_the_whole_comparison() {
+        let ids = [3u32, 1, 4, 1, 5, 9, 2];
+        let logits = |seed: f32| {
+            Array2::from_shape_fn((7, 10), |(i, v)| ((i * 7 + v * 3) as f32 * seed).sin())
+        };
+        let (a, b) = (logits(0.37), logits(0.41));
+        let whole = compare(&ids, &a, &b).unwrap();
+        for block in [1, 2, 4, 6, 100] {
+            let blocks = compare_in_blocks(&ids, block, |rows| {
+                Ok((
+                    a.slice(s![rows.clone(), ..]).to_owned(),
+                    b.slice(s![rows, ..]).to_owned(),
+                ))
+            })
+            .unwrap();
+            assert_eq!(blocks, whole, "block {block}");
+        }
+        let short = compare_in_blocks(&ids, 3, |_| Ok((a.clone(), b.clone()))).unwrap_err();
+        assert!(matches!(short, QualityError::Shapes(..)), "{short:?}");
     }
 }

@@ -1,20 +1,24 @@
-//! `runner quality`: one text through SmolLM2 with the float32 cache and with a packed cache
-//! (the `quality` crate), printed as a short table or one JSON object.
+//! `runner quality`: one text through a decoder (SmolLM2 or Gemma 3) with the float32 cache and
+//! with a packed cache (the `quality` crate), printed as a short table or one JSON object.
+//!
+//! Gemma 3's text starts with its BOS (its tokenizer adds it, as llama.cpp does for this file);
+//! its sliding-window layers hold, and are billed for, only their last 512 tokens
+//! ([`crate::cache`], [`crate::scheme`]).
 //!
 //! The cache is a codec setting under a policy and schedule, or a named scheme of the literature
 //! (`--scheme`: KIVI, llama.cpp's cache types; `quality::scheme`) under a schedule.
 //!
-//! JSON members: `setting`, `policy` (`null` for a scheme), `scheme` (`null` for a setting),
+//! JSON members: `model`, `setting`, `policy` (`null` for a scheme), `scheme` (`null` for a setting),
 //! `schedule`, `tokens`, `nll_f32`, `perplexity_f32`, `nll`, `perplexity`, `kl_mean`, `kl_max`,
 //! `top1_agreement`, `bytes_per_token`, `f32_bytes_per_token`, `bits_per_element` (the
 //! `quality::Measurement`), and `generation` (`null` when no tokens
 //! are generated): `prompt_tokens`, `ids_f32`, `ids`, `text_f32`, `text`, `first_difference`
 //! (the first generated position where the packed cache's greedy text departs, or `null`).
 
+use crate::decoder::Decoder;
 use crate::generate::{self, Generation};
 use crate::{Cache, CacheSpec, KvSetting, Measurement, Policy, QualityError, Schedule, SchemeSpec};
-use models::llama::{self, Llama, ModelError};
-use models::tokenizer::bpe::{Bpe, BpeError};
+use models::llama::ModelError;
 use models::{ModelFiles, ModelName};
 use serde::Serialize;
 use thiserror::Error;
@@ -25,7 +29,8 @@ use thiserror::Error;
 pub enum QualityCmdError {
     /// An encoder has no next-token distribution.
     #[error(
-        "{0} is an encoder: it has no next-token distribution; `runner quality` measures smollm2"
+        "{0} is an encoder: it has no next-token distribution; `runner quality` measures smollm2 \
+         and gemma3"
     )]
     Encoder(ModelName),
     /// A label, the cache or the measurement was refused.
@@ -37,9 +42,6 @@ pub enum QualityCmdError {
     /// The model files are missing.
     #[error(transparent)]
     Files(#[from] models::files::FilesError),
-    /// The text cannot be tokenized or the ids decoded.
-    #[error("tokenizer: {0}")]
-    Tokenizer(#[from] BpeError),
     /// A calibration text that overlaps the measured text.
     #[error(
         "the calibration text and the text overlap (one contains the other): a KVQuant scheme \
@@ -48,8 +50,8 @@ pub enum QualityCmdError {
     CalibrationOverlap,
     /// More tokens to generate than the model's context holds after the prompt.
     #[error(
-        "--generate {generate} is more than SmolLM2's context of {context} tokens leaves after \
-         a {prompt}-token prompt (at most {})",
+        "--generate {generate} is more than the model's context of {context} tokens leaves \
+         after a {prompt}-token prompt (at most {})",
         context.saturating_sub(*prompt)
     )]
     Generate {
@@ -65,7 +67,7 @@ pub enum QualityCmdError {
 /// What to measure.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
-    /// The model (only SmolLM2 is a decoder).
+    /// The model (a decoder: SmolLM2 or Gemma 3).
     pub model: ModelName,
     /// Setting label, `g<GROUP>_b<BITS>[_asym][_swap]` (parsed by [`KvSetting`]).
     pub setting: &'a str,
@@ -90,6 +92,8 @@ pub struct Request<'a> {
 /// The measurement and the greedy texts.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// The model (`smollm2`, `gemma3`).
+    pub model: String,
     /// The teacher-forcing numbers.
     #[serde(flatten)]
     pub measurement: Measurement,
@@ -118,21 +122,19 @@ pub const DEFAULT_PROMPT_TOKENS: usize = 32;
 /// evaluate; [`crate::study::CALIBRATION_TOKENS`] of its ids are used).
 pub const DEFAULT_CALIBRATION: &str = include_str!("../data/calibration.txt");
 
-/// The layers of SmolLM2-135M, for the progress count before the model is loaded.
-const SMOLLM2_LAYERS: usize = 30;
-
 /// Progress steps of a request: two passes of every layer, then one per generated token.
 pub fn steps(request: &Request<'_>) -> usize {
-    (2 * SMOLLM2_LAYERS).saturating_add(request.generate)
+    (2 * request.model.shape().layers).saturating_add(request.generate)
 }
 
 /// Parses the labels into a cache configuration and bounds `--generate` by the context
 /// (before any model is loaded).
 pub fn spec(request: &Request<'_>) -> Result<Cache, QualityCmdError> {
-    if request.model != ModelName::SmolLm2 {
+    let shape = request.model.shape();
+    if !shape.causal {
         return Err(QualityCmdError::Encoder(request.model));
     }
-    let context = ModelName::SmolLm2.shape().max_tokens;
+    let context = shape.max_tokens;
     if request.generate >= context {
         // Even a one-token prompt leaves at most context - 1; the exact bound is checked once
         // the prompt is encoded ([`measure`]).
@@ -152,37 +154,37 @@ pub fn spec(request: &Request<'_>) -> Result<Cache, QualityCmdError> {
     Ok(CacheSpec::new(setting, policy, schedule)?.into())
 }
 
-/// Loads SmolLM2 and measures; `progress` gets the steps done (see [`steps`]).
+/// Loads the model and measures; `progress` gets the steps done (see [`steps`]).
 pub fn run(
     request: &Request<'_>,
     mut progress: impl FnMut(usize),
 ) -> Result<Report, QualityCmdError> {
     let spec = spec(request)?;
     let files = ModelFiles::locate(request.model)?;
-    let (model, bpe) = llama::load_with_tokenizer(&files)?;
-    measure(&model, &bpe, request, spec, &mut progress)
+    let decoder = Decoder::load(&files)?;
+    measure(&decoder, request, spec, &mut progress)
 }
 
 /// [`run`] with a loaded model.
 pub fn measure(
-    model: &Llama,
-    bpe: &Bpe,
+    decoder: &Decoder,
     request: &Request<'_>,
     spec: Cache,
     progress: &mut dyn FnMut(usize),
 ) -> Result<Report, QualityCmdError> {
-    let ids = bpe.encode(request.text)?;
-    let layers = model.config().layers;
-    let spec = calibrated(model, bpe, request, spec)?;
+    let model = decoder.model();
+    let ids = decoder.encode(request.text)?;
+    let layers = model.layers();
+    let spec = calibrated(decoder, request, spec)?;
     let measurement = crate::measure(model, &ids, spec.clone(), &mut *progress)?;
     let generation = if request.generate == 0 {
         None
     } else {
         let prompt = match request.prompt {
-            Some(prompt) => bpe.encode(prompt)?,
+            Some(prompt) => decoder.encode(prompt)?,
             None => ids[..ids.len().min(DEFAULT_PROMPT_TOKENS)].to_vec(),
         };
-        let context = model.config().context;
+        let context = model.context();
         if prompt
             .len()
             .checked_add(request.generate)
@@ -198,12 +200,13 @@ pub fn measure(
             progress(2 * layers + n)
         })?;
         Some(GenerationReport {
-            text_f32: String::from_utf8_lossy(&bpe.decode(&ids.ids_f32)?).into_owned(),
-            text: String::from_utf8_lossy(&bpe.decode(&ids.ids)?).into_owned(),
+            text_f32: decoder.decode(&ids.ids_f32)?,
+            text: decoder.decode(&ids.ids)?,
             ids,
         })
     };
     Ok(Report {
+        model: model.name().to_string(),
         measurement,
         generation,
     })
@@ -212,8 +215,7 @@ pub fn measure(
 /// A KVQuant spec with its calibration fitted on the request's calibration text, which must not
 /// overlap the text; any other spec as it is.
 fn calibrated(
-    model: &Llama,
-    bpe: &Bpe,
+    decoder: &Decoder,
     request: &Request<'_>,
     spec: Cache,
 ) -> Result<Cache, QualityCmdError> {
@@ -228,9 +230,9 @@ fn calibrated(
     if a.contains(b) || b.contains(a) {
         return Err(QualityCmdError::CalibrationOverlap);
     }
-    let mut ids = bpe.encode(calibration)?;
+    let mut ids = decoder.encode(calibration)?;
     ids.truncate(crate::study::CALIBRATION_TOKENS);
-    let fitted = crate::scheme::calibrate(model, &ids, &[kvquant])?;
+    let fitted = crate::scheme::calibrate(decoder.model(), &ids, &[kvquant])?;
     let (_, fitted) = fitted
         .into_iter()
         .next()
@@ -250,8 +252,8 @@ pub fn render(report: &Report) -> String {
         ),
     };
     let mut out = format!(
-        "smollm2, {} tokens: {cache}, schedule {}\n{:<22}{:>16}{:>16}\n",
-        m.tokens, m.schedule, "", "float32 cache", "packed cache"
+        "{}, {} tokens: {cache}, schedule {}\n{:<22}{:>16}{:>16}\n",
+        report.model, m.tokens, m.schedule, "", "float32 cache", "packed cache"
     );
     let mut row = |name: &str, a: String, b: String| {
         out.push_str(&format!("{name:<22}{a:>16}{b:>16}\n"));

@@ -19,12 +19,25 @@
 //! Bytes: the sum over layers of what each layer's cache stores at the end of the text
 //! (`kvschemes::LayerCache::stored`), counted from the stored blocks, code words, scales,
 //! outliers, calibration and full-precision values.
+//!
+//! Sliding layers (Gemma 3's, whose query reads only the last W = 512 positions): past W tokens
+//! such a layer keeps only its last W, and is billed as the scheme's cache of those W tokens
+//! built alone (their rows, RoPE at their own positions). Where a scheme aligns its groups or
+//! its residual to position 0 they then align to the window's first position instead: KIVI's
+//! keys leave the 128-token residual at multiples of 128 and quanto flushes every 128 tokens,
+//! so the two agree when n - W is a multiple of 128 (n = 1,024, 2,048 or 8,192 with W = 512);
+//! llama.cpp's per-token blocks agree always. A KVQuant scheme with first tokens in fp16 bills
+//! the window's first tokens so (an evicting cache would hold no sink there): at most `first`
+//! rows of fp16 instead of codes. What attention reads does not change (the positions dropped
+//! are the ones the window hides).
 
 use std::sync::Arc;
 
 use kvschemes::kvquant::{Calibration, KvQuantScheme};
 use kvschemes::{LayerCache, Scheme};
-use models::llama::{HookError, KvSource, LayerKv, Llama, OwnKv};
+use models::CausalLm;
+use models::llama::{HookError, KvSource, LayerKv, OwnKv};
+use ndarray::{Array3, s};
 
 use crate::cache::{self, CacheSpec, PackedLayer};
 use crate::error::QualityError;
@@ -155,51 +168,44 @@ impl Cache {
     }
 
     /// Layer `layer` of `layers`: its K and V as attention reads them, and what that layer's
-    /// cache stores at the end of the text (a setting's bytes by [`cache::cache_bytes`], the
-    /// same for every layer).
+    /// cache stores at the end of the text. `window` is the positions the layer's query reads
+    /// when it slides (Gemma 3's sliding layers: 512; `None` for a global layer): such a layer
+    /// holds only its last `window` tokens, and is billed for them (module docs, "Sliding
+    /// layers").
     pub fn layer(
         &self,
         (layer, layers): (usize, usize),
+        window: Option<usize>,
         kv: &LayerKv<'_>,
     ) -> Result<(Box<dyn KvSource>, LayerCost), HookError> {
-        let (k, v) = (kv.k, kv.v);
+        let tokens = kv.k.dim().1;
+        // The tokens a sliding layer still holds at the end of the text, when it dropped any.
+        let evicted = window.filter(|&w| w < tokens).map(|w| tokens - w);
         match self {
-            Cache::Scheme(spec) if spec.kvquant().is_some() => {
-                let (Some(kvquant), Some(calibration)) = (spec.kvquant(), &spec.calibration) else {
-                    return Err(
-                        QualityError::from(kvschemes::SchemeError::NeedsCalibration {
-                            scheme: spec.scheme,
-                        })
-                        .into(),
-                    );
-                };
-                let cache = LayerCache::kvquant(
-                    kvquant,
-                    calibration,
-                    spec.reading(),
-                    (layer, layers),
-                    (kv.k_pre_rope, v),
-                    |keys| kv.rope(keys),
-                )
-                .map_err(QualityError::from)?;
-                let cost = LayerCost {
-                    bytes: cache.stored().total(),
-                    outliers: cache.outliers(),
-                };
-                Ok((Box::new(SchemeLayer(cache)), cost))
-            }
             Cache::Codec(spec) => {
-                let (kv_heads, tokens, head_dim) = k.dim();
-                let bytes = cache::cache_bytes(spec, 1, kv_heads, head_dim, tokens)?;
+                let (kv_heads, _, head_dim) = kv.k.dim();
+                let bytes = cache::held_bytes(spec, kv_heads, head_dim, tokens, evicted)?;
                 let cost = LayerCost { bytes, outliers: 0 };
-                Ok((Box::new(PackedLayer::new(*spec, k, v)?), cost))
+                Ok((Box::new(PackedLayer::new(*spec, kv.k, kv.v)?), cost))
             }
             Cache::Scheme(spec) => {
-                let cache = LayerCache::new(spec.scheme, spec.reading(), (layer, layers), k, v)
-                    .map_err(QualityError::from)?;
-                let cost = LayerCost {
-                    bytes: cache.stored().total(),
-                    outliers: 0,
+                let cache = spec.layer_cache((layer, layers), kv, |keys| kv.rope(keys))?;
+                let cost = match evicted {
+                    None => LayerCost {
+                        bytes: cache.stored().total(),
+                        outliers: cache.outliers(),
+                    },
+                    Some(first) => {
+                        let held = |x: &Array3<f32>| x.slice(s![.., first.., ..]).to_owned();
+                        let (k, v, k_pre_rope) = (held(kv.k), held(kv.v), held(kv.k_pre_rope));
+                        let window = kv.positions_from(first, (&k, &v, &k_pre_rope))?;
+                        let stored =
+                            spec.layer_cache((layer, layers), &window, |keys| window.rope(keys))?;
+                        LayerCost {
+                            bytes: stored.stored().total(),
+                            outliers: stored.outliers(),
+                        }
+                    }
                 };
                 Ok((Box::new(SchemeLayer(cache)), cost))
             }
@@ -207,16 +213,50 @@ impl Cache {
     }
 }
 
+impl SchemeSpec {
+    /// The scheme's cache of one layer; `rope` rotates what a KVQuant cache reads back.
+    fn layer_cache(
+        &self,
+        (layer, layers): (usize, usize),
+        kv: &LayerKv<'_>,
+        rope: impl FnOnce(&mut Array3<f32>) -> Result<(), HookError>,
+    ) -> Result<LayerCache, QualityError> {
+        let Some(kvquant) = self.kvquant() else {
+            return Ok(LayerCache::new(
+                self.scheme,
+                self.reading(),
+                (layer, layers),
+                kv.k,
+                kv.v,
+            )?);
+        };
+        let Some(calibration) = &self.calibration else {
+            return Err(kvschemes::SchemeError::NeedsCalibration {
+                scheme: self.scheme,
+            }
+            .into());
+        };
+        Ok(LayerCache::kvquant(
+            kvquant,
+            calibration,
+            self.reading(),
+            (layer, layers),
+            (kv.k_pre_rope, kv.v),
+            rope,
+        )?)
+    }
+}
+
 /// Fits each KVQuant scheme's calibration on `ids` (the calibration text): one float32 pass
 /// keeps every layer's keys before RoPE and values, and `kvschemes::kvquant::Calibration::fit`
 /// fits the thresholds and level tables; one calibration per distinct scheme, in order.
 pub fn calibrate(
-    model: &Llama,
+    model: &dyn CausalLm,
     ids: &[u32],
     schemes: &[KvQuantScheme],
 ) -> Result<Vec<(KvQuantScheme, Arc<Calibration>)>, QualityError> {
-    let mut layers = Vec::with_capacity(model.config().layers);
-    model.hidden_with_layer_source(ids, |_, kv| {
+    let mut layers = Vec::with_capacity(model.layers());
+    model.hidden_with_layer_source(ids, &mut |_, kv| {
         layers.push((kv.k_pre_rope.clone(), kv.v.clone()));
         Ok(Box::new(OwnKv::new(kv.k, kv.v)))
     })?;

@@ -1,14 +1,15 @@
-//! `runner quality --protocol FILE --out DIR`: an archived model-quality study. SmolLM2 reads
-//! each of the protocol's texts with the float32 cache and with packed caches (the `quality`
+//! `runner quality --protocol FILE --out DIR`: an archived model-quality study. The protocol's
+//! decoder (SmolLM2 or Gemma 3, [`crate::decoder`]) reads each of the protocol's texts with the float32 cache and with packed caches (the `quality`
 //! crate's settings, policies and schedules), and the run is written as an evidence directory
 //! of format [`QUALITY_MANIFEST_FORMAT`].
 //!
 //! The protocol (`experiments/model-quality/protocol.json`; unknown fields are refused, and every
 //! refusal names its field):
 //! - `study`: a name (1 to 64 characters of `[A-Za-z0-9-_.]`);
-//! - `model`: `smollm2` only (an encoder has no next-token distribution);
+//! - `model`: `smollm2` or `gemma3` (an encoder has no next-token distribution);
 //! - `texts`: 1 to 8, unique names of 1 to 32 characters of `[A-Za-z0-9-_.]`; each text is
-//!   encoded with SmolLM2's BPE (no BOS) and cut to its first `max_tokens` ids
+//!   encoded with the model's tokenizer (SmolLM2's BPE, no BOS; Gemma 3's SentencePiece, BOS
+//!   first) and cut to its first `max_tokens` ids
 //!   (2 <= `max_tokens` <= 2048); a shorter text is used whole, but needs at least 2 ids;
 //! - `runs`: 1 to 64, unique, each a `schedule` (`prefill`, `streaming`, `causal`) with either a
 //!   `setting` (`g<GROUP>_b<BITS>[_asym][_swap]`) and a `policy` (`uniform`, `recent_f32:W`,
@@ -54,11 +55,12 @@ use crate::scheme::{Cache, LayerCost, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
 use std::sync::Arc;
 
+use crate::decoder::Decoder;
 use kvschemes::Scheme;
 use kvschemes::kvquant::{Calibration, KvQuantScheme};
 use models::ModelName;
-use models::llama::{HookError, KvSource, LayerKv, Llama, ModelError, argmax};
-use models::tokenizer::bpe::{Bpe, BpeError};
+use models::llama::{HookError, KvSource, LayerKv, ModelError, argmax};
+use models::tokenizer::bpe::BpeError;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -320,11 +322,12 @@ impl QualityProtocol {
                 format!("must be 1 to {MAX_STUDY_NAME_CHARS} characters of [A-Za-z0-9-_.]"),
             ));
         }
-        if self.model != ModelName::SmolLm2 {
+        if !self.model.shape().causal {
             return Err(field(
                 "model",
                 format!(
-                    "{} is an encoder: it has no next-token distribution; only smollm2",
+                    "{} is an encoder: it has no next-token distribution; only smollm2 and \
+                     gemma3",
                     self.model
                 ),
             ));
@@ -490,11 +493,11 @@ pub enum QualityStudyError {
 /// fewer than `generate.prompt_tokens`, naming `texts[i].text`.
 pub fn encode_texts(
     protocol: &QualityProtocol,
-    bpe: &Bpe,
+    decoder: &Decoder,
 ) -> Result<Vec<Vec<u32>>, QualityStudyError> {
     let mut out = Vec::with_capacity(protocol.texts.len());
     for (i, text) in protocol.texts.iter().enumerate() {
-        let mut ids = bpe.encode(&text.text)?;
+        let mut ids = decoder.encode(&text.text)?;
         ids.truncate(protocol.max_tokens);
         let least = protocol.generate.map_or(2, |g| g.prompt_tokens.max(2));
         if ids.len() < least {
@@ -662,26 +665,28 @@ pub fn steps(protocol: &QualityProtocol) -> usize {
     usize::from(protocol.calibration.is_some()) + protocol.texts.len() * (1 + protocol.runs.len())
 }
 
-fn decode(bpe: &Bpe, ids: &[u32]) -> Result<String, QualityStudyError> {
-    Ok(String::from_utf8_lossy(&bpe.decode(ids)?).into_owned())
-}
-
 /// How a run's cache is built for one layer: its source and the bytes it stores
 /// ([`Cache::layer`] in a study).
-pub type LayerBuilder = dyn Fn(&Cache, (usize, usize), &LayerKv<'_>) -> Result<(Box<dyn KvSource>, LayerCost), HookError>
+pub type LayerBuilder = dyn Fn(
+        &Cache,
+        (usize, usize),
+        Option<usize>,
+        &LayerKv<'_>,
+    ) -> Result<(Box<dyn KvSource>, LayerCost), HookError>
     + Sync;
 
 /// Runs the study on `threads` worker threads; `progress` receives the steps done (see
 /// [`steps`]) and may be called from any of them.
 pub fn run_study(
     protocol: &QualityProtocol,
-    model: &Llama,
-    bpe: &Bpe,
+    decoder: &Decoder,
     threads: usize,
     progress: &(dyn Fn(usize) + Sync),
 ) -> Result<Study, QualityStudyError> {
-    let layer = |cache: &Cache, at: (usize, usize), kv: &LayerKv<'_>| cache.layer(at, kv);
-    run_study_with(protocol, model, bpe, threads, progress, &layer)
+    let layer = |cache: &Cache, at: (usize, usize), window: Option<usize>, kv: &LayerKv<'_>| {
+        cache.layer(at, window, kv)
+    };
+    run_study_with(protocol, decoder, threads, progress, &layer)
 }
 
 /// [`run_study`] with each run's cache built by `layer`: the study's own arithmetic around a
@@ -690,20 +695,23 @@ pub fn run_study(
 /// uses [`Cache::layer`]).
 pub fn run_study_with(
     protocol: &QualityProtocol,
-    model: &Llama,
-    bpe: &Bpe,
+    decoder: &Decoder,
     threads: usize,
     progress: &(dyn Fn(usize) + Sync),
     layer: &LayerBuilder,
 ) -> Result<Study, QualityStudyError> {
     protocol.validate()?;
+    if decoder.model().name() != protocol.model {
+        return Err(QualityError::NotDecoder(protocol.model).into());
+    }
+    let model = decoder.model();
     let mut specs = protocol.specs()?;
-    let all_ids = encode_texts(protocol, bpe)?;
+    let all_ids = encode_texts(protocol, decoder)?;
     let done = AtomicUsize::new(0);
     let step = || progress(done.fetch_add(1, Ordering::SeqCst) + 1);
     let calibration = match &protocol.calibration {
         Some(text) => {
-            let mut ids = bpe.encode(&text.text)?;
+            let mut ids = decoder.encode(&text.text)?;
             ids.truncate(CALIBRATION_TOKENS);
             let schemes: Vec<KvQuantScheme> = specs
                 .iter()
@@ -730,15 +738,16 @@ pub fn run_study_with(
         .num_threads(threads)
         .build()
         .map_err(|source| QualityStudyError::Threads { threads, source })?;
-    let c = model.config();
-    let float32_bytes = crate::cache::f32_bytes_per_token(c.layers, c.kv_heads, c.head_dim);
+    let float32_bytes =
+        crate::cache::f32_bytes_per_token(model.layers(), model.kv_heads(), model.head_dim());
     let mut texts = Vec::with_capacity(all_ids.len());
     let mut rows = Vec::with_capacity(all_ids.len() * specs.len());
     for (t, ids) in all_ids.into_iter().enumerate() {
         let positions = ids.len() - 1;
         // The float32 pass, shared by every run of this text.
-        let capture = model.forward(&ids)?;
-        let logits = capture.logits.ok_or(QualityError::TooFewTokens(0))?;
+        let (hidden, _) = model.hidden_with(&ids, &mut |_, _, _| Ok(()))?;
+        let logits = model.logits(hidden.view());
+        drop(hidden);
         let mut f32_rows = Vec::with_capacity(positions);
         let mut f32_logp = Vec::with_capacity(positions);
         let mut f32_argmax = Vec::with_capacity(positions);
@@ -760,7 +769,7 @@ pub fn run_study_with(
         };
         let f32_generated_text = f32_generated
             .as_deref()
-            .map(|g| decode(bpe, g))
+            .map(|g| decoder.decode(g))
             .transpose()?;
         step();
         let text_rows: Vec<Result<Row, QualityStudyError>> = pool.install(|| {
@@ -769,8 +778,7 @@ pub fn run_study_with(
                 .zip(&protocol.runs)
                 .map(|(spec, run)| {
                     let row = one_row(
-                        model,
-                        bpe,
+                        decoder,
                         RowInput {
                             text: t,
                             ids: &ids,
@@ -827,8 +835,7 @@ struct RowInput<'a> {
 }
 
 fn one_row(
-    model: &Llama,
-    bpe: &Bpe,
+    decoder: &Decoder,
     input: RowInput<'_>,
     layer: &LayerBuilder,
 ) -> Result<Row, QualityStudyError> {
@@ -847,31 +854,36 @@ fn one_row(
         float32_bytes,
     } = input;
     let positions = ids.len() - 1;
-    let c = model.config();
+    let model = decoder.model();
+    let layers = model.layers();
     let mut cache_bytes = 0usize;
-    let mut outliers = Vec::with_capacity(c.layers);
+    let mut outliers = Vec::with_capacity(layers);
     let is_kvquant = matches!(&spec, Cache::Scheme(s) if s.kvquant().is_some());
-    let packed = model.forward_with_layer_source(ids, |l, kv| {
-        let (source, cost) = layer(&spec, (l, c.layers), kv)?;
+    let (packed, _) = model.hidden_with_layer_source(ids, &mut |l, kv| {
+        let (source, cost) = layer(&spec, (l, layers), model.window(l), kv)?;
         cache_bytes = cache_bytes.saturating_add(cost.bytes);
         outliers.push(cost.outliers);
         Ok(source)
     })?;
-    let logits = packed.logits.ok_or(QualityError::TooFewTokens(0))?;
     let mut logp = Vec::with_capacity(positions);
     let mut kls = Vec::with_capacity(positions);
     let mut maxes = Vec::with_capacity(positions);
-    for (j, f32_row) in f32_rows.iter().enumerate() {
-        let row = logits.row(j);
-        let row = row
-            .as_slice()
-            .ok_or(QualityError::TooFewTokens(ids.len()))?;
-        let ls = log_softmax(row);
-        logp.push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
-        kls.push(kl(f32_row, &ls));
-        maxes.push(argmax(row));
+    // The LM head a block of positions at a time (Gemma 3's rows are 1 MiB each).
+    for start in (0..positions).step_by(crate::LOGIT_BLOCK) {
+        let rows = start..(start + crate::LOGIT_BLOCK).min(positions);
+        let logits = model.logits(packed.slice(ndarray::s![rows.clone(), ..]));
+        for (r, j) in rows.enumerate() {
+            let row = logits.row(r);
+            let row = row
+                .as_slice()
+                .ok_or(QualityError::TooFewTokens(ids.len()))?;
+            let ls = log_softmax(row);
+            logp.push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
+            kls.push(kl(&f32_rows[j], &ls));
+            maxes.push(argmax(row));
+        }
     }
-    drop(logits);
+    drop(packed);
     let generated = match (prompt, generate) {
         (Some(prompt), Some(g)) => Some(crate::generate::greedy(
             model,
@@ -890,7 +902,7 @@ fn one_row(
     let (first_departure, generated_text) = match (&generated, f32_generated) {
         (Some(g), Some(f)) => (
             Some(crate::generate::first_difference(f, g)),
-            Some(decode(bpe, g)?),
+            Some(decoder.decode(g)?),
         ),
         _ => (None, None),
     };

@@ -150,7 +150,7 @@ pub fn write(
     Ok(manifest)
 }
 
-/// Loads SmolLM2, runs `protocol` and writes it into `out`; `progress` as in [`run_study`].
+/// Loads the protocol's model, runs `protocol` and writes it into `out`; `progress` as in [`run_study`].
 pub fn run(
     protocol: &QualityProtocol,
     protocol_source: String,
@@ -161,8 +161,8 @@ pub fn run(
     evidence::check_new(out)?;
     protocol.validate()?;
     let files = ModelFiles::locate(protocol.model)?;
-    let (model, bpe) = models::llama::load_with_tokenizer(&files)?;
-    let study = run_study(protocol, &model, &bpe, threads, progress)?;
+    let decoder = crate::decoder::Decoder::load(&files)?;
+    let study = run_study(protocol, &decoder, threads, progress)?;
     let manifest = write(out, protocol, protocol_source, &study, threads)?;
     Ok((manifest, study))
 }

@@ -67,9 +67,10 @@ impl KvSource for Forged {
 fn forged_layer(
     cache: &Cache,
     (layer, layers): (usize, usize),
+    window: Option<usize>,
     kv: &LayerKv<'_>,
 ) -> Result<(Box<dyn KvSource>, LayerCost), HookError> {
-    let (inner, bytes) = cache.layer((layer, layers), kv)?;
+    let (inner, bytes) = cache.layer((layer, layers), window, kv)?;
     if layer != 0 {
         return Ok((inner, bytes));
     }
@@ -94,7 +95,7 @@ fn studies() -> &'static (tempfile::TempDir, std::path::PathBuf, std::path::Path
     STUDIES.get_or_init(|| {
         let files = models::files::locate_or_fetch(models::ModelName::SmolLm2)
             .expect("the model is available");
-        let (model, bpe) = models::llama::load_with_tokenizer(&files).unwrap();
+        let decoder = quality::decoder::Decoder::load(&files).unwrap();
         let protocol = QualityProtocol::from_json(SCHEMES).unwrap();
         let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let write = |name: &str, study| {
@@ -102,8 +103,8 @@ fn studies() -> &'static (tempfile::TempDir, std::path::PathBuf, std::path::Path
             quality::write::write(&dir, &protocol, "a test protocol".into(), study, 2).unwrap();
             dir
         };
-        let honest = quality::study::run_study(&protocol, &model, &bpe, 2, &|_| {}).unwrap();
-        let forged = run_study_with(&protocol, &model, &bpe, 2, &|_| {}, &forged_layer).unwrap();
+        let honest = quality::study::run_study(&protocol, &decoder, 2, &|_| {}).unwrap();
+        let forged = run_study_with(&protocol, &decoder, 2, &|_| {}, &forged_layer).unwrap();
         // The forgery changed what every run scored.
         for (a, b) in honest.rows.iter().zip(&forged.rows) {
             assert_ne!(a.logp, b.logp, "{}", a.result.id);

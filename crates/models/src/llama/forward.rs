@@ -1,7 +1,7 @@
 //! The batched causal passes: [`Llama::forward`], its K/V hook and its [`KvSource`] variant,
 //! and the pieces of a block they share with token-by-token decoding.
 
-use ndarray::{Array2, Array3, Axis, s};
+use ndarray::{Array2, Array3, ArrayView2, Axis, s};
 
 use super::Llama;
 use super::attention::{attention, attention_from, rope, rope_neox, rope_table, split_heads};
@@ -22,8 +22,8 @@ pub struct LayerKv<'a> {
     pub v: &'a Array3<f32>,
     /// Keys before RoPE: the projection's output, split into heads (Gemma 3: after QK-norm).
     pub k_pre_rope: &'a Array3<f32>,
-    cos: &'a Array2<f32>,
-    sin: &'a Array2<f32>,
+    cos: ArrayView2<'a, f32>,
+    sin: ArrayView2<'a, f32>,
     neox: bool,
 }
 
@@ -39,10 +39,47 @@ impl<'a> LayerKv<'a> {
             k,
             v,
             k_pre_rope,
-            cos,
-            sin,
+            cos: cos.view(),
+            sin: sin.view(),
             neox,
         }
+    }
+
+    /// The same layer at positions `first..` only: `k`, `v` and `k_pre_rope` are those
+    /// positions' rows, and [`LayerKv::rope`] rotates row r as position `first + r` (a cache
+    /// that holds only a sliding window's last tokens). Refuses rows that are not
+    /// [kv_heads, tokens - first, head_dim].
+    pub fn positions_from<'b>(
+        &self,
+        first: usize,
+        (k, v, k_pre_rope): (&'b Array3<f32>, &'b Array3<f32>, &'b Array3<f32>),
+    ) -> Result<LayerKv<'b>, HookError>
+    where
+        'a: 'b,
+    {
+        let (heads, tokens, d) = self.k.dim();
+        let expected = (heads, tokens.saturating_sub(first), d);
+        if first > tokens
+            || [k.dim(), v.dim(), k_pre_rope.dim()]
+                .iter()
+                .any(|&x| x != expected)
+        {
+            return Err(format!(
+                "rows of shapes {:?}, {:?} and {:?} for positions {first}.. of {tokens}",
+                k.dim(),
+                v.dim(),
+                k_pre_rope.dim()
+            )
+            .into());
+        }
+        Ok(LayerKv {
+            k,
+            v,
+            k_pre_rope,
+            cos: self.cos.slice_move(s![first.., ..]),
+            sin: self.sin.slice_move(s![first.., ..]),
+            neox: self.neox,
+        })
     }
 
     /// Rotates `keys` [kv_heads, tokens, head_dim] as the pass rotated its own (position p by
@@ -57,10 +94,11 @@ impl<'a> LayerKv<'a> {
             )
             .into());
         }
+        let (cos, sin) = (self.cos.to_owned(), self.sin.to_owned());
         if self.neox {
-            rope_neox(keys, self.cos, self.sin);
+            rope_neox(keys, &cos, &sin);
         } else {
-            rope(keys, self.cos, self.sin);
+            rope(keys, &cos, &sin);
         }
         Ok(())
     }

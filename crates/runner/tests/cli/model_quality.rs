@@ -50,12 +50,12 @@ fn runner(args: &[&str]) -> std::process::Output {
 #[test]
 fn a_tiny_study_is_written_recomputable_and_independent_of_threads() {
     let files = models::files::locate_or_fetch(ModelName::SmolLm2).expect("the model is fetched");
-    let (model, bpe) = models::llama::load_with_tokenizer(&files).unwrap();
+    let decoder = quality::decoder::Decoder::load(&files).unwrap();
     let protocol = QualityProtocol::from_json(TINY).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let mut dirs = Vec::new();
     for threads in [1, 2] {
-        let study = quality_study::run_study(&protocol, &model, &bpe, threads, &|_| {}).unwrap();
+        let study = quality_study::run_study(&protocol, &decoder, threads, &|_| {}).unwrap();
         let out = tmp.path().join(format!("threads-{threads}"));
         quality::write::write(&out, &protocol, "tiny".into(), &study, threads).unwrap();
         dirs.push(out);
@@ -92,7 +92,7 @@ fn a_tiny_study_is_written_recomputable_and_independent_of_threads() {
     assert_eq!(manifest["format"], "model-quality-evidence/2");
     let ids: Vec<u32> = serde_json::from_value(manifest["model"]["ids"]["t0"].clone()).unwrap();
     assert_eq!(ids.len(), 40, "the text is cut to max_tokens");
-    assert_eq!(ids, bpe.encode(&protocol.texts[0].text).unwrap()[..40]);
+    assert_eq!(ids, decoder.encode(&protocol.texts[0].text).unwrap()[..40]);
     assert_eq!(manifest["outputs"].as_object().unwrap().len(), 5);
 
     // Members in the spec's order.
@@ -162,14 +162,14 @@ fn a_tiny_study_is_written_recomputable_and_independent_of_threads() {
             .position(|(a, b)| a != b);
         assert_eq!(row.first_departure, Some(departure));
         let ids: Vec<u32> = generated.iter().map(|&x| x as u32).collect();
-        let text = String::from_utf8_lossy(&bpe.decode(&ids).unwrap()).into_owned();
+        let text = decoder.decode(&ids).unwrap();
         assert_eq!(row.generated_text.as_deref(), Some(text.as_str()));
         assert!(row.kl_mean > 0.0, "a packed cache changes the distribution");
     }
 
     // The float32 numbers and the first run's numbers are `quality::measure`'s.
     let spec = protocol.specs().unwrap().swap_remove(0);
-    let measured = quality::measure(&model, &ids, spec, |_| {}).unwrap();
+    let measured = quality::measure(decoder.model(), &ids, spec, |_| {}).unwrap();
     assert_eq!(f32_logp.to_vec(), measured.positions.logp_f32);
     assert_eq!(rows[0].nll_f32, measured.nll_f32);
     assert_eq!(rows[0].nll, measured.nll);
@@ -407,4 +407,56 @@ fn a_kvquant_scheme_is_calibrated_on_another_text() {
     bare.retain(|a| a != "--scheme" && a != "kvquant3");
     let output = run(bare);
     assert_eq!(output.status.code(), Some(2));
+}
+
+/// `runner quality --model gemma3` on the 675-token text of the models' independent Gemma check
+/// (BOS first): its 15 sliding-window layers hold only their last 512 tokens and are billed so.
+/// llama.cpp's q8_0 stores 34 bytes per 32 values, per token: each layer stores 2 x 8 blocks
+/// per token it holds, so the bytes are (3 x 675 + 15 x 512) x 2 x 8 x 34, counted here
+/// from that arithmetic alone.
+#[test]
+fn gemma3_is_measured_with_its_sliding_layers_billed_for_their_window() {
+    models::files::locate_or_fetch(ModelName::Gemma3).expect("the model is fetched");
+    let check =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/data/gemma3/kv_check.npz");
+    let text: Array1<u8> = NpzReader::new(std::fs::File::open(check).unwrap())
+        .unwrap()
+        .by_name("text_utf8")
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("text.txt");
+    std::fs::write(&file, text.as_slice().unwrap()).unwrap();
+    let output = runner(&[
+        "quality",
+        "--model",
+        "gemma3",
+        "--text-file",
+        file.to_str().unwrap(),
+        "--scheme",
+        "llamacpp-q8_0",
+        "--schedule",
+        "prefill",
+        "--generate",
+        "0",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["model"], "gemma3");
+    assert_eq!(json["tokens"], 675);
+    let stored = (3 * 675 + 15 * 512) * 2 * 8 * 34;
+    assert_eq!(json["bytes_per_token"], stored as f64 / 675.0);
+    // The float32 cache: 18 layers x 1 KV head x 256 x 2 x 4 bytes per token, every token.
+    assert_eq!(json["f32_bytes_per_token"], 36864);
+    let kl = json["kl_mean"].as_f64().unwrap();
+    assert!(kl > 0.0 && kl < 0.01, "{kl}");
+    let top1 = json["top1_agreement"].as_f64().unwrap();
+    assert!(top1 > 0.9, "{top1}");
+    let (nll_f32, nll) = (
+        json["nll_f32"].as_f64().unwrap(),
+        json["nll"].as_f64().unwrap(),
+    );
+    assert!(nll_f32 > 0.5 && nll_f32 < 6.0, "{nll_f32}");
+    assert!((nll - nll_f32).abs() < 0.05, "{nll} against {nll_f32}");
 }
