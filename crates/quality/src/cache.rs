@@ -334,9 +334,37 @@ pub fn held_bytes(
     Ok(kv_heads * per_head)
 }
 
-/// The float32 cache's bytes per token: 2 * layers * kv_heads * head_dim * 4.
+/// The float32 cache's bytes per token with every layer holding every token: 2 * layers *
+/// kv_heads * head_dim * 4.
 pub fn f32_bytes_per_token(layers: usize, kv_heads: usize, head_dim: usize) -> usize {
     2 * layers * kv_heads * head_dim * 4
+}
+
+/// The float32 cache's bytes per token at the end of a text of `tokens` tokens when layer l
+/// holds only its last `windows[l]` tokens (a sliding layer, module docs; `None`: every token):
+/// sum over layers of min(tokens, window) * 2 * kv_heads * head_dim * 4, over `tokens`. Without
+/// a sliding layer this is [`f32_bytes_per_token`].
+pub fn f32_held_bytes_per_token(
+    windows: &[Option<usize>],
+    kv_heads: usize,
+    head_dim: usize,
+    tokens: usize,
+) -> f64 {
+    let held: usize = windows
+        .iter()
+        .map(|w| w.map_or(tokens, |w| w.min(tokens)))
+        .sum();
+    (held * 2 * kv_heads * head_dim * 4) as f64 / tokens as f64
+}
+
+/// Serializes a byte count per token as an integer when it is whole (SmolLM2's 46,080; Gemma
+/// 3's at 1,024 tokens), so that evidence written before sliding layers existed is unchanged.
+pub fn whole_as_integer<S: serde::Serializer>(x: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+    if x.fract() == 0.0 && x.is_finite() && x.abs() < 9.0e15 {
+        serializer.serialize_u64(*x as u64)
+    } else {
+        serializer.serialize_f64(*x)
+    }
 }
 
 #[cfg(test)]

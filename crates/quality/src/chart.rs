@@ -128,7 +128,7 @@ pub fn quality_vs_bytes(protocol: &QualityProtocol, summary: &Summary) -> Result
         .collect();
     let series = series(summary);
     let schedules = schedules(summary);
-    let float32 = summary.float32.bytes_per_token as f64;
+    let float32 = summary.float32.bytes_per_token;
     let y_range = fitted(markers.iter().map(|(m, _)| m.kl_mean)).unwrap_or((1e-3, 1e-2));
     let legend: Vec<(&str, Vec<Series>)> = Group::ALL
         .into_iter()
@@ -179,7 +179,7 @@ pub fn quality_vs_bytes(protocol: &QualityProtocol, summary: &Summary) -> Result
             attributes: format!(r#"data-schedule="{schedule}""#),
             x_range,
             float32,
-            float32_label: format!("float32 {} B/token", bytes_label(float32)),
+            float32_label: format!("float32 {} B/token", crate::report::bytes_or_whole(float32)),
             empty_note: mine
                 .is_empty()
                 .then_some("every KL is 0: nothing to mark on a log scale"),

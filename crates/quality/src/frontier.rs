@@ -24,7 +24,7 @@ pub const WITHIN: f64 = 1.0;
 
 /// Whether each summary row is on its schedule's frontier (module docs).
 pub fn members(summary: &Summary) -> Vec<bool> {
-    let float32 = summary.float32.bytes_per_token as f64;
+    let float32 = summary.float32.bytes_per_token;
     let dominates =
         |(bs, ks): (f64, f64), (br, kr): (f64, f64)| bs <= br && ks <= kr && (bs < br || ks < kr);
     summary
@@ -111,7 +111,7 @@ mod tests {
             top1_agreement: 1.0,
             bytes_per_token: bytes,
             bits_per_element: bytes * 32.0 / 1000.0,
-            float32_bytes_per_token: 1000,
+            float32_bytes_per_token: 1000.0,
         }
     }
 
@@ -121,7 +121,7 @@ mod tests {
             float32: Float32Row {
                 nll: 1.0,
                 perplexity: 1.0,
-                bytes_per_token: 1000,
+                bytes_per_token: 1000.0,
             },
             rows,
         }

@@ -79,10 +79,12 @@ pub struct Measurement {
     pub top1_agreement: f64,
     /// Packed cache bytes per token at the end of the text ([`cache`] docs).
     pub bytes_per_token: f64,
-    /// The float32 cache's bytes per token.
-    pub f32_bytes_per_token: usize,
-    /// Cache bits per K or V value stored: bytes per token * 8 / (2 * layers * kv_heads *
-    /// head_dim); 32 for the float32 cache.
+    /// The float32 cache's bytes per token at the end of the text (its sliding layers, if
+    /// any, holding their window only).
+    #[serde(serialize_with = "cache::whole_as_integer")]
+    pub f32_bytes_per_token: f64,
+    /// Cache bits per K or V value stored: bytes per token * 32 / the float32 cache's (which
+    /// holds the same values); 32 for the float32 cache.
     pub bits_per_element: f64,
     /// Per position numbers (not serialized: the summary above is what a report prints).
     #[serde(skip)]
@@ -133,8 +135,9 @@ pub fn measure(
         Cache::Scheme(spec) => (None, None, Some(spec.scheme().to_string())),
     };
     let bytes_per_token = bytes as f64 / ids.len() as f64;
+    let windows: Vec<Option<usize>> = (0..layers).map(|l| model.window(l)).collect();
     let f32_bytes_per_token =
-        cache::f32_bytes_per_token(layers, model.kv_heads(), model.head_dim());
+        cache::f32_held_bytes_per_token(&windows, model.kv_heads(), model.head_dim(), ids.len());
     Ok(Measurement {
         setting,
         policy,
@@ -150,7 +153,7 @@ pub fn measure(
         top1_agreement: positions.top1_agreement,
         bytes_per_token,
         f32_bytes_per_token,
-        bits_per_element: bytes_per_token * 32.0 / f32_bytes_per_token as f64,
+        bits_per_element: bytes_per_token * 32.0 / f32_bytes_per_token,
         positions,
     })
 }

@@ -277,7 +277,7 @@ pub fn render(report: &Report) -> String {
     );
     row(
         "cache bytes/token",
-        m.f32_bytes_per_token.to_string(),
+        crate::report::bytes_or_whole(m.f32_bytes_per_token),
         format!("{:.1}", m.bytes_per_token),
     );
     row(

@@ -31,6 +31,15 @@ fn bytes_cell(x: f64) -> String {
     }
 }
 
+/// A byte count per token: "46,080" when whole, else as [`bytes_cell`] ("21,845.3").
+pub fn bytes_or_whole(x: f64) -> String {
+    if x.fract() == 0.0 && (0.0..9.0e15).contains(&x) {
+        thousands(x as usize)
+    } else {
+        bytes_cell(x)
+    }
+}
+
 /// `text` as a markdown code span inside a table cell.
 pub fn code_cell(text: &str) -> String {
     let body = text
@@ -107,7 +116,7 @@ pub fn quality_table(summary: &Summary) -> Table {
         "0".into(),
         "0".into(),
         "100.000%".into(),
-        thousands(f.bytes_per_token),
+        bytes_or_whole(f.bytes_per_token),
         "32.000".into(),
     ]];
     for r in &summary.rows {

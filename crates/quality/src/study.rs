@@ -585,8 +585,10 @@ pub struct ResultRow {
     pub bytes_per_token: f64,
     /// [`bits_per_element`] of `bytes_per_token`.
     pub bits_per_element: f64,
-    /// 2 * layers * kv_heads * head_dim * 4.
-    pub float32_bytes_per_token: usize,
+    /// The float32 cache's bytes per token at the end of the text: 2 * kv_heads * head_dim * 4
+    /// for each token each layer holds (every token, or a sliding layer's last 512), over T.
+    #[serde(serialize_with = "crate::cache::whole_as_integer")]
+    pub float32_bytes_per_token: f64,
     /// The first generated index that differs from the f32 cache's (`null`: none); absent
     /// without generation.
     #[serde(
@@ -605,8 +607,8 @@ pub struct ResultRow {
 
 /// Bits per stored K or V value: `bytes_per_token * 32 / float32_bytes_per_token` (32 for the
 /// float32 cache).
-pub fn bits_per_element(bytes_per_token: f64, float32_bytes_per_token: usize) -> f64 {
-    bytes_per_token * 32.0 / float32_bytes_per_token as f64
+pub fn bits_per_element(bytes_per_token: f64, float32_bytes_per_token: f64) -> f64 {
+    bytes_per_token * 32.0 / float32_bytes_per_token
 }
 
 impl ResultRow {
@@ -738,12 +740,17 @@ pub fn run_study_with(
         .num_threads(threads)
         .build()
         .map_err(|source| QualityStudyError::Threads { threads, source })?;
-    let float32_bytes =
-        crate::cache::f32_bytes_per_token(model.layers(), model.kv_heads(), model.head_dim());
+    let windows: Vec<Option<usize>> = (0..model.layers()).map(|l| model.window(l)).collect();
     let mut texts = Vec::with_capacity(all_ids.len());
     let mut rows = Vec::with_capacity(all_ids.len() * specs.len());
     for (t, ids) in all_ids.into_iter().enumerate() {
         let positions = ids.len() - 1;
+        let float32_bytes = crate::cache::f32_held_bytes_per_token(
+            &windows,
+            model.kv_heads(),
+            model.head_dim(),
+            ids.len(),
+        );
         // The float32 pass, shared by every run of this text.
         let (hidden, _) = model.hidden_with(&ids, &mut |_, _, _| Ok(()))?;
         let logits = model.logits(hidden.view());
@@ -831,7 +838,7 @@ struct RowInput<'a> {
     generate: Option<Generate>,
     f32_generated: Option<&'a [u32]>,
     f32_generated_text: Option<&'a str>,
-    float32_bytes: usize,
+    float32_bytes: f64,
 }
 
 fn one_row(
@@ -959,8 +966,9 @@ pub struct Float32Row {
     pub nll: f64,
     /// exp(nll).
     pub perplexity: f64,
-    /// 2 * layers * kv_heads * head_dim * 4.
-    pub bytes_per_token: usize,
+    /// Mean over texts of each text's `float32_bytes_per_token`.
+    #[serde(serialize_with = "crate::cache::whole_as_integer")]
+    pub bytes_per_token: f64,
 }
 
 /// A run averaged over the texts.
@@ -995,17 +1003,24 @@ pub struct SummaryRow {
     pub bytes_per_token: f64,
     /// [`bits_per_element`] of `bytes_per_token`.
     pub bits_per_element: f64,
-    /// The float32 cache's bytes per token.
-    pub float32_bytes_per_token: usize,
+    /// Mean over texts of the float32 cache's bytes per token.
+    #[serde(serialize_with = "crate::cache::whole_as_integer")]
+    pub float32_bytes_per_token: f64,
 }
 
-/// The summary of `rows` (texts, then runs in protocol order).
-pub fn summarize(protocol: &QualityProtocol, rows: &[ResultRow], float32_bytes: usize) -> Summary {
+/// The summary of `rows` (texts, then runs in protocol order). A run's bits per element are
+/// its mean bytes per token over the float32 cache's mean, times 32.
+pub fn summarize(protocol: &QualityProtocol, rows: &[ResultRow]) -> Summary {
     let runs = protocol.runs.len();
     let texts = protocol.texts.len();
     let n = texts as f64;
     let mean = |r: usize, f: &dyn Fn(&ResultRow) -> f64| {
         (0..texts).fold(0f64, |a, t| a + f(&rows[t * runs + r])) / n
+    };
+    let float32_bytes = if rows.len() == texts * runs && runs > 0 {
+        (0..texts).fold(0f64, |a, t| a + rows[t * runs].float32_bytes_per_token) / n
+    } else {
+        f64::NAN
     };
     let out: Vec<SummaryRow> = (0..runs)
         .filter(|&r| rows.len() == texts * runs && r < rows.len())

@@ -109,8 +109,7 @@ pub fn write(
         }
     }
     let results: Vec<ResultRow> = study.rows.iter().map(|r| r.result.clone()).collect();
-    let float32_bytes = results.first().map_or(0, |r| r.float32_bytes_per_token);
-    let summary = summarize(protocol, &results, float32_bytes);
+    let summary = summarize(protocol, &results);
     let markdown = crate::report::summary_markdown(protocol, study, &summary);
     let svg = crate::chart::quality_vs_bytes(protocol, &summary).map_err(|message| {
         EvidenceError::Chart {

@@ -369,8 +369,7 @@ fn quality_study(
     )?;
     bar.finish_and_clear();
     let results: Vec<_> = study.rows.iter().map(|r| r.result.clone()).collect();
-    let float32 = results.first().map_or(0, |r| r.float32_bytes_per_token);
-    let summary = quality_study::summarize(&protocol, &results, float32);
+    let summary = quality_study::summarize(&protocol, &results);
     let text = format!(
         "{}\nwrote {}\n",
         quality::report::quality_table(&summary).to_text(),

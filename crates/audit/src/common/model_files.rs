@@ -11,12 +11,12 @@
 
 use std::path::Path;
 
-use models::Capture;
 use models::bert::MiniLm;
 use models::gemma3::Gemma3;
 use models::llama::Llama;
 use models::tokenizer::bpe::Bpe;
 use models::tokenizer::spm::Spm;
+use models::{Capture, CausalLm};
 
 use crate::common::files;
 use crate::common::hashes::sha256_hex;
@@ -203,11 +203,46 @@ impl LoadedModel {
         }
     }
 
-    /// The decoder, for model-quality re-runs.
-    pub fn llama(&self) -> Option<(&Llama, &Bpe)> {
+    /// A decoder and its tokenizer, for model-quality re-runs (None for MiniLM).
+    pub fn decoder(&self) -> Option<(&dyn CausalLm, DecoderTokenizer<'_>)> {
         match self {
-            LoadedModel::SmolLm2 { llama, bpe } => Some((llama, bpe)),
-            LoadedModel::MiniLm(_) | LoadedModel::Gemma3 { .. } => None,
+            LoadedModel::SmolLm2 { llama, bpe } => {
+                Some((llama.as_ref(), DecoderTokenizer::Bpe(bpe)))
+            }
+            LoadedModel::Gemma3 { model, spm } => {
+                Some((model.as_ref(), DecoderTokenizer::Spm(spm)))
+            }
+            LoadedModel::MiniLm(_) => None,
+        }
+    }
+}
+
+/// A decoder's tokenizer: SmolLM2's BPE (no BOS) or Gemma 3's SentencePiece (BOS first).
+#[derive(Clone, Copy)]
+pub enum DecoderTokenizer<'a> {
+    /// SmolLM2's.
+    Bpe(&'a Bpe),
+    /// Gemma 3's.
+    Spm(&'a Spm),
+}
+
+impl DecoderTokenizer<'_> {
+    /// The text's ids as the model reads it.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        match self {
+            DecoderTokenizer::Bpe(bpe) => bpe.encode(text).map_err(|e| e.to_string()),
+            DecoderTokenizer::Spm(spm) => Ok(spm.encode(text)),
+        }
+    }
+
+    /// Ids as text, invalid UTF-8 replaced (the evidence format's rule for generated text).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        match self {
+            DecoderTokenizer::Bpe(bpe) => bpe
+                .decode(ids)
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .map_err(|e| e.to_string()),
+            DecoderTokenizer::Spm(spm) => spm.decode(ids).map_err(|e| e.to_string()),
         }
     }
 }

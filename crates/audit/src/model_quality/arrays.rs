@@ -16,11 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use half::f16;
 
-use super::bytes::{self, HEAD_DIM, KV_HEADS, LAYERS, WIDTH};
+use super::bytes;
+use super::geometry::Geometry;
 use super::manifest::QualityManifest;
 use super::protocol::{CALIBRATION_TOKENS, QualityProtocol, Run};
 use super::schemes::kvquant;
-use crate::common::models::ModelName;
 use crate::common::npz::{self, Archive, Element};
 use crate::common::report::{Checked, Problem, Report};
 
@@ -65,7 +65,7 @@ pub fn members(
 ) -> Vec<(String, npz::Dtype, Vec<usize>)> {
     use npz::Dtype::{F32, F64, I64};
     let generated = p.generate.map(|g| g.tokens);
-    let layers = LAYERS as usize;
+    let (layers, width) = (p.geometry().layers, p.geometry().width());
     let mut out = Vec::new();
     if p.calibration.is_some() {
         out.push(("calibration_ids".to_string(), I64, vec![calibration_ids]));
@@ -74,7 +74,7 @@ pub fn members(
             let levels = 1usize << scheme.0;
             for (name, width) in CALIBRATION_ARRAYS
                 .iter()
-                .zip([WIDTH, WIDTH, levels, levels])
+                .zip([width, width, levels, levels])
             {
                 out.push((format!("{prefix}_{name}"), F32, vec![layers, width]));
             }
@@ -157,8 +157,8 @@ fn check_logp(name: &str, values: &[f64], report: &mut Report) {
 }
 
 /// Every id below the vocabulary.
-fn check_ids(name: &str, values: &[i64], report: &mut Report) {
-    let vocabulary = i64::from(ModelName::SmolLm2.shape().vocabulary);
+fn check_ids(g: &Geometry, name: &str, values: &[i64], report: &mut Report) {
+    let vocabulary = i64::from(g.vocabulary);
     if let Some((j, v)) = values
         .iter()
         .enumerate()
@@ -191,7 +191,7 @@ fn check_calibration(p: &QualityProtocol, runs: &[Run], archive: &Archive, repor
     let schemes = QualityProtocol::kvquant_schemes(runs);
     let c = archived_calibration_ids(archive);
     if let Some(ids) = read::<i64>(archive, "calibration_ids", c, report) {
-        check_ids("calibration_ids", &ids, report);
+        check_ids(&p.geometry(), "calibration_ids", &ids, report);
         let first = schemes.iter().map(|s| s.1).max().unwrap_or(0);
         if !(first + 1..=CALIBRATION_TOKENS).contains(&c) {
             report.fail(value_problem(
@@ -207,19 +207,19 @@ fn check_calibration(p: &QualityProtocol, runs: &[Run], archive: &Archive, repor
         }
         report.count(Checked::CalibrationValues, ids.len());
     }
-    let layers = LAYERS as usize;
+    let (layers, width) = (p.geometry().layers, p.geometry().width());
     for scheme in schemes {
         let prefix = calibration_prefix(scheme);
         let upper = read_shaped::<f32>(
             archive,
             &format!("{prefix}_key_upper"),
-            &[layers, WIDTH],
+            &[layers, width],
             report,
         );
         let lower = read_shaped::<f32>(
             archive,
             &format!("{prefix}_key_lower"),
-            &[layers, WIDTH],
+            &[layers, width],
             report,
         );
         for (side, values) in [("key_upper", &upper), ("key_lower", &lower)] {
@@ -280,6 +280,7 @@ fn check_calibration(p: &QualityProtocol, runs: &[Run], archive: &Archive, repor
 
 /// A KVQuant row's outlier counts, read and held to 0 ..= 2 (T - F) W per layer.
 fn read_outliers(
+    g: &Geometry,
     id: &str,
     first: usize,
     tokens: usize,
@@ -287,8 +288,8 @@ fn read_outliers(
     report: &mut Report,
 ) -> Option<Vec<i64>> {
     let name = format!("{id}_outliers");
-    let counts = read::<i64>(archive, &name, LAYERS as usize, report)?;
-    let most = 2 * tokens.saturating_sub(first) as u128 * (KV_HEADS * HEAD_DIM as u128);
+    let counts = read::<i64>(archive, &name, g.layers, report)?;
+    let most = 2 * tokens.saturating_sub(first) as u128 * g.width() as u128;
     if let Some((j, n)) = counts
         .iter()
         .enumerate()
@@ -320,6 +321,7 @@ pub(super) fn check_arrays(
     report: &mut Report,
 ) -> Option<BTreeMap<(usize, usize), Derived>> {
     let p = &manifest.protocol;
+    let g = p.geometry();
     let expected = members(p, runs, tokens, archived_calibration_ids(archive));
     let names: Vec<&str> = expected.iter().map(|(n, _, _)| n.as_str()).collect();
     let found: Vec<&str> = archive.names().iter().map(String::as_str).collect();
@@ -372,13 +374,13 @@ pub(super) fn check_arrays(
         }
         let f32_argmax = read::<i64>(archive, &format!("t{i}_f32_argmax"), t - 1, report);
         if let Some(v) = &f32_argmax {
-            check_ids(&format!("t{i}_f32_argmax"), v, report);
+            check_ids(&g, &format!("t{i}_f32_argmax"), v, report);
         }
         let f32_generated = match generated {
             Some(n) => {
                 let v = read::<i64>(archive, &format!("t{i}_f32_generated"), n, report);
                 if let Some(v) = &v {
-                    check_ids(&format!("t{i}_f32_generated"), v, report);
+                    check_ids(&g, &format!("t{i}_f32_generated"), v, report);
                 }
                 v.map(Some)
             }
@@ -406,19 +408,19 @@ pub(super) fn check_arrays(
             }
             let argmax = read::<i64>(archive, &format!("{id}_argmax"), t - 1, report);
             if let Some(v) = &argmax {
-                check_ids(&format!("{id}_argmax"), v, report);
+                check_ids(&g, &format!("{id}_argmax"), v, report);
             }
             // A KVQuant row's bytes need its outlier counts; any other row's need none.
             let bytes = match run.kvquant() {
-                Some(scheme) => read_outliers(&id, scheme.1, t, archive, report)
-                    .map(|counts| bytes::kvquant_bytes_per_token(scheme, t, &counts)),
-                None => Some(bytes::bytes_per_token(run, t)),
+                Some(scheme) => read_outliers(&g, &id, scheme.1, t, archive, report)
+                    .map(|counts| bytes::kvquant_bytes_per_token(scheme, &g, t, &counts)),
+                None => Some(bytes::bytes_per_token(run, &g, t)),
             };
             let row_generated = match generated {
                 Some(n) => {
                     let v = read::<i64>(archive, &format!("{id}_generated"), n, report);
                     if let Some(v) = &v {
-                        check_ids(&format!("{id}_generated"), v, report);
+                        check_ids(&g, &format!("{id}_generated"), v, report);
                     }
                     v.map(Some)
                 }
@@ -630,7 +632,8 @@ mod tests {
         );
         let mut report = Report::new(String::new());
         check_calibration(&p, &runs, &a, &mut report);
-        let counts = read_outliers("row", 1, t, &a, &mut report);
+        let g = Geometry::named("smollm2").unwrap();
+        let counts = read_outliers(&g, "row", 1, t, &a, &mut report);
         assert_eq!(
             counts.is_some(),
             !report

@@ -13,7 +13,11 @@
 //!   to, [`crate::packed_kv::tensors::Stored`]: packed code bytes of the padded grouped view, 4
 //!   bytes per f32 scale, packed zero points when asymmetric, 8 shape bytes), and float32
 //!   positions cost 4 bytes per value;
-//! - the cache's bytes are the sum times layers times KV heads; bytes per token divides by T.
+//! - the cache's bytes are the sum times layers times KV heads; bytes per token divides by T;
+//! - a sliding layer past its window W (Gemma 3's, [`super::geometry`]) needs no position
+//!   before n - W: per side it holds the units that contain a position from n - W on, their
+//!   tiers as above by absolute position, and a scheme's sliding layer is billed as the
+//!   scheme's cache of its last W tokens alone.
 //!
 //! A scheme's cache is billed by the audit's own rule for that scheme
 //! ([`super::schemes::stored_bytes`]), layer by layer (edge layers may differ), summed.
@@ -30,19 +34,11 @@
 //!
 //! Sizes are counted in u128, so no protocol can overflow them.
 
+use crate::model_quality::geometry::Geometry;
 use crate::model_quality::protocol::{CodecRun, Run, RunCache, Schedule, Window};
 use crate::model_quality::schemes::{self, AuditScheme};
 use crate::packed_kv::decoder::GroupAxis;
 use crate::packed_kv::protocol::Mode;
-
-/// SmolLM2's layers.
-pub const LAYERS: u128 = 30;
-/// SmolLM2's KV heads.
-pub const KV_HEADS: u128 = 3;
-/// SmolLM2's head dimension.
-pub const HEAD_DIM: usize = 64;
-/// The float32 cache's bytes per token: 2 * 30 * 3 * 64 * 4.
-pub const FLOAT32_BYTES_PER_TOKEN: u128 = 2 * LAYERS * KV_HEADS * HEAD_DIM as u128 * 4;
 
 /// The codec's payload of one `tokens` x `features` tensor of `bits`-bit codes in groups of
 /// `group` along `axis`.
@@ -105,10 +101,20 @@ pub fn tier(run: &CodecRun, axis: GroupAxis, j: usize, n: usize) -> Tier {
     }
 }
 
-fn side_bytes(run: &CodecRun, axis: GroupAxis, tokens: usize) -> u128 {
+/// One KV head's K or V from the unit holding position `first` on (0 unless a sliding layer
+/// dropped the positions before: module docs).
+fn side_bytes(
+    run: &CodecRun,
+    axis: GroupAxis,
+    (first, tokens): (usize, usize),
+    head_dim: usize,
+) -> u128 {
     let s = run.setting;
     let mut bytes = 0;
-    let mut start = 0;
+    let mut start = match axis {
+        GroupAxis::Token => first / s.group_size * s.group_size,
+        GroupAxis::Feature => first,
+    };
     while start < tokens {
         let t = tier(run, axis, start, tokens);
         let mut end = start + 1;
@@ -117,9 +123,9 @@ fn side_bytes(run: &CodecRun, axis: GroupAxis, tokens: usize) -> u128 {
         }
         let len = end - start;
         bytes += match t {
-            Tier::F32 => (len * HEAD_DIM * 4) as u128,
-            Tier::Low => tensor_bytes(s.mode, s.bits, s.group_size, axis, len, HEAD_DIM),
-            Tier::High => tensor_bytes(s.mode, 8, s.group_size, axis, len, HEAD_DIM),
+            Tier::F32 => (len * head_dim * 4) as u128,
+            Tier::Low => tensor_bytes(s.mode, s.bits, s.group_size, axis, len, head_dim),
+            Tier::High => tensor_bytes(s.mode, 8, s.group_size, axis, len, head_dim),
         };
         start = end;
     }
@@ -135,36 +141,46 @@ pub fn axes(run: &CodecRun) -> (GroupAxis, GroupAxis) {
     }
 }
 
-/// The cache's bytes for `tokens` tokens of SmolLM2 under a codec run.
-pub fn cache_bytes(run: &CodecRun, tokens: usize) -> u128 {
+/// The cache's bytes for `tokens` tokens of the decoder `g` under a codec run: per layer and
+/// KV head, each side from the first position the layer still holds.
+pub fn cache_bytes(run: &CodecRun, g: &Geometry, tokens: usize) -> u128 {
     let (k, v) = axes(run);
-    LAYERS * KV_HEADS * (side_bytes(run, k, tokens) + side_bytes(run, v, tokens))
+    (0..g.layers)
+        .map(|layer| {
+            let held = (g.first_held(layer, tokens), tokens);
+            g.kv_heads as u128
+                * (side_bytes(run, k, held, g.head_dim) + side_bytes(run, v, held, g.head_dim))
+        })
+        .sum()
 }
 
-/// The cache's bytes for `tokens` tokens of SmolLM2 under a scheme: the sum over layers.
-pub fn scheme_bytes(name: &str, schedule: Schedule, tokens: usize) -> Result<u128, String> {
+/// The cache's bytes for `tokens` tokens of the decoder `g` under a scheme: the sum over
+/// layers, a sliding layer past its window billed as the scheme's cache of its last `window`
+/// tokens alone (module docs).
+pub fn scheme_bytes(
+    name: &str,
+    schedule: Schedule,
+    g: &Geometry,
+    tokens: usize,
+) -> Result<u128, String> {
     let scheme = AuditScheme::parse(name)?;
     let reading = match schedule {
         Schedule::Streaming => schemes::ReadSchedule::Streaming,
         // Causal is accepted only for per-token schemes, where it stores what prefill does.
         Schedule::Prefill | Schedule::Causal => schemes::ReadSchedule::Prefill,
     };
-    let layers = LAYERS as usize;
-    (0..layers).try_fold(0u128, |sum, layer| {
+    (0..g.layers).try_fold(0u128, |sum, layer| {
         let bytes = schemes::stored_bytes(
             &scheme,
             reading,
-            (layer, layers),
-            KV_HEADS as usize,
-            HEAD_DIM,
-            tokens,
+            (layer, g.layers),
+            g.kv_heads,
+            g.head_dim,
+            tokens - g.first_held(layer, tokens),
         )?;
         Ok(sum + bytes as u128)
     })
 }
-
-/// SmolLM2's row width W = kv_heads * head_dim.
-pub const WIDTH: usize = KV_HEADS as usize * HEAD_DIM;
 
 /// The bytes one KVQuant layer stores whatever its values (module docs): `tokens` tokens at
 /// `bits` bits with `first` first tokens kept in fp16, rows of `width` values; its outliers'
@@ -178,41 +194,50 @@ pub fn kvquant_layer_shape_bytes(bits: u32, first: usize, width: usize, tokens: 
     2 * quantized * (codes + 2) + quantized * 8 + 2 * kept * width * 2 + calibration
 }
 
-/// A KVQuant cache's bytes for `tokens` tokens of SmolLM2 with each layer's archived outlier
-/// count (module docs); refused for counts that are not one per layer, or negative.
+/// A KVQuant cache's bytes for `tokens` tokens of the decoder `g` with each layer's archived
+/// outlier count (module docs; a sliding layer past its window billed for its last `window`
+/// tokens); refused for counts that are not one per layer, or negative.
 pub fn kvquant_bytes(
     (bits, first): (u32, usize),
+    g: &Geometry,
     tokens: usize,
     outliers: &[i64],
 ) -> Result<u128, String> {
-    if outliers.len() != LAYERS as usize {
+    if outliers.len() != g.layers {
         return Err(format!(
-            "{} outlier counts, where SmolLM2 has {LAYERS} layers",
-            outliers.len()
+            "{} outlier counts, where {} has {} layers",
+            outliers.len(),
+            g.model.name(),
+            g.layers
         ));
     }
-    outliers.iter().try_fold(0u128, |sum, &n| {
-        let n = u128::try_from(n).map_err(|_| format!("an outlier count of {n}"))?;
-        Ok(sum + kvquant_layer_shape_bytes(bits, first, WIDTH, tokens) + 4 * n)
-    })
+    outliers
+        .iter()
+        .enumerate()
+        .try_fold(0u128, |sum, (layer, &n)| {
+            let n = u128::try_from(n).map_err(|_| format!("an outlier count of {n}"))?;
+            let held = tokens - g.first_held(layer, tokens);
+            Ok(sum + kvquant_layer_shape_bytes(bits, first, g.width(), held) + 4 * n)
+        })
 }
 
 /// Bytes per token: cache bytes as f64 over T as f64 (a KVQuant run's by [`kvquant_bytes`]
 /// from its archived outlier counts).
 pub fn kvquant_bytes_per_token(
     scheme: (u32, usize),
+    g: &Geometry,
     tokens: usize,
     outliers: &[i64],
 ) -> Result<f64, String> {
-    Ok(kvquant_bytes(scheme, tokens, outliers)? as f64 / tokens as f64)
+    Ok(kvquant_bytes(scheme, g, tokens, outliers)? as f64 / tokens as f64)
 }
 
 /// Bytes per token: cache bytes as f64 over T as f64 (KVQuant refused: its bytes need the
 /// outlier counts, [`kvquant_bytes_per_token`]).
-pub fn bytes_per_token(run: &Run, tokens: usize) -> Result<f64, String> {
+pub fn bytes_per_token(run: &Run, g: &Geometry, tokens: usize) -> Result<f64, String> {
     let bytes = match &run.cache {
-        RunCache::Codec(codec) => cache_bytes(codec, tokens),
-        RunCache::Scheme(name) => scheme_bytes(name, run.schedule, tokens)?,
+        RunCache::Codec(codec) => cache_bytes(codec, g, tokens),
+        RunCache::Scheme(name) => scheme_bytes(name, run.schedule, g, tokens)?,
     };
     Ok(bytes as f64 / tokens as f64)
 }
@@ -224,6 +249,12 @@ mod tests {
         CodecRun, RunCache, RunLabels, parse_policy, parse_schedule, parse_setting,
     };
     use crate::packed_kv::decoder::Grid;
+
+    const HEAD_DIM: usize = 64;
+
+    fn smollm2() -> Geometry {
+        Geometry::named("smollm2").unwrap()
+    }
 
     fn run(label: &str, policy: &str, schedule: &str) -> Run {
         let setting = parse_setting(label).unwrap();
@@ -304,16 +335,48 @@ mod tests {
         for (setting, policy, schedule, tokens, bytes) in cases {
             let r = run(setting, policy, schedule);
             assert_eq!(
-                cache_bytes(r.codec().unwrap(), tokens),
+                cache_bytes(r.codec().unwrap(), &smollm2(), tokens),
                 bytes,
                 "{setting} {policy} {schedule}"
             );
             assert_eq!(
-                bytes_per_token(&r, tokens).unwrap(),
+                bytes_per_token(&r, &smollm2(), tokens).unwrap(),
                 bytes as f64 / tokens as f64
             );
         }
-        assert_eq!(FLOAT32_BYTES_PER_TOKEN, 46_080);
+    }
+
+    /// Hand-computed for Gemma 3 (1 KV head of 256) at T = 600: its 3 global layers hold all
+    /// 600 tokens, its 15 sliding layers the units holding positions 88..600.
+    #[test]
+    fn gemma3_sliding_layers_are_billed_for_their_window() {
+        let g = Geometry::named("gemma3").unwrap();
+        // g32_b4 prefill. Global: K 256 rows x 19 groups of 32 (600 padded to 608) at 4 bits
+        // = 77,824 B + 19 x 256 scales x 4 = 19,456 + 8 = 97,288; V 600 rows x 8 groups:
+        // 76,800 B + 4,800 x 4 = 19,200 + 8 = 96,008. Sliding: K from the group 64..96 (it
+        // holds 88): 536 tokens, 17 groups: 69,632 + 17,408 + 8 = 87,048; V from 88: 512 rows:
+        // 65,536 + 16,384 + 8 = 81,928.
+        let r = run("g32_b4", "uniform", "prefill");
+        assert_eq!(
+            cache_bytes(r.codec().unwrap(), &g, 600),
+            3 * (97_288 + 96_008) + 15 * (87_048 + 81_928)
+        );
+        // llama.cpp q8_0: 8 blocks of 34 bytes per token and side; sliding layers hold 512.
+        let q8 = scheme_bytes("llamacpp-q8_0", Schedule::Prefill, &g, 600).unwrap();
+        assert_eq!(q8, (3 * 600 + 15 * 512) * 2 * 8 * 34);
+        // Below the window every layer holds every token.
+        assert_eq!(
+            scheme_bytes("llamacpp-q8_0", Schedule::Prefill, &g, 500).unwrap(),
+            18 * 500 * 2 * 8 * 34
+        );
+        // KVQuant: the shape part of 600 tokens for global layers, of 512 for sliding ones.
+        let outliers = vec![1i64; 18];
+        assert_eq!(
+            kvquant_bytes((4, 1), &g, 600, &outliers).unwrap(),
+            3 * kvquant_layer_shape_bytes(4, 1, 256, 600)
+                + 15 * kvquant_layer_shape_bytes(4, 1, 256, 512)
+                + 18 * 4
+        );
     }
 
     /// Hand-computed from the spec, W = 192.
@@ -323,7 +386,7 @@ mod tests {
         // count of 2 per row and side, 2 x 9 x 98 = 1,764; value metadata 9 x 8 = 72; the first
         // row per side 2 x 192 x 2 = 768; calibration 192 x 4 + 2 x 16 x 4 = 896.
         assert_eq!(
-            kvquant_layer_shape_bytes(4, 1, WIDTH, 10),
+            kvquant_layer_shape_bytes(4, 1, 3 * HEAD_DIM, 10),
             1764 + 72 + 768 + 896
         );
         // kvquant3, W = 5 (codes 15 bits = 2 bytes), T = 3: 2 x 3 x 4 + 24 + 0 + 20 + 64.
@@ -336,16 +399,16 @@ mod tests {
         let mut outliers = vec![0i64; 30];
         outliers[3] = 7;
         assert_eq!(
-            kvquant_bytes((4, 1), 10, &outliers).unwrap(),
+            kvquant_bytes((4, 1), &smollm2(), 10, &outliers).unwrap(),
             30 * 3500 + 28
         );
         assert_eq!(
-            kvquant_bytes_per_token((4, 1), 10, &outliers).unwrap(),
+            kvquant_bytes_per_token((4, 1), &smollm2(), 10, &outliers).unwrap(),
             (30 * 3500 + 28) as f64 / 10.0
         );
-        assert!(kvquant_bytes((4, 1), 10, &outliers[1..]).is_err());
+        assert!(kvquant_bytes((4, 1), &smollm2(), 10, &outliers[1..]).is_err());
         outliers[0] = -1;
-        assert!(kvquant_bytes((4, 1), 10, &outliers).is_err());
+        assert!(kvquant_bytes((4, 1), &smollm2(), 10, &outliers).is_err());
     }
 
     /// The shape part plus 4 bytes per outlier is what kvschemes' KVQuant cache stores.

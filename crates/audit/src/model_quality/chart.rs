@@ -15,14 +15,12 @@
 //! order under `settings (uniform policy)`, `with a budget policy (hollow)` and `schemes of the
 //! literature` (a heading only when it has series).
 
-use super::bytes::FLOAT32_BYTES_PER_TOKEN;
 use super::frontier::on_frontier;
 use super::protocol::{Run, SeriesGroup};
 use super::summary::Aggregate;
 use crate::common::panels::{ExpectedChart, ExpectedMarker, ExpectedPanel, check_panels};
 use crate::common::report::{Problem, Report};
 use crate::common::svg::decimal_label;
-use crate::common::text::thousands;
 
 const GROUPS: [(SeriesGroup, &str); 3] = [
     (SeriesGroup::Uniform, "settings (uniform policy)"),
@@ -54,7 +52,9 @@ pub(super) fn check_chart(
         }
     }
     let frontier = on_frontier(runs, aggregates);
-    let float32 = FLOAT32_BYTES_PER_TOKEN;
+    let float32 = aggregates
+        .first()
+        .map_or(f64::NAN, |a| a.float32_bytes_per_token);
     let panels = schedules
         .iter()
         .enumerate()
@@ -103,8 +103,11 @@ pub(super) fn check_chart(
                 attributes: vec![("data-schedule", schedule.clone())],
                 title: format!("schedule: {schedule}"),
                 first_column: column == 0,
-                float32: float32 as f64,
-                float32_label: format!("float32 {} B/token", thousands(float32)),
+                float32,
+                float32_label: format!(
+                    "float32 {} B/token",
+                    super::tables::whole_or_bytes_cell(float32)
+                ),
                 empty_note: "every KL is 0: nothing to mark on a log scale",
                 markers,
                 frontier: steps,

@@ -88,7 +88,7 @@ pub fn audit(
         return;
     };
     let aggregates: Vec<Aggregate> = (0..runs.len())
-        .map(|r| aggregate(&derived, p.texts.len(), r))
+        .map(|r| aggregate(&derived, &tokens, r, &p.geometry()))
         .collect();
     if let Some(bytes) = texts.get("summary.json") {
         match parse_json::<QualitySummary>("summary.json", bytes) {

@@ -9,7 +9,6 @@
 //!   budget, per schedule (in order of first appearance), runs are ranked by mean KL, lowest
 //!   first, ties in run order, ranks counting from 1.
 
-use super::bytes::FLOAT32_BYTES_PER_TOKEN;
 use super::protocol::Run;
 use super::summary::Aggregate;
 
@@ -18,7 +17,9 @@ pub const BUDGETS: [f64; 3] = [2.5, 4.5, 8.5];
 
 /// Whether each run is on its schedule's frontier.
 pub fn on_frontier(runs: &[Run], aggregates: &[Aggregate]) -> Vec<bool> {
-    let float32 = FLOAT32_BYTES_PER_TOKEN as f64;
+    let float32 = aggregates
+        .first()
+        .map_or(f64::NAN, |a| a.float32_bytes_per_token);
     let beats =
         |(b1, k1): (f64, f64), (b2, k2): (f64, f64)| b1 <= b2 && k1 <= k2 && (b1 < b2 || k1 < k2);
     runs.iter()

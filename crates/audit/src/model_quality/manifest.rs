@@ -9,7 +9,6 @@ use serde::Deserialize;
 use super::protocol::QualityProtocol;
 use crate::common::files::{self, MAX_TEXT_BYTES};
 use crate::common::manifest::{Git, Platform, Tool};
-use crate::common::models::ModelName;
 use crate::common::report::{Problem, Report};
 
 /// A model-quality manifest.json.
@@ -93,7 +92,7 @@ pub(super) fn check_fields(tree: &Path, manifest: &QualityManifest, report: &mut
 pub(super) fn check_model(manifest: &QualityManifest, report: &mut Report) -> Option<Vec<usize>> {
     let record = &manifest.model;
     let p = &manifest.protocol;
-    let model = ModelName::SmolLm2;
+    let model = p.geometry().model;
     let pin = model.pin();
     let fail = |report: &mut Report, field: String, found: String, expected: String| {
         report.fail(Problem::ModelRecord {

@@ -1,9 +1,9 @@
-//! Model-quality evidence (`model-quality-evidence/2`): what a SmolLM2 run scores when its KV
-//! cache is packed, checked from the arrays up.
+//! Model-quality evidence (`model-quality-evidence/2`): what a decoder (SmolLM2 or Gemma 3,
+//! [`geometry`]) scores when its KV cache is packed, checked from the arrays up.
 //!
 //! # What a PASS means for this format
 //!
-//! The audit re-runs SmolLM2 ([`rerun`]): it re-tokenizes each text and requires the recorded
+//! The audit re-runs the protocol's decoder ([`rerun`]): it re-tokenizes each text and requires the recorded
 //! ids, runs the float32 pass and every run's pass with its own implementation of the packed
 //! cache ([`cache`]) or of the run's scheme of the literature ([`schemes`]: KIVI, quanto,
 //! llama.cpp's block types and rotation, this project's codec as a scheme) in the model's KV
@@ -32,19 +32,20 @@
 //!   a calibration text that is not evaluated;
 //! - the files: exactly manifest.json and [`QUALITY_FILES`], each hashing as recorded; the
 //!   sources as for packed-KV manifests ([`crate::common::sources`]); the model record pinned, its
-//!   ids `t{i}` one list per text of T = min(max_tokens, the text's length) >= 2 ids below 49,152;
+//!   ids `t{i}` one list per text of T = min(max_tokens, the text's length) >= 2 ids below the
+//!   model's vocabulary (SmolLM2 49,152, Gemma 3 262,144);
 //! - arrays.npz: exactly the members the format lists, in order, each of its dtype and shape;
 //!   `t{i}_ids` the manifest's ids; every log-prob finite and <= 0, every KL finite and >= 0
-//!   (-1e-12 allowed for rounding), every argmax and generated id below 49,152; with a
-//!   calibration, `calibration_ids` below 49,152, thresholds finite fp16 values, levels
+//!   (-1e-12 allowed for rounding), every argmax and generated id below the vocabulary; with a
+//!   calibration, `calibration_ids` below it, thresholds finite fp16 values, levels
 //!   ascending within [-1, 1], outlier counts within the cache ([`arrays`]);
 //! - results.json, summary.json, summary.md and quality-vs-bytes.svg re-derived as above, to
 //!   the audit's relative tolerance ([`crate::common::tolerance::close`]) for figures and
 //!   exactly for rendered cells.
 
 //!
-//! The modules, one concern each: [`protocol`] (schema and bounds), [`bytes`] (the cache-size
-//! rule), [`cache`] (the packed cache a re-run reads), [`schemes`] (each scheme of the
+//! The modules, one concern each: [`protocol`] (schema and bounds), [`geometry`] (the decoder's
+//! sizes and sliding layers), [`bytes`] (the cache-size rule), [`cache`] (the packed cache a re-run reads), [`schemes`] (each scheme of the
 //! literature, written again from its source), [`frontier`] (the Pareto frontier and the
 //! matched-budget ranking), [`rerun`] (the passes re-run, and the
 //! checks that need no model), [`manifest`] (the manifest and its model record), [`arrays`] (arrays.npz: members,
@@ -58,6 +59,7 @@ pub mod cache;
 pub mod chart;
 pub mod directory;
 pub mod frontier;
+pub mod geometry;
 pub mod manifest;
 pub mod protocol;
 pub mod rerun;

@@ -16,6 +16,7 @@
 //! [`CALIBRATION_TOKENS`] ids (SmolLM2's BPE, no BOS, as the texts are encoded) are the
 //! calibration pass's.
 
+use super::geometry::Geometry;
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -359,6 +360,14 @@ fn plain_name(name: &str, longest: usize) -> bool {
 }
 
 impl QualityProtocol {
+    /// The decoder the protocol names; SmolLM2's for a protocol that [`Self::validate`]
+    /// refuses (no check reads it then).
+    pub fn geometry(&self) -> Geometry {
+        Geometry::named(&self.model)
+            .or_else(|| Geometry::of(crate::common::models::ModelName::SmolLm2))
+            .expect("SmolLM2 is a decoder")
+    }
+
     /// Applies the format's bounds and parses every run; the first field refused is named.
     pub fn validate(&self) -> Result<Vec<Run>, ProtocolError> {
         if !plain_name(&self.study, MAX_STUDY_NAME) {
@@ -367,10 +376,10 @@ impl QualityProtocol {
                 "1 to 64 ASCII letters, digits, '-', '_' or '.'",
             ));
         }
-        if self.model != "smollm2" {
+        if Geometry::named(&self.model).is_none() {
             return Err(refuse(
                 "model",
-                "only smollm2 (an encoder has no next-token distribution)",
+                "smollm2 or gemma3 (an encoder has no next-token distribution)",
             ));
         }
         if !(1..=MAX_TEXTS).contains(&self.texts.len()) {

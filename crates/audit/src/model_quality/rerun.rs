@@ -1,7 +1,9 @@
-//! Model-quality values re-derived by re-running SmolLM2, and the checks that need no model.
+//! Model-quality values re-derived by re-running the protocol's decoder (SmolLM2 or Gemma 3),
+//! and the checks that need no model.
 //!
 //! With the model ([`crate::common::model_files`]), per text the audit re-tokenizes the
-//! protocol's text (SmolLM2's BPE, no BOS, cut to `max_tokens`) and requires the manifest's ids;
+//! protocol's text (SmolLM2's BPE, no BOS; Gemma 3's SentencePiece, BOS first; cut to
+//! `max_tokens`) and requires the manifest's ids;
 //! runs the float32 pass and requires `t{i}_f32_logp` and `t{i}_f32_argmax` bit for bit and
 //! `t{i}_f32_generated` (greedy from the first `prompt_tokens` ids, the model's own cached
 //! generation); then per run it runs the pass with its own packed cache ([`super::cache`]) in
@@ -17,10 +19,10 @@
 //! in the last bit is a different computation, and fails.
 //!
 //! With the model, every generated text in results.json must also be its archived ids decoded
-//! (SmolLM2's BPE, UTF-8 with invalid bytes replaced).
+//! (the model's tokenizer, UTF-8 with invalid bytes replaced).
 //!
 //! With a calibration text, before the passes (pass `calibration`): the text's first
-//! [`CALIBRATION_TOKENS`] ids (SmolLM2's BPE, no BOS) must be `calibration_ids`; when a run is
+//! [`CALIBRATION_TOKENS`] ids (the model's tokenizer) must be `calibration_ids`; when a run is
 //! KVQuant, one float32 pass over them keeps every layer's keys before RoPE and values, the
 //! audit's own KVQuant ([`kvquant::Calibration::fit`]) fits each KVQuant scheme's calibration
 //! once, and `calibration_<scheme>_key_upper`, `_key_lower` (the fp16 thresholds widened),
@@ -34,9 +36,8 @@
 //! for the scored token t; and the float32 run's first generated token is its argmax at the last
 //! prompt position (the cached generation's logits are a full pass's, bit for bit).
 
-use models::llama::{Llama, OwnKv, argmax};
-use models::ops;
-use models::tokenizer::bpe::Bpe;
+use models::CausalLm;
+use models::llama::{OwnKv, argmax};
 use ndarray::{Array2, s};
 use rayon::prelude::*;
 
@@ -45,8 +46,7 @@ use super::cache;
 use super::protocol::{CALIBRATION_TOKENS, QualityProtocol, Run};
 use super::results::QualityRow;
 use super::schemes::kvquant::{self, Calibration};
-use crate::common::model_files::{self, LoadedModel};
-use crate::common::models::ModelName;
+use crate::common::model_files::{self, DecoderTokenizer};
 use crate::common::npz::{Archive, Element};
 use crate::common::options::Options;
 use crate::common::report::{Checked, Note, Problem, Report};
@@ -81,30 +81,51 @@ fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
     sum
 }
 
+/// Positions whose logits a re-run holds at once (Gemma 3's rows are 1 MiB each).
+const LOGIT_BLOCK: usize = 64;
+
 /// The per-position values of one pass.
 struct Scored {
     logp: Vec<f64>,
     argmax: Vec<i64>,
-    /// Log-softmax rows, kept for the float32 pass (KL needs them).
+    /// Log-softmax rows, kept for the float32 pass (each run's KL reads them).
     rows: Vec<Vec<f64>>,
+    /// KL(p_f32 || p) per position, for a pass scored against the float32 one.
+    kl: Vec<f64>,
 }
 
-fn score(ids: &[u32], logits: &Array2<f32>, keep_rows: bool) -> Scored {
+/// Scores the pass whose stream is `hidden`, its LM head [`LOGIT_BLOCK`] positions at a time:
+/// the float32 pass (`reference` None) keeps its log-softmax rows; a run's pass takes each
+/// position's KL against `reference`'s.
+fn score_blocks(
+    lm: &dyn CausalLm,
+    ids: &[u32],
+    hidden: &Array2<f32>,
+    reference: Option<&Scored>,
+) -> Scored {
     let positions = ids.len().saturating_sub(1);
     let mut out = Scored {
         logp: Vec::with_capacity(positions),
         argmax: Vec::with_capacity(positions),
         rows: Vec::new(),
+        kl: Vec::new(),
     };
-    for j in 0..positions {
-        let row = logits.row(j);
-        let row = row.as_slice().unwrap_or(&[]);
-        let ls = log_softmax(row);
-        out.logp
-            .push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
-        out.argmax.push(i64::from(argmax(row)));
-        if keep_rows {
-            out.rows.push(ls);
+    for start in (0..positions).step_by(LOGIT_BLOCK) {
+        let block = start..(start + LOGIT_BLOCK).min(positions);
+        let logits = lm.logits(hidden.slice(s![block.clone(), ..]));
+        for (r, j) in block.enumerate() {
+            let row = logits.row(r);
+            let row = row.as_slice().unwrap_or(&[]);
+            let ls = log_softmax(row);
+            out.logp
+                .push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
+            out.argmax.push(i64::from(argmax(row)));
+            match reference {
+                Some(f32) => out
+                    .kl
+                    .push(f32.rows.get(j).map_or(f64::NAN, |a| kl(a, &ls))),
+                None => out.rows.push(ls),
+            }
         }
     }
     out
@@ -124,22 +145,21 @@ fn calibration_of<'a>(calibrations: &'a Calibrations, run: &Run) -> Option<&'a C
 
 /// Greedy tokens with the audit's packed cache: each step a pass over everything so far.
 fn greedy(
-    model: &Llama,
+    model: &dyn CausalLm,
     prompt: &[u32],
     n: usize,
     run: &Run,
     calibration: Option<&Calibration>,
 ) -> Result<Vec<i64>, String> {
     let mut ids = prompt.to_vec();
-    let layers = model.config().layers;
+    let layers = model.layers();
     for _ in 0..n {
         let (hidden, _) = model
-            .hidden_with_layer_source(&ids, |l, kv| {
+            .hidden_with_layer_source(&ids, &mut |l, kv| {
                 Ok(cache::layer_source(run, calibration, (l, layers), kv)?.0)
             })
             .map_err(|e| e.to_string())?;
-        let last = model.final_norm(&hidden.slice(s![hidden.nrows() - 1.., ..]).to_owned());
-        let logits = ops::linear(last.view(), model.weights().token_embd.view(), None);
+        let logits = model.logits(hidden.slice(s![hidden.nrows() - 1.., ..]));
         ids.push(argmax(logits.row(0).as_slice().unwrap_or(&[])));
     }
     Ok(ids[prompt.len()..].iter().map(|&t| i64::from(t)).collect())
@@ -259,7 +279,8 @@ impl Rerun<'_> {
     /// generated text (module docs).
     pub(super) fn check(&self, archive: &Archive, options: &Options, report: &mut Report) {
         let all = pass_ids(self.protocol, self.runs);
-        let Some(model) = model_files::load(ModelName::SmolLm2, &options.models, report) else {
+        let decoder = self.protocol.geometry().model;
+        let Some(model) = model_files::load(decoder, &options.models, report) else {
             report.unverified(format!(
                 "{} model passes (log-probs, KL values, argmaxes and generated ids) were not \
                  re-run",
@@ -270,10 +291,10 @@ impl Rerun<'_> {
             }
             return;
         };
-        let Some((llama, bpe)) = model.llama() else {
+        let Some((lm, tokenizer)) = model.decoder() else {
             return;
         };
-        self.check_texts(bpe, archive, report);
+        self.check_texts(tokenizer, archive, report);
         let chosen = sample::choose(&all, self.arrays_sha256, options.sample);
         if chosen.len() < all.len() {
             report.note(Note::Sampled {
@@ -283,7 +304,7 @@ impl Rerun<'_> {
         }
         let sampled = chosen.len() < all.len();
         let calibrations = if !sampled || reads_calibration(self.protocol, self.runs, &chosen) {
-            self.check_calibration(llama, bpe, archive, report)
+            self.check_calibration(lm, tokenizer, archive, report)
         } else {
             if self.protocol.calibration.is_some() {
                 report.note(Note::CalibrationNotSampled);
@@ -296,8 +317,8 @@ impl Rerun<'_> {
             self.ids,
             &chosen,
             &calibrations,
-            &model,
-            llama,
+            tokenizer,
+            lm,
             archive,
             report,
         );
@@ -308,8 +329,8 @@ impl Rerun<'_> {
     /// KVQuant runs' passes read.
     fn check_calibration(
         &self,
-        llama: &Llama,
-        bpe: &Bpe,
+        lm: &dyn CausalLm,
+        tokenizer: DecoderTokenizer<'_>,
         archive: &Archive,
         report: &mut Report,
     ) -> Calibrations {
@@ -317,7 +338,7 @@ impl Rerun<'_> {
         let Some(text) = &self.protocol.calibration else {
             return Vec::new();
         };
-        let ids = match bpe.encode(&text.text) {
+        let ids = match tokenizer.encode(&text.text) {
             Ok(mut ids) => {
                 ids.truncate(CALIBRATION_TOKENS);
                 ids
@@ -358,8 +379,8 @@ impl Rerun<'_> {
         if schemes.is_empty() {
             return Vec::new();
         }
-        let mut layers = Vec::with_capacity(llama.config().layers);
-        let plain = llama.hidden_with_layer_source(&ids, |_, kv| {
+        let mut layers = Vec::with_capacity(lm.layers());
+        let plain = lm.hidden_with_layer_source(&ids, &mut |_, kv| {
             layers.push((kv.k_pre_rope.clone(), kv.v.clone()));
             Ok(Box::new(OwnKv::new(kv.k, kv.v)))
         });
@@ -426,7 +447,7 @@ impl Rerun<'_> {
 
     /// results.json's generated texts are the archived ids decoded (UTF-8, invalid bytes
     /// replaced), as the format says.
-    fn check_texts(&self, bpe: &Bpe, archive: &Archive, report: &mut Report) {
+    fn check_texts(&self, tokenizer: DecoderTokenizer<'_>, archive: &Archive, report: &mut Report) {
         let Some(g) = self.protocol.generate else {
             return;
         };
@@ -436,7 +457,7 @@ impl Rerun<'_> {
                 .iter()
                 .map(|&x| u32::try_from(x).ok())
                 .collect::<Option<_>>()?;
-            Some(String::from_utf8_lossy(&bpe.decode(&ids).ok()?).into_owned())
+            tokenizer.decode(&ids).ok()
         };
         for row in self.rows {
             for (field, written, array) in [
@@ -476,8 +497,8 @@ fn passes(
     ids: &[Vec<u32>],
     chosen: &[String],
     calibrations: &Calibrations,
-    model: &LoadedModel,
-    llama: &Llama,
+    tokenizer: DecoderTokenizer<'_>,
+    lm: &dyn CausalLm,
     archive: &Archive,
     report: &mut Report,
 ) {
@@ -490,9 +511,9 @@ fn passes(
         if !chosen.contains(&f32_pass) && rows.is_empty() {
             continue;
         }
-        check_tokens(model, &text.text, p.max_tokens, recorded, t, report);
-        let plain = match llama.forward(recorded) {
-            Ok(c) => c,
+        check_tokens(tokenizer, &text.text, p.max_tokens, recorded, t, report);
+        let plain = match lm.hidden_with(recorded, &mut |_, _, _| Ok(())) {
+            Ok((hidden, _)) => hidden,
             Err(e) => {
                 return report.fail(Problem::RerunFailed {
                     pass: f32_pass,
@@ -500,11 +521,8 @@ fn passes(
                 });
             }
         };
-        let Some(logits) = plain.logits else {
-            return;
-        };
-        let f32_scored = score(recorded, &logits, true);
-        drop(logits);
+        let f32_scored = score_blocks(lm, recorded, &plain, None);
+        drop(plain);
         let prompt = p
             .generate
             .map(|g| &recorded[..g.prompt_tokens.min(recorded.len())]);
@@ -525,7 +543,7 @@ fn passes(
                 report,
             );
             if let (Some(prompt), Some(g)) = (prompt, p.generate) {
-                match llama.generate_greedy(prompt, g.tokens) {
+                match lm.generate_greedy(prompt, g.tokens) {
                     Ok(generated) => {
                         let generated: Vec<i64> = generated.iter().map(|&x| i64::from(x)).collect();
                         require(
@@ -549,7 +567,7 @@ fn passes(
             .map(|run| {
                 let mut own = Report::new(String::new());
                 check_run(
-                    llama,
+                    lm,
                     run,
                     calibration_of(calibrations, run),
                     t,
@@ -572,7 +590,7 @@ fn passes(
 /// One run's pass (and generation) with the audit's cache, against the archive.
 #[allow(clippy::too_many_arguments)]
 fn check_run(
-    llama: &Llama,
+    lm: &dyn CausalLm,
     run: &Run,
     calibration: Option<&Calibration>,
     t: usize,
@@ -584,16 +602,16 @@ fn check_run(
     report: &mut Report,
 ) {
     let id = run.id(t);
-    let layers = llama.config().layers;
+    let layers = lm.layers();
     let mut outliers = vec![0i64; layers];
-    let packed = match llama.forward_with_layer_source(recorded, |l, kv| {
+    let packed = match lm.hidden_with_layer_source(recorded, &mut |l, kv| {
         let (source, count) = cache::layer_source(run, calibration, (l, layers), kv)?;
         if let Some(slot) = outliers.get_mut(l) {
             *slot = i64::try_from(count)?;
         }
         Ok(source)
     }) {
-        Ok(c) => c,
+        Ok((hidden, _)) => hidden,
         Err(e) => {
             return report.fail(Problem::RerunFailed {
                 pass: id,
@@ -601,19 +619,11 @@ fn check_run(
             });
         }
     };
-    let Some(logits) = packed.logits else {
-        return;
-    };
-    let scored = score(recorded, &logits, true);
-    let kls: Vec<f64> = f32_scored
-        .rows
-        .iter()
-        .zip(&scored.rows)
-        .map(|(a, b)| kl(a, b))
-        .collect();
+    let scored = score_blocks(lm, recorded, &packed, Some(f32_scored));
+    drop(packed);
     report.count(Checked::PassesRerun, 1);
     require(archive, &id, &format!("{id}_logp"), &scored.logp, report);
-    require(archive, &id, &format!("{id}_kl"), &kls, report);
+    require(archive, &id, &format!("{id}_kl"), &scored.kl, report);
     require(
         archive,
         &id,
@@ -625,7 +635,7 @@ fn check_run(
         require(archive, &id, &format!("{id}_outliers"), &outliers, report);
     }
     if let (Some(prompt), Some(g)) = (prompt, p.generate) {
-        match greedy(llama, prompt, g.tokens, run, calibration) {
+        match greedy(lm, prompt, g.tokens, run, calibration) {
             Ok(generated) => {
                 require(archive, &id, &format!("{id}_generated"), &generated, report);
             }
@@ -636,18 +646,15 @@ fn check_run(
 
 /// The manifest's ids for text `t` are the text's tokenization, cut to `max_tokens`.
 fn check_tokens(
-    model: &LoadedModel,
+    tokenizer: DecoderTokenizer<'_>,
     text: &str,
     max_tokens: usize,
     recorded: &[u32],
     t: usize,
     report: &mut Report,
 ) {
-    let Some((_, bpe)) = model.llama() else {
-        return;
-    };
     let pass = format!("t{t}_f32");
-    match bpe.encode(text) {
+    match tokenizer.encode(text) {
         Ok(mut ids) => {
             ids.truncate(max_tokens);
             let differs = recorded

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::arrays::Derived;
-use super::bytes::FLOAT32_BYTES_PER_TOKEN;
 use super::protocol::{QualityProtocol, Run};
 use super::summary::bits_per_element;
 use crate::common::problem::ResultsProblem;
@@ -93,6 +92,7 @@ pub(super) fn check_results(
         }));
     }
     let generating = p.generate.is_some();
+    let g = p.geometry();
     for (position, (row, &(i, r))) in rows.iter().zip(&plan).enumerate() {
         let run = &runs[r];
         let id = run.id(i);
@@ -113,7 +113,7 @@ pub(super) fn check_results(
             && row.schedule == run.schedule.to_string()
             && row.tokens == t
             && row.positions == t - 1
-            && row.float32_bytes_per_token == FLOAT32_BYTES_PER_TOKEN as f64
+            && row.float32_bytes_per_token == g.float32_bytes_per_token(t)
             && row.first_departure.is_some() == generating
             && row.generated_text.is_some() == generating
             && row.f32_generated_text.is_some() == generating;
@@ -146,7 +146,7 @@ pub(super) fn check_results(
             metric(
                 "bits_per_element",
                 row.bits_per_element,
-                bits_per_element(d.bytes_per_token),
+                bits_per_element(d.bytes_per_token, g.float32_bytes_per_token(tokens[i])),
             ),
         ];
         for problem in problems.into_iter().flatten() {

@@ -4,7 +4,6 @@
 //! text but the names the protocol bounds.
 
 use super::QUALITY_CHART;
-use super::bytes::FLOAT32_BYTES_PER_TOKEN;
 use super::frontier;
 use super::protocol::{QualityProtocol, Run};
 use super::results::QualityRow;
@@ -12,6 +11,15 @@ use super::summary::Aggregate;
 use crate::common::markdown::{Block, blocks, compare_table, figures};
 use crate::common::problem::MarkdownProblem;
 use crate::common::report::{Checked, Problem, Report};
+
+/// The float32 cache's bytes per token: "46,080" when whole, else as [`bytes_cell`].
+pub(super) fn whole_or_bytes_cell(x: f64) -> String {
+    if x.fract() == 0.0 && (0.0..9.0e15).contains(&x) {
+        crate::common::text::thousands(x as u64)
+    } else {
+        bytes_cell(x)
+    }
+}
 
 /// 46080.0 -> "46,080.0".
 pub fn bytes_cell(value: f64) -> String {
@@ -82,7 +90,7 @@ pub fn expected_tables(
             "0".into(),
             "0".into(),
             "100.000%".into(),
-            crate::common::text::thousands(FLOAT32_BYTES_PER_TOKEN as u64),
+            whole_or_bytes_cell(first.float32_bytes_per_token),
             "32.000".into(),
         ]);
     }
