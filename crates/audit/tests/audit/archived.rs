@@ -47,6 +47,7 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
         "UNVERIFIED evidence/real-gemma3",
         "UNVERIFIED evidence/model-quality",
         "UNVERIFIED evidence/kv-methods",
+        "UNVERIFIED evidence/model-quality-gemma3",
         "pinned file hashes",
     ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
@@ -152,6 +153,7 @@ fn a_crlf_checkout_audits_the_archived_evidence_pass() {
         "gaussian-d64",
         "model-quality",
         "kv-methods",
+        "model-quality-gemma3",
     ] {
         assert!(
             stdout.contains(&format!("PASS evidence/{dir}\n")),
