@@ -2,19 +2,15 @@
 //! final norm and the tied LM head; and greedy decoding.
 
 use ndarray::{Array2, Array3, ArrayView2, Axis, s};
-use rayon::prelude::*;
 
 use super::Gemma3;
 use super::load::Gemma3LayerWeights;
 use crate::capture::{Capture, LayerCapture};
 use crate::llama::{
-    HookError, KvSource, LayerKv, ModelError, argmax, attention_from, check_continuation,
+    HookError, KvSource, LayerKv, ModelError, OwnKv, argmax, attention_from, check_continuation,
     check_ids, rope_neox, rope_table,
 };
 use crate::ops;
-
-/// Query positions per parallel task of the attention.
-const QUERY_BLOCK: usize = 32;
 
 impl Gemma3 {
     /// The causal pass over `ids`: every layer's q (after QK-norm and RoPE, before the 1/16
@@ -52,39 +48,22 @@ impl Gemma3 {
     where
         F: FnMut(usize, &mut Array3<f32>, &mut Array3<f32>) -> Result<(), HookError>,
     {
-        check_ids(ids, self.config.context, self.config.vocab)?;
-        let c = &self.config;
-        let mut x = self.embed(ids);
-        let tables = [c.rope_base_sliding, c.rope_base_global]
-            .map(|base| rope_table(0, ids.len(), c.head_dim, base));
-        let mut layers = Vec::with_capacity(c.layers);
-        for (l, w) in self.weights.layers.iter().enumerate() {
-            let (cos, sin) = &tables[usize::from(c.is_global(l))];
-            let (captured, _) = self.layer_qkv(w, &x, cos, sin);
-            let (mut k, mut v) = (captured.k.clone(), captured.v.clone());
-            hook(l, &mut k, &mut v).map_err(|e| ModelError::Hook {
-                layer: l,
-                problem: e.to_string(),
-            })?;
-            if k.dim() != captured.k.dim() || v.dim() != captured.v.dim() {
-                return Err(ModelError::Hook {
-                    layer: l,
-                    problem: format!(
-                        "changed the shapes of k and v from {:?} to {:?} and {:?}",
-                        captured.k.dim(),
-                        k.dim(),
-                        v.dim()
-                    ),
-                });
+        // The hooked K/V as a source: one attention for both passes, so a cache that hands back
+        // the layer's own rows gives these bits by construction.
+        self.hidden_with_layer_source(ids, |l, kv| {
+            let (mut k, mut v) = (kv.k.clone(), kv.v.clone());
+            hook(l, &mut k, &mut v)?;
+            if k.dim() != kv.k.dim() || v.dim() != kv.v.dim() {
+                return Err(format!(
+                    "changed the shapes of k and v from {:?} to {:?} and {:?}",
+                    kv.k.dim(),
+                    k.dim(),
+                    v.dim()
+                )
+                .into());
             }
-            let k = k.as_standard_layout().into_owned();
-            let v = v.as_standard_layout().into_owned();
-            let attended = self.attention(l, &captured.q, &k, &v);
-            self.layer_rest(w, &mut x, &attended);
-            layers.push(captured);
-        }
-        ops::rms_norm(&mut x, &self.weights.output_norm, c.rms_eps);
-        Ok((x, layers))
+            Ok(Box::new(OwnKv::new(&k, &v)))
+        })
     }
 
     /// The causal pass over `ids` where attention reads what `source(layer, kv)` hands back
@@ -193,60 +172,6 @@ impl Gemma3 {
         rope_neox(&mut q, cos, sin);
         rope_neox(&mut k, cos, sin);
         (LayerCapture { q, k, v }, k_pre_rope)
-    }
-
-    /// Causal attention of layer `l` (sliding or global): q [heads, T, d], k and v
-    /// [kv_heads, T, d] in standard layout -> [T, heads * d]. Blocks of query positions of each
-    /// head run in parallel; each output is computed in one fixed order.
-    fn attention(
-        &self,
-        l: usize,
-        q: &Array3<f32>,
-        k: &Array3<f32>,
-        v: &Array3<f32>,
-    ) -> Array2<f32> {
-        let c = &self.config;
-        let (heads, t, d) = q.dim();
-        let group = heads / c.kv_heads;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-        let blocks = t.div_ceil(QUERY_BLOCK);
-        let parts: Vec<(usize, usize, Array2<f32>)> = (0..heads * blocks)
-            .into_par_iter()
-            .map(|task| {
-                let (h, block) = (task / blocks, task % blocks);
-                let rows = block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(t);
-                let q = q.index_axis(Axis(0), h);
-                let k = k.index_axis(Axis(0), h / group);
-                let v = v.index_axis(Axis(0), h / group);
-                let k = k.to_slice().expect("standard layout");
-                let v = v.to_slice().expect("standard layout");
-                let mut out = Array2::<f32>::zeros((rows.len(), d));
-                let mut scores = vec![0f32; t];
-                for (r, i) in rows.clone().enumerate() {
-                    let qi = q.row(i);
-                    let qi = qi.as_slice().expect("standard layout");
-                    let first = c.first_visible(l, i);
-                    let seen = &mut scores[first..=i];
-                    for (j, score) in (first..=i).zip(seen.iter_mut()) {
-                        *score = ops::dot(qi, &k[j * d..(j + 1) * d]) * scale;
-                    }
-                    ops::softmax_in_place(seen);
-                    let mut row = out.row_mut(r);
-                    for (j, &p) in (first..=i).zip(seen.iter()) {
-                        for (o, &x) in row.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                            *o += p * x;
-                        }
-                    }
-                }
-                (h, rows.start, out)
-            })
-            .collect();
-        let mut out = Array2::<f32>::zeros((t, heads * d));
-        for (h, start, part) in parts {
-            out.slice_mut(s![start..start + part.nrows(), h * d..(h + 1) * d])
-                .assign(&part);
-        }
-        out
     }
 
     /// The rest of a block after attention: output projection and its norm, then the gated FFN
