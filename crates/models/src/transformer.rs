@@ -24,9 +24,19 @@ pub struct ModelShape {
     pub causal: bool,
     /// Most tokens one pass takes.
     pub max_tokens: usize,
+    /// (window, every): each layer but every `every`-th reads only the last `window`
+    /// positions (Gemma 3: 512 and 6, `gemma3::Gemma3Config`); `None`: every layer is global.
+    pub sliding: Option<(usize, usize)>,
 }
 
 impl ModelShape {
+    /// The positions layer `layer`'s query reads when the layer slides.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.sliding
+            .filter(|&(_, every)| layer % every != every - 1)
+            .map(|(window, _)| window)
+    }
+
     /// Query heads that read one KV head.
     pub fn group(&self) -> usize {
         self.query_heads / self.kv_heads
@@ -44,6 +54,7 @@ impl ModelName {
                 head_dim: 32,
                 causal: false,
                 max_tokens: 512,
+                sliding: None,
             },
             ModelName::SmolLm2 => ModelShape {
                 layers: 30,
@@ -52,8 +63,8 @@ impl ModelName {
                 head_dim: 64,
                 causal: true,
                 max_tokens: 8192,
+                sliding: None,
             },
-            // Global layers see every position, sliding ones the last 512 (not in this shape).
             ModelName::Gemma3 => ModelShape {
                 layers: 18,
                 query_heads: 4,
@@ -61,6 +72,7 @@ impl ModelName {
                 head_dim: 256,
                 causal: true,
                 max_tokens: 32768,
+                sliding: Some((512, 6)),
             },
         }
     }

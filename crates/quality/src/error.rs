@@ -67,6 +67,20 @@ pub enum QualityError {
     /// Gemma 3's tokenizer refused ids.
     #[error("tokenizer: {0}")]
     Spm(#[from] models::tokenizer::spm::SpmError),
+    /// A length of no text the model reads.
+    #[error("{tokens} tokens: a text of 1 to {context} tokens (the model's context)")]
+    Tokens {
+        /// Tokens asked for.
+        tokens: usize,
+        /// The model's context.
+        context: usize,
+    },
+    /// A scheme whose bytes depend on the values (KVQuant's outliers) has no bytes by shape.
+    #[error(
+        "{0} stores its outliers apart, so its bytes depend on the values: measure it with \
+         `runner quality`"
+    )]
+    ValueDependent(kvschemes::Scheme),
     /// Fewer than two tokens: no next token to predict.
     #[error("{0} tokens: teacher forcing needs at least 2")]
     TooFewTokens(usize),

@@ -10,6 +10,7 @@
 //!   policy (the rules, written once), and its bytes;
 //! - [`scheme`]: a named scheme of the literature (`kvschemes`) as the cache instead, and
 //!   [`Cache`], the one value a measurement takes (a setting or a scheme);
+//! - [`cost`]: what a cache stores for T tokens of a model, without running it (`runner bytes`);
 //! - [`decoder`]: the model measured (SmolLM2 or Gemma 3) with its tokenizer;
 //! - [`metrics`]: log-softmax, NLL, KL and top-1 agreement in f64;
 //! - [`generate`]: greedy generation with a packed cache;
@@ -30,6 +31,7 @@
 pub mod cache;
 pub mod chart;
 pub mod corpus;
+pub mod cost;
 pub mod decoder;
 pub mod error;
 pub mod frontier;

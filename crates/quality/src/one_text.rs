@@ -144,13 +144,29 @@ pub fn spec(request: &Request<'_>) -> Result<Cache, QualityCmdError> {
             context,
         });
     }
-    let schedule: Schedule = request.schedule.parse()?;
-    if let Some(scheme) = request.scheme {
-        let scheme = scheme.parse().map_err(QualityError::from)?;
+    Ok(parse_cache(
+        request.setting,
+        request.policy,
+        request.schedule,
+        request.scheme,
+    )?)
+}
+
+/// The cache the labels name: a `scheme` under `schedule`, or else `setting` under `policy`
+/// and `schedule` (`runner quality`'s and `runner bytes`' flags).
+pub fn parse_cache(
+    setting: &str,
+    policy: &str,
+    schedule: &str,
+    scheme: Option<&str>,
+) -> Result<Cache, QualityError> {
+    let schedule: Schedule = schedule.parse()?;
+    if let Some(scheme) = scheme {
+        let scheme = scheme.parse()?;
         return Ok(SchemeSpec::new(scheme, schedule)?.into());
     }
-    let setting: KvSetting = request.setting.parse().map_err(QualityError::Setting)?;
-    let policy = Policy::parse(request.policy, &setting)?;
+    let setting: KvSetting = setting.parse().map_err(QualityError::Setting)?;
+    let policy = Policy::parse(policy, &setting)?;
     Ok(CacheSpec::new(setting, policy, schedule)?.into())
 }
 

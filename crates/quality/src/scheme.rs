@@ -214,6 +214,32 @@ impl Cache {
 }
 
 impl SchemeSpec {
+    /// What the scheme's cache of one layer stores for `tokens` tokens of `kv_heads` heads of
+    /// `head_dim`, without a model: the cache built on patterned values, since what every
+    /// scheme but KVQuant stores (blocks, groups, scales, residual) depends on the shape alone
+    /// (`crate::cost`'s test holds it to random values). KVQuant's outliers depend on the
+    /// values: refused.
+    pub fn shape_bytes(
+        &self,
+        (layer, layers): (usize, usize),
+        (kv_heads, tokens, head_dim): (usize, usize, usize),
+    ) -> Result<usize, QualityError> {
+        if self.kvquant().is_some() {
+            return Err(QualityError::ValueDependent(self.scheme));
+        }
+        let pattern = Array3::from_shape_fn((kv_heads, tokens, head_dim), |(h, t, c)| {
+            ((h * 7919 + t * 31 + c) as f32 * 0.37).sin()
+        });
+        let cache = LayerCache::new(
+            self.scheme,
+            self.reading(),
+            (layer, layers),
+            &pattern,
+            &pattern,
+        )?;
+        Ok(cache.stored().total())
+    }
+
     /// The scheme's cache of one layer; `rope` rotates what a KVQuant cache reads back.
     fn layer_cache(
         &self,

@@ -78,11 +78,11 @@ enum Command {
         #[arg(long, value_name = "FILE.npz")]
         out: PathBuf,
     },
-    /// Measure what a packed KV cache does to SmolLM2 on one text (teacher forcing): NLL and
-    /// perplexity with the float32 and the packed cache, KL, top-1 agreement, cache bytes per
-    /// token, and greedy text from a prompt with both caches.
+    /// Measure what a packed KV cache does to a decoder (SmolLM2 or Gemma 3) on one text
+    /// (teacher forcing): NLL and perplexity with the float32 and the packed cache, KL, top-1
+    /// agreement, cache bytes per token, and greedy text from a prompt with both caches.
     Quality {
-        /// `smollm2` (an encoder such as `minilm` has no next-token distribution).
+        /// `smollm2` or `gemma3` (an encoder such as `minilm` has no next-token distribution).
         #[arg(long, required_unless_present = "protocol")]
         model: Option<models::ModelName>,
         /// A model-quality study protocol (JSON): runs it into a new evidence directory (`--out`)
@@ -144,6 +144,32 @@ enum Command {
         #[arg(long)]
         prompt: Option<String>,
         /// Print one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print what a cache stores for a text of N tokens of a decoder, without running it: bytes
+    /// per token, the float32 cache's for the same tokens, and bits per element (a sliding
+    /// layer holds its window only). KVQuant, whose bytes depend on the values, is refused.
+    Bytes {
+        /// `smollm2` or `gemma3`.
+        #[arg(long)]
+        model: models::ModelName,
+        /// Tokens in the text.
+        #[arg(long)]
+        tokens: usize,
+        /// Codec setting, as for `quality`.
+        #[arg(long, default_value = "g32_b4")]
+        setting: String,
+        /// Budget policy, as for `quality`.
+        #[arg(long, default_value = "uniform")]
+        policy: String,
+        /// Schedule, as for `quality`.
+        #[arg(long, default_value = "prefill")]
+        schedule: String,
+        /// A named scheme instead of --setting and --policy, as for `quality`.
+        #[arg(long, value_name = "NAME", conflicts_with_all = ["setting", "policy"])]
+        scheme: Option<String>,
+        /// Print one JSON object instead of a line.
         #[arg(long)]
         json: bool,
     },
@@ -217,6 +243,36 @@ fn real_main() -> Result<()> {
             text_file,
             out,
         }) => kv(model, text, text_file, &out),
+        Some(Command::Bytes {
+            model,
+            tokens,
+            setting,
+            policy,
+            schedule,
+            scheme,
+            json,
+        }) => {
+            let cache =
+                quality::one_text::parse_cache(&setting, &policy, &schedule, scheme.as_deref())?;
+            let cost = quality::cost::cost(model, tokens, &cache)?;
+            let out = if json {
+                format!("{}\n", serde_json::to_string(&cost)?)
+            } else {
+                format!(
+                    "{} at {} tokens, {}: {} bytes per token ({} bytes in all); float32 {} bytes \
+                     per token for the same tokens; {:.3} bits per element\n",
+                    cost.model,
+                    cost.tokens,
+                    scheme.unwrap_or(format!("{setting} {policy} {schedule}")),
+                    quality::report::bytes_or_whole(cost.bytes_per_token),
+                    quality::report::bytes_or_whole(cost.bytes as f64),
+                    quality::report::bytes_or_whole(cost.f32_bytes_per_token),
+                    cost.bits_per_element
+                )
+            };
+            let _ = std::io::stdout().lock().write_all(out.as_bytes());
+            Ok(())
+        }
         Some(Command::Quality {
             protocol: Some(protocol),
             out,

@@ -225,6 +225,9 @@ fn a_pass_on_its_own_cache_gives_the_plain_pass_bits_and_reads_nothing_outside_t
     assert_eq!(layers, plain_layers);
     let sliding = windows.iter().filter(|w| **w == Some(512)).count();
     assert_eq!((windows.len(), sliding), (18, 15));
+    // The static shape (what `runner bytes` bills without loading the model) says the same.
+    let shape = ModelName::Gemma3.shape();
+    assert!((0..18).all(|l| shape.window(l) == windows[l]));
     assert!(ids.len() > 512 + 100, "the text crosses the window's edge");
     // The LM head of a few rows is the rows' slice of the whole head's.
     let rows = plain.slice(ndarray::s![600..603, ..]);

@@ -465,3 +465,52 @@ fn gemma3_is_measured_with_its_sliding_layers_billed_for_their_window() {
     assert!(nll_f32 > 0.5 && nll_f32 < 6.0, "{nll_f32}");
     assert!((nll - nll_f32).abs() < 0.05, "{nll} against {nll_f32}");
 }
+
+/// `runner bytes` prints what a cache stores for N tokens without running the model: Gemma 3's
+/// sliding layers hold 512 tokens, so at 8,192 tokens llama.cpp's q8_0 stores (3 x 8,192 +
+/// 15 x 512) x 2 sides x 8 blocks x 34 bytes; KVQuant and an encoder are refused by name.
+#[test]
+fn runner_bytes_prints_a_caches_cost_without_the_model() {
+    let output = runner(&[
+        "bytes",
+        "--model",
+        "gemma3",
+        "--tokens",
+        "8192",
+        "--scheme",
+        "llamacpp-q8_0",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let stored = (3 * 8192 + 15 * 512) * 2 * 8 * 34;
+    assert_eq!(json["bytes"], stored);
+    assert_eq!(json["bytes_per_token"], stored as f64 / 8192.0);
+    let bits = json["bits_per_element"].as_f64().unwrap();
+    assert!((bits - 8.5).abs() < 1e-12, "{bits}");
+    let line = runner(&["bytes", "--model", "smollm2", "--tokens", "256"]);
+    let stdout = String::from_utf8_lossy(&line.stdout);
+    assert!(
+        stdout.starts_with("smollm2 at 256 tokens, g32_b4 uniform prefill: 7,205.")
+            && stdout.contains("float32 46,080 bytes per token"),
+        "{stdout}"
+    );
+    for (args, needle) in [
+        (
+            &[
+                "--model", "gemma3", "--tokens", "100", "--scheme", "kvquant4",
+            ][..],
+            "depend on the values",
+        ),
+        (&["--model", "minilm", "--tokens", "100"][..], "encoder"),
+        (&["--model", "smollm2", "--tokens", "8193"][..], "1 to 8192"),
+    ] {
+        let mut all = vec!["bytes"];
+        all.extend_from_slice(args);
+        let output = runner(&all);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
