@@ -31,7 +31,7 @@ fn bytes_cell(x: f64) -> String {
     }
 }
 
-/// A byte count per token: "46,080" when whole, else as [`bytes_cell`] ("21,845.3").
+/// A byte count per token: "46,080" when whole, else with one decimal ("21,845.3").
 pub fn bytes_or_whole(x: f64) -> String {
     if x.fract() == 0.0 && (0.0..9.0e15).contains(&x) {
         thousands(x as usize)
