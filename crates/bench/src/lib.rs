@@ -19,6 +19,7 @@
 pub mod attention;
 pub mod cases;
 pub mod data;
+pub mod linear;
 pub mod measure;
 pub mod report;
 pub mod targets;

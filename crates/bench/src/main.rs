@@ -8,6 +8,7 @@ use clap::{Parser, ValueEnum};
 
 use bench::attention::{self, AttentionRow, Sweep};
 use bench::cases::{self, Measured, Scale};
+use bench::linear::{self, LinearRow};
 use bench::measure::{self, Settings};
 use bench::report::{self, Row};
 use bench::targets;
@@ -39,6 +40,8 @@ enum Family {
     Streams,
     /// Decode-step attention over a packed cache against f32 attention.
     Attention,
+    /// The forward passes' matrix products against sgemm on the same shapes.
+    Linear,
 }
 
 fn main() {
@@ -90,6 +93,7 @@ fn real_main() -> Result<()> {
             Family::Weights,
             Family::Streams,
             Family::Attention,
+            Family::Linear,
         ]
     } else {
         cli.only.clone()
@@ -117,7 +121,7 @@ fn real_main() -> Result<()> {
             Family::Gguf => cases::gguf(&scale, settings, &pool, &mut record),
             Family::Weights => cases::packed_weights(&scale, settings, &pool, &mut record),
             Family::Streams => cases::streams(&scale, settings, &pool, &mut record),
-            Family::Attention => {}
+            Family::Attention | Family::Linear => {}
         }
     }
     let mut attention_rows = Vec::new();
@@ -153,6 +157,28 @@ fn real_main() -> Result<()> {
         };
         attention::run(&sweep, settings, &pool, memcpy_gbps, &mut record);
     }
+    let mut linear_rows = Vec::new();
+    if families.contains(&Family::Linear) {
+        let shapes = if cli.quick {
+            linear::quick()
+        } else {
+            linear::full()
+        };
+        let mut record = |row: LinearRow| {
+            if cli.json {
+                if let Err(err) = json_line(&mut stdout, &row) {
+                    failed.get_or_insert(err);
+                }
+            } else {
+                eprintln!(
+                    "bench: linear {} {} {:.1} GFLOP/s, sgemm {:.1} ({:.2}x)",
+                    row.model, row.name, row.gflops, row.sgemm_gflops, row.of_peak
+                );
+            }
+            linear_rows.push(row);
+        };
+        linear::run(&shapes, settings, &pool, &mut record);
+    }
     if let Some(err) = failed {
         return Err(err).context("writing to stdout");
     }
@@ -178,6 +204,9 @@ fn real_main() -> Result<()> {
         if !attention_rows.is_empty() {
             writeln!(stdout, "{}\n", attention::table(&attention_rows))
                 .context("writing to stdout")?;
+        }
+        if !linear_rows.is_empty() {
+            writeln!(stdout, "{}\n", linear::table(&linear_rows)).context("writing to stdout")?;
         }
         writeln!(stdout, "{goals}").context("writing to stdout")?;
     }

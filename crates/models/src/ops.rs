@@ -16,6 +16,9 @@
 use ndarray::{Array2, ArrayView2, Axis};
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 /// Sum of `a[i] * b[i]` in the fixed order described in the module docs. The slices must have
 /// the same length.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -42,8 +45,50 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// independent dependency chains in flight, while every output element keeps its own eight lane
 /// sums, the same tree and the same tail, in the same order as [`dot`] (no FMA, no
 /// reassociation; safe Rust, vectorized by the compiler).
+///
+/// On x86_64 CPUs with AVX2 (or AVX-512VL) the block kernel is [`x86`]'s (4 tokens by 2 or 4
+/// rows, eight lane sums to a register), with the same operations for every element.
 pub fn linear(x: ArrayView2<f32>, weight: ArrayView2<f32>, bias: Option<&[f32]>) -> Array2<f32> {
-    linear_tiled::<TILE_TOKENS, TILE_ROWS>(x, weight, bias)
+    linear_with(x, weight, bias, Kernel::detect())
+}
+
+/// Which block kernel [`linear`] runs: the portable one, or one of [`x86`]'s where the CPU has
+/// it (all give the same bits).
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2(x86::Avx2),
+    #[cfg(target_arch = "x86_64")]
+    Avx512(x86::Avx512),
+}
+
+impl Kernel {
+    /// Every kernel this CPU can run (the tests hold each to [`linear_reference`]).
+    #[cfg(test)]
+    fn available() -> Vec<Kernel> {
+        let mut kernels = vec![Kernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            kernels.extend(x86::Avx2::detect().map(Kernel::Avx2));
+            kernels.extend(x86::Avx512::detect().map(Kernel::Avx512));
+        }
+        kernels
+    }
+
+    /// The fastest kernel this CPU can run.
+    fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if let Some(proof) = x86::Avx512::detect() {
+                return Kernel::Avx512(proof);
+            }
+            if let Some(proof) = x86::Avx2::detect() {
+                return Kernel::Avx2(proof);
+            }
+        }
+        Kernel::Portable
+    }
 }
 
 /// Tokens per micro-kernel tile of [`linear`].
@@ -159,11 +204,38 @@ fn tile_row<const T: usize, const R: usize>(
     }
 }
 
-/// [`linear`] with tiles of `T` tokens by `R` weight rows.
-fn linear_tiled<const T: usize, const R: usize>(
+/// The portable block kernel: tiles of [`TILE_TOKENS`] by [`TILE_ROWS`], written to `part`
+/// ([tokens, end - start], row-major).
+#[allow(clippy::too_many_arguments)]
+fn portable_block(
+    x: &[f32],
+    w: &[f32],
+    inputs: usize,
+    tokens: usize,
+    bias: Option<&[f32]>,
+    start: usize,
+    end: usize,
+    part: &mut [f32],
+) {
+    const T: usize = TILE_TOKENS;
+    const R: usize = TILE_ROWS;
+    let mut t = 0;
+    while t + T <= tokens {
+        tile_row::<T, R>(x, w, inputs, bias, t, start, end, part);
+        t += T;
+    }
+    while t < tokens {
+        tile_row::<1, R>(x, w, inputs, bias, t, start, end, part);
+        t += 1;
+    }
+}
+
+/// [`linear`] with the given block kernel.
+fn linear_with(
     x: ArrayView2<f32>,
     weight: ArrayView2<f32>,
     bias: Option<&[f32]>,
+    kernel: Kernel,
 ) -> Array2<f32> {
     let (tokens, inputs) = x.dim();
     let (outputs, weight_inputs) = weight.dim();
@@ -195,14 +267,24 @@ fn linear_tiled<const T: usize, const R: usize>(
             let start = block * BLOCK;
             let end = (start + BLOCK).min(outputs);
             let mut part = vec![0f32; tokens * (end - start)];
-            let mut t = 0;
-            while t + T <= tokens {
-                tile_row::<T, R>(x, w, inputs, bias, t, start, end, &mut part);
-                t += T;
-            }
-            while t < tokens {
-                tile_row::<1, R>(x, w, inputs, bias, t, start, end, &mut part);
-                t += 1;
+            #[cfg(target_arch = "x86_64")]
+            let block = x86::Block {
+                x,
+                w,
+                inputs,
+                tokens,
+                bias,
+                start,
+                end,
+            };
+            match kernel {
+                Kernel::Portable => {
+                    portable_block(x, w, inputs, tokens, bias, start, end, &mut part)
+                }
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx2(proof) => proof.block(&block, &mut part),
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx512(proof) => proof.block(&block, &mut part),
             }
             part
         })
@@ -474,14 +556,18 @@ mod tests {
                                 let b: Vec<f32> = (0..outputs)
                                     .map(|o| pattern(kind, &mut rng, 2, 0, o))
                                     .collect();
-                                for bias in [None, Some(&b[..])] {
+                                for (bias, kernel) in
+                                    [None, Some(&b[..])].into_iter().flat_map(|b| {
+                                        Kernel::available().into_iter().map(move |k| (b, k))
+                                    })
+                                {
                                     let what = format!(
-                                        "{threads} threads, pattern {kind}, [{tokens} x {inputs}] \
-                                         x [{outputs} x {inputs}]^T, bias {}",
+                                        "{kernel:?}, {threads} threads, pattern {kind}, \
+                                         [{tokens} x {inputs}] x [{outputs} x {inputs}]^T, bias {}",
                                         bias.is_some()
                                     );
                                     assert_same_bits(
-                                        &linear(x.view(), w.view(), bias),
+                                        &linear_with(x.view(), w.view(), bias, kernel),
                                         &linear_reference(x.view(), w.view(), bias),
                                         &what,
                                     );
@@ -506,11 +592,13 @@ mod tests {
                 .build()
                 .unwrap();
             pool.install(|| {
-                assert_same_bits(
-                    &linear(x.view(), w.view(), Some(&b)),
-                    &linear_reference(x.view(), w.view(), Some(&b)),
-                    "standard layout",
-                );
+                for kernel in Kernel::available() {
+                    assert_same_bits(
+                        &linear_with(x.view(), w.view(), Some(&b), kernel),
+                        &linear_reference(x.view(), w.view(), Some(&b)),
+                        &format!("{kernel:?}, standard layout"),
+                    );
+                }
                 // Column-major views go through `as_standard_layout`.
                 let xt = x.t().to_owned();
                 let wt = w.t().to_owned();
