@@ -10,6 +10,8 @@
 //!   streams), and which bytes each one counts;
 //! - [`attention`]: decode-step attention over a packed cache against f32 attention, as
 //!   speedups and bandwidths;
+//! - [`linear`]: the forward passes' matrix products (`models::ops::linear`) against sgemm on
+//!   the same shapes, in GFLOP/s;
 //! - [`report`]: the table and the JSON lines;
 //! - [`targets`]: the speed goals as ratios to memcpy, and which of them a run met.
 //!
