@@ -67,13 +67,16 @@ impl Kernel {
     /// Every kernel this CPU can run (the tests hold each to [`linear_reference`]).
     #[cfg(test)]
     fn available() -> Vec<Kernel> {
-        let mut kernels = vec![Kernel::Portable];
         #[cfg(target_arch = "x86_64")]
-        {
-            kernels.extend(x86::Avx2::detect().map(Kernel::Avx2));
-            kernels.extend(x86::Avx512::detect().map(Kernel::Avx512));
-        }
-        kernels
+        let x86 = [
+            x86::Avx2::detect().map(Kernel::Avx2),
+            x86::Avx512::detect().map(Kernel::Avx512),
+        ];
+        #[cfg(not(target_arch = "x86_64"))]
+        let x86: [Option<Kernel>; 0] = [];
+        std::iter::once(Kernel::Portable)
+            .chain(x86.into_iter().flatten())
+            .collect()
     }
 
     /// The fastest kernel this CPU can run.
