@@ -46,7 +46,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// sums, the same tree and the same tail, in the same order as [`dot`] (no FMA, no
 /// reassociation; safe Rust, vectorized by the compiler).
 ///
-/// On x86_64 CPUs with AVX2 (or AVX-512VL) the block kernel is [`x86`]'s (4 tokens by 2 or 4
+/// On x86_64 CPUs with AVX2 (or AVX-512VL) the block kernel is `ops/x86.rs`'s (4 tokens by 2 or 4
 /// rows, eight lane sums to a register), with the same operations for every element.
 pub fn linear(x: ArrayView2<f32>, weight: ArrayView2<f32>, bias: Option<&[f32]>) -> Array2<f32> {
     linear_with(x, weight, bias, Kernel::detect())
