@@ -4,9 +4,15 @@ with memcpy (np.copyto of 256 MiB) measured in the same process, so the two can 
 side as ratios (docs/speed.md).
 
     python3 scripts/bench-numpy.py [--quick] [--json] [--compare BENCH_JSON]
+    python3 scripts/bench-numpy.py --serve        # what `bench --numpy` runs
 
 With --compare, the cases are also set beside the same cases of a `bench --json` run (a file
-of its JSON lines), as a markdown table of both ratios to memcpy and their quotient.
+of its JSON lines), as a markdown table of both ratios to memcpy and their quotient. Two runs
+minutes apart can sit in different phases of a shared VM (memcpy moved between 4.1 and 10.7 GB/s
+within hours on this project's), so prefer `bench --numpy`, which times each NumPy case right
+after its own, in one run: it starts this script with --serve and sends it one JSON line per case
+(the case's key, its shape, warm-up and repeat counts); the script makes that case's input,
+times it and answers one JSON line ({"median_s": ...}, or {"unsupported": ...}).
 
 The NumPy versions are idiomatic, vectorised code (the way the seed studies were written), not
 this project's codec: symmetric and asymmetric 4- and 8-bit KV groups along features and tokens
@@ -95,77 +101,160 @@ def decode(packed, scale, zero, axis, mode, bits, shape):
     return np.ascontiguousarray(values.T) if axis == "token" else values
 
 
+def gptq_pack(codes):
+    k, n = codes.shape
+    qweight = np.zeros((k // 8, n), dtype=np.uint32)
+    for i in range(8):
+        qweight |= codes[i::8, :].astype(np.uint32) << (4 * i)
+    return qweight.view(np.int32)
+
+
+def gptq_unpack(qweight):
+    words = qweight.view(np.uint32)
+    out = np.empty((words.shape[0] * 8, words.shape[1]), dtype=np.uint8)
+    for i in range(8):
+        out[i::8, :] = (words >> (4 * i)) & 0xF
+    return out
+
+
+def gguf_quants():
+    try:
+        from gguf import GGMLQuantizationType, quants
+    except ImportError:
+        return None
+    return GGMLQuantizationType, quants
+
+
+class Inputs:
+    """Each case's input, made once per (kind, shape) and kept until another is asked for, so
+    that a case's encode and decode share one array and memory holds one case at a time."""
+
+    def __init__(self):
+        self.key = None
+        self.value = None
+
+    def get(self, kind, shape, make):
+        if self.key != (kind, shape):
+            self.value = None
+            self.value = make()
+            self.key = (kind, shape)
+        return self.value
+
+
+def case_call(req, inputs):
+    """The call timing one case (a dict with the keys of KEY and a shape), and the bytes it
+    counts; None when NumPy has no version of it."""
+    op, fmt, bits = req["op"], req["format"], req.get("bits")
+    shape = tuple(req["shape"])
+    if fmt == "kv" and bits in (4, 8) and op in ("encode", "decode"):
+        tokens, features = shape
+        group, axis, mode = req["group_size"], req["axis"], req["mode"]
+        if (features if axis == "feature" else tokens) % group:
+            return None
+        x = inputs.get("kv", shape, lambda: np.random.default_rng(11).standard_normal(
+            shape, dtype=np.float32))
+        if op == "encode":
+            return (lambda: encode(x, axis, mode, bits, group)), x.nbytes
+        packed, scale, zero = encode(x, axis, mode, bits, group)
+        return (lambda: decode(packed, scale, zero, axis, mode, bits, shape)), x.nbytes
+    if fmt == "gptq" and bits == 4 and op in ("pack", "unpack"):
+        codes = inputs.get("codes", shape, lambda: np.random.default_rng(13).integers(
+            0, 16, size=shape, dtype=np.uint8))
+        if op == "pack":
+            return (lambda: gptq_pack(codes)), codes.nbytes
+        qweight = gptq_pack(codes)
+        return (lambda: gptq_unpack(qweight)), codes.nbytes
+    if fmt in ("Q4_0", "Q8_0") and op in ("quantize", "dequantize"):
+        found = gguf_quants()
+        if found is None:
+            return None
+        types, quants = found
+        qtype = getattr(types, fmt)
+        w = inputs.get("gguf", shape, lambda: np.random.default_rng(17).standard_normal(
+            shape, dtype=np.float32))
+        if op == "quantize":
+            return (lambda: quants.quantize(w, qtype)), w.nbytes
+        blocks = quants.quantize(w, qtype)
+        return (lambda: quants.dequantize(blocks, qtype)), w.nbytes
+    return None
+
+
+def memcpy_seconds(repeats):
+    src = np.arange(MEMCPY_BYTES // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    return median_seconds(lambda: np.copyto(dst, src), repeats)
+
+
+def serve():
+    """Answers `bench --numpy`: one JSON request per line on stdin, one JSON answer per line."""
+    inputs = Inputs()
+    implementation = "numpy " + np.__version__
+    if gguf_quants() is not None:
+        from importlib.metadata import version
+        implementation += ", gguf-py " + version("gguf")
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            if req["op"] == "memcpy":
+                answer = {"median_s": memcpy_seconds(req["repeats"]), "bytes": MEMCPY_BYTES}
+            else:
+                found = case_call(req, inputs)
+                if found is None:
+                    answer = {"unsupported": "no NumPy version of this case"}
+                else:
+                    call, nbytes = found
+                    for _ in range(max(req["warmup"] - 1, 0)):
+                        call()
+                    answer = {"median_s": median_seconds(call, req["repeats"]), "bytes": nbytes}
+            answer["implementation"] = implementation
+        except Exception as err:  # the bench reports it and stops
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        print(json.dumps(answer), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--serve", action="store_true",
+                        help="answer `bench --numpy`'s requests on stdin (module docs)")
     parser.add_argument("--compare", metavar="BENCH_JSON",
                         help="a file of `bench --json` lines to set beside these cases")
     args = parser.parse_args()
+    if args.serve:
+        serve()
+        return
     repeats = 3 if args.quick else 5
     tokens = 1 << 13 if args.quick else 1 << 18
-
-    src = np.arange(MEMCPY_BYTES // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    memcpy_gbps = MEMCPY_BYTES / median_seconds(lambda: np.copyto(dst, src), repeats) / 1e9
-    del src, dst
+    memcpy_gbps = MEMCPY_BYTES / memcpy_seconds(repeats) / 1e9
     print(f"bench-numpy: memcpy (np.copyto of 256 MiB): {memcpy_gbps:.2f} GB/s", file=sys.stderr)
 
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((tokens, FEATURES), dtype=np.float32)
-    rows = []
+    k, n = (1 << 10, 1 << 11) if args.quick else (1 << 13, 1 << 14)
+    values = (1 << 20) if args.quick else (1 << 25)
+    requests = []
     for mode in ["symmetric", "asymmetric"]:
         for axis in ["feature", "token"]:
             for bits in [4, 8]:
-                group = 32
-                enc = lambda: encode(x, axis, mode, bits, group)  # noqa: E731
-                seconds = median_seconds(enc, repeats)
-                rows.append(row("encode", "kv", x.nbytes, seconds, memcpy_gbps, mode, axis,
-                                bits, group))
-                packed, scale, zero = enc()
-                dec = lambda: decode(packed, scale, zero, axis, mode, bits, x.shape)  # noqa: E731
-                seconds = median_seconds(dec, repeats)
-                rows.append(row("decode", "kv", x.nbytes, seconds, memcpy_gbps, mode, axis,
-                                bits, group))
-
-    k, n = (1 << 10, 1 << 11) if args.quick else (1 << 13, 1 << 14)
-    codes = rng.integers(0, 16, size=(k, n), dtype=np.uint8)
-
-    def gptq_pack():
-        qweight = np.zeros((k // 8, n), dtype=np.uint32)
-        for i in range(8):
-            qweight |= codes[i::8, :].astype(np.uint32) << (4 * i)
-        return qweight.view(np.int32)
-
-    def gptq_unpack(qweight):
-        words = qweight.view(np.uint32)
-        out = np.empty((k, n), dtype=np.uint8)
-        for i in range(8):
-            out[i::8, :] = (words >> (4 * i)) & 0xF
-        return out
-
-    rows.append(row("pack", "gptq", codes.nbytes, median_seconds(gptq_pack, repeats),
-                    memcpy_gbps, bits=4, group_size=128))
-    qweight = gptq_pack()
-    rows.append(row("unpack", "gptq", codes.nbytes,
-                    median_seconds(lambda: gptq_unpack(qweight), repeats), memcpy_gbps, bits=4,
-                    group_size=128))
-    del codes, qweight
-
-    try:
-        from gguf import GGMLQuantizationType, quants
-    except ImportError:
+                for op in ["encode", "decode"]:
+                    requests.append({"op": op, "format": "kv", "mode": mode, "axis": axis,
+                                     "bits": bits, "group_size": 32,
+                                     "shape": [tokens, FEATURES]})
+    for op in ["pack", "unpack"]:
+        requests.append({"op": op, "format": "gptq", "bits": 4, "group_size": 128,
+                         "shape": [k, n]})
+    if gguf_quants() is None:
         print("bench-numpy: gguf-py not installed; GGUF cases skipped", file=sys.stderr)
     else:
-        values = (1 << 20) if args.quick else (1 << 25)
-        w = rng.standard_normal((values // 4096, 4096), dtype=np.float32)
-        for name in ["Q4_0", "Q8_0"]:
-            qtype = getattr(GGMLQuantizationType, name)
-            seconds = median_seconds(lambda: quants.quantize(w, qtype), repeats)
-            rows.append(row("quantize", name, w.nbytes, seconds, memcpy_gbps))
-            blocks = quants.quantize(w, qtype)
-            seconds = median_seconds(lambda: quants.dequantize(blocks, qtype), repeats)
-            rows.append(row("dequantize", name, w.nbytes, seconds, memcpy_gbps))
+        for fmt in ["Q4_0", "Q8_0"]:
+            for op in ["quantize", "dequantize"]:
+                requests.append({"op": op, "format": fmt, "shape": [values // 4096, 4096]})
+    inputs = Inputs()
+    rows = []
+    for req in requests:
+        call, nbytes = case_call(req, inputs)
+        rows.append(row(req["op"], req["format"], nbytes, median_seconds(call, repeats),
+                        memcpy_gbps, req.get("mode"), req.get("axis"), req.get("bits"),
+                        req.get("group_size")))
 
     if args.compare:
         compare(rows, args.compare)
@@ -184,7 +273,8 @@ KEY = ("op", "format", "mode", "axis", "bits", "group_size")
 def compare(rows, path):
     """Prints NumPy's rows beside the same cases of a bench run, as a markdown table."""
     with open(path) as f:
-        bench = {tuple(r[k] for k in KEY): r for r in map(json.loads, f) if r.get("op")}
+        bench = {tuple(r[k] for k in KEY): r for r in map(json.loads, f)
+                 if r.get("op") and "implementation" not in r}
     print("| case | bench (x memcpy) | NumPy (x memcpy) | bench / NumPy |")
     print("|---|---:|---:|---:|")
     for r in rows:

@@ -111,6 +111,20 @@ impl Measured {
     }
 }
 
+impl Scale {
+    /// The shape of the input a case of this scale runs on, as a peer makes it again
+    /// ([`crate::peer`]): KV tokens x features, GGUF rows x [`GGUF_COLUMNS`], GPTQ and AWQ K x
+    /// N codes; `None` for the streams, which no peer runs.
+    pub fn input_shape(&self, case: &Measured) -> Option<[usize; 2]> {
+        match case.format {
+            "kv" => Some([self.kv_tokens, KV_FEATURES]),
+            "Q4_0" | "Q8_0" => Some([self.gguf_values / GGUF_COLUMNS, GGUF_COLUMNS]),
+            "gptq" | "awq" => Some([self.weights_k, self.weights_n]),
+            _ => None,
+        }
+    }
+}
+
 /// Where each result goes.
 pub type Record<'a> = dyn FnMut(Measured) + 'a;
 

@@ -12,6 +12,8 @@
 //!   speedups and bandwidths;
 //! - [`linear`]: the forward passes' matrix products (`models::ops::linear`) against sgemm on
 //!   the same shapes, in GFLOP/s;
+//! - [`peer`]: NumPy's (and gguf-py's) version of each case, timed right after it in the same
+//!   run (`--numpy`);
 //! - [`report`]: the table and the JSON lines;
 //! - [`targets`]: the speed goals as ratios to memcpy, and which of them a run met.
 //!
@@ -23,5 +25,6 @@ pub mod cases;
 pub mod data;
 pub mod linear;
 pub mod measure;
+pub mod peer;
 pub mod report;
 pub mod targets;

@@ -10,6 +10,7 @@ use bench::attention::{self, AttentionRow, Sweep};
 use bench::cases::{self, Measured, Scale};
 use bench::linear::{self, LinearRow};
 use bench::measure::{self, Settings};
+use bench::peer::{self, Peer, PeerRow};
 use bench::report::{self, Row};
 use bench::targets;
 
@@ -30,6 +31,16 @@ struct Cli {
     /// Only these families (default: all).
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Family>,
+    /// Time NumPy's (and gguf-py's) version of each case right after it, in this run, and
+    /// print both in GB/s side by side (one thread only; starts `PYTHON NUMPY_SCRIPT --serve`).
+    #[arg(long)]
+    numpy: bool,
+    /// The Python that runs the NumPy side.
+    #[arg(long, default_value = "python3", requires = "numpy")]
+    python: String,
+    /// The script that runs the NumPy side.
+    #[arg(long, default_value = peer::NUMPY_SCRIPT, requires = "numpy")]
+    numpy_script: std::path::PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -80,11 +91,30 @@ fn real_main() -> Result<()> {
         .num_threads(threads)
         .build()
         .context("starting the worker threads")?;
+    if cli.numpy && threads != 1 {
+        anyhow::bail!("--numpy times NumPy on one thread: leave out --threads {threads}");
+    }
+    let mut numpy = match cli.numpy {
+        true => Some(Peer::start(&cli.python, &cli.numpy_script)?),
+        false => None,
+    };
     let memcpy_gbps = measure::memcpy_gbps(settings, &pool);
     eprintln!(
         "bench: memcpy (copy_from_slice of {} MiB, {threads} thread(s)): {memcpy_gbps:.2} GB/s",
         measure::MEMCPY_BYTES >> 20
     );
+    let numpy_memcpy = match numpy.as_mut() {
+        Some(peer) => {
+            let gbps = peer.memcpy_gbps(settings)?;
+            eprintln!(
+                "bench: {} memcpy (np.copyto of 256 MiB): {gbps:.2} GB/s",
+                peer.implementation
+            );
+            gbps
+        }
+        None => 0.0,
+    };
+    let mut peer_rows: Vec<PeerRow> = Vec::new();
 
     let families = if cli.only.is_empty() {
         vec![
@@ -100,18 +130,43 @@ fn real_main() -> Result<()> {
     };
     let mut rows = Vec::new();
     let mut stdout = std::io::stdout().lock();
-    let mut failed = None;
+    let mut failed: Option<anyhow::Error> = None;
     let mut record = |case: Measured| {
         let row = Row::new(case, memcpy_gbps, threads);
         if cli.json {
             if let Err(err) = json_line(&mut stdout, &row) {
-                failed.get_or_insert(err);
+                failed.get_or_insert(anyhow::Error::new(err).context("writing to stdout"));
             }
         } else {
             eprintln!(
                 "bench: {} {} {:.2} GB/s ({:.2}x memcpy)",
                 row.case.format, row.case.op, row.gbps, row.ratio
             );
+        }
+        // The peer's version of the case, timed at once, in the same phase of the machine.
+        let shape = scale.input_shape(&row.case);
+        if let (Some(peer), Some(shape), None) = (numpy.as_mut(), shape, failed.as_ref()) {
+            match peer.time(&row, shape, settings, numpy_memcpy) {
+                Ok(Some(peer_row)) => {
+                    if cli.json {
+                        if let Err(err) = json_line(&mut stdout, &peer_row) {
+                            failed.get_or_insert(
+                                anyhow::Error::new(err).context("writing to stdout"),
+                            );
+                        }
+                    } else {
+                        eprintln!(
+                            "bench: {}: {:.3} GB/s (bench {:.1}x as fast)",
+                            peer_row.implementation, peer_row.row.gbps, peer_row.bench_over_peer
+                        );
+                    }
+                    peer_rows.push(peer_row);
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    failed.get_or_insert(anyhow::Error::new(err));
+                }
+            }
         }
         rows.push(row);
     };
@@ -134,7 +189,7 @@ fn real_main() -> Result<()> {
         let mut record = |row: AttentionRow| {
             if cli.json {
                 if let Err(err) = json_line(&mut stdout, &row) {
-                    failed.get_or_insert(err);
+                    failed.get_or_insert(anyhow::Error::new(err).context("writing to stdout"));
                 }
             } else {
                 eprintln!(
@@ -167,7 +222,7 @@ fn real_main() -> Result<()> {
         let mut record = |row: LinearRow| {
             if cli.json {
                 if let Err(err) = json_line(&mut stdout, &row) {
-                    failed.get_or_insert(err);
+                    failed.get_or_insert(anyhow::Error::new(err).context("writing to stdout"));
                 }
             } else {
                 eprintln!(
@@ -180,7 +235,7 @@ fn real_main() -> Result<()> {
         linear::run(&shapes, settings, &pool, &mut record);
     }
     if let Some(err) = failed {
-        return Err(err).context("writing to stdout");
+        return Err(err);
     }
     let mut goals = String::new();
     if !rows.is_empty() {
@@ -200,6 +255,15 @@ fn real_main() -> Result<()> {
     } else {
         if !rows.is_empty() {
             writeln!(stdout, "{}\n", report::table(&rows)).context("writing to stdout")?;
+        }
+        if let Some(peer) = numpy.as_ref().filter(|_| !peer_rows.is_empty()) {
+            writeln!(
+                stdout,
+                "Against {}, each case timed right after bench's:\n\n{}\n",
+                peer.implementation,
+                peer::table(&peer_rows, memcpy_gbps, numpy_memcpy)
+            )
+            .context("writing to stdout")?;
         }
         if !attention_rows.is_empty() {
             writeln!(stdout, "{}\n", attention::table(&attention_rows))
