@@ -10,6 +10,15 @@
 //!   cache's.
 //!
 //! Sums are f64 in a fixed order, so the numbers are the same bits on any machine.
+//!
+//! Over a run, KL is also reported as a distribution, pooled over every scored position of every
+//! text, by llama.cpp's perplexity tool's rule (`tools/perplexity/perplexity.cpp`,
+//! `kl_divergence`, the statistics after `====== KL divergence statistics ======`; read at
+//! commit 050fc7f): the values sorted, the median the middle one or the mean of the two middle
+//! ones, and percentile f = (1 - w) v\[k\] + w v\[min(k + 1, n - 1)\] with k = floor(f (n - 1)) and
+//! w the fraction left over. llama.cpp does this in f32 over f32 KL values; here it is f64,
+//! like every other number of the study. And as a mean within bands of positions
+//! ([`POSITION_BANDS`]), so that a window or a sink is judged where it no longer covers the text.
 
 use models::llama::argmax;
 use std::ops::Range;
@@ -32,6 +41,60 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     logits
         .iter()
         .map(|&x| (f64::from(x) - max) - log_sum)
+        .collect()
+}
+
+/// The bands of positions (the index of the token a prediction is made from) whose mean KL a
+/// run reports: 0-127, 128-1,023, and 1,024 on (`None`: no end).
+pub const POSITION_BANDS: [(usize, Option<usize>); 3] =
+    [(0, Some(127)), (128, Some(1023)), (1024, None)];
+
+/// The median of sorted values (module docs); NaN for none.
+pub fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ if n.is_multiple_of(2) => 0.5 * (sorted[n / 2] + sorted[n / 2 - 1]),
+        _ => sorted[n / 2],
+    }
+}
+
+/// The `fraction` percentile of sorted values, interpolated linearly between neighbours
+/// (module docs); NaN for none.
+pub fn percentile(sorted: &[f64], fraction: f64) -> f64 {
+    let n = sorted.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if fraction <= 0.0 {
+        return sorted[0];
+    }
+    if fraction >= 1.0 {
+        return sorted[n - 1];
+    }
+    let p = fraction * (n - 1) as f64;
+    let k = p as usize;
+    let w = p - k as f64;
+    (1.0 - w) * sorted[k] + w * sorted[(k + 1).min(n - 1)]
+}
+
+/// Per band of [`POSITION_BANDS`], the mean of `kl` over the positions in it, pooled over the
+/// texts (`kl[t][i]`: text t's KL at position i; summed in text, then position order); `None`
+/// for a band no text reaches.
+pub fn band_means(kl: &[&[f64]]) -> Vec<Option<f64>> {
+    POSITION_BANDS
+        .iter()
+        .map(|&(first, last)| {
+            let (mut sum, mut count) = (0f64, 0usize);
+            for text in kl {
+                let end = last.map_or(text.len(), |l| (l + 1).min(text.len()));
+                for &x in text.get(first..end).unwrap_or(&[]) {
+                    sum += x;
+                    count += 1;
+                }
+            }
+            (count > 0).then(|| sum / count as f64)
+        })
         .collect()
 }
 
@@ -144,6 +207,29 @@ pub fn compare_in_blocks(
 mod tests {
     use super::*;
     use ndarray::array;
+
+    #[test]
+    fn percentiles_interpolate_between_sorted_neighbours_as_llama_cpp_does() {
+        let v = [0.0, 1.0, 2.0, 10.0];
+        assert_eq!(median(&v), 1.5);
+        assert_eq!(median(&v[..3]), 1.0);
+        // f (n - 1) = 0.99 * 3 = 2.97: 0.03 of v[2] and 0.97 of v[3].
+        assert!((percentile(&v, 0.99) - (0.03 * 2.0 + 0.97 * 10.0)).abs() < 1e-12);
+        assert_eq!(percentile(&v, 1.0), 10.0);
+        assert_eq!(percentile(&v, 0.0), 0.0);
+        assert_eq!(percentile(&[7.0], 0.999), 7.0);
+        assert!(median(&[]).is_nan() && percentile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn band_means_pool_texts_and_leave_unreached_bands_empty() {
+        let a: Vec<f64> = (0..200).map(|i| if i < 128 { 1.0 } else { 3.0 }).collect();
+        let b = vec![2.0; 130];
+        let means = band_means(&[&a, &b]);
+        assert_eq!(means[0], Some((128.0 + 2.0 * 128.0) / 256.0));
+        assert_eq!(means[1], Some((72.0 * 3.0 + 2.0 * 2.0) / 74.0));
+        assert_eq!(means[2], None);
+    }
 
     #[test]
     fn log_softmax_of_equal_logits_is_minus_log_n_and_survives_large_values() {

@@ -6,7 +6,7 @@
 //! cache label (`crate::study::run_label`): NLL with 6 decimals, perplexity with 4, the
 //! perplexity change against the float32 cache in percent with 3, KL mean and max with 6, top-1
 //! agreement in percent with 3, bytes per token with 1 and thousands separators, bits per
-//! element with 3), the ranked table ([`crate::frontier`]: per budget of about 2.5, 4.5 and 8.5
+//! element with 3), the KL distribution table ([`kl_distribution_table`]), the ranked table ([`crate::frontier`]: per budget of about 2.5, 4.5 and 8.5
 //! bits per element, then per schedule, the runs within a bit of it by KL mean, with their rank,
 //! bits per element, KL mean, perplexity change, top-1 agreement and whether they lie on their
 //! schedule's Pareto frontier), and, when generating, one table per text with each run's first
@@ -17,6 +17,7 @@ use evidence::format::thousands;
 use evidence::table::Table;
 
 use crate::frontier::{self, BUDGETS};
+use crate::metrics::POSITION_BANDS;
 use crate::study::{QualityProtocol, Study, Summary};
 
 /// 1234.5 -> "1,234.5".
@@ -143,6 +144,46 @@ fn ppl_change(r: &crate::study::SummaryRow) -> String {
     format!("{:.3}%", (r.perplexity / r.perplexity_f32 - 1.0) * 100.0)
 }
 
+/// The KL distribution table: per run, KL's median, 99th and 99.9th percentiles over every
+/// scored position of every text, and its mean within each band of positions
+/// ([`crate::metrics::POSITION_BANDS`]; a dash for a band no text reaches), all with 6 decimals.
+pub fn kl_distribution_table(summary: &Summary) -> Table {
+    let mut headers: Vec<String> = ["cache", "schedule", "KL median", "KL 99%", "KL 99.9%"]
+        .iter()
+        .map(|h| h.to_string())
+        .collect();
+    for (first, last) in POSITION_BANDS {
+        headers.push(match last {
+            Some(last) => format!(
+                "KL mean, positions {}-{}",
+                thousands(first),
+                thousands(last)
+            ),
+            None => format!("KL mean, positions {} on", thousands(first)),
+        });
+    }
+    let rows = summary
+        .rows
+        .iter()
+        .map(|r| {
+            let mut row = vec![
+                r.label(),
+                r.schedule.clone(),
+                format!("{:.6}", r.kl_median),
+                format!("{:.6}", r.kl_p99),
+                format!("{:.6}", r.kl_p999),
+            ];
+            row.extend(
+                r.kl_band_means
+                    .iter()
+                    .map(|m| m.map_or("-".to_string(), |m| format!("{m:.6}"))),
+            );
+            row
+        })
+        .collect();
+    Table { headers, rows }
+}
+
 /// The ranked table: per budget, per schedule, the runs near it by mean KL.
 pub fn ranked_table(summary: &Summary) -> Table {
     let on_frontier = frontier::members(summary);
@@ -238,6 +279,15 @@ pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Sum
     line(&run_table(protocol, study).to_markdown());
     line("## Quality against the float cache");
     line(&quality_table(summary).to_markdown());
+    line("## How KL is spread");
+    line(
+        "KL over every scored position of every text, as llama.cpp's perplexity tool reports it \
+         (its median and upper percentiles, the values sorted and interpolated linearly between \
+         neighbours), and its mean within bands of positions, a position being the index of the \
+         token a prediction is made from; a dash marks a band that no text reaches. A window or \
+         a sink that covers the early positions is judged by the later bands.",
+    );
+    line(&kl_distribution_table(summary).to_markdown());
     line("## At matched budgets");
     line(
         "For each budget, the runs whose bits per element lie within one bit of it, per \

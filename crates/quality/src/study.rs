@@ -50,7 +50,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::metrics::{kl, log_softmax};
+use crate::metrics::{self, kl, log_softmax};
 use crate::scheme::{Cache, LayerCost, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
 use std::sync::Arc;
@@ -997,6 +997,15 @@ pub struct SummaryRow {
     pub kl_mean: f64,
     /// Max over texts of `kl_max`.
     pub kl_max: f64,
+    /// Median of KL over every scored position of every text ([`crate::metrics::median`]).
+    pub kl_median: f64,
+    /// Its 99th percentile ([`crate::metrics::percentile`]).
+    pub kl_p99: f64,
+    /// Its 99.9th percentile.
+    pub kl_p999: f64,
+    /// Mean KL within each band of [`crate::metrics::POSITION_BANDS`], pooled over the texts;
+    /// null for a band no text reaches.
+    pub kl_band_means: Vec<Option<f64>>,
     /// Mean over texts of `top1_agreement`.
     pub top1_agreement: f64,
     /// Mean over texts of `bytes_per_token`.
@@ -1008,9 +1017,11 @@ pub struct SummaryRow {
     pub float32_bytes_per_token: f64,
 }
 
-/// The summary of `rows` (texts, then runs in protocol order). A run's bits per element are
-/// its mean bytes per token over the float32 cache's mean, times 32.
-pub fn summarize(protocol: &QualityProtocol, rows: &[ResultRow]) -> Summary {
+/// The summary of `study_rows` (texts, then runs in protocol order). A run's bits per element
+/// are its mean bytes per token over the float32 cache's mean, times 32.
+pub fn summarize(protocol: &QualityProtocol, study_rows: &[Row]) -> Summary {
+    let results: Vec<ResultRow> = study_rows.iter().map(|r| r.result.clone()).collect();
+    let rows = &results[..];
     let runs = protocol.runs.len();
     let texts = protocol.texts.len();
     let n = texts as f64;
@@ -1022,6 +1033,17 @@ pub fn summarize(protocol: &QualityProtocol, rows: &[ResultRow]) -> Summary {
     } else {
         f64::NAN
     };
+    // Each run's KL over every position of every text, sorted.
+    let pooled: Vec<Vec<f64>> = (0..runs)
+        .map(|r| {
+            let mut all: Vec<f64> = (0..texts)
+                .filter_map(|t| study_rows.get(t * runs + r))
+                .flat_map(|row| row.kl.iter().copied())
+                .collect();
+            all.sort_by(f64::total_cmp);
+            all
+        })
+        .collect();
     let out: Vec<SummaryRow> = (0..runs)
         .filter(|&r| rows.len() == texts * runs && r < rows.len())
         .map(|r| {
@@ -1038,6 +1060,14 @@ pub fn summarize(protocol: &QualityProtocol, rows: &[ResultRow]) -> Summary {
                 perplexity: libm::exp(nll),
                 kl_mean: mean(r, &|x| x.kl_mean),
                 kl_max: (0..texts).fold(f64::NEG_INFINITY, |m, t| m.max(rows[t * runs + r].kl_max)),
+                kl_median: metrics::median(&pooled[r]),
+                kl_p99: metrics::percentile(&pooled[r], 0.99),
+                kl_p999: metrics::percentile(&pooled[r], 0.999),
+                kl_band_means: metrics::band_means(
+                    &(0..texts)
+                        .map(|t| study_rows[t * runs + r].kl.as_slice())
+                        .collect::<Vec<_>>(),
+                ),
                 top1_agreement: mean(r, &|x| x.top1_agreement),
                 bytes_per_token: mean(r, &|x| x.bytes_per_token),
                 bits_per_element: bits_per_element(mean(r, &|x| x.bytes_per_token), float32_bytes),

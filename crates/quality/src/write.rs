@@ -109,7 +109,7 @@ pub fn write(
         }
     }
     let results: Vec<ResultRow> = study.rows.iter().map(|r| r.result.clone()).collect();
-    let summary = summarize(protocol, &results);
+    let summary = summarize(protocol, &study.rows);
     let markdown = crate::report::summary_markdown(protocol, study, &summary);
     let svg = crate::chart::quality_vs_bytes(protocol, &summary).map_err(|message| {
         EvidenceError::Chart {

@@ -424,8 +424,7 @@ fn quality_study(
         &progress,
     )?;
     bar.finish_and_clear();
-    let results: Vec<_> = study.rows.iter().map(|r| r.result.clone()).collect();
-    let summary = quality_study::summarize(&protocol, &results);
+    let summary = quality_study::summarize(&protocol, &study.rows);
     let text = format!(
         "{}\nwrote {}\n",
         quality::report::quality_table(&summary).to_text(),

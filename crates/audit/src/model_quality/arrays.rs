@@ -28,7 +28,7 @@ use crate::common::report::{Checked, Problem, Report};
 pub const KL_SLACK: f64 = 1e-12;
 
 /// What the audit derives for one row (text x run) from the arrays.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Derived {
     /// NLL of the float32 cache.
     pub nll_f32: f64,
@@ -38,6 +38,8 @@ pub struct Derived {
     pub kl_mean: f64,
     /// Largest KL.
     pub kl_max: f64,
+    /// KL per position, as archived (held bit for bit to the re-run where the models run).
+    pub kl: Vec<f64>,
     /// Top-1 agreement.
     pub top1_agreement: f64,
     /// Bytes per token.
@@ -462,6 +464,7 @@ pub(super) fn check_arrays(
                     nll: -logp.iter().sum::<f64>() / positions,
                     kl_mean: kl.iter().sum::<f64>() / positions,
                     kl_max: kl.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    kl: kl.to_vec(),
                     top1_agreement: argmax
                         .iter()
                         .zip(f32_argmax)

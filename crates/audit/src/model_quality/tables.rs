@@ -7,7 +7,7 @@ use super::QUALITY_CHART;
 use super::frontier;
 use super::protocol::{QualityProtocol, Run};
 use super::results::QualityRow;
-use super::summary::Aggregate;
+use super::summary::{Aggregate, POSITION_BANDS};
 use crate::common::markdown::{Block, blocks, compare_table, figures};
 use crate::common::problem::MarkdownProblem;
 use crate::common::report::{Checked, Problem, Report};
@@ -36,8 +36,9 @@ pub fn bytes_cell(value: f64) -> String {
     format!("{sign}{grouped}.{fraction}")
 }
 
-/// The tables summary.md must hold, in order: the run table, the quality table, and when
-/// generating one table per text.
+/// The tables summary.md must hold, in order: the run table, the quality table, the KL spread
+/// table (median, percentiles, band means), the ranked table when a run is near a budget, and
+/// when generating one table per text.
 pub fn expected_tables(
     p: &QualityProtocol,
     runs: &[Run],
@@ -115,6 +116,34 @@ pub fn expected_tables(
         ]);
     }
     tables.push(("quality", quality));
+    let mut spread = vec![
+        ["cache", "schedule", "KL median", "KL 99%", "KL 99.9%"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+    ];
+    let count = |n: usize| crate::common::text::thousands(n as u64);
+    for (first, last) in POSITION_BANDS {
+        spread[0].push(match last {
+            Some(last) => format!("KL mean, positions {}-{}", count(first), count(last)),
+            None => format!("KL mean, positions {} on", count(first)),
+        });
+    }
+    for (run, a) in runs.iter().zip(aggregates) {
+        let (median, p99, p999) = a.kl_statistics;
+        let mut row = vec![
+            run.label(),
+            run.schedule.to_string(),
+            format!("{median:.6}"),
+            format!("{p99:.6}"),
+            format!("{p999:.6}"),
+        ];
+        for band in &a.kl_band_means {
+            row.push(band.map_or("-".into(), |m| format!("{m:.6}")));
+        }
+        spread.push(row);
+    }
+    tables.push(("KL spread", spread));
     let lines = frontier::ranked(runs, aggregates);
     if !lines.is_empty() {
         let on = frontier::on_frontier(runs, aggregates);

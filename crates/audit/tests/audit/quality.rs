@@ -177,6 +177,11 @@ impl Evidence {
             "| float32 | - | {nll_f32:.6} | {:.4} | 0.000% | 0 | 0 | 100.000% | 46,080 | 32.000 |\n",
             nll_f32.exp()
         ));
+        let mut spread = String::from(
+            "| cache | schedule | KL median | KL 99% | KL 99.9% | KL mean, positions 0-127 | \
+             KL mean, positions 128-1,023 | KL mean, positions 1,024 on |\n\
+             |---|---|--:|--:|--:|--:|--:|--:|\n",
+        );
         let mut generation = String::from(
             "| cache | schedule | first departure | generated text |\n|---|---|--:|---|\n\
              | float32 | - | - | `ten eleven twelve` |\n",
@@ -193,6 +198,16 @@ impl Evidence {
             let nll = -s.logp.iter().sum::<f64>() / positions;
             let kl_mean = s.kl.iter().sum::<f64>() / positions;
             let kl_max = s.kl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            // Four positions, sorted: the median is the mean of the middle two; percentile f
+            // lies f * 3 of the way along them.
+            let mut sorted = s.kl.clone();
+            sorted.sort_by(f64::total_cmp);
+            let at = |f: f64| {
+                let p = f * 3.0;
+                let k = p as usize;
+                sorted[k] * (1.0 - (p - k as f64)) + sorted[(k + 1).min(3)] * (p - k as f64)
+            };
+            let (kl_median, kl_p99, kl_p999) = ((sorted[1] + sorted[2]) / 2.0, at(0.99), at(0.999));
             let top1 = s
                 .argmax
                 .iter()
@@ -225,9 +240,14 @@ impl Evidence {
                 "setting": setting, "policy": policy, "schedule": schedule,
                 "nll_f32": mean(&[nll_f32]), "nll": mean(&[nll]),
                 "perplexity_f32": nll_f32.exp(), "perplexity": nll.exp(),
-                "kl_mean": kl_mean, "kl_max": kl_max, "top1_agreement": top1,
+                "kl_mean": kl_mean, "kl_max": kl_max, "kl_median": kl_median, "kl_p99": kl_p99,
+                "kl_p999": kl_p999, "kl_band_means": [kl_mean, null, null], "top1_agreement": top1,
                 "bytes_per_token": bytes, "bits_per_element": bits, "float32_bytes_per_token": 46080
             }));
+            spread.push_str(&format!(
+                "| {label} | {schedule} | {kl_median:.6} | {kl_p99:.6} | {kl_p999:.6} | \
+                 {kl_mean:.6} | - | - |\n"
+            ));
             table.push_str(&format!(
                 "| {label} | {schedule} | {nll:.6} | {:.4} | {:.3}% | {kl_mean:.6} | \
                  {kl_max:.6} | {:.3}% | {} | {bits:.3} |\n",
@@ -282,7 +302,8 @@ impl Evidence {
             "# Model quality: tiny-quality\n\nWhat packing the KV cache costs in next-token \
              quality.\n\n| quantity | value |\n|---|---|\n| model | smollm2 |\n| texts | tiny |\n\
              | tokens scored per text | 4 |\n| runs | 2 |\n| generated tokens | 3 |\n| prompt tokens | 2 |\n\n\
-             ## Quality against bytes\n\n{table}\n## Greedy continuations: tiny\n\n{generation}\n\
+             ## Quality against bytes\n\n{table}\n## How KL is spread\n\n{spread}\n\
+             ## Greedy continuations: tiny\n\n{generation}\n\
              ![](quality-vs-bytes.svg)\n"
         );
         self.svg = format!(
