@@ -621,6 +621,40 @@ fn a_changed_summary_json_value_is_named() {
         "summary value",
         |p| matches!(p, Problem::Summary { place, .. } if place.ends_with("kl_mean")),
     );
+    // The spread of KL too: a percentile, and a band's mean (or a band made to appear).
+    for (field, value) in [
+        ("kl_p999", json!(0.5)),
+        ("kl_band_means", json!([0.1, null, null])),
+        ("kl_band_means", json!([null, null, null])),
+    ] {
+        let mut e = Evidence::new();
+        let found = e.summary["rows"][1][field].clone();
+        assert_ne!(found, value, "{field}");
+        e.summary["rows"][1][field] = value;
+        let report = e.audit();
+        assert_problem(
+            &report,
+            field,
+            |p| matches!(p, Problem::Summary { place, .. } if place.ends_with(field)),
+        );
+    }
+}
+
+#[test]
+fn a_changed_kl_spread_cell_is_named() {
+    let mut e = Evidence::new();
+    let cell = format!("{:.6} | - | - |", {
+        let kl = &e.rows[0].4.kl;
+        kl.iter().sum::<f64>() / kl.len() as f64
+    });
+    assert!(e.markdown.contains(&cell), "{}", e.markdown);
+    e.markdown = e.markdown.replacen(&cell, "0.000001 | - | - |", 1);
+    let report = e.audit();
+    assert_problem(
+        &report,
+        "KL spread cell",
+        |p| matches!(p, Problem::Markdown(m) if format!("{m:?}").contains("KL spread")),
+    );
 }
 
 #[test]
