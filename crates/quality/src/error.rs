@@ -49,6 +49,9 @@ pub enum QualityError {
         /// The scheme.
         scheme: kvschemes::Scheme,
     },
+    /// A cache refused a Gaussian draw, or read back rows of another shape.
+    #[error("Gaussian K/V: {0}")]
+    Gaussian(String),
     /// A KVQuant calibration could not be fitted.
     #[error(transparent)]
     Calibration(#[from] kvschemes::kvquant::CalibrationError),

@@ -128,6 +128,7 @@ mod tests {
                 bytes_per_token: 1000.0,
             },
             rows,
+            attention: None,
         }
     }
 

@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod attention_error;
 pub mod cache;
 pub mod chart;
 pub mod corpus;

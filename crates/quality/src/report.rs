@@ -9,13 +9,15 @@
 //! element with 3), the KL distribution table ([`kl_distribution_table`]), the ranked table ([`crate::frontier`]: per budget of about 2.5, 4.5 and 8.5
 //! bits per element, then per schedule, the runs within a bit of it by KL mean, with their rank,
 //! bits per element, KL mean, perplexity change, top-1 agreement and whether they lie on their
-//! schedule's Pareto frontier), and, when generating, one table per text with each run's first
+//! schedule's Pareto frontier), the attention-error table when the protocol asks for it
+//! ([`attention_table`]), and, when generating, one table per text with each run's first
 //! departure from the float32 cache's greedy text and the text itself (in a code span, newlines
 //! written `\n`, `|` escaped).
 
 use evidence::format::thousands;
 use evidence::table::Table;
 
+use crate::attention_error::AttentionSummary;
 use crate::frontier::{self, BUDGETS};
 use crate::metrics::POSITION_BANDS;
 use crate::study::{QualityProtocol, Study, Summary};
@@ -83,6 +85,10 @@ pub fn run_table(protocol: &QualityProtocol, study: &Study) -> Table {
     ];
     if let Some(g) = protocol.generate {
         rows.push(("prompt tokens", g.prompt_tokens.to_string()));
+    }
+    if let Some(a) = &protocol.attention {
+        rows.push(("attention query stride", a.stride.to_string()));
+        rows.push(("Gaussian draws", a.gaussian_seeds.len().to_string()));
     }
     Table {
         headers: vec!["quantity".into(), "value".into()],
@@ -254,6 +260,46 @@ pub fn generation_table(study: &Study, t: usize) -> Table {
     }
 }
 
+/// The attention-error table: per run, its relative L2 error on the texts' K/V (pooled, least
+/// and most) and on the Gaussian draws, in percent with 3 decimals, and the Gaussian caches'
+/// bits per element with 3 (dashes without draws).
+pub fn attention_table(attention: &AttentionSummary) -> Table {
+    let headers = [
+        "cache",
+        "schedule",
+        "model K/V error",
+        "least",
+        "most",
+        "Gaussian error",
+        "least",
+        "most",
+        "Gaussian bits/element",
+    ];
+    let percent = |x: f64| format!("{:.3}%", x * 100.0);
+    let maybe = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("-".to_string(), f);
+    let rows = attention
+        .rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.label(),
+                r.schedule.clone(),
+                percent(r.relative_l2),
+                percent(r.relative_l2_min),
+                percent(r.relative_l2_max),
+                maybe(r.gaussian_relative_l2, &percent),
+                maybe(r.gaussian_relative_l2_min, &percent),
+                maybe(r.gaussian_relative_l2_max, &percent),
+                maybe(r.gaussian_bits_per_element, &|x| format!("{x:.3}")),
+            ]
+        })
+        .collect();
+    Table {
+        headers: headers.iter().map(|h| h.to_string()).collect(),
+        rows,
+    }
+}
+
 /// summary.md's text.
 pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Summary) -> String {
     let mut md = String::new();
@@ -300,6 +346,19 @@ pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Sum
         line("No run lies within one bit of a budget.");
     } else {
         line(&ranked.to_markdown());
+    }
+    if let Some(attention) = &summary.attention {
+        line("## Attention error");
+        line(
+            "What each cache does to every layer's attention output, with the model's own \
+             queries: the relative error of the output read from the cache against the output \
+             read from the float keys and values, over every layer, query head and query \
+             position of the stride in the run table, pooled over the texts, with the smallest \
+             and largest text's own. The same for keys, values and queries drawn from a standard \
+             normal in the model's shape, pooled over the draws, with their bits per element \
+             (the outliers KVQuant keeps depend on the values).",
+        );
+        line(&attention_table(attention).to_markdown());
     }
     if protocol.generate.is_some() {
         line("## Greedy text");

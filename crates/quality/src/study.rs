@@ -19,7 +19,11 @@
 //! - `generate` (optional): `prompt_tokens` (1 to the shortest text's ids) and `tokens` (1 to 64);
 //! - `calibration` (required when a run names a KVQuant scheme): a `name` and `text`, neither
 //!   a text's name nor overlapping a text (one containing the other); its first
-//!   [`CALIBRATION_TOKENS`] ids are the calibration pass (`crate::scheme::calibrate`).
+//!   [`CALIBRATION_TOKENS`] ids are the calibration pass (`crate::scheme::calibrate`);
+//! - `attention` (optional): each run's attention error ([`crate::attention_error`]): a
+//!   `stride` (1 to `max_tokens`: every stride-th position is a query), `gaussian_seeds` (at
+//!   most [`MAX_GAUSSIAN_SEEDS`], distinct) and, when a KVQuant run has Gaussian draws to
+//!   quantize, a `calibration_seed` that is none of them.
 //!
 //! Rows run texts first, then runs in protocol order; a row's id is
 //! `t{text}_{setting}_{policy}_{schedule}` or `t{text}_{scheme}_{schedule}`, with `:` and `+`
@@ -35,10 +39,14 @@
 //!   run order, `<id>_logp`, `<id>_kl` (float64 `[T-1]`, KL(p_f32 || p_packed) over the whole
 //!   vocabulary), `<id>_argmax` (int64 `[T-1]`), for a KVQuant run `<id>_outliers` (int64
 //!   `[layers]`: the outlier values each layer's cache stores, K and V together, which with the
-//!   shape decide its bytes) and, when generating, `<id>_generated`;
+//!   shape decide its bytes) and, when generating, `<id>_generated`; then, with `attention`,
+//!   per text and run `<id>_attention` and per Gaussian draw and run `g{draw}_..._attention`
+//!   (float64 `[layers, 2]`: each layer's summed squared error and squared reference output);
 //! - `results.json`: one object per row ([`ResultRow`]), its aggregates computed from the arrays
 //!   exactly as the fields' docs say;
-//! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]);
+//! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]) and,
+//!   with `attention`, a row per run of its attention error
+//!   ([`crate::attention_error::AttentionRow`]);
 //! - `quality-vs-bytes.svg`: mean KL against cache bytes per token, with each schedule's Pareto
 //!   frontier ([`crate::chart`]);
 //! - `manifest.json`: [`crate::write::QualityManifest`].
@@ -50,6 +58,9 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::attention_error::{
+    AttentionResult, AttentionSpec, AttentionSummary, MAX_GAUSSIAN_SEEDS,
+};
 use crate::metrics::{self, kl, log_softmax};
 use crate::scheme::{Cache, LayerCost, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
@@ -112,6 +123,10 @@ pub struct QualityProtocol {
     /// from every evaluated text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<QualityText>,
+    /// Each run's attention error on the texts' K/V and on Gaussian K/V
+    /// ([`crate::attention_error`]), when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionSpec>,
 }
 
 /// One text.
@@ -272,6 +287,16 @@ impl RunSpec {
     /// The row id of this run on text `text`: `t{text}_{setting}_{policy}_{schedule}` or
     /// `t{text}_{scheme}_{schedule}`, with `:` and `+` written `-`.
     pub fn row_id(&self, text: usize) -> String {
+        self.id_on(&format!("t{text}"))
+    }
+
+    /// The id of this run's attention error on Gaussian draw `draw` (its index among the
+    /// seeds): `g{draw}_...`, as [`RunSpec::row_id`] writes the rest.
+    pub fn gaussian_id(&self, draw: usize) -> String {
+        self.id_on(&format!("g{draw}"))
+    }
+
+    fn id_on(&self, input: &str) -> String {
         let cache = match (&self.scheme, &self.setting, &self.policy) {
             (Some(scheme), _, _) => scheme.clone(),
             (None, setting, policy) => format!(
@@ -280,7 +305,7 @@ impl RunSpec {
                 policy.as_deref().unwrap_or("")
             ),
         };
-        format!("t{text}_{cache}_{}", self.schedule).replace([':', '+'], "-")
+        format!("{input}_{cache}_{}", self.schedule).replace([':', '+'], "-")
     }
 }
 
@@ -376,6 +401,7 @@ impl QualityProtocol {
             }
         }
         self.validate_calibration()?;
+        self.validate_attention()?;
         if let Some(g) = self.generate {
             if g.prompt_tokens == 0 {
                 return Err(field("generate.prompt_tokens", "must be at least 1, got 0"));
@@ -444,6 +470,60 @@ impl QualityProtocol {
             }
         }
         Ok(())
+    }
+
+    /// The attention block: a stride of 1 to `max_tokens`; distinct Gaussian seeds, at most
+    /// [`MAX_GAUSSIAN_SEEDS`]; a calibration seed, not one of them, exactly when a KVQuant run
+    /// has Gaussian draws to quantize.
+    fn validate_attention(&self) -> Result<(), QualityProtocolError> {
+        let Some(a) = &self.attention else {
+            return Ok(());
+        };
+        if !(1..=self.max_tokens).contains(&a.stride) {
+            return Err(field(
+                "attention.stride",
+                format!(
+                    "must be 1 to max_tokens ({}), got {}",
+                    self.max_tokens, a.stride
+                ),
+            ));
+        }
+        if a.gaussian_seeds.len() > MAX_GAUSSIAN_SEEDS {
+            return Err(field(
+                "attention.gaussian_seeds",
+                format!(
+                    "at most {MAX_GAUSSIAN_SEEDS} seeds, got {}",
+                    a.gaussian_seeds.len()
+                ),
+            ));
+        }
+        for (i, seed) in a.gaussian_seeds.iter().enumerate() {
+            if a.gaussian_seeds[..i].contains(seed) {
+                return Err(field(
+                    format!("attention.gaussian_seeds[{i}]"),
+                    format!("{seed} is listed twice"),
+                ));
+            }
+        }
+        let kvquant = self
+            .specs()?
+            .iter()
+            .any(|c| matches!(c, Cache::Scheme(s) if s.kvquant().is_some()));
+        match (kvquant && !a.gaussian_seeds.is_empty(), a.calibration_seed) {
+            (true, None) => Err(field(
+                "attention.calibration_seed",
+                "missing: a KVQuant run fits its levels on a Gaussian draw of its own",
+            )),
+            (false, Some(_)) => Err(field(
+                "attention.calibration_seed",
+                "only a KVQuant run over Gaussian draws reads it",
+            )),
+            (true, Some(seed)) if a.gaussian_seeds.contains(&seed) => Err(field(
+                "attention.calibration_seed",
+                format!("{seed} is also a Gaussian seed: calibration is not evaluation"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The cache configurations, in protocol order (validated).
@@ -650,6 +730,8 @@ pub struct Study {
     pub rows: Vec<Row>,
     /// The calibration, when the protocol has a calibration text.
     pub calibration: Option<CalibrationRun>,
+    /// Each run's attention error, when the protocol asks for it.
+    pub attention: Option<AttentionResult>,
 }
 
 /// The calibration text's ids and each KVQuant scheme's calibration fitted on them.
@@ -743,6 +825,7 @@ pub fn run_study_with(
     let windows: Vec<Option<usize>> = (0..model.layers()).map(|l| model.window(l)).collect();
     let mut texts = Vec::with_capacity(all_ids.len());
     let mut rows = Vec::with_capacity(all_ids.len() * specs.len());
+    let mut attention_texts = Vec::new();
     for (t, ids) in all_ids.into_iter().enumerate() {
         let positions = ids.len() - 1;
         let float32_bytes = crate::cache::f32_held_bytes_per_token(
@@ -751,8 +834,17 @@ pub fn run_study_with(
             model.head_dim(),
             ids.len(),
         );
-        // The float32 pass, shared by every run of this text.
-        let (hidden, _) = model.hidden_with(&ids, &mut |_, _, _| Ok(()))?;
+        // The float32 pass, shared by every run of this text (and where each run's attention
+        // error is measured, when asked for).
+        let hidden = match &protocol.attention {
+            Some(a) => {
+                let (hidden, errors) =
+                    crate::attention_error::text_pass(model, &ids, &specs, layer, a.stride, &pool)?;
+                attention_texts.push(errors);
+                hidden
+            }
+            None => model.hidden_with(&ids, &mut |_, _, _| Ok(()))?.0,
+        };
         let logits = model.logits(hidden.view());
         drop(hidden);
         let mut f32_rows = Vec::with_capacity(positions);
@@ -818,10 +910,46 @@ pub fn run_study_with(
             generated_text: f32_generated_text,
         });
     }
+    let attention = match &protocol.attention {
+        Some(a) => {
+            let shape = protocol.model.shape();
+            let calibrations = match a.calibration_seed {
+                Some(seed) => crate::attention_error::gaussian_calibrations(
+                    seed,
+                    &shape,
+                    protocol.max_tokens,
+                    &specs,
+                )?,
+                None => Vec::new(),
+            };
+            let gaussian = a
+                .gaussian_seeds
+                .iter()
+                .map(|&seed| {
+                    crate::attention_error::gaussian_runs(
+                        seed,
+                        &shape,
+                        protocol.max_tokens,
+                        &specs,
+                        &calibrations,
+                        layer,
+                        a.stride,
+                        &pool,
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(AttentionResult {
+                texts: attention_texts,
+                gaussian,
+            })
+        }
+        None => None,
+    };
     Ok(Study {
         texts,
         rows,
         calibration,
+        attention,
     })
 }
 
@@ -957,6 +1085,9 @@ pub struct Summary {
     pub float32: Float32Row,
     /// Per run, in protocol order.
     pub rows: Vec<SummaryRow>,
+    /// Each run's attention error, when the protocol asks for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<AttentionSummary>,
 }
 
 /// The float32 cache's row of the summary.
@@ -1019,7 +1150,8 @@ pub struct SummaryRow {
 
 /// The summary of `study_rows` (texts, then runs in protocol order). A run's bits per element
 /// are its mean bytes per token over the float32 cache's mean, times 32.
-pub fn summarize(protocol: &QualityProtocol, study_rows: &[Row]) -> Summary {
+pub fn summarize(protocol: &QualityProtocol, study: &Study) -> Summary {
+    let study_rows = &study.rows[..];
     let results: Vec<ResultRow> = study_rows.iter().map(|r| r.result.clone()).collect();
     let rows = &results[..];
     let runs = protocol.runs.len();
@@ -1084,6 +1216,11 @@ pub fn summarize(protocol: &QualityProtocol, study_rows: &[Row]) -> Summary {
             bytes_per_token: float32_bytes,
         },
         rows: out,
+        attention: protocol
+            .attention
+            .as_ref()
+            .zip(study.attention.as_ref())
+            .map(|(spec, result)| crate::attention_error::summarize(protocol, spec, result)),
     }
 }
 
@@ -1119,6 +1256,7 @@ mod tests {
         assert_eq!(run.label(), "g32_b2 + recent_f32:64");
         let run = RunSpec::scheme("llamacpp-q4_0+rot", "prefill");
         assert_eq!(run.row_id(3), "t3_llamacpp-q4_0-rot_prefill");
+        assert_eq!(run.gaussian_id(1), "g1_llamacpp-q4_0-rot_prefill");
         assert_eq!(run.label(), "llamacpp-q4_0+rot");
         assert_eq!(p.specs().unwrap().len(), 1);
     }
@@ -1166,6 +1304,60 @@ mod tests {
             "generate.prompt_tokens"
         );
         assert_eq!(refused(|v| v["runs"][0]["bits"] = 4.into()), "runs[0].bits");
+    }
+
+    #[test]
+    fn the_attention_block_is_checked_field_by_field() {
+        use serde_json::json;
+        let attention = |a: serde_json::Value| move |v: &mut serde_json::Value| v["attention"] = a;
+        let ok = serde_json::json!({ "stride": 8, "gaussian_seeds": [1, 2] });
+        let mut v = protocol();
+        attention(ok)(&mut v);
+        assert!(QualityProtocol::from_json(&v.to_string()).is_ok());
+        for (block, at) in [
+            (
+                json!({ "stride": 0, "gaussian_seeds": [] }),
+                "attention.stride",
+            ),
+            (
+                json!({ "stride": 65, "gaussian_seeds": [] }),
+                "attention.stride",
+            ),
+            (
+                json!({ "stride": 8, "gaussian_seeds": [3, 3] }),
+                "attention.gaussian_seeds[1]",
+            ),
+            (
+                json!({ "stride": 8, "gaussian_seeds": [0, 1, 2, 3, 4, 5, 6, 7, 8] }),
+                "attention.gaussian_seeds",
+            ),
+            (
+                json!({ "stride": 8, "gaussian_seeds": [1], "calibration_seed": 2 }),
+                "attention.calibration_seed",
+            ),
+            (
+                json!({ "stride": 8, "gaussian_seeds": [1], "colour": 2 }),
+                "attention.colour",
+            ),
+        ] {
+            assert_eq!(refused(attention(block)), at);
+        }
+        // A KVQuant run over Gaussian draws needs a calibration draw of its own.
+        let kvquant = |seed: Option<u64>| {
+            move |v: &mut serde_json::Value| {
+                v["runs"] = json!([{ "scheme": "kvquant3", "schedule": "prefill" }]);
+                v["calibration"] = json!({ "name": "c", "text": "Other words entirely." });
+                v["attention"] = json!({ "stride": 8, "gaussian_seeds": [1] });
+                if let Some(seed) = seed {
+                    v["attention"]["calibration_seed"] = seed.into();
+                }
+            }
+        };
+        assert_eq!(refused(kvquant(None)), "attention.calibration_seed");
+        assert_eq!(refused(kvquant(Some(1))), "attention.calibration_seed");
+        let mut v = protocol();
+        kvquant(Some(2))(&mut v);
+        assert!(QualityProtocol::from_json(&v.to_string()).is_ok());
     }
 
     #[test]

@@ -108,8 +108,22 @@ pub fn write(
             writer.add_array(id, "generated", &i64s(g))?;
         }
     }
+    if let Some(attention) = &study.attention {
+        let table =
+            |layers: &[[f64; 2]]| Array2::from_shape_fn((layers.len(), 2), |(l, i)| layers[l][i]);
+        for (t, runs) in attention.texts.iter().enumerate() {
+            for (run, layers) in protocol.runs.iter().zip(runs) {
+                writer.add_array(&run.row_id(t), "attention", &table(layers))?;
+            }
+        }
+        for (g, runs) in attention.gaussian.iter().enumerate() {
+            for (run, measured) in protocol.runs.iter().zip(runs) {
+                writer.add_array(&run.gaussian_id(g), "attention", &table(&measured.layers))?;
+            }
+        }
+    }
     let results: Vec<ResultRow> = study.rows.iter().map(|r| r.result.clone()).collect();
-    let summary = summarize(protocol, &study.rows);
+    let summary = summarize(protocol, study);
     let markdown = crate::report::summary_markdown(protocol, study, &summary);
     let svg = crate::chart::quality_vs_bytes(protocol, &summary).map_err(|message| {
         EvidenceError::Chart {

@@ -424,7 +424,7 @@ fn quality_study(
         &progress,
     )?;
     bar.finish_and_clear();
-    let summary = quality_study::summarize(&protocol, &study.rows);
+    let summary = quality_study::summarize(&protocol, &study);
     let text = format!(
         "{}\nwrote {}\n",
         quality::report::quality_table(&summary).to_text(),

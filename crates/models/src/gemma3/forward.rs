@@ -92,7 +92,12 @@ impl Gemma3 {
             let (cos, sin) = &tables[usize::from(c.is_global(l))];
             let (captured, k_pre_rope) = self.layer_qkv(w, &x, cos, sin);
             let hook = |problem: String| ModelError::Hook { layer: l, problem };
-            let kv = LayerKv::new((&captured.k, &captured.v, &k_pre_rope), (cos, sin), true);
+            let kv = LayerKv::new(
+                &captured.q,
+                (&captured.k, &captured.v, &k_pre_rope),
+                (cos, sin),
+                true,
+            );
             let read = source(l, &kv).map_err(|e| hook(e.to_string()))?;
             let attended = attention_from(&captured.q, read.as_ref(), c.kv_heads, &|i| {
                 c.first_visible(l, i)

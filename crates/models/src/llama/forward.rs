@@ -12,10 +12,14 @@ use crate::capture::{Capture, LayerCapture};
 use crate::ops;
 
 /// One layer's cache inputs in [`Llama::forward_with_layer_source`]: keys after RoPE (what a
-/// cache usually stores), keys before it, and values, each [kv_heads, tokens, head_dim]; and the
-/// layer's RoPE, so that keys stored before it can be rotated as attention reads them.
+/// cache usually stores), keys before it, and values, each [kv_heads, tokens, head_dim]; the
+/// queries that will read them; and the layer's RoPE, so that keys stored before it can be
+/// rotated as attention reads them.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerKv<'a> {
+    /// Queries, [heads, tokens, head_dim], after RoPE (Gemma 3: after QK-norm too), every
+    /// position of the pass (not only those of [`LayerKv::positions_from`]).
+    pub q: &'a Array3<f32>,
     /// Keys after RoPE.
     pub k: &'a Array3<f32>,
     /// Values.
@@ -31,11 +35,13 @@ impl<'a> LayerKv<'a> {
     /// A layer's cache inputs with the RoPE table its pass used; `neox` for NeoX pairs
     /// (channel i with i + d/2, Gemma 3) rather than adjacent ones (2i, 2i + 1, SmolLM2).
     pub(crate) fn new(
+        q: &'a Array3<f32>,
         (k, v, k_pre_rope): (&'a Array3<f32>, &'a Array3<f32>, &'a Array3<f32>),
         (cos, sin): (&'a Array2<f32>, &'a Array2<f32>),
         neox: bool,
     ) -> LayerKv<'a> {
         LayerKv {
+            q,
             k,
             v,
             k_pre_rope,
@@ -73,6 +79,7 @@ impl<'a> LayerKv<'a> {
             .into());
         }
         Ok(LayerKv {
+            q: self.q,
             k,
             v,
             k_pre_rope,
@@ -80,6 +87,21 @@ impl<'a> LayerKv<'a> {
             sin: self.sin.slice_move(s![first.., ..]),
             neox: self.neox,
         })
+    }
+
+    /// Cache inputs whose keys carry no position (generated K/V): keys before RoPE are `k`, and
+    /// [`LayerKv::rope`] leaves keys as they are.
+    pub fn unrotated(q: &'a Array3<f32>, k: &'a Array3<f32>, v: &'a Array3<f32>) -> LayerKv<'a> {
+        let none = ArrayView2::from_shape((0, 0), &[]).expect("an empty table");
+        LayerKv {
+            q,
+            k,
+            v,
+            k_pre_rope: k,
+            cos: none,
+            sin: none,
+            neox: false,
+        }
     }
 
     /// Rotates `keys` [kv_heads, tokens, head_dim] as the pass rotated its own (position p by
@@ -93,6 +115,9 @@ impl<'a> LayerKv<'a> {
                 self.k_pre_rope.dim()
             )
             .into());
+        }
+        if self.cos.is_empty() {
+            return Ok(()); // unrotated
         }
         let (cos, sin) = (self.cos.to_owned(), self.sin.to_owned());
         if self.neox {
@@ -255,7 +280,12 @@ impl Llama {
                 layer: l,
                 problem: e.to_string(),
             };
-            let kv = LayerKv::new((&captured.k, &captured.v, &k_pre_rope), (&cos, &sin), false);
+            let kv = LayerKv::new(
+                &captured.q,
+                (&captured.k, &captured.v, &k_pre_rope),
+                (&cos, &sin),
+                false,
+            );
             let read = source(l, &kv).map_err(hook)?;
             let attended = attention_from(&captured.q, read.as_ref(), c.kv_heads, &|_| 0)
                 .map_err(|problem| ModelError::Hook { layer: l, problem })?;

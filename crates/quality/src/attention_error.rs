@@ -1,0 +1,545 @@
+//! Attention error: what a run's cache does to each layer's attention output, on the model's own
+//! K/V and on Gaussian K/V of the model's shape. This is the attention-error study's metric
+//! (`kvstudy`) for every cache a model-quality protocol runs, schemes of the literature included.
+//!
+//! For layer l, query head h (which reads KV head h / (heads / kv_heads)) and query position i
+//! in [`queries`] (every `stride`-th position: stride - 1, 2 stride - 1, ... below T), over the
+//! positions the layer lets i read (j <= i, and j > i - W on a sliding layer of window W):
+//!
+//! - s_j = (sum over features f in order of q[f] k_j[f], in f64) / sqrt(head_dim);
+//! - w_j = exp(s_j - max s) (`libm::exp`), Z = the sum of w_j in position order;
+//! - o = the sum over j in position order of (w_j / Z) v_j, per feature in f64;
+//!
+//! once with the float32 K/V (o_ref) and once with what the run's cache hands query i at each
+//! position (o). Per layer the study keeps `[sum ||o - o_ref||^2, sum ||o_ref||^2]`, summed over
+//! heads, then queries, then features, in order. An input's relative L2 error is
+//! sqrt(sum over layers of the first / sum over layers of the second); a run's, pooled over
+//! inputs, the same with every input's layers summed (in input order).
+//!
+//! Model K/V are each text's float32 pass (the run's cache built from them as the quality pass
+//! builds it, KVQuant from the keys before RoPE, with the protocol's calibration). Gaussian K/V,
+//! per seed s of [`AttentionSpec::gaussian_seeds`]: NumPy's `default_rng(s)`, and per layer in
+//! order `q`, `k`, `v` = `standard_normal((heads, T, head_dim))`, `(kv_heads, T, head_dim)`
+//! twice, cast to float32 (T = `max_tokens`); such keys have no position, so KVQuant quantizes
+//! them as drawn (its "before RoPE" is the draw) and calibrates on the draw of
+//! [`AttentionSpec::calibration_seed`]. Gaussian caches are billed as the model's are (sliding
+//! layers too), from what they store.
+
+use std::sync::Arc;
+
+use kvschemes::kvquant::{Calibration, KvQuantScheme};
+use models::llama::{HookError, KvSource, LayerKv, ModelError, OwnKv, row_of};
+use models::{CausalLm, ModelShape};
+use ndarray::{Array2, Array3};
+use nprand::NumpyRng;
+use rayon::ThreadPool;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::QualityError;
+use crate::scheme::Cache;
+use crate::study::LayerBuilder;
+
+/// Most Gaussian seeds.
+pub const MAX_GAUSSIAN_SEEDS: usize = 8;
+
+/// The protocol's `attention` block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionSpec {
+    /// Every `stride`-th position is a query (1 to `max_tokens`).
+    pub stride: usize,
+    /// Seeds of the Gaussian draws (at most [`MAX_GAUSSIAN_SEEDS`], distinct; may be empty).
+    pub gaussian_seeds: Vec<u64>,
+    /// The seed of the Gaussian draw KVQuant's levels are fitted on (required when a run names
+    /// KVQuant and there are Gaussian seeds; not one of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration_seed: Option<u64>,
+}
+
+/// One layer's `[sum of squared errors, sum of squared reference outputs]`.
+pub type LayerError = [f64; 2];
+
+/// Query positions of a T-token input: stride - 1, 2 stride - 1, ... below T.
+pub fn queries(tokens: usize, stride: usize) -> impl Iterator<Item = usize> {
+    (stride.max(1) - 1..tokens).step_by(stride.max(1))
+}
+
+/// The relative L2 error of errors summed over `layers` (NaN when the reference is all zero).
+pub fn relative_l2<'a>(layers: impl IntoIterator<Item = &'a LayerError>) -> f64 {
+    let (err, reference) = layers
+        .into_iter()
+        .fold((0f64, 0f64), |(e, r), x| (e + x[0], r + x[1]));
+    (err / reference).sqrt()
+}
+
+/// Attention of one query over positions `range`, rows from `rows(j) = (k_j, v_j)` (module docs).
+fn attend<'a>(
+    query: &[f32],
+    range: std::ops::Range<usize>,
+    rows: impl Fn(usize) -> (&'a [f32], &'a [f32]),
+    out: &mut [f64],
+) -> Result<(), HookError> {
+    let d = query.len();
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut scores = Vec::with_capacity(range.len());
+    for j in range.clone() {
+        let (k, v) = rows(j);
+        if k.len() != d || v.len() != out.len() {
+            return Err(format!(
+                "position {j} reads a key of {} and a value of {} values, where heads have {d}",
+                k.len(),
+                v.len()
+            )
+            .into());
+        }
+        let dot = query
+            .iter()
+            .zip(k)
+            .fold(0f64, |a, (&x, &y)| a + f64::from(x) * f64::from(y));
+        scores.push(dot * scale);
+    }
+    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    for s in &mut scores {
+        *s = libm::exp(*s - max);
+    }
+    let total = scores.iter().fold(0f64, |a, &w| a + w);
+    out.fill(0.0);
+    for (j, w) in range.zip(&scores) {
+        let p = w / total;
+        for (o, &x) in out.iter_mut().zip(rows(j).1) {
+            *o += p * f64::from(x);
+        }
+    }
+    Ok(())
+}
+
+/// One layer's error (module docs): the float32 K/V of `kv` against what `read` hands each query;
+/// `window` is the layer's sliding window, if it slides.
+pub fn layer_error(
+    kv: &LayerKv<'_>,
+    read: &dyn KvSource,
+    window: Option<usize>,
+    stride: usize,
+) -> Result<LayerError, HookError> {
+    let (heads, tokens, d) = kv.q.dim();
+    let kv_heads = kv.k.dim().0;
+    if kv_heads == 0 || heads % kv_heads != 0 || kv.k.dim() != (kv_heads, tokens, d) {
+        return Err(format!(
+            "queries {:?} over keys {:?}: heads must be a multiple of KV heads",
+            kv.q.dim(),
+            kv.k.dim()
+        )
+        .into());
+    }
+    let q = kv.q.as_standard_layout();
+    let group = heads / kv_heads;
+    let (mut o, mut o_ref) = (vec![0f64; d], vec![0f64; d]);
+    let (mut err, mut reference) = (0f64, 0f64);
+    for h in 0..heads {
+        let g = h / group;
+        for i in queries(tokens, stride) {
+            let first = window.map_or(0, |w| (i + 1).saturating_sub(w));
+            let query = &q.as_slice().expect("standard layout")[(h * tokens + i) * d..][..d];
+            attend(
+                query,
+                first..i + 1,
+                |j| (row_of(kv.k, g, j), row_of(kv.v, g, j)),
+                &mut o_ref,
+            )?;
+            attend(
+                query,
+                first..i + 1,
+                |j| (read.key(g, i, j), read.value(g, i, j)),
+                &mut o,
+            )?;
+            for (a, b) in o.iter().zip(&o_ref) {
+                err += (a - b) * (a - b);
+                reference += b * b;
+            }
+        }
+    }
+    Ok([err, reference])
+}
+
+/// One layer's Gaussian draw: q, k and v (module docs).
+pub type GaussianLayer = (Array3<f32>, Array3<f32>, Array3<f32>);
+
+/// The Gaussian draw of `seed` for a model of `layers` layers, `heads` query heads, `kv_heads`
+/// KV heads and `head_dim`, over `tokens` positions.
+pub fn gaussian(
+    seed: u64,
+    layers: usize,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    tokens: usize,
+) -> Vec<GaussianLayer> {
+    let mut rng = NumpyRng::default_rng(u128::from(seed));
+    (0..layers)
+        .map(|_| {
+            let q = rng.normal_array_f32((heads, tokens, head_dim));
+            let k = rng.normal_array_f32((kv_heads, tokens, head_dim));
+            let v = rng.normal_array_f32((kv_heads, tokens, head_dim));
+            (q, k, v)
+        })
+        .collect()
+}
+
+/// Every run's errors: per text, then per Gaussian seed, per run in protocol order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttentionResult {
+    /// Per text, per run: each layer's error on the text's float32 K/V.
+    pub texts: Vec<Vec<Vec<LayerError>>>,
+    /// Per Gaussian seed, per run: each layer's error, and the bytes the run's cache stores
+    /// for the draw (every layer).
+    pub gaussian: Vec<Vec<GaussianRun>>,
+}
+
+/// One run on one Gaussian draw.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GaussianRun {
+    /// Each layer's error.
+    pub layers: Vec<LayerError>,
+    /// Bytes stored, every layer.
+    pub bytes: usize,
+}
+
+/// Every run's cache of one layer (built by `layer`) against the layer's float32 K/V, on
+/// `pool`: each run's error, and the bytes its cache stores.
+fn layer_errors(
+    specs: &[Cache],
+    layer: &LayerBuilder,
+    (l, layers): (usize, usize),
+    window: Option<usize>,
+    kv: &LayerKv<'_>,
+    stride: usize,
+    pool: &ThreadPool,
+) -> Result<Vec<(LayerError, usize)>, HookError> {
+    pool.install(|| {
+        specs
+            .par_iter()
+            .map(|spec| {
+                let (read, cost) = layer(spec, (l, layers), window, kv)?;
+                Ok((layer_error(kv, read.as_ref(), window, stride)?, cost.bytes))
+            })
+            .collect()
+    })
+}
+
+/// The float32 pass over `ids` with every run's attention error measured at each layer: the
+/// stream after the last block (bit for bit the plain pass's) and, per run, each layer's error.
+pub fn text_pass(
+    model: &dyn CausalLm,
+    ids: &[u32],
+    specs: &[Cache],
+    layer: &LayerBuilder,
+    stride: usize,
+    pool: &ThreadPool,
+) -> Result<(Array2<f32>, Vec<Vec<LayerError>>), ModelError> {
+    let layers = model.layers();
+    let mut errors = vec![Vec::with_capacity(layers); specs.len()];
+    let (hidden, _) = model.hidden_with_layer_source(ids, &mut |l, kv| {
+        let window = model.window(l);
+        for (run, (e, _)) in layer_errors(specs, layer, (l, layers), window, kv, stride, pool)?
+            .into_iter()
+            .enumerate()
+        {
+            errors[run].push(e);
+        }
+        Ok(Box::new(OwnKv::new(kv.k, kv.v)))
+    })?;
+    Ok((hidden, errors))
+}
+
+/// Every run on the Gaussian draw of `seed` (module docs), `tokens` positions of a model of
+/// `shape`. KVQuant runs read the calibration `calibrations` holds for their scheme (fitted by
+/// [`gaussian_calibrations`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gaussian_runs(
+    seed: u64,
+    shape: &ModelShape,
+    tokens: usize,
+    specs: &[Cache],
+    calibrations: &[(KvQuantScheme, Arc<Calibration>)],
+    layer: &LayerBuilder,
+    stride: usize,
+    pool: &ThreadPool,
+) -> Result<Vec<GaussianRun>, QualityError> {
+    let specs = with_calibrations(specs, calibrations)?;
+    let draw = gaussian(
+        seed,
+        shape.layers,
+        (shape.query_heads, shape.kv_heads, shape.head_dim),
+        tokens,
+    );
+    let mut runs = vec![
+        GaussianRun {
+            layers: Vec::with_capacity(shape.layers),
+            bytes: 0
+        };
+        specs.len()
+    ];
+    for (l, (q, k, v)) in draw.iter().enumerate() {
+        let kv = LayerKv::unrotated(q, k, v);
+        let window = shape.window(l);
+        let measured = layer_errors(&specs, layer, (l, shape.layers), window, &kv, stride, pool)
+            .map_err(|e| QualityError::Gaussian(e.to_string()))?;
+        for (run, (e, bytes)) in runs.iter_mut().zip(measured) {
+            run.layers.push(e);
+            run.bytes = run.bytes.saturating_add(bytes);
+        }
+    }
+    Ok(runs)
+}
+
+/// Each KVQuant scheme of `specs` fitted on the Gaussian draw of `seed` (keys as drawn).
+pub fn gaussian_calibrations(
+    seed: u64,
+    shape: &ModelShape,
+    tokens: usize,
+    specs: &[Cache],
+) -> Result<Vec<(KvQuantScheme, Arc<Calibration>)>, QualityError> {
+    let schemes: Vec<KvQuantScheme> = specs
+        .iter()
+        .filter_map(|c| match c {
+            Cache::Scheme(s) => s.kvquant(),
+            Cache::Codec(_) => None,
+        })
+        .collect();
+    if schemes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let layers: Vec<(Array3<f32>, Array3<f32>)> = gaussian(
+        seed,
+        shape.layers,
+        (shape.query_heads, shape.kv_heads, shape.head_dim),
+        tokens,
+    )
+    .into_iter()
+    .map(|(_, k, v)| (k, v))
+    .collect();
+    let mut fitted: Vec<(KvQuantScheme, Arc<Calibration>)> = Vec::new();
+    for scheme in schemes {
+        if fitted.iter().all(|(s, _)| *s != scheme) {
+            let c = Calibration::fit(scheme.bits, scheme.first, &layers)?;
+            fitted.push((scheme, Arc::new(c)));
+        }
+    }
+    Ok(fitted)
+}
+
+/// `specs` with each KVQuant run reading its scheme's calibration from `calibrations`.
+fn with_calibrations(
+    specs: &[Cache],
+    calibrations: &[(KvQuantScheme, Arc<Calibration>)],
+) -> Result<Vec<Cache>, QualityError> {
+    specs
+        .iter()
+        .map(|spec| match spec {
+            Cache::Scheme(s) => match s
+                .kvquant()
+                .and_then(|k| calibrations.iter().find(|(c, _)| *c == k))
+            {
+                Some((_, c)) => Ok(Cache::Scheme(s.clone().with_calibration(c.clone())?)),
+                None => Ok(spec.clone()),
+            },
+            Cache::Codec(_) => Ok(spec.clone()),
+        })
+        .collect()
+}
+
+/// summary.json's `attention`: a row per run, in protocol order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttentionSummary {
+    /// The query stride.
+    pub stride: usize,
+    /// Gaussian draws.
+    pub gaussian_draws: usize,
+    /// Per run.
+    pub rows: Vec<AttentionRow>,
+}
+
+/// One run's attention error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttentionRow {
+    /// Setting label; absent for a scheme.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub setting: Option<String>,
+    /// Policy label; absent for a scheme.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// Scheme name; absent for a setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    /// Schedule label.
+    pub schedule: String,
+    /// Relative L2 error on the texts' K/V, pooled over the texts ([`relative_l2`]).
+    pub relative_l2: f64,
+    /// The smallest of the texts' own relative L2 errors.
+    pub relative_l2_min: f64,
+    /// The largest.
+    pub relative_l2_max: f64,
+    /// Pooled over the Gaussian draws; null without draws.
+    pub gaussian_relative_l2: Option<f64>,
+    /// The smallest draw's.
+    pub gaussian_relative_l2_min: Option<f64>,
+    /// The largest draw's.
+    pub gaussian_relative_l2_max: Option<f64>,
+    /// Bits per element of the Gaussian caches: their mean bytes per token over the float32
+    /// cache's, times 32 (KVQuant's outliers make it differ from the texts').
+    pub gaussian_bits_per_element: Option<f64>,
+}
+
+impl AttentionRow {
+    /// How reports name its cache.
+    pub fn label(&self) -> String {
+        crate::study::run_label(
+            self.setting.as_deref(),
+            self.policy.as_deref(),
+            self.scheme.as_deref(),
+        )
+    }
+}
+
+/// The smallest and largest of `xs` (NaN-free: errors of finite caches).
+fn extremes(xs: &[f64]) -> (f64, f64) {
+    xs.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
+}
+
+/// summary.json's `attention` for `result`, with the runs of `protocol`.
+pub fn summarize(
+    protocol: &crate::study::QualityProtocol,
+    spec: &AttentionSpec,
+    result: &AttentionResult,
+) -> AttentionSummary {
+    let shape = protocol.model.shape();
+    let windows: Vec<Option<usize>> = (0..shape.layers).map(|l| shape.window(l)).collect();
+    let float32 = crate::cache::f32_held_bytes_per_token(
+        &windows,
+        shape.kv_heads,
+        shape.head_dim,
+        protocol.max_tokens,
+    );
+    let rows = protocol
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(r, run)| {
+            let texts: Vec<&Vec<LayerError>> = result.texts.iter().map(|t| &t[r]).collect();
+            let per_text: Vec<f64> = texts.iter().map(|l| relative_l2(l.iter())).collect();
+            let (lo, hi) = extremes(&per_text);
+            let draws: Vec<&GaussianRun> = result.gaussian.iter().map(|g| &g[r]).collect();
+            let per_draw: Vec<f64> = draws.iter().map(|g| relative_l2(&g.layers)).collect();
+            let (g_lo, g_hi) = extremes(&per_draw);
+            let some = |x: f64| (!draws.is_empty()).then_some(x);
+            let bytes = draws.iter().fold(0f64, |a, g| a + g.bytes as f64) / draws.len() as f64;
+            AttentionRow {
+                setting: run.setting.clone(),
+                policy: run.policy.clone(),
+                scheme: run.scheme.clone(),
+                schedule: run.schedule.clone(),
+                relative_l2: relative_l2(texts.iter().flat_map(|l| l.iter())),
+                relative_l2_min: lo,
+                relative_l2_max: hi,
+                gaussian_relative_l2: some(relative_l2(draws.iter().flat_map(|g| &g.layers))),
+                gaussian_relative_l2_min: some(g_lo),
+                gaussian_relative_l2_max: some(g_hi),
+                gaussian_bits_per_element: some(crate::study::bits_per_element(
+                    bytes / protocol.max_tokens as f64,
+                    float32,
+                )),
+            }
+        })
+        .collect();
+    AttentionSummary {
+        stride: spec.stride,
+        gaussian_draws: spec.gaussian_seeds.len(),
+        rows,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use models::llama::OwnKv;
+
+    fn draw() -> GaussianLayer {
+        gaussian(5, 1, (4, 2, 8), 20).pop().expect("one layer")
+    }
+
+    #[test]
+    fn queries_are_every_stride_th_position() {
+        assert_eq!(queries(10, 4).collect::<Vec<_>>(), [3, 7]);
+        assert_eq!(queries(3, 1).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(queries(3, 5).count(), 0);
+    }
+
+    #[test]
+    fn the_float32_cache_has_no_error_and_a_changed_value_has_some() {
+        let (q, k, v) = draw();
+        let kv = LayerKv::unrotated(&q, &k, &v);
+        let same = layer_error(&kv, &OwnKv::new(&k, &v), None, 3).unwrap();
+        assert_eq!(same[0], 0.0);
+        assert!(same[1] > 0.0);
+        let mut v2 = v.clone();
+        v2[[1, 0, 0]] += 0.5;
+        let changed = layer_error(&kv, &OwnKv::new(&k, &v2), None, 3).unwrap();
+        assert!(changed[0] > 0.0);
+        assert_eq!(changed[1], same[1]);
+    }
+
+    #[test]
+    fn one_query_matches_softmax_attention_written_out() {
+        // One head over 3 positions with stride 3: the query at position 2 reads positions
+        // 0..=2, or only 2 under a window of 1. A cache that reads zero values makes the
+        // error the output itself.
+        let (q, k, v) = draw();
+        let one = |x: &Array3<f32>| x.slice(ndarray::s![1..2, 0..3, ..]).to_owned();
+        let (q, k, v) = (one(&q), one(&k), one(&v));
+        let naive = |first: usize| -> f64 {
+            let s: Vec<f64> = (first..3)
+                .map(|j| {
+                    (0..8)
+                        .map(|f| f64::from(q[[0, 2, f]]) * f64::from(k[[0, j, f]]))
+                        .sum::<f64>()
+                        / 8f64.sqrt()
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::MIN, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            (0..8)
+                .map(|f| {
+                    (first..3)
+                        .map(|j| (s[j - first] - m).exp() / z * f64::from(v[[0, j, f]]))
+                        .sum::<f64>()
+                        .powi(2)
+                })
+                .sum()
+        };
+        let kv = LayerKv::unrotated(&q, &k, &v);
+        let zeros = OwnKv::new(&k, &Array3::zeros(v.dim()));
+        for (window, first) in [(None, 0), (Some(1), 2)] {
+            let [err, reference] = layer_error(&kv, &zeros, window, 3).unwrap();
+            let expected = naive(first);
+            assert_eq!(err, reference);
+            assert!((reference - expected).abs() <= 1e-12 * expected);
+        }
+    }
+
+    #[test]
+    fn a_source_with_short_rows_is_refused() {
+        let (q, k, v) = draw();
+        let kv = LayerKv::unrotated(&q, &k, &v);
+        let short = k.slice(ndarray::s![.., .., 0..4]).to_owned();
+        let err = layer_error(&kv, &OwnKv::new(&short, &v), None, 3).unwrap_err();
+        assert!(err.to_string().contains("key of 4"), "{err}");
+    }
+
+    #[test]
+    fn relative_l2_pools_layers_before_the_ratio() {
+        let x = relative_l2(&[[1.0, 4.0], [3.0, 12.0]]);
+        assert_eq!(x, 0.5);
+    }
+}
