@@ -23,7 +23,8 @@
 //! PASS; `--sample K` ([`Options::sample`]) re-runs K passes chosen from the evidence's hash.
 //!
 //! What it depends on, and why it may: `nprand` (NumPy's generator, pinned to NumPy's own vectors
-//! by its tests) and `rand_chacha`/`rand_distr` to re-derive inputs; `models` (the two models'
+//! by its tests) and `rand_chacha`/`rand_distr` to re-derive inputs (packed-KV draws, and the
+//! Gaussian K/V of a model-quality study's attention error); `models` (the two models'
 //! forward passes and tokenizers, pinned to the models' public NumPy references by their own
 //! tests) with `gguf-file` (to parse the GGUF file it hashed) to re-run model passes, `libm` for
 //! the format's log-softmax and KL arithmetic and `rayon` to re-run passes on every core;

@@ -104,6 +104,9 @@ pub fn members(
             }
         }
     }
+    for name in super::attention::members(p, runs, tokens.len()) {
+        out.push((name, F64, vec![layers, 2]));
+    }
     out
 }
 

@@ -9,7 +9,7 @@ use super::manifest::{QualityManifest, check_fields, check_model};
 use super::results::{QualityRow, check_results};
 use super::summary::{Aggregate, QualitySummary, aggregate, check_summary};
 use super::tables::check_markdown;
-use super::{QUALITY_CHART, QUALITY_FILES, chart, rerun};
+use super::{QUALITY_CHART, QUALITY_FILES, attention, chart, rerun};
 use crate::common::files::ConfinedDir;
 use crate::common::npz::{self, Archive};
 use crate::common::options::Options;
@@ -46,6 +46,7 @@ pub fn audit(
     let Some(tokens) = check_model(&manifest, report) else {
         return;
     };
+    let mut attention_expected = None;
     let derived = match archive {
         Some(Ok(archive)) => {
             report.count(Checked::ArchiveMembers, archive.names().len());
@@ -70,6 +71,8 @@ pub fn audit(
                 arrays_sha256,
             };
             rerun.check(&archive, options, report);
+            let gaussian = attention::check_gaussian(p, &runs, &archive, report);
+            attention_expected = attention::expected(p, &runs, p.texts.len(), &archive, &gaussian);
             derived
         }
         Some(Err(e)) => {
@@ -92,7 +95,16 @@ pub fn audit(
         .collect();
     if let Some(bytes) = texts.get("summary.json") {
         match parse_json::<QualitySummary>("summary.json", bytes) {
-            Ok(summary) => check_summary(p.texts.len(), &runs, &aggregates, &summary, report),
+            Ok(summary) => {
+                check_summary(p.texts.len(), &runs, &aggregates, &summary, report);
+                attention::check_summary(
+                    p,
+                    &runs,
+                    attention_expected.as_deref(),
+                    summary.attention.as_ref(),
+                    report,
+                );
+            }
             Err(problem) => report.fail(problem),
         }
     }
@@ -102,7 +114,15 @@ pub fn audit(
         .unwrap_or_default();
     if let Some(md) = texts.get("summary.md") {
         match std::str::from_utf8(md) {
-            Ok(text) => check_markdown(text, p, &runs, &tokens, &aggregates, &rows, report),
+            Ok(text) => check_markdown(
+                text,
+                p,
+                &runs,
+                &tokens,
+                (&aggregates, attention_expected.as_deref()),
+                &rows,
+                report,
+            ),
             Err(_) => report.fail(Problem::Markdown(MarkdownProblem::Markup {
                 what: "bytes that are not UTF-8".into(),
             })),

@@ -27,6 +27,14 @@
 //! inequality and the first generated token are still checked); with `--sample K` only the
 //! passes it names were re-run. Generated text is not re-decoded: its report says so in a note.
 //!
+//! With an `attention` block ([`attention`]) the float32 pass of each text also measures every
+//! (sampled) run's attention error at each layer with the audit's cache of the run and its own
+//! attention arithmetic, and every run's error on Gaussian K/V (drawn again through `nprand`,
+//! with the audit's caches and KVQuant re-fitted on the calibration draw) is re-derived without
+//! the model; both are required bit for bit, and summary.json's `attention` rows and summary.md's
+//! attention table are derived from them, the Gaussian bits per element from the audit's own
+//! byte rules (KVQuant's from its own outlier counts).
+//!
 //! The checks:
 //! - the protocol: schema and bounds ([`protocol`]), unknown fields refused; a KVQuant run needs
 //!   a calibration text that is not evaluated;
@@ -54,6 +62,7 @@
 //! (quality-vs-bytes.svg) and [`directory`] (the top-level check, in order).
 
 pub mod arrays;
+pub mod attention;
 pub mod bytes;
 pub mod cache;
 pub mod chart;

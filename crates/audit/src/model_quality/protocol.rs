@@ -16,6 +16,7 @@
 //! [`CALIBRATION_TOKENS`] ids (SmolLM2's BPE, no BOS, as the texts are encoded) are the
 //! calibration pass's.
 
+use super::attention::AttentionBlock;
 use super::geometry::Geometry;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -64,6 +65,9 @@ pub struct QualityProtocol {
     /// The text KVQuant schemes are calibrated on (required when a run names one).
     #[serde(default)]
     pub calibration: Option<QualityText>,
+    /// Each run's attention error, when asked for ([`super::attention`]).
+    #[serde(default)]
+    pub attention: Option<AttentionBlock>,
 }
 
 /// One text.
@@ -345,7 +349,7 @@ pub fn parse_schedule(label: &str) -> Option<Schedule> {
     }
 }
 
-fn refuse(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
+pub(super) fn refuse(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
     ProtocolError {
         field: field.into(),
         reason: reason.into(),
@@ -454,6 +458,9 @@ impl QualityProtocol {
             ));
         }
         self.validate_calibration(&runs)?;
+        if let Some(block) = &self.attention {
+            block.validate(self.max_tokens, &runs)?;
+        }
         Ok(runs)
     }
 

@@ -37,11 +37,12 @@
 //! prompt position (the cached generation's logits are a full pass's, bit for bit).
 
 use models::CausalLm;
-use models::llama::{OwnKv, argmax};
+use models::llama::{HookError, OwnKv, argmax};
 use ndarray::{Array2, s};
 use rayon::prelude::*;
 
 use super::arrays::{CALIBRATION_ARRAYS, calibration_prefix};
+use super::attention;
 use super::cache;
 use super::protocol::{CALIBRATION_TOKENS, QualityProtocol, Run};
 use super::results::QualityRow;
@@ -177,7 +178,7 @@ fn require<T: Element + Bits>(
 }
 
 /// [`require`] of a member of `shape` (`derived` in C order).
-fn require_shaped<T: Element + Bits>(
+pub(super) fn require_shaped<T: Element + Bits>(
     archive: &Archive,
     pass: &str,
     name: &str,
@@ -209,7 +210,7 @@ fn require_shaped<T: Element + Bits>(
 }
 
 /// A value compared by its bits and shown in a problem.
-trait Bits: Copy {
+pub(super) trait Bits: Copy {
     fn bits(self) -> u64;
     fn shown(self) -> String;
 }
@@ -512,8 +513,8 @@ fn passes(
             continue;
         }
         check_tokens(tokenizer, &text.text, p.max_tokens, recorded, t, report);
-        let plain = match lm.hidden_with(recorded, &mut |_, _, _| Ok(())) {
-            Ok((hidden, _)) => hidden,
+        let plain = match attention_pass(p, &rows, calibrations, lm, recorded, t, archive, report) {
+            Ok(hidden) => hidden,
             Err(e) => {
                 return report.fail(Problem::RerunFailed {
                     pass: f32_pass,
@@ -585,6 +586,50 @@ fn passes(
             report.absorb(own);
         }
     }
+}
+
+/// Text `t`'s float32 pass: the stream after the last block (bit for bit the plain pass's,
+/// its source handing back the layer's own rows), and with an `attention` block each run of
+/// `rows`' attention error at every layer, re-derived with the audit's cache of the run and
+/// required bit for bit ([`attention`]).
+#[allow(clippy::too_many_arguments)]
+fn attention_pass(
+    p: &QualityProtocol,
+    rows: &[&Run],
+    calibrations: &Calibrations,
+    lm: &dyn CausalLm,
+    recorded: &[u32],
+    t: usize,
+    archive: &Archive,
+    report: &mut Report,
+) -> Result<Array2<f32>, models::llama::ModelError> {
+    let Some(block) = &p.attention else {
+        return lm
+            .hidden_with(recorded, &mut |_, _, _| Ok(()))
+            .map(|(h, _)| h);
+    };
+    let layers = lm.layers();
+    let mut entries: Vec<Vec<f64>> = vec![Vec::with_capacity(2 * layers); rows.len()];
+    let (hidden, _) = lm.hidden_with_layer_source(recorded, &mut |l, kv| {
+        let window = lm.window(l);
+        let measured: Vec<Result<attention::LayerError, HookError>> = rows
+            .par_iter()
+            .map(|run| {
+                let calibration = calibration_of(calibrations, run);
+                let (read, _) = cache::layer_source(run, calibration, (l, layers), kv)?;
+                attention::layer_error(kv, read.as_ref(), window, block.stride)
+            })
+            .collect();
+        for (out, m) in entries.iter_mut().zip(measured) {
+            out.extend(m?);
+        }
+        Ok(Box::new(OwnKv::new(kv.k, kv.v)))
+    })?;
+    for (run, derived) in rows.iter().zip(&entries) {
+        let name = attention::text_member(run, t);
+        require_shaped(archive, &run.id(t), &name, &[layers, 2], derived, report);
+    }
+    Ok(hidden)
 }
 
 /// One run's pass (and generation) with the audit's cache, against the archive.

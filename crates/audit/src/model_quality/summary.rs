@@ -20,6 +20,9 @@ pub struct QualitySummary {
     pub float32: Float32Summary,
     /// One row per run, in run order.
     pub rows: Vec<QualitySummaryRow>,
+    /// Each run's attention error, when the protocol asks for it.
+    #[serde(default)]
+    pub attention: Option<super::attention::AttentionSummary>,
 }
 
 /// summary.json's float32 row.

@@ -37,13 +37,13 @@ pub fn bytes_cell(value: f64) -> String {
 }
 
 /// The tables summary.md must hold, in order: the run table, the quality table, the KL spread
-/// table (median, percentiles, band means), the ranked table when a run is near a budget, and
-/// when generating one table per text.
+/// table (median, percentiles, band means), the ranked table when a run is near a budget, the
+/// attention table with an `attention` block, and when generating one table per text.
 pub fn expected_tables(
     p: &QualityProtocol,
     runs: &[Run],
     tokens: &[usize],
-    aggregates: &[Aggregate],
+    (aggregates, attention): (&[Aggregate], Option<&[super::attention::Expected]>),
     rows: &[QualityRow],
 ) -> Vec<(&'static str, Vec<Vec<String>>)> {
     let join = |items: Vec<String>| items.join(", ");
@@ -66,6 +66,16 @@ pub fn expected_tables(
     ];
     if let Some(g) = p.generate {
         run_table.push(vec!["prompt tokens".into(), g.prompt_tokens.to_string()]);
+    }
+    if let Some(block) = &p.attention {
+        run_table.push(vec![
+            "attention query stride".into(),
+            block.stride.to_string(),
+        ]);
+        run_table.push(vec![
+            "Gaussian draws".into(),
+            block.gaussian_seeds.len().to_string(),
+        ]);
     }
     let mut tables = vec![("run", run_table)];
     let header = [
@@ -179,6 +189,12 @@ pub fn expected_tables(
         }
         tables.push(("ranked", ranked));
     }
+    if p.attention.is_some() {
+        // Without the archived entries there is nothing to render; the table is then
+        // expected with its header only, and the arrays' problem is reported with them.
+        let expected = attention.unwrap_or(&[]);
+        tables.push(("attention", super::attention::table(runs, expected)));
+    }
     if p.generate.is_some() {
         let shown = |text: &str| {
             text.replace('\r', "\\r")
@@ -225,7 +241,7 @@ pub(super) fn check_markdown(
     p: &QualityProtocol,
     runs: &[Run],
     tokens: &[usize],
-    aggregates: &[Aggregate],
+    aggregates: (&[Aggregate], Option<&[super::attention::Expected]>),
     rows: &[QualityRow],
     report: &mut Report,
 ) {

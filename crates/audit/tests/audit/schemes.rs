@@ -3,6 +3,7 @@
 //! re-fitted on the protocol's calibration text) with its own implementation and requires every
 //! value bit for bit, so a study whose scheme's codes were changed FAILs, for each family, even
 //! with every downstream figure recomputed by the study's own code and every hash rewritten.
+//! The same holds for each run's attention error, on the text's K/V and on a Gaussian draw.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -31,6 +32,7 @@ const SCHEMES: &str = r#"{
     { "scheme": "kvpack-k4v4-sink4", "schedule": "streaming" },
     { "scheme": "kvquant4-first1", "schedule": "prefill" }
   ],
+  "attention": { "stride": 20, "gaussian_seeds": [7], "calibration_seed": 8 },
   "calibration": { "name": "harbour", "text": "The harbour town woke slowly in winter. Before dawn the bakers lit their ovens, and the smell of bread drifted down the narrow streets towards the water, where the fishing boats rocked against the stone quay. Old men in heavy coats gathered by the harbour wall to argue about the weather, the price of diesel and the football results, as their fathers had argued before them. By eight o'clock the children were running to school along the sea front, their bags bouncing, stopping only to throw pebbles at the gulls that sat on the railings. The ferry to the islands left at nine, twice a week in the cold months, carrying post, groceries, a doctor on Tuesdays and whatever visitors had come to walk the cliffs. Most of the shops on the high street kept short hours until Easter: the bookshop opened at eleven, the chandlery when its owner remembered, and the cafe only on days when the sun came out. In the afternoons the light turned silver over the bay and the tide went out across the sands, leaving pools where herons stood without moving for an hour at a time. Walkers came down from the hills with muddy boots and red faces, asking for tea and directions to the bus. When the lamps came on along the promenade the town grew quiet again; a few windows glowed above the harbour, a radio played somewhere behind a curtain, and the boats knocked gently against their moorings until morning." }
 }"#;
 
@@ -123,10 +125,10 @@ fn audit(dir: &Path) -> audit::Report {
 fn a_study_of_every_scheme_family_passes_with_every_pass_re_run() {
     let report = audit(&studies().1);
     assert_pass(&report);
-    // The float32 pass, each run's, and the calibration pass.
+    // The float32 pass, each run's, the calibration pass and the Gaussian draw.
     assert_eq!(
         report.counted(audit::common::report::Checked::PassesRerun),
-        1 + IDS.len() + 1
+        1 + IDS.len() + 1 + 1
     );
     assert_eq!(
         report.counted(audit::common::report::Checked::OutlierCounts),
@@ -144,6 +146,17 @@ fn a_changed_code_fails_the_re_run_for_each_scheme_family() {
             id,
             |p| matches!(p, Problem::Rerun { pass, array, .. } if pass == id && *array == logp),
         );
+        // The attention error at layer 0 (the forged one), on the text and on the draw.
+        for member in [
+            format!("{id}_attention"),
+            format!("g0{}_attention", &id[2..]),
+        ] {
+            assert_problem(
+                &report,
+                &member,
+                |p| matches!(p, Problem::Rerun { array, index: 0, .. } if *array == member),
+            );
+        }
     }
     // The forgery touched layer 0's cache, not the calibration; layer 0's outliers are the
     // honest cache's (later layers read what the forged layer passed on, so theirs may differ).
@@ -236,4 +249,69 @@ fn a_sample_without_a_kvquant_pass_leaves_the_calibration_out_and_says_so() {
     }
     // Both cases occurred.
     assert!(seen.contains(&true) && seen.contains(&false), "{seen:?}");
+}
+
+/// A forger who edits one run's attention error (one bit of one layer's entry, on the text or
+/// on the Gaussian draw), or its figure in summary.json or summary.md, is named; the Gaussian
+/// draw is re-derived without the model.
+#[test]
+fn an_edited_attention_error_is_named_where_it_was_edited() {
+    let id = "t0_llamacpp-q4_0-rot_prefill";
+    let gaussian = "g0_llamacpp-q4_0-rot_prefill_attention";
+    let (_tmp, dir) = copy_of(&studies().1);
+    edit_arrays(&dir, |arrays| {
+        for name in [format!("{id}_attention"), gaussian.to_string()] {
+            let AnyArray::F64(entries) = array(arrays, &name) else {
+                panic!("float64 entries")
+            };
+            entries[[4, 1]] = f64::from_bits(entries[[4, 1]].to_bits() ^ 1);
+        }
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    let text_member = format!("{id}_attention");
+    assert_problem(
+        &report,
+        &text_member,
+        |p| matches!(p, Problem::Rerun { array, index: 9, .. } if *array == text_member),
+    );
+    let without_model =
+        audit::audit_dir_with(&dir, &workspace(), &audit::Options::without_models());
+    assert_problem(
+        &without_model,
+        gaussian,
+        |p| matches!(p, Problem::Rerun { array, index: 9, .. } if array == gaussian),
+    );
+
+    let (_tmp, dir) = copy_of(&studies().1);
+    crate::support::edit_json(&dir, "summary.json", |s| {
+        let row = &mut s["attention"]["rows"][2];
+        let x = row["gaussian_relative_l2"].as_f64().unwrap();
+        row["gaussian_relative_l2"] = serde_json::json!(x * 0.9);
+    });
+    crate::support::edit_text(&dir, "summary.md", |md| {
+        let table = md.find("## Attention error").expect("the attention table");
+        let at = table + md[table..].find("| llamacpp-q4_0+rot").expect("its row");
+        let at = at + md[at..].find('%').expect("a percent cell");
+        let mut md = md;
+        // The digit before the first percent sign of the row: its model K/V error.
+        md.replace_range(at - 1..at, if &md[at - 1..at] == "7" { "8" } else { "7" });
+        md
+    });
+    rehash(&dir);
+    let report = audit::audit_dir_with(&dir, &workspace(), &audit::Options::without_models());
+    assert_problem(&report, "summary", |p| {
+        matches!(p, Problem::Summary { place, .. }
+            if place == "attention llamacpp-q4_0+rot prefill gaussian_relative_l2")
+    });
+    assert_problem(&report, "cell", |p| {
+        matches!(
+            p,
+            Problem::Markdown(audit::common::problem::MarkdownProblem::Cell {
+                table: "attention",
+                row: 3,
+                ..
+            })
+        )
+    });
 }
