@@ -6,7 +6,8 @@
 //! in [`queries`] (every `stride`-th position: stride - 1, 2 stride - 1, ... below T), over the
 //! positions the layer lets i read (j <= i, and j > i - W on a sliding layer of window W):
 //!
-//! - s_j = (sum over features f in order of q[f] k_j[f], in f64) / sqrt(head_dim);
+//! - s_j = (sum over features f in order of q[f] k_j[f], in f64) times 1 / sqrt(head_dim) (both
+//!   models' own scale: SmolLM2's, and Gemma 3's 1/16 on q);
 //! - w_j = exp(s_j - max s) (`libm::exp`), Z = the sum of w_j in position order;
 //! - o = the sum over j in position order of (w_j / Z) v_j, per feature in f64;
 //!
