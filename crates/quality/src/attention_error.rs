@@ -539,6 +539,35 @@ mod tests {
     }
 
     #[test]
+    fn gaussian_caches_of_sliding_layers_are_billed_for_their_window() {
+        // Layer 0 slides over 4 positions, layer 1 reads all 10. One KV head of 32 values is
+        // one q8_0 block (34 bytes) per token and side: 4 x 68 + 10 x 68 bytes.
+        let shape = ModelShape {
+            layers: 2,
+            query_heads: 2,
+            kv_heads: 1,
+            head_dim: 32,
+            causal: true,
+            max_tokens: 64,
+            sliding: Some((4, 2)),
+        };
+        let scheme = "llamacpp-q8_0".parse().unwrap();
+        let spec = crate::scheme::SchemeSpec::new(scheme, crate::Schedule::Prefill).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let layer =
+            |c: &Cache, at: (usize, usize), w: Option<usize>, kv: &LayerKv<'_>| c.layer(at, w, kv);
+        let runs =
+            gaussian_runs(3, &shape, 10, &[Cache::Scheme(spec)], &[], &layer, 2, &pool).unwrap();
+        assert_eq!(runs[0].bytes, 14 * 68);
+        for [err, reference] in &runs[0].layers {
+            assert!(*err > 0.0 && err < reference);
+        }
+    }
+
+    #[test]
     fn relative_l2_pools_layers_before_the_ratio() {
         let x = relative_l2(&[[1.0, 4.0], [3.0, 12.0]]);
         assert_eq!(x, 0.5);

@@ -83,8 +83,8 @@ impl<'a> LayerKv<'a> {
             k,
             v,
             k_pre_rope,
-            cos: self.cos.slice_move(s![first.., ..]),
-            sin: self.sin.slice_move(s![first.., ..]),
+            cos: from_row(self.cos, first),
+            sin: from_row(self.sin, first),
             neox: self.neox,
         })
     }
@@ -126,6 +126,15 @@ impl<'a> LayerKv<'a> {
             rope(keys, &cos, &sin);
         }
         Ok(())
+    }
+}
+
+/// A RoPE table's rows from `first` on; an unrotated layer's empty table stays empty.
+fn from_row(table: ArrayView2<'_, f32>, first: usize) -> ArrayView2<'_, f32> {
+    if table.is_empty() {
+        table
+    } else {
+        table.slice_move(s![first.., ..])
     }
 }
 
@@ -443,4 +452,23 @@ fn check_hooked_shapes(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unrotated_keys_stay_as_they_are_for_any_window_of_positions() {
+        let x = Array3::from_shape_fn((2, 5, 4), |(h, t, c)| (h * 20 + t * 4 + c) as f32 - 7.5);
+        let kv = LayerKv::unrotated(&x, &x, &x);
+        let mut keys = x.clone();
+        kv.rope(&mut keys).unwrap();
+        assert_eq!(keys, x);
+        let tail = x.slice(s![.., 3.., ..]).to_owned();
+        let window = kv.positions_from(3, (&tail, &tail, &tail)).unwrap();
+        let mut keys = tail.clone();
+        window.rope(&mut keys).unwrap();
+        assert_eq!(keys, tail);
+    }
 }
