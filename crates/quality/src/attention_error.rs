@@ -6,10 +6,10 @@
 //! in [`queries`] (every `stride`-th position: stride - 1, 2 stride - 1, ... below T), over the
 //! positions the layer lets i read (j <= i, and j > i - W on a sliding layer of window W):
 //!
-//! - s_j = (sum over features f in order of q[f] k_j[f], in f64) times 1 / sqrt(head_dim) (both
-//!   models' own scale: SmolLM2's, and Gemma 3's 1/16 on q);
-//! - w_j = exp(s_j - max s) (`libm::exp`), Z = the sum of w_j in position order;
-//! - o = the sum over j in position order of (w_j / Z) v_j, per feature in f64;
+//! - `s_j` = (the sum over features `f` in order of `q[f] * k_j[f]`, in f64) times
+//!   `1 / sqrt(head_dim)` (both models' own scale: SmolLM2's, and Gemma 3's 1/16 on q);
+//! - `w_j = exp(s_j - max s)` (`libm::exp`), `Z` = the sum of `w_j` in position order;
+//! - `o` = the sum over `j` in position order of `(w_j / Z) * v_j`, per feature in f64;
 //!
 //! once with the float32 K/V (o_ref) and once with what the run's cache hands query i at each
 //! position (o). Per layer the study keeps `[sum ||o - o_ref||^2, sum ||o_ref||^2]`, summed over
@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::QualityError;
 use crate::scheme::Cache;
-use crate::study::LayerBuilder;
+use crate::scheme::LayerBuilder;
 
 /// Most Gaussian seeds.
 pub const MAX_GAUSSIAN_SEEDS: usize = 8;
@@ -359,7 +359,7 @@ pub struct AttentionSummary {
     pub rows: Vec<AttentionRow>,
 }
 
-/// One run's attention error.
+/// One run's attention error: its labels and [`AttentionFigures`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AttentionRow {
     /// Setting label; absent for a scheme.
@@ -373,7 +373,15 @@ pub struct AttentionRow {
     pub scheme: Option<String>,
     /// Schedule label.
     pub schedule: String,
-    /// Relative L2 error on the texts' K/V, pooled over the texts ([`relative_l2`]).
+    /// The figures.
+    #[serde(flatten)]
+    pub figures: AttentionFigures,
+}
+
+/// A run's relative L2 errors ([`relative_l2`]) over the texts and the Gaussian draws.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AttentionFigures {
+    /// On the texts' K/V, pooled over the texts.
     pub relative_l2: f64,
     /// The smallest of the texts' own relative L2 errors.
     pub relative_l2_min: f64,
@@ -390,17 +398,6 @@ pub struct AttentionRow {
     pub gaussian_bits_per_element: Option<f64>,
 }
 
-impl AttentionRow {
-    /// How reports name its cache.
-    pub fn label(&self) -> String {
-        crate::study::run_label(
-            self.setting.as_deref(),
-            self.policy.as_deref(),
-            self.scheme.as_deref(),
-        )
-    }
-}
-
 /// The smallest and largest of `xs` (NaN-free: errors of finite caches).
 fn extremes(xs: &[f64]) -> (f64, f64) {
     xs.iter()
@@ -409,55 +406,31 @@ fn extremes(xs: &[f64]) -> (f64, f64) {
         })
 }
 
-/// summary.json's `attention` for `result`, with the runs of `protocol`.
-pub fn summarize(
-    protocol: &crate::study::QualityProtocol,
-    spec: &AttentionSpec,
-    result: &AttentionResult,
-) -> AttentionSummary {
-    let shape = protocol.model.shape();
-    let windows: Vec<Option<usize>> = (0..shape.layers).map(|l| shape.window(l)).collect();
-    let float32 = crate::cache::f32_held_bytes_per_token(
-        &windows,
-        shape.kv_heads,
-        shape.head_dim,
-        protocol.max_tokens,
-    );
-    let rows = protocol
-        .runs
-        .iter()
-        .enumerate()
-        .map(|(r, run)| {
-            let texts: Vec<&Vec<LayerError>> = result.texts.iter().map(|t| &t[r]).collect();
-            let per_text: Vec<f64> = texts.iter().map(|l| relative_l2(l.iter())).collect();
-            let (lo, hi) = extremes(&per_text);
-            let draws: Vec<&GaussianRun> = result.gaussian.iter().map(|g| &g[r]).collect();
-            let per_draw: Vec<f64> = draws.iter().map(|g| relative_l2(&g.layers)).collect();
-            let (g_lo, g_hi) = extremes(&per_draw);
-            let some = |x: f64| (!draws.is_empty()).then_some(x);
-            let bytes = draws.iter().fold(0f64, |a, g| a + g.bytes as f64) / draws.len() as f64;
-            AttentionRow {
-                setting: run.setting.clone(),
-                policy: run.policy.clone(),
-                scheme: run.scheme.clone(),
-                schedule: run.schedule.clone(),
-                relative_l2: relative_l2(texts.iter().flat_map(|l| l.iter())),
-                relative_l2_min: lo,
-                relative_l2_max: hi,
-                gaussian_relative_l2: some(relative_l2(draws.iter().flat_map(|g| &g.layers))),
-                gaussian_relative_l2_min: some(g_lo),
-                gaussian_relative_l2_max: some(g_hi),
-                gaussian_bits_per_element: some(crate::study::bits_per_element(
-                    bytes / protocol.max_tokens as f64,
-                    float32,
-                )),
-            }
-        })
-        .collect();
-    AttentionSummary {
-        stride: spec.stride,
-        gaussian_draws: spec.gaussian_seeds.len(),
-        rows,
+/// One run's figures from its errors on each text and each Gaussian draw of `tokens` positions,
+/// whose float32 cache stores `float32_bytes_per_token`.
+pub fn figures(
+    texts: &[&[LayerError]],
+    draws: &[&GaussianRun],
+    tokens: usize,
+    float32_bytes_per_token: f64,
+) -> AttentionFigures {
+    let per_text: Vec<f64> = texts.iter().map(|l| relative_l2(l.iter())).collect();
+    let (lo, hi) = extremes(&per_text);
+    let per_draw: Vec<f64> = draws.iter().map(|g| relative_l2(&g.layers)).collect();
+    let (g_lo, g_hi) = extremes(&per_draw);
+    let some = |x: f64| (!draws.is_empty()).then_some(x);
+    let bytes = draws.iter().fold(0f64, |a, g| a + g.bytes as f64) / draws.len() as f64;
+    AttentionFigures {
+        relative_l2: relative_l2(texts.iter().flat_map(|l| l.iter())),
+        relative_l2_min: lo,
+        relative_l2_max: hi,
+        gaussian_relative_l2: some(relative_l2(draws.iter().flat_map(|g| &g.layers))),
+        gaussian_relative_l2_min: some(g_lo),
+        gaussian_relative_l2_max: some(g_hi),
+        gaussian_bits_per_element: some(crate::cache::bits_per_element(
+            bytes / tokens as f64,
+            float32_bytes_per_token,
+        )),
     }
 }
 

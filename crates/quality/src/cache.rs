@@ -56,6 +56,12 @@ use crate::error::QualityError;
 pub use crate::setting::MAX_CACHE_TOKENS;
 use crate::setting::{KvSetting, Policy, Schedule};
 
+/// Bits per stored K or V value: `bytes_per_token * 32 / float32_bytes_per_token` (32 for the
+/// float32 cache).
+pub fn bits_per_element(bytes_per_token: f64, float32_bytes_per_token: f64) -> f64 {
+    bytes_per_token * 32.0 / float32_bytes_per_token
+}
+
 /// One cache configuration: a setting, a policy and a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheSpec {

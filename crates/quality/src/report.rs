@@ -281,16 +281,21 @@ pub fn attention_table(attention: &AttentionSummary) -> Table {
         .rows
         .iter()
         .map(|r| {
+            let f = &r.figures;
             vec![
-                r.label(),
+                crate::study::run_label(
+                    r.setting.as_deref(),
+                    r.policy.as_deref(),
+                    r.scheme.as_deref(),
+                ),
                 r.schedule.clone(),
-                percent(r.relative_l2),
-                percent(r.relative_l2_min),
-                percent(r.relative_l2_max),
-                maybe(r.gaussian_relative_l2, &percent),
-                maybe(r.gaussian_relative_l2_min, &percent),
-                maybe(r.gaussian_relative_l2_max, &percent),
-                maybe(r.gaussian_bits_per_element, &|x| format!("{x:.3}")),
+                percent(f.relative_l2),
+                percent(f.relative_l2_min),
+                percent(f.relative_l2_max),
+                maybe(f.gaussian_relative_l2, &percent),
+                maybe(f.gaussian_relative_l2_min, &percent),
+                maybe(f.gaussian_relative_l2_max, &percent),
+                maybe(f.gaussian_bits_per_element, &|x| format!("{x:.3}")),
             ]
         })
         .collect();

@@ -113,6 +113,16 @@ impl SchemeSpec {
     }
 }
 
+/// How a run's cache is built for one layer: its source and the bytes it stores
+/// ([`Cache::layer`] in a study).
+pub type LayerBuilder = dyn Fn(
+        &Cache,
+        (usize, usize),
+        Option<usize>,
+        &LayerKv<'_>,
+    ) -> Result<(Box<dyn KvSource>, LayerCost), HookError>
+    + Sync;
+
 /// What one layer's cache stores: its bytes at the end of the text, and how many of its values
 /// are sparse outliers (KVQuant's, which the data decide; 0 for every other cache).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

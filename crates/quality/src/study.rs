@@ -59,10 +59,11 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::attention_error::{
-    AttentionResult, AttentionSpec, AttentionSummary, MAX_GAUSSIAN_SEEDS,
+    AttentionResult, AttentionRow, AttentionSpec, AttentionSummary, GaussianRun, LayerError,
+    MAX_GAUSSIAN_SEEDS,
 };
 use crate::metrics::{self, kl, log_softmax};
-use crate::scheme::{Cache, LayerCost, SchemeSpec};
+use crate::scheme::{Cache, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
 use std::sync::Arc;
 
@@ -70,7 +71,7 @@ use crate::decoder::Decoder;
 use kvschemes::Scheme;
 use kvschemes::kvquant::{Calibration, KvQuantScheme};
 use models::ModelName;
-use models::llama::{HookError, KvSource, LayerKv, ModelError, argmax};
+use models::llama::{LayerKv, ModelError, argmax};
 use models::tokenizer::bpe::BpeError;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -685,11 +686,7 @@ pub struct ResultRow {
     pub f32_generated_text: Option<String>,
 }
 
-/// Bits per stored K or V value: `bytes_per_token * 32 / float32_bytes_per_token` (32 for the
-/// float32 cache).
-pub fn bits_per_element(bytes_per_token: f64, float32_bytes_per_token: f64) -> f64 {
-    bytes_per_token * 32.0 / float32_bytes_per_token
-}
+pub use crate::cache::bits_per_element;
 
 impl ResultRow {
     /// How reports name its cache ([`RunSpec::label`]).
@@ -749,15 +746,7 @@ pub fn steps(protocol: &QualityProtocol) -> usize {
     usize::from(protocol.calibration.is_some()) + protocol.texts.len() * (1 + protocol.runs.len())
 }
 
-/// How a run's cache is built for one layer: its source and the bytes it stores
-/// ([`Cache::layer`] in a study).
-pub type LayerBuilder = dyn Fn(
-        &Cache,
-        (usize, usize),
-        Option<usize>,
-        &LayerKv<'_>,
-    ) -> Result<(Box<dyn KvSource>, LayerCost), HookError>
-    + Sync;
+pub use crate::scheme::LayerBuilder;
 
 /// Runs the study on `threads` worker threads; `progress` receives the steps done (see
 /// [`steps`]) and may be called from any of them.
@@ -1220,7 +1209,49 @@ pub fn summarize(protocol: &QualityProtocol, study: &Study) -> Summary {
             .attention
             .as_ref()
             .zip(study.attention.as_ref())
-            .map(|(spec, result)| crate::attention_error::summarize(protocol, spec, result)),
+            .map(|(spec, result)| summarize_attention(protocol, spec, result)),
+    }
+}
+
+/// summary.json's `attention`: a row per run, in protocol order.
+fn summarize_attention(
+    protocol: &QualityProtocol,
+    spec: &AttentionSpec,
+    result: &AttentionResult,
+) -> AttentionSummary {
+    let shape = protocol.model.shape();
+    let windows: Vec<Option<usize>> = (0..shape.layers).map(|l| shape.window(l)).collect();
+    let float32 = crate::cache::f32_held_bytes_per_token(
+        &windows,
+        shape.kv_heads,
+        shape.head_dim,
+        protocol.max_tokens,
+    );
+    let rows = protocol
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(r, run)| {
+            let texts: Vec<&[LayerError]> = result.texts.iter().map(|t| t[r].as_slice()).collect();
+            let draws: Vec<&GaussianRun> = result.gaussian.iter().map(|g| &g[r]).collect();
+            AttentionRow {
+                setting: run.setting.clone(),
+                policy: run.policy.clone(),
+                scheme: run.scheme.clone(),
+                schedule: run.schedule.clone(),
+                figures: crate::attention_error::figures(
+                    &texts,
+                    &draws,
+                    protocol.max_tokens,
+                    float32,
+                ),
+            }
+        })
+        .collect();
+    AttentionSummary {
+        stride: spec.stride,
+        gaussian_draws: spec.gaussian_seeds.len(),
+        rows,
     }
 }
 

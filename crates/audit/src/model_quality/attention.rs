@@ -31,63 +31,13 @@ use serde::Deserialize;
 use super::bytes;
 use super::cache;
 use super::geometry::Geometry;
-use super::protocol::{QualityProtocol, Run, refuse};
+use super::protocol::{QualityProtocol, Run};
 use super::schemes::kvquant::Calibration;
 use crate::common::npz::Archive;
-use crate::common::problem::ProtocolError;
 use crate::common::report::{Checked, Problem, Report};
 use crate::common::tolerance::close;
 
-/// Most Gaussian seeds.
-pub const MAX_GAUSSIAN_SEEDS: usize = 8;
-
-/// The protocol's `attention` block.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AttentionBlock {
-    /// Every stride-th position is a query.
-    pub stride: usize,
-    /// The Gaussian draws' seeds.
-    pub gaussian_seeds: Vec<u64>,
-    /// The draw KVQuant is calibrated on.
-    #[serde(default)]
-    pub calibration_seed: Option<u64>,
-}
-
-impl AttentionBlock {
-    /// The block's bounds: stride 1 to `max_tokens`; at most [`MAX_GAUSSIAN_SEEDS`] distinct
-    /// seeds; a calibration seed, none of them, exactly when a KVQuant run has draws.
-    pub fn validate(&self, max_tokens: usize, runs: &[Run]) -> Result<(), ProtocolError> {
-        if !(1..=max_tokens).contains(&self.stride) {
-            return Err(refuse("attention.stride", "1 to max_tokens"));
-        }
-        let seeds = &self.gaussian_seeds;
-        if seeds.len() > MAX_GAUSSIAN_SEEDS
-            || (1..seeds.len()).any(|i| seeds[..i].contains(&seeds[i]))
-        {
-            return Err(refuse(
-                "attention.gaussian_seeds",
-                "at most 8 distinct seeds",
-            ));
-        }
-        let needs = !seeds.is_empty() && runs.iter().any(|r| r.kvquant().is_some());
-        match self.calibration_seed {
-            None if needs => Err(refuse(
-                "attention.calibration_seed",
-                "missing: a KVQuant run is calibrated on a Gaussian draw of its own",
-            )),
-            Some(_) if !needs => Err(refuse(
-                "attention.calibration_seed",
-                "only a KVQuant run over Gaussian draws reads it",
-            )),
-            Some(seed) if seeds.contains(&seed) => Err(refuse(
-                "attention.calibration_seed",
-                "one of the Gaussian seeds: calibration is not evaluation",
-            )),
-            _ => Ok(()),
-        }
-    }
-}
+pub use super::protocol::{AttentionBlock, MAX_GAUSSIAN_SEEDS};
 
 /// One layer's `[sum of squared errors, sum of squared reference outputs]`.
 pub type LayerError = [f64; 2];
@@ -314,7 +264,7 @@ pub fn check_gaussian(
                 continue;
             }
             let flat: Vec<f64> = entries[r].iter().flatten().copied().collect();
-            super::rerun::require_shaped(archive, &name, &name, &[g.layers, 2], &flat, report);
+            super::require::require_shaped(archive, &name, &name, &[g.layers, 2], &flat, report);
             let bytes = match run.kvquant() {
                 Some(scheme) => bytes::kvquant_bytes_per_token(scheme, &g, tokens, &outliers[r]),
                 None => bytes::bytes_per_token(run, &g, tokens),

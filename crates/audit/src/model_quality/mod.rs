@@ -71,6 +71,7 @@ pub mod frontier;
 pub mod geometry;
 pub mod manifest;
 pub mod protocol;
+pub mod require;
 pub mod rerun;
 pub mod results;
 pub mod schemes;

@@ -16,7 +16,6 @@
 //! [`CALIBRATION_TOKENS`] ids (SmolLM2's BPE, no BOS, as the texts are encoded) are the
 //! calibration pass's.
 
-use super::attention::AttentionBlock;
 use super::geometry::Geometry;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -68,6 +67,57 @@ pub struct QualityProtocol {
     /// Each run's attention error, when asked for ([`super::attention`]).
     #[serde(default)]
     pub attention: Option<AttentionBlock>,
+}
+
+/// Most Gaussian seeds.
+pub const MAX_GAUSSIAN_SEEDS: usize = 8;
+
+/// The protocol's `attention` block.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionBlock {
+    /// Every stride-th position is a query.
+    pub stride: usize,
+    /// The Gaussian draws' seeds.
+    pub gaussian_seeds: Vec<u64>,
+    /// The draw KVQuant is calibrated on.
+    #[serde(default)]
+    pub calibration_seed: Option<u64>,
+}
+
+impl AttentionBlock {
+    /// The block's bounds: stride 1 to `max_tokens`; at most [`MAX_GAUSSIAN_SEEDS`] distinct
+    /// seeds; a calibration seed, none of them, exactly when a KVQuant run has draws.
+    pub fn validate(&self, max_tokens: usize, runs: &[Run]) -> Result<(), ProtocolError> {
+        if !(1..=max_tokens).contains(&self.stride) {
+            return Err(refuse("attention.stride", "1 to max_tokens"));
+        }
+        let seeds = &self.gaussian_seeds;
+        if seeds.len() > MAX_GAUSSIAN_SEEDS
+            || (1..seeds.len()).any(|i| seeds[..i].contains(&seeds[i]))
+        {
+            return Err(refuse(
+                "attention.gaussian_seeds",
+                "at most 8 distinct seeds",
+            ));
+        }
+        let needs = !seeds.is_empty() && runs.iter().any(|r| r.kvquant().is_some());
+        match self.calibration_seed {
+            None if needs => Err(refuse(
+                "attention.calibration_seed",
+                "missing: a KVQuant run is calibrated on a Gaussian draw of its own",
+            )),
+            Some(_) if !needs => Err(refuse(
+                "attention.calibration_seed",
+                "only a KVQuant run over Gaussian draws reads it",
+            )),
+            Some(seed) if seeds.contains(&seed) => Err(refuse(
+                "attention.calibration_seed",
+                "one of the Gaussian seeds: calibration is not evaluation",
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// One text.
@@ -349,7 +399,7 @@ pub fn parse_schedule(label: &str) -> Option<Schedule> {
     }
 }
 
-pub(super) fn refuse(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
+fn refuse(field: impl Into<String>, reason: impl Into<String>) -> ProtocolError {
     ProtocolError {
         field: field.into(),
         reason: reason.into(),

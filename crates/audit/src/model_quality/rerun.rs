@@ -18,6 +18,10 @@
 //! Being the same arithmetic in the same order, the values must be the same bits; a difference
 //! in the last bit is a different computation, and fails.
 //!
+//! With an `attention` block, the float32 pass also measures, at every layer, each re-run run's
+//! attention error with its own cache of the run ([`super::attention`]) and requires
+//! `<id>_attention` bit for bit.
+//!
 //! With the model, every generated text in results.json must also be its archived ids decoded
 //! (the model's tokenizer, UTF-8 with invalid bytes replaced).
 //!
@@ -45,10 +49,11 @@ use super::arrays::{CALIBRATION_ARRAYS, calibration_prefix};
 use super::attention;
 use super::cache;
 use super::protocol::{CALIBRATION_TOKENS, QualityProtocol, Run};
+use super::require::{require, require_shaped};
 use super::results::QualityRow;
 use super::schemes::kvquant::{self, Calibration};
 use crate::common::model_files::{self, DecoderTokenizer};
-use crate::common::npz::{Archive, Element};
+use crate::common::npz::Archive;
 use crate::common::options::Options;
 use crate::common::report::{Checked, Note, Problem, Report};
 use crate::common::sample;
@@ -166,82 +171,6 @@ fn greedy(
     Ok(ids[prompt.len()..].iter().map(|&t| i64::from(t)).collect())
 }
 
-/// Requires archive member `name` to hold `derived`, bit for bit.
-fn require<T: Element + Bits>(
-    archive: &Archive,
-    pass: &str,
-    name: &str,
-    derived: &[T],
-    report: &mut Report,
-) -> bool {
-    require_shaped(archive, pass, name, &[derived.len()], derived, report)
-}
-
-/// [`require`] of a member of `shape` (`derived` in C order).
-pub(super) fn require_shaped<T: Element + Bits>(
-    archive: &Archive,
-    pass: &str,
-    name: &str,
-    shape: &[usize],
-    derived: &[T],
-    report: &mut Report,
-) -> bool {
-    let Ok(archived) = archive.values::<T>(name, shape) else {
-        // Its shape and dtype are checked (and reported) with the other arrays.
-        return false;
-    };
-    match archived
-        .iter()
-        .zip(derived)
-        .position(|(a, d)| a.bits() != d.bits())
-    {
-        None => true,
-        Some(i) => {
-            report.fail(Problem::Rerun {
-                pass: pass.to_string(),
-                array: name.to_string(),
-                index: i,
-                found: archived[i].shown(),
-                expected: derived[i].shown(),
-            });
-            false
-        }
-    }
-}
-
-/// A value compared by its bits and shown in a problem.
-pub(super) trait Bits: Copy {
-    fn bits(self) -> u64;
-    fn shown(self) -> String;
-}
-
-impl Bits for f64 {
-    fn bits(self) -> u64 {
-        self.to_bits()
-    }
-    fn shown(self) -> String {
-        format!("{self:?}")
-    }
-}
-
-impl Bits for f32 {
-    fn bits(self) -> u64 {
-        u64::from(self.to_bits())
-    }
-    fn shown(self) -> String {
-        format!("{self:?}")
-    }
-}
-
-impl Bits for i64 {
-    fn bits(self) -> u64 {
-        self as u64
-    }
-    fn shown(self) -> String {
-        self.to_string()
-    }
-}
-
 /// Every pass a model-quality directory holds: `t{i}_f32`, then each row id, text by text.
 fn pass_ids(p: &QualityProtocol, runs: &[Run]) -> Vec<String> {
     let mut out = Vec::new();
@@ -282,9 +211,14 @@ impl Rerun<'_> {
         let all = pass_ids(self.protocol, self.runs);
         let decoder = self.protocol.geometry().model;
         let Some(model) = model_files::load(decoder, &options.models, report) else {
+            let attention = if self.protocol.attention.is_some() {
+                ", the texts' attention errors"
+            } else {
+                ""
+            };
             report.unverified(format!(
-                "{} model passes (log-probs, KL values, argmaxes and generated ids) were not \
-                 re-run",
+                "{} model passes (log-probs, KL values, argmaxes{attention} and generated ids) \
+                 were not re-run",
                 all.len()
             ));
             if self.protocol.generate.is_some() {
