@@ -265,7 +265,7 @@ pub fn gaussian_runs(
     stride: usize,
     pool: &ThreadPool,
 ) -> Result<Vec<GaussianRun>, QualityError> {
-    let specs = with_calibrations(specs, calibrations)?;
+    let specs = crate::scheme::with_calibrations(specs, calibrations)?;
     let draw = gaussian(
         seed,
         shape.layers,
@@ -299,13 +299,7 @@ pub fn gaussian_calibrations(
     tokens: usize,
     specs: &[Cache],
 ) -> Result<Vec<(KvQuantScheme, Arc<Calibration>)>, QualityError> {
-    let schemes: Vec<KvQuantScheme> = specs
-        .iter()
-        .filter_map(|c| match c {
-            Cache::Scheme(s) => s.kvquant(),
-            Cache::Codec(_) => None,
-        })
-        .collect();
+    let schemes = crate::scheme::kvquant_schemes(specs);
     if schemes.is_empty() {
         return Ok(Vec::new());
     }
@@ -318,34 +312,7 @@ pub fn gaussian_calibrations(
     .into_iter()
     .map(|(_, k, v)| (k, v))
     .collect();
-    let mut fitted: Vec<(KvQuantScheme, Arc<Calibration>)> = Vec::new();
-    for scheme in schemes {
-        if fitted.iter().all(|(s, _)| *s != scheme) {
-            let c = Calibration::fit(scheme.bits, scheme.first, &layers)?;
-            fitted.push((scheme, Arc::new(c)));
-        }
-    }
-    Ok(fitted)
-}
-
-/// `specs` with each KVQuant run reading its scheme's calibration from `calibrations`.
-fn with_calibrations(
-    specs: &[Cache],
-    calibrations: &[(KvQuantScheme, Arc<Calibration>)],
-) -> Result<Vec<Cache>, QualityError> {
-    specs
-        .iter()
-        .map(|spec| match spec {
-            Cache::Scheme(s) => match s
-                .kvquant()
-                .and_then(|k| calibrations.iter().find(|(c, _)| *c == k))
-            {
-                Some((_, c)) => Ok(Cache::Scheme(s.clone().with_calibration(c.clone())?)),
-                None => Ok(spec.clone()),
-            },
-            Cache::Codec(_) => Ok(spec.clone()),
-        })
-        .collect()
+    crate::scheme::fit_calibrations(&schemes, &layers)
 }
 
 /// summary.json's `attention`: a row per run, in protocol order.

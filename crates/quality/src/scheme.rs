@@ -296,12 +296,52 @@ pub fn calibrate(
         layers.push((kv.k_pre_rope.clone(), kv.v.clone()));
         Ok(Box::new(OwnKv::new(kv.k, kv.v)))
     })?;
+    fit_calibrations(schemes, &layers)
+}
+
+/// The KVQuant schemes of `specs`, in order (repeats kept).
+pub fn kvquant_schemes(specs: &[Cache]) -> Vec<KvQuantScheme> {
+    specs
+        .iter()
+        .filter_map(|c| match c {
+            Cache::Scheme(s) => s.kvquant(),
+            Cache::Codec(_) => None,
+        })
+        .collect()
+}
+
+/// One calibration per distinct scheme of `schemes`, in order, fitted on each layer's keys
+/// before RoPE and values.
+pub fn fit_calibrations(
+    schemes: &[KvQuantScheme],
+    layers: &[(Array3<f32>, Array3<f32>)],
+) -> Result<Vec<(KvQuantScheme, Arc<Calibration>)>, QualityError> {
     let mut fitted: Vec<(KvQuantScheme, Arc<Calibration>)> = Vec::new();
     for &scheme in schemes {
         if fitted.iter().all(|(s, _)| *s != scheme) {
-            let calibration = Calibration::fit(scheme.bits, scheme.first, &layers)?;
+            let calibration = Calibration::fit(scheme.bits, scheme.first, layers)?;
             fitted.push((scheme, Arc::new(calibration)));
         }
     }
     Ok(fitted)
+}
+
+/// `specs` with each KVQuant run reading its scheme's calibration from `calibrations`.
+pub fn with_calibrations(
+    specs: &[Cache],
+    calibrations: &[(KvQuantScheme, Arc<Calibration>)],
+) -> Result<Vec<Cache>, QualityError> {
+    specs
+        .iter()
+        .map(|spec| match spec {
+            Cache::Scheme(s) => match s
+                .kvquant()
+                .and_then(|k| calibrations.iter().find(|(c, _)| *c == k))
+            {
+                Some((_, c)) => Ok(Cache::Scheme(s.clone().with_calibration(c.clone())?)),
+                None => Ok(spec.clone()),
+            },
+            Cache::Codec(_) => Ok(spec.clone()),
+        })
+        .collect()
 }

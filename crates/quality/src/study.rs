@@ -786,22 +786,9 @@ pub fn run_study_with(
         Some(text) => {
             let mut ids = decoder.encode(&text.text)?;
             ids.truncate(CALIBRATION_TOKENS);
-            let schemes: Vec<KvQuantScheme> = specs
-                .iter()
-                .filter_map(|c| match c {
-                    Cache::Scheme(s) => s.kvquant(),
-                    Cache::Codec(_) => None,
-                })
-                .collect();
+            let schemes = crate::scheme::kvquant_schemes(&specs);
             let fitted = crate::scheme::calibrate(model, &ids, &schemes)?;
-            for spec in &mut specs {
-                if let Cache::Scheme(s) = spec
-                    && let Some(kvquant) = s.kvquant()
-                    && let Some((_, c)) = fitted.iter().find(|(k, _)| *k == kvquant)
-                {
-                    *s = s.clone().with_calibration(c.clone())?;
-                }
-            }
+            specs = crate::scheme::with_calibrations(&specs, &fitted)?;
             step();
             Some(CalibrationRun { ids, fitted })
         }
