@@ -10,7 +10,9 @@
 use core::arch::x86_64::*;
 
 use super::exp::{self, C1, C2, FLUSH_BELOW, LOG2E, P};
-use super::{BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, tree_sum};
+use super::{
+    BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PASS_TOKENS, PackedHead, Scratch, tree_sum,
+};
 use crate::fast::avx2::Avx2;
 use crate::fast::avx2::unpack::{Unpack, broadcast_codes};
 use crate::fast::avx2::vectors::{load, load_at, store};
@@ -48,9 +50,13 @@ fn values8<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: __m25
 macro_rules! values32 {
     ($bits:ident, $unpack:expr, $codes:expr, $at:expr, $offset:expr) => {{
         let (codes, at, offset): (&[u8], usize, i32) = ($codes, $at, $offset);
-        if $bits == 4 && at + 16 <= codes.len() {
-            // SAFETY: reads the 16 bytes codes[at..at + 16], in bounds as just checked.
-            let x = unsafe { _mm_loadu_si128(codes.as_ptr().add(at).cast()) };
+        // A run of 32 codes lies inside its row, so the 4- and 8-bit paths index (a failed
+        // check panics, out of line) rather than fall back to a call, which would make the
+        // compiler keep the callers' accumulators in memory.
+        if $bits == 4 {
+            let run: &[u8; 16] = codes[at..at + 16].try_into().expect("16 bytes");
+            // SAFETY: reads the 16 bytes of `run`.
+            let x = unsafe { _mm_loadu_si128(run.as_ptr().cast()) };
             let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
             let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
             // Even codes sit in the low nibbles: interleaving puts codes 0..15, then 16..31,
@@ -64,6 +70,21 @@ macro_rules! values32 {
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)),
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(second))),
             ]
+        } else if $bits == 8 {
+            let run: &[u8; 32] = codes[at..at + 32].try_into().expect("32 bytes");
+            // SAFETY: reads the 32 bytes of `run`.
+            let x = unsafe { _mm256_loadu_si256(run.as_ptr().cast()) };
+            let (low, high) = (_mm256_castsi256_si128(x), _mm256_extracti128_si256::<1>(x));
+            let o = _mm256_set1_epi32(offset);
+            let widen = |bytes: __m128i| {
+                _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), o))
+            };
+            [
+                widen(low),
+                widen(_mm_srli_si128::<8>(low)),
+                widen(high),
+                widen(_mm_srli_si128::<8>(high)),
+            ]
         } else {
             let b = $bits as usize;
             let o = _mm256_set1_epi32(offset);
@@ -75,43 +96,6 @@ macro_rules! values32 {
             ]
         }
     }};
-}
-
-/// `c - offset` of sixteen B-bit codes from `codes[at..]`, as two vectors in order.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn values16<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: i32) -> [__m256; 2] {
-    if B == 4 && at + 8 <= codes.len() {
-        // SAFETY: reads the 8 bytes codes[at..at + 8], in bounds as just checked.
-        let x = unsafe { _mm_loadl_epi64(codes.as_ptr().add(at).cast()) };
-        let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
-        let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
-        let both = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), _mm_set1_epi8(offset as i8));
-        [
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(both)),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(both))),
-        ]
-    } else {
-        let o = _mm256_set1_epi32(offset);
-        [
-            values8::<B>(unpack, codes, at, o),
-            values8::<B>(unpack, codes, at + B as usize, o),
-        ]
-    }
-}
-
-/// Asks for the bytes of a K row one block of tokens ahead of `at` (a byte of `codes`): K's
-/// rows are D separate streams, more than the hardware prefetcher follows.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn prefetch_row(codes: &[u8], at: usize, bits: usize) {
-    let ahead = codes.as_ptr().wrapping_add(at + BLOCK_TOKENS * bits / 8);
-    // SAFETY: a prefetch is a hint that never faults, whatever the address. (Newer compilers
-    // call it safe here; Rust 1.89, the workspace's rust-version, needs the block.)
-    #[allow(unused_unsafe)]
-    unsafe {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.cast::<i8>())
-    };
 }
 
 /// [`exp::exp`] on eight lanes, with the same operations (none fused).
@@ -166,130 +150,132 @@ pub(crate) fn weights(_: Fma, scores: &mut [f32], seen: usize, m: f32) -> [f32; 
     out
 }
 
-/// Step 3 over a packed K, 32 tokens (one group's run, since K groups are multiples of 32) and
-/// up to two queries at a time, their accumulators in registers across all D features.
+/// Step 3 over a packed K for a pass of tokens t0..t0 + len (rounded up to whole 32-token
+/// runs), channel by channel: each channel's codes and scales are read front to back (the next
+/// channel's asked for meanwhile: the channels are D streams a row apart, more than the hardware
+/// prefetcher follows), 32 tokens at a time, and every query's scores for those tokens take the
+/// channel's term in memory (a pass's scores stay in the L1 cache). Each score still sums the
+/// channels in order, and `qs[i][d] * sK[d][g]` is the same one multiply.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn packed_scores<const B: u32>(
     _: Fma,
     head: &PackedHead,
+    scaled: &[f32],
     q: usize,
     t0: usize,
     len: usize,
     s: &mut Scratch,
 ) {
     let k = &head.k;
+    let b = B as usize;
     let d_count = head.features;
     let first = t0 / k.group_size;
+    let pass_groups = (t0 + len).div_ceil(k.group_size) - first;
     let unpack = Unpack::new::<B>();
-    for run in (0..len).step_by(K_GROUP_MULTIPLE) {
-        let t = t0 + run;
-        let g = t / k.group_size - first;
-        let keys = Keys {
-            codes: k.codes,
-            row_len: k.row_len,
-            t,
-            weights: &s.k_weights[g * d_count * q..][..d_count * q],
-            offsets: &s.k_offsets[g * d_count..][..d_count],
-            queries: q,
-        };
-        if q <= 2 {
-            match q {
-                2 => run_scores::<B, 2>(&unpack, &keys, 0, run, &mut s.scores),
-                _ => run_scores::<B, 1>(&unpack, &keys, 0, run, &mut s.scores),
-            }
-            continue;
+    let runs = len.div_ceil(K_GROUP_MULTIPLE);
+    let runs_per_group = k.group_size / K_GROUP_MULTIPLE;
+    // A multiple of 8 bits: rows are whole groups and passes start at multiples of 32 tokens.
+    let row_bytes = runs * K_GROUP_MULTIPLE * b / 8;
+    s.pass_scores.clear();
+    s.pass_scores.resize(q * PASS_TOKENS, 0.0);
+    let prefetch_channel = |d: usize| {
+        let codes = (d * k.row_len + t0) * b / 8;
+        for line in (0..row_bytes).step_by(64) {
+            prefetch(k.codes, codes + line);
         }
-        // A query group: half runs, so that six queries' accumulators fit in registers and
-        // each code is unpacked once per six queries.
-        for half in [run, run + K_GROUP_MULTIPLE / 2] {
-            let mut i = 0;
-            while i < q {
-                let n = (q - i).min(6);
-                match n {
-                    6 => half_scores::<B, 6>(&unpack, &keys, i, half, &mut s.scores),
-                    5 => half_scores::<B, 5>(&unpack, &keys, i, half, &mut s.scores),
-                    4 => half_scores::<B, 4>(&unpack, &keys, i, half, &mut s.scores),
-                    3 => half_scores::<B, 3>(&unpack, &keys, i, half, &mut s.scores),
-                    2 => half_scores::<B, 2>(&unpack, &keys, i, half, &mut s.scores),
-                    _ => half_scores::<B, 1>(&unpack, &keys, i, half, &mut s.scores),
+        let scales = (d * k.groups_per_row + first) * 4;
+        for line in (0..pass_groups * 4).step_by(64) {
+            prefetch(bytes_of(k.scales), scales + line);
+        }
+    };
+    if q == 1 {
+        // One query: four channels at a time, the scores of a run in registers between them.
+        for d0 in (0..d_count).step_by(CHANNELS) {
+            for d in d0 + CHANNELS..d0 + 2 * CHANNELS {
+                prefetch_channel(d);
+            }
+            let at: [usize; CHANNELS] =
+                std::array::from_fn(|n| ((d0 + n) * k.row_len + t0) * b / 8);
+            for g in 0..pass_groups {
+                let w: [__m256; CHANNELS] = std::array::from_fn(|n| {
+                    let d = d0 + n;
+                    _mm256_set1_ps(scaled[d] * k.scales[d * k.groups_per_row + first + g])
+                });
+                let o: [i32; CHANNELS] =
+                    std::array::from_fn(|n| s.k_offsets[(d0 + n) * pass_groups + g]);
+                let runs = (g * runs_per_group..(g + 1) * runs_per_group).take_while(|&r| r < runs);
+                for run in runs {
+                    let r = run * K_GROUP_MULTIPLE;
+                    let scores = &mut s.pass_scores[r..][..K_GROUP_MULTIPLE];
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    for (a, src) in acc.iter_mut().zip(scores.as_chunks::<LANES>().0) {
+                        *a = load(src);
+                    }
+                    for n in 0..CHANNELS {
+                        let c = values32!(B, &unpack, k.codes, at[n] + r * b / 8, o[n]);
+                        for (a, &c) in acc.iter_mut().zip(&c) {
+                            *a = _mm256_fmadd_ps(c, w[n], *a);
+                        }
+                    }
+                    for (dst, &a) in scores.as_chunks_mut::<LANES>().0.iter_mut().zip(&acc) {
+                        store(dst, a);
+                    }
                 }
-                i += n;
+            }
+        }
+        return;
+    }
+    for d in 0..d_count {
+        let at = (d * k.row_len + t0) * b / 8;
+        let scales = &k.scales[d * k.groups_per_row + first..][..pass_groups];
+        let offsets = &s.k_offsets[d * pass_groups..][..pass_groups];
+        let next = (d + 1) * k.row_len * b / 8 + t0 * b / 8;
+        for line in (0..row_bytes).step_by(64) {
+            prefetch(k.codes, next + line);
+        }
+        let next_scales = ((d + 1) * k.groups_per_row + first) * 4;
+        for line in (0..pass_groups * 4).step_by(64) {
+            prefetch(bytes_of(k.scales), next_scales + line);
+        }
+        for g in 0..pass_groups {
+            let scale = scales[g];
+            let offset = offsets[g];
+            let runs = (g * runs_per_group..(g + 1) * runs_per_group).take_while(|&r| r < runs);
+            for run in runs {
+                let r = run * K_GROUP_MULTIPLE;
+                let c = values32!(B, &unpack, k.codes, at + r * b / 8, offset);
+                for i in 0..q {
+                    let w = _mm256_set1_ps(scaled[i * d_count + d] * scale);
+                    let scores = &mut s.pass_scores[i * PASS_TOKENS + r..][..K_GROUP_MULTIPLE];
+                    for (dst, &c) in scores.as_chunks_mut::<LANES>().0.iter_mut().zip(&c) {
+                        store(dst, _mm256_fmadd_ps(c, w, load(dst)));
+                    }
+                }
             }
         }
     }
 }
 
-/// One 32-token run of a packed K, and its block's weights and offsets.
-struct Keys<'a> {
-    codes: &'a [u8],
-    row_len: usize,
-    t: usize,
-    weights: &'a [f32],
-    offsets: &'a [i32],
-    queries: usize,
+/// Channels a one-query pass reads at a time (D is a multiple of 8).
+const CHANNELS: usize = 4;
+
+/// A slice of f32 as its bytes (for prefetching).
+fn bytes_of(values: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is four initialised bytes; the length is the same memory's.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
 }
 
+/// Asks for the line holding `bytes[at]` (a hint that never faults, even past the end).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn run_scores<const B: u32, const N: usize>(
-    unpack: &Unpack,
-    keys: &Keys,
-    i0: usize,
-    run: usize,
-    scores: &mut [f32],
-) {
-    let b = B as usize;
-    let mut acc = [[_mm256_setzero_ps(); 4]; N];
-    for (d, &offset) in keys.offsets.iter().enumerate() {
-        // A multiple of 8: rows are whole groups and runs start at multiples of 32.
-        let base = d * keys.row_len + keys.t;
-        prefetch_row(keys.codes, base * b / 8, b);
-        let c = values32!(B, unpack, keys.codes, base * b / 8, offset);
-        for (n, acc) in acc.iter_mut().enumerate() {
-            let w = _mm256_set1_ps(keys.weights[d * keys.queries + i0 + n]);
-            for (a, &c) in acc.iter_mut().zip(&c) {
-                *a = _mm256_fmadd_ps(c, w, *a);
-            }
-        }
-    }
-    for (n, acc) in acc.iter().enumerate() {
-        let row = &mut scores[(i0 + n) * BLOCK_TOKENS + run..][..K_GROUP_MULTIPLE];
-        for (dst, &a) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(acc) {
-            store(dst, a);
-        }
-    }
-}
-
-/// [`run_scores`] over 16 tokens from `half` (relative to the block) for queries i0..i0 + N.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn half_scores<const B: u32, const N: usize>(
-    unpack: &Unpack,
-    keys: &Keys,
-    i0: usize,
-    half: usize,
-    scores: &mut [f32],
-) {
-    let b = B as usize;
-    let t = keys.t + (half % K_GROUP_MULTIPLE);
-    let mut acc = [[_mm256_setzero_ps(); 2]; N];
-    for (d, &offset) in keys.offsets.iter().enumerate() {
-        let base = d * keys.row_len + t;
-        prefetch_row(keys.codes, base * b / 8, b);
-        let c = values16::<B>(unpack, keys.codes, base * b / 8, offset);
-        let weights = &keys.weights[d * keys.queries + i0..][..N];
-        for (acc, &w) in acc.iter_mut().zip(weights) {
-            let w = _mm256_set1_ps(w);
-            acc[0] = _mm256_fmadd_ps(c[0], w, acc[0]);
-            acc[1] = _mm256_fmadd_ps(c[1], w, acc[1]);
-        }
-    }
-    for (n, acc) in acc.iter().enumerate() {
-        let row = &mut scores[(i0 + n) * BLOCK_TOKENS + half..][..K_GROUP_MULTIPLE / 2];
-        for (dst, &a) in row.as_chunks_mut::<LANES>().0.iter_mut().zip(acc) {
-            store(dst, a);
-        }
-    }
+fn prefetch(bytes: &[u8], at: usize) {
+    let line = bytes.as_ptr().wrapping_add(at);
+    // SAFETY: a prefetch is a hint that never faults, whatever the address. (Newer compilers
+    // call it safe here; Rust 1.89, the workspace's rust-version, needs the block.)
+    #[allow(unused_unsafe)]
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(line.cast::<i8>())
+    };
 }
 
 /// Step 6 over a packed V. Rows and groups of whole 32-feature runs are read 32 features at a
@@ -442,7 +428,9 @@ fn token_accumulate<const B: u32>(
     }
 }
 
-/// Step 3 over an unpacked K, four tokens at a time per query.
+/// Step 3 over an unpacked K, one token at a time: each row is read once, front to back (four
+/// rows interleaved read half as fast on this project's machine, whose prefetchers follow one
+/// sequential stream far better than four streams a row apart).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn dense_scores(
     _: Fma,
@@ -453,45 +441,28 @@ pub(crate) fn dense_scores(
     len: usize,
     scores: &mut [f32],
 ) {
-    let mut j = 0;
-    while j < len {
-        if len - j >= 4 {
-            dense_tokens::<4>(head, scaled, q, t0 + j, &mut scores[j..]);
-            j += 4;
-        } else {
-            dense_tokens::<1>(head, scaled, q, t0 + j, &mut scores[j..]);
-            j += 1;
-        }
-    }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn dense_tokens<const N: usize>(
-    head: &DenseHead,
-    scaled: &[f32],
-    q: usize,
-    t: usize,
-    scores: &mut [f32],
-) {
     let d_count = head.features;
-    for i in 0..q {
-        let mut acc = [_mm256_setzero_ps(); N];
-        for f in (0..d_count).step_by(LANES) {
-            let x = load_at(scaled, i * d_count + f);
-            for (n, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(x, load_at(head.k, (t + n) * d_count + f), *a);
+    for j in 0..len {
+        let row = &head.k[(t0 + j) * d_count..][..d_count];
+        for i in 0..q {
+            let qs = &scaled[i * d_count..][..d_count];
+            let mut lanes = _mm256_setzero_ps();
+            for (x, k) in qs
+                .as_chunks::<LANES>()
+                .0
+                .iter()
+                .zip(row.as_chunks::<LANES>().0)
+            {
+                lanes = _mm256_fmadd_ps(load(x), load(k), lanes);
             }
-        }
-        for (n, &a) in acc.iter().enumerate() {
-            let mut lanes = [0f32; LANES];
-            store(&mut lanes, a);
-            scores[i * BLOCK_TOKENS + n] = tree_sum(lanes);
+            let mut out = [0f32; LANES];
+            store(&mut out, lanes);
+            scores[i * BLOCK_TOKENS + j] = tree_sum(out);
         }
     }
 }
 
-/// Step 6 over an unpacked V, four tokens at a time.
+/// Step 6 over an unpacked V, one token at a time, its row read front to back.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn dense_accumulate(
     _: Fma,
@@ -503,21 +474,19 @@ pub(crate) fn dense_accumulate(
     acc: &mut [f32],
 ) {
     let d_count = head.features;
-    let mut j = 0;
-    while j < len {
-        let n_count = if len - j >= 4 { 4 } else { 1 };
+    for j in 0..len {
+        let row = &head.v[(t0 + j) * d_count..][..d_count];
         for i in 0..q {
-            for f in (0..d_count).step_by(LANES) {
-                let at = i * d_count + f;
-                let mut a = load_at(acc, at);
-                for n in 0..n_count {
-                    let x = load_at(head.v, (t0 + j + n) * d_count + f);
-                    let w = _mm256_set1_ps(p[i * BLOCK_TOKENS + j + n]);
-                    a = _mm256_fmadd_ps(x, w, a);
-                }
-                store((&mut acc[at..at + LANES]).try_into().expect("8 floats"), a);
+            let w = _mm256_set1_ps(p[i * BLOCK_TOKENS + j]);
+            let acc = &mut acc[i * d_count..][..d_count];
+            for (a, x) in acc
+                .as_chunks_mut::<LANES>()
+                .0
+                .iter_mut()
+                .zip(row.as_chunks::<LANES>().0)
+            {
+                store(a, _mm256_fmadd_ps(load(x), w, load(a)));
             }
         }
-        j += n_count;
     }
 }

@@ -21,7 +21,9 @@
 //! 2. Tokens are cut into splits of [`SPLIT_TOKENS`], each into blocks of [`BLOCK_TOKENS`]; a
 //!    split keeps per query a state (m, l, acc\[D\]), starting at (-inf, 0, 0).
 //! 3. Scores of a block: from `s = 0`, for d = 0, 1, ..: `s = fma((c - o)K[d][t], qs[i][d] *
-//!    sK[d][g], s)`, with g the token's group; tokens at or past `visible[i]` are masked.
+//!    sK[d][g], s)`, with g the token's group; tokens at or past `visible[i]` are masked. (A
+//!    packed K's scores are computed a pass of [`PASS_TOKENS`] at a time, channel by channel;
+//!    each score is still this sum in this order.)
 //! 4. `m' = max(m, unmasked scores)` (a block with none is skipped); `corr = exp(m - m')`, 0 when
 //!    m is -inf; `p[t] = exp(s[t] - m')`, 0 when masked; [`exp()`] is this crate's own.
 //! 5. `l = l * corr + sum8(p)`: `p[t]` is added into lane t mod 8 in token order, and the lanes
@@ -65,6 +67,11 @@ pub use reference::attend_reference;
 pub const SPLIT_TOKENS: usize = 4096;
 /// Tokens per block: the online softmax's step.
 pub const BLOCK_TOKENS: usize = 256;
+/// Tokens per pass of the packed K: step 3 runs over a pass channel by channel, so that each
+/// channel's codes are read in runs of `PASS_TOKENS * bits / 8` bytes (K packed per channel is
+/// D separate streams, and this machine reads 32-byte visits to 128 streams at a fifth of the
+/// speed of 1 KiB visits). Each score is the same sum in the same order whatever the pass.
+pub const PASS_TOKENS: usize = 2048;
 /// A packed K's group size must be a multiple of this (the kernels read 32 tokens of one group
 /// at a time).
 pub const K_GROUP_MULTIPLE: usize = 32;
@@ -477,9 +484,9 @@ impl State {
 pub(crate) struct Scratch {
     /// Scores, then weights p, [Q][BLOCK_TOKENS].
     pub scores: Vec<f32>,
-    /// Packed K: `qs[i][d] * sK[d][g]` at [(g - first group) * D + d] * Q + i.
-    pub k_weights: Vec<f32>,
-    /// Packed K: offsets at [(g - first group) * D + d].
+    /// Packed K: a pass's scores, [Q][PASS_TOKENS].
+    pub pass_scores: Vec<f32>,
+    /// Packed K: a pass's offsets at [d * groups in the pass + g - first group].
     pub k_offsets: Vec<i32>,
     /// Packed V: `p[i][t] * sV[t][h]` at [(i * BLOCK + t - t0) * groups + h].
     pub v_weights: Vec<f32>,
@@ -546,26 +553,51 @@ fn split_state(
     let mut state = State::new(q, features);
     let mut scratch = Scratch {
         scores: vec![0.0; q * BLOCK_TOKENS],
-        k_weights: Vec::new(),
+        pass_scores: Vec::new(),
         k_offsets: Vec::new(),
         v_weights: Vec::new(),
         v_offsets: Vec::new(),
     };
-    for t0 in split.clone().step_by(BLOCK_TOKENS) {
-        let len = (t0 + BLOCK_TOKENS).min(split.end) - t0;
-        if queries.visible.iter().all(|&v| v <= t0) {
+    let seen_by_none = |t0: usize| queries.visible.iter().all(|&v| v <= t0);
+    for p0 in split.clone().step_by(PASS_TOKENS) {
+        let pass_end = (p0 + PASS_TOKENS).min(split.end);
+        if seen_by_none(p0) {
             continue;
         }
-        block(kernel, cache, queries, t0, len, &mut state, &mut scratch);
+        if let Cache::Packed(head) = cache {
+            // Step 3 for the whole pass.
+            prepare_keys(head, p0, pass_end - p0, &mut scratch);
+            let scaled = &queries.scaled;
+            dispatch::scores(kernel, head, scaled, q, p0, pass_end - p0, &mut scratch);
+        }
+        for t0 in (p0..pass_end).step_by(BLOCK_TOKENS) {
+            let len = (t0 + BLOCK_TOKENS).min(pass_end) - t0;
+            if seen_by_none(t0) {
+                continue;
+            }
+            block(
+                kernel,
+                cache,
+                queries,
+                p0,
+                t0,
+                len,
+                &mut state,
+                &mut scratch,
+            );
+        }
     }
     state
 }
 
-/// Steps 3 to 6 for tokens t0..t0 + len.
+/// Steps 3 (for a packed K, the block's share of its pass from p0) to 6 for tokens t0..t0 +
+/// len.
+#[allow(clippy::too_many_arguments)]
 fn block(
     kernel: Kernel,
     cache: &Cache,
     queries: &Queries,
+    p0: usize,
     t0: usize,
     len: usize,
     state: &mut State,
@@ -575,9 +607,11 @@ fn block(
     let q = queries.rows;
     // Step 3.
     match cache {
-        Cache::Packed(head) => {
-            prepare_keys(head, queries, t0, len, scratch);
-            dispatch::scores(kernel, head, q, t0, len, scratch);
+        Cache::Packed(_) => {
+            for i in 0..q {
+                scratch.scores[i * BLOCK_TOKENS..][..len]
+                    .copy_from_slice(&scratch.pass_scores[i * PASS_TOKENS + t0 - p0..][..len]);
+            }
         }
         Cache::Dense(head) => dispatch::dense_scores(kernel, head, queries, t0, len, scratch),
     }
@@ -625,26 +659,18 @@ fn key_groups(head: &PackedHead, t0: usize, len: usize) -> (usize, usize) {
     (t0 / g, (t0 + len).div_ceil(g))
 }
 
-fn prepare_keys(head: &PackedHead, queries: &Queries, t0: usize, len: usize, s: &mut Scratch) {
+/// The offsets of the K groups a pass touches, channel by channel: [d * (end - first) + g -
+/// first].
+fn prepare_keys(head: &PackedHead, t0: usize, len: usize, s: &mut Scratch) {
     let (first, end) = key_groups(head, t0, len);
-    let (d_count, q) = (head.features, queries.rows);
-    s.k_offsets.clear();
     let groups = head.k.groups_per_row;
-    s.k_weights.resize((end - first) * d_count * q, 0.0);
-    for (g, weights) in (first..end).zip(s.k_weights.chunks_exact_mut(d_count * q)) {
-        for (d, weights) in weights.chunks_exact_mut(q).enumerate() {
-            let scale = head.k.scales[d * groups + g];
-            for (i, w) in weights.iter_mut().enumerate() {
-                *w = queries.scaled[i * d_count + d] * scale;
-            }
-        }
-    }
+    s.k_offsets.clear();
     match head.k.offsets {
-        Offsets::Constant(o) => s.k_offsets.resize((end - first) * d_count, o),
+        Offsets::Constant(o) => s.k_offsets.resize((end - first) * head.features, o),
         offsets => {
-            for g in first..end {
+            for d in 0..head.features {
                 s.k_offsets
-                    .extend((0..d_count).map(|d| offsets.at(d * groups + g)));
+                    .extend((first..end).map(|g| offsets.at(d * groups + g)));
             }
         }
     }
@@ -704,6 +730,7 @@ mod dispatch {
     pub(super) fn scores(
         kernel: Kernel,
         head: &PackedHead,
+        scaled: &[f32],
         q: usize,
         t0: usize,
         len: usize,
@@ -715,11 +742,16 @@ mod dispatch {
                 use avx2::packed_scores;
                 let k = proof();
                 // SAFETY: `k` proves the CPU has AVX2 and FMA.
-                unsafe { by_bits!(head.k.bits, packed_scores::<B>(k, head, q, t0, len, s)) }
+                unsafe {
+                    by_bits!(
+                        head.k.bits,
+                        packed_scores::<B>(k, head, scaled, q, t0, len, s)
+                    )
+                }
             }
             _ => {
                 use portable::packed_scores;
-                by_bits!(head.k.bits, packed_scores::<B>(head, q, t0, len, s))
+                by_bits!(head.k.bits, packed_scores::<B>(head, scaled, q, t0, len, s))
             }
         }
     }

@@ -6,8 +6,8 @@
 use super::exp::exp;
 use super::fma::fma as fmaf;
 use super::{
-    BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PackedHead, Scratch, Stream, read_code,
-    tree_sum,
+    BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PASS_TOKENS, PackedHead, Scratch, Stream,
+    read_code, tree_sum,
 };
 
 /// The stored code at element `at` of a tensor's grouped view.
@@ -16,10 +16,11 @@ fn code<const B: u32>(stream: &Stream, at: usize) -> i32 {
     read_code(stream.codes, at, B)
 }
 
-/// Step 3 over a packed K: scores of tokens t0.. for every query into `s.scores`, for the
-/// block's tokens rounded up to whole 32-token runs (the padded K row holds them).
+/// Step 3 over a packed K: scores of tokens t0.. for every query into `s.pass_scores`, for the
+/// pass's tokens rounded up to whole 32-token runs (the padded K row holds them).
 pub(crate) fn packed_scores<const B: u32>(
     head: &PackedHead,
+    scaled: &[f32],
     q: usize,
     t0: usize,
     len: usize,
@@ -28,16 +29,19 @@ pub(crate) fn packed_scores<const B: u32>(
     let k = &head.k;
     let d_count = head.features;
     let first = t0 / k.group_size;
+    let pass_groups = (t0 + len).div_ceil(k.group_size) - first;
+    s.pass_scores.resize(q * PASS_TOKENS, 0.0);
     for j in 0..len.next_multiple_of(K_GROUP_MULTIPLE) {
         let t = t0 + j;
         let g = t / k.group_size - first;
         for i in 0..q {
             let mut sum = 0f32;
             for d in 0..d_count {
-                let c = code::<B>(k, d * k.row_len + t) - s.k_offsets[g * d_count + d];
-                sum = fmaf(c as f32, s.k_weights[(g * d_count + d) * q + i], sum);
+                let c = code::<B>(k, d * k.row_len + t) - s.k_offsets[d * pass_groups + g];
+                let w = scaled[i * d_count + d] * k.scales[d * k.groups_per_row + first + g];
+                sum = fmaf(c as f32, w, sum);
             }
-            s.scores[i * BLOCK_TOKENS + j] = sum;
+            s.pass_scores[i * PASS_TOKENS + j] = sum;
         }
     }
 }
