@@ -11,7 +11,8 @@ use core::arch::x86_64::*;
 
 use super::exp::{self, C1, C2, FLUSH_BELOW, LOG2E, P};
 use super::{
-    BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PASS_TOKENS, PackedHead, Scratch, tree_sum,
+    BLOCK_TOKENS, DenseHead, K_GROUP_MULTIPLE, LANES, PASS_TOKENS, PackedHead, Scratch, Stream,
+    tree_sum,
 };
 use crate::fast::avx2::Avx2;
 use crate::fast::avx2::unpack::{Unpack, broadcast_codes};
@@ -158,7 +159,7 @@ pub(crate) fn weights(_: Fma, scores: &mut [f32], seen: usize, m: f32) -> [f32; 
 /// channels in order, and `qs[i][d] * sK[d][g]` is the same one multiply.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn packed_scores<const B: u32>(
-    _: Fma,
+    proof: Fma,
     head: &PackedHead,
     scaled: &[f32],
     q: usize,
@@ -178,21 +179,11 @@ pub(crate) fn packed_scores<const B: u32>(
     let row_bytes = runs * K_GROUP_MULTIPLE * b / 8;
     s.pass_scores.clear();
     s.pass_scores.resize(q * PASS_TOKENS, 0.0);
-    let prefetch_channel = |d: usize| {
-        let codes = (d * k.row_len + t0) * b / 8;
-        for line in (0..row_bytes).step_by(64) {
-            prefetch(k.codes, codes + line);
-        }
-        let scales = (d * k.groups_per_row + first) * 4;
-        for line in (0..pass_groups * 4).step_by(64) {
-            prefetch(bytes_of(k.scales), scales + line);
-        }
-    };
     if q == 1 {
         // One query: four channels at a time, the scores of a run in registers between them.
         for d0 in (0..d_count).step_by(CHANNELS) {
             for d in d0 + CHANNELS..d0 + 2 * CHANNELS {
-                prefetch_channel(d);
+                prefetch_channel(proof, k, d, t0, first, row_bytes, pass_groups);
             }
             let at: [usize; CHANNELS] =
                 std::array::from_fn(|n| ((d0 + n) * k.row_len + t0) * b / 8);
@@ -258,6 +249,30 @@ pub(crate) fn packed_scores<const B: u32>(
 
 /// Channels a one-query pass reads at a time (D is a multiple of 8).
 const CHANNELS: usize = 4;
+
+/// Asks for channel d's codes (`row_bytes` from token t0) and scales (`groups` from group
+/// `first`) of a packed K: the channels are D streams a row apart, more than the hardware
+/// prefetcher follows.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn prefetch_channel(
+    _: Fma,
+    k: &Stream,
+    d: usize,
+    t0: usize,
+    first: usize,
+    row_bytes: usize,
+    groups: usize,
+) {
+    let codes = (d * k.row_len + t0) * k.bits as usize / 8;
+    for line in (0..row_bytes).step_by(64) {
+        prefetch(k.codes, codes + line);
+    }
+    let scales = (d * k.groups_per_row + first) * 4;
+    for line in (0..groups * 4).step_by(64) {
+        prefetch(bytes_of(k.scales), scales + line);
+    }
+}
 
 /// A slice of f32 as its bytes (for prefetching).
 fn bytes_of(values: &[f32]) -> &[u8] {

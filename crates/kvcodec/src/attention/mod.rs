@@ -47,6 +47,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod exp;
 pub mod fma;
 mod portable;
@@ -56,7 +58,6 @@ use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 use thiserror::Error;
 
-use crate::kernel::Kernel;
 use crate::layout::{GroupAxis, Mode};
 use crate::packed::PackedTensor;
 
@@ -494,14 +495,52 @@ pub(crate) struct Scratch {
     pub v_offsets: Vec<i32>,
 }
 
-/// Whether this CPU runs `kernel`'s attention: the AVX2 kernel needs FMA too.
+/// An implementation of the attention kernels. Every one gives the same bits; [`fastest`]
+/// picks the fastest this CPU runs, and [`attend_with`] takes one, so that tests and benchmarks
+/// can compare them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Kernel {
+    /// Plain Rust, for any target.
+    Portable,
+    /// AVX2 and FMA (x86_64).
+    Avx2,
+    /// AVX-512F for 4-bit codes (a table lookup in place of each conversion), AVX2 and FMA for
+    /// the rest (x86_64).
+    Avx512,
+}
+
+impl Kernel {
+    /// Every kernel, slowest first.
+    pub const ALL: [Kernel; 3] = [Kernel::Portable, Kernel::Avx2, Kernel::Avx512];
+
+    /// `portable`, `avx2` or `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Portable => "portable",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
+        }
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether this CPU runs `kernel`: the AVX2 kernel needs FMA too, the AVX-512 one both and
+/// AVX-512F.
 pub fn available(kernel: Kernel) -> bool {
     match kernel {
+        Kernel::Portable => true,
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx2 => avx2::Fma::detect().is_some(),
-        Kernel::Portable => true,
-        #[allow(unreachable_patterns)]
-        _ => false,
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => avx512::Avx512::detect().is_some(),
+        #[cfg(not(target_arch = "x86_64"))]
+        Kernel::Avx2 | Kernel::Avx512 => false,
     }
 }
 
@@ -619,12 +658,7 @@ fn block(
     for i in 0..q {
         let scores = &mut scratch.scores[i * BLOCK_TOKENS..][..len];
         let seen = queries.visible[i].saturating_sub(t0).min(len);
-        let mut block_max = f32::NEG_INFINITY;
-        for &x in &scores[..seen] {
-            if x > block_max {
-                block_max = x;
-            }
-        }
+        let block_max = max(&scores[..seen]);
         let m = state.max[i].max(block_max);
         let corr = if seen == 0 {
             1.0
@@ -664,10 +698,15 @@ fn key_groups(head: &PackedHead, t0: usize, len: usize) -> (usize, usize) {
 fn prepare_keys(head: &PackedHead, t0: usize, len: usize, s: &mut Scratch) {
     let (first, end) = key_groups(head, t0, len);
     let groups = head.k.groups_per_row;
-    s.k_offsets.clear();
     match head.k.offsets {
-        Offsets::Constant(o) => s.k_offsets.resize((end - first) * head.features, o),
+        // The same value every pass: written once per split.
+        Offsets::Constant(o) => {
+            if s.k_offsets.len() < (end - first) * head.features {
+                s.k_offsets.resize((end - first) * head.features, o);
+            }
+        }
         offsets => {
+            s.k_offsets.clear();
             for d in 0..head.features {
                 s.k_offsets
                     .extend((first..end).map(|g| offsets.at(d * groups + g)));
@@ -678,20 +717,29 @@ fn prepare_keys(head: &PackedHead, t0: usize, len: usize, s: &mut Scratch) {
 
 fn prepare_values(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Scratch) {
     let groups = head.v.groups_per_row;
-    s.v_weights.clear();
-    s.v_offsets.clear();
     match head.v.offsets {
-        Offsets::Constant(o) => s.v_offsets.resize(len * groups, o),
-        offsets => s
-            .v_offsets
-            .extend((t0 * groups..(t0 + len) * groups).map(|index| offsets.at(index))),
+        // The same value every block: written once per split.
+        Offsets::Constant(o) => {
+            if s.v_offsets.len() < BLOCK_TOKENS * groups {
+                s.v_offsets.resize(BLOCK_TOKENS * groups, o);
+            }
+        }
+        offsets => {
+            s.v_offsets.clear();
+            s.v_offsets
+                .extend((t0 * groups..(t0 + len) * groups).map(|index| offsets.at(index)));
+        }
     }
     s.v_weights.resize(q * BLOCK_TOKENS * groups, 0.0);
+    let scales = &head.v.scales[t0 * groups..][..len * groups];
     for i in 0..q {
-        for j in 0..len {
-            let p = s.scores[i * BLOCK_TOKENS + j];
-            let scales = &head.v.scales[(t0 + j) * groups..][..groups];
-            let w = &mut s.v_weights[(i * BLOCK_TOKENS + j) * groups..][..groups];
+        let p = &s.scores[i * BLOCK_TOKENS..][..len];
+        let weights = &mut s.v_weights[i * BLOCK_TOKENS * groups..][..len * groups];
+        for ((w, scales), &p) in weights
+            .chunks_exact_mut(groups)
+            .zip(scales.chunks_exact(groups))
+            .zip(p)
+        {
             for (w, &scale) in w.iter_mut().zip(scales) {
                 *w = p * scale;
             }
@@ -699,12 +747,30 @@ fn prepare_values(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Sc
     }
 }
 
+/// The largest of some finite scores (-inf for none), eight lanes at a time: the maximum of
+/// finite values does not depend on the order they are compared in (a zero's sign aside, which
+/// no later step can see: `x - 0` and `x + 0` are `x`, `exp(±0)` is 1).
+fn max(scores: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let (whole, rest) = scores.as_chunks::<LANES>();
+    for chunk in whole {
+        for (m, &x) in lanes.iter_mut().zip(chunk) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    for &x in rest {
+        lanes[0] = if x > lanes[0] { x } else { lanes[0] };
+    }
+    lanes
+        .into_iter()
+        .fold(f32::NEG_INFINITY, |m, x| if x > m { x } else { m })
+}
+
 /// Picks each block kernel for a kernel and a width.
 mod dispatch {
+    use super::{DenseHead, Kernel, PackedHead, Queries, Scratch, portable};
     #[cfg(target_arch = "x86_64")]
-    use super::avx2;
-    use super::{DenseHead, PackedHead, Queries, Scratch, portable};
-    use crate::kernel::Kernel;
+    use super::{avx2, avx512};
 
     macro_rules! by_bits {
         ($bits:expr, $f:ident :: <B> ($($arg:expr),*)) => {
@@ -727,6 +793,11 @@ mod dispatch {
         avx2::Fma::detect().expect("the kernel's availability was checked")
     }
 
+    #[cfg(target_arch = "x86_64")]
+    fn proof512() -> avx512::Avx512 {
+        avx512::Avx512::detect().expect("the kernel's availability was checked")
+    }
+
     pub(super) fn scores(
         kernel: Kernel,
         head: &PackedHead,
@@ -738,7 +809,12 @@ mod dispatch {
     ) {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => {
+            Kernel::Avx512 if head.k.bits == 4 => {
+                // SAFETY: `proof512()` proves the CPU has AVX-512F, AVX2 and FMA.
+                unsafe { avx512::packed_scores4(proof512(), head, scaled, q, t0, len, s) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 | Kernel::Avx512 => {
                 use avx2::packed_scores;
                 let k = proof();
                 // SAFETY: `k` proves the CPU has AVX2 and FMA.
@@ -767,7 +843,16 @@ mod dispatch {
     ) {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => {
+            Kernel::Avx512
+                if head.v.bits == 4
+                    && head.v.group_size.is_multiple_of(super::K_GROUP_MULTIPLE)
+                    && head.features.is_multiple_of(super::K_GROUP_MULTIPLE) =>
+            {
+                // SAFETY: `proof512()` proves the CPU has AVX-512F, AVX2 and FMA.
+                unsafe { avx512::packed_accumulate4(proof512(), head, q, t0, len, s, acc) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 | Kernel::Avx512 => {
                 use avx2::packed_accumulate;
                 let k = proof();
                 // SAFETY: `k` proves the CPU has AVX2 and FMA.
@@ -794,7 +879,7 @@ mod dispatch {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `proof()` proves the CPU has AVX2 and FMA.
-            Kernel::Avx2 => unsafe { avx2::weights(proof(), scores, seen, m) },
+            Kernel::Avx2 | Kernel::Avx512 => unsafe { avx2::weights(proof(), scores, seen, m) },
             _ => portable::weights(scores, seen, m),
         }
     }
@@ -810,7 +895,7 @@ mod dispatch {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `proof()` proves the CPU has AVX2 and FMA.
-            Kernel::Avx2 => unsafe {
+            Kernel::Avx2 | Kernel::Avx512 => unsafe {
                 avx2::dense_scores(
                     proof(),
                     head,
@@ -839,7 +924,9 @@ mod dispatch {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `proof()` proves the CPU has AVX2 and FMA.
-            Kernel::Avx2 => unsafe { avx2::dense_accumulate(proof(), head, q, t0, len, p, acc) },
+            Kernel::Avx2 | Kernel::Avx512 => unsafe {
+                avx2::dense_accumulate(proof(), head, q, t0, len, p, acc)
+            },
             _ => portable::dense_accumulate(head, q, t0, len, p, acc),
         }
     }

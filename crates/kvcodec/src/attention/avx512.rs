@@ -1,0 +1,213 @@
+//! The 4-bit attention kernels with AVX-512F: sixteen tokens (scores) or features (values) to a
+//! vector, the same operations in the same order as the portable kernel, so the same bits.
+//! Other widths, and the steps that are not per code, run the AVX2 kernels.
+//!
+//! A 4-bit code becomes `c - o` by a table lookup rather than a conversion: the sixteen values
+//! `0 - o, 1 - o, .., 15 - o` (exact in f32) sit in one register, and `vpermps` picks a lane by
+//! the low four bits of each index. Widening sixteen bytes gives sixteen lanes that each hold
+//! two codes; the lookup reads the low nibble (the even code) and, after a shift by four, the
+//! high one (the odd code), so one run of 32 codes comes out as its even and its odd codes. The
+//! kernels keep scores and value accumulators in that order while they add, and put them back
+//! in token or feature order with two permutes per 32 values.
+
+use core::arch::x86_64::*;
+
+use super::avx2::Fma;
+use super::{BLOCK_TOKENS, K_GROUP_MULTIPLE, Offsets, PASS_TOKENS, PackedHead, Scratch};
+
+/// Proof that the CPU has AVX-512F, AVX2 and FMA.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx512 {
+    fma: Fma,
+}
+
+impl Avx512 {
+    /// The proof, if this CPU has all three.
+    pub(crate) fn detect() -> Option<Avx512> {
+        let fma = Fma::detect()?;
+        std::arch::is_x86_feature_detected!("avx512f").then_some(Avx512 { fma })
+    }
+}
+
+/// Channels a one-query pass reads at a time (D is a multiple of 8).
+const CHANNELS: usize = 4;
+
+/// `[0 - o, 1 - o, .., 15 - o]`, every value exact.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn table(offset: i32) -> __m512 {
+    let codes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(offset)))
+}
+
+/// `c - o` of the 32 codes in `codes[at..at + 16]`: (even codes, odd codes).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn even_odd(codes: &[u8], at: usize, table: __m512) -> (__m512, __m512) {
+    let run: &[u8; 16] = codes[at..at + 16].try_into().expect("16 bytes");
+    // SAFETY: reads the 16 bytes of `run`.
+    let pairs = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(run.as_ptr().cast()) });
+    (
+        _mm512_permutexvar_ps(pairs, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(pairs), table),
+    )
+}
+
+/// Indices that put 32 values in order from their (even, odd) halves: lane j of the first
+/// result is value j, of the second value 16 + j (`_mm512_permutex2var_ps` reads lanes 16.. from
+/// its second operand).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn interleave(even: __m512, odd: __m512) -> (__m512, __m512) {
+    let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    (
+        _mm512_permutex2var_ps(even, low, odd),
+        _mm512_permutex2var_ps(even, high, odd),
+    )
+}
+
+/// The inverse of [`interleave`]: (even, odd) halves of 32 values in order.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn deinterleave(first: __m512, second: __m512) -> (__m512, __m512) {
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    (
+        _mm512_permutex2var_ps(first, even, second),
+        _mm512_permutex2var_ps(first, odd, second),
+    )
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load16(values: &[f32]) -> __m512 {
+    let values: &[f32; 16] = values[..16].try_into().expect("16 floats");
+    // SAFETY: reads the 16 floats of `values`.
+    unsafe { _mm512_loadu_ps(values.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store16(values: &mut [f32], x: __m512) {
+    let values: &mut [f32; 16] = (&mut values[..16]).try_into().expect("16 floats");
+    // SAFETY: writes the 16 floats of `values`.
+    unsafe { _mm512_storeu_ps(values.as_mut_ptr(), x) }
+}
+
+/// Step 3 over a 4-bit packed K for a pass (see the AVX2 kernel, which it computes bit for
+/// bit): channel by channel, each run of 32 tokens' scores held as (even, odd) tokens while
+/// the channels add in, put back in token order at the end of the pass.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) fn packed_scores4(
+    proof: Avx512,
+    head: &PackedHead,
+    scaled: &[f32],
+    q: usize,
+    t0: usize,
+    len: usize,
+    s: &mut Scratch,
+) {
+    let k = &head.k;
+    let d_count = head.features;
+    let first = t0 / k.group_size;
+    let pass_groups = (t0 + len).div_ceil(k.group_size) - first;
+    let runs = len.div_ceil(K_GROUP_MULTIPLE);
+    let runs_per_group = k.group_size / K_GROUP_MULTIPLE;
+    let row_bytes = runs * K_GROUP_MULTIPLE / 2;
+    s.pass_scores.clear();
+    s.pass_scores.resize(q * PASS_TOKENS, 0.0);
+    let channels = if q == 1 { CHANNELS } else { 1 };
+    for d0 in (0..d_count).step_by(channels) {
+        for d in d0 + channels..d0 + 2 * channels {
+            super::avx2::prefetch_channel(proof.fma, k, d, t0, first, row_bytes, pass_groups);
+        }
+        for g in 0..pass_groups {
+            let group_runs =
+                (g * runs_per_group..(g + 1) * runs_per_group).take_while(|&r| r < runs);
+            if q == 1 {
+                let w: [__m512; CHANNELS] = std::array::from_fn(|n| {
+                    let d = d0 + n;
+                    _mm512_set1_ps(scaled[d] * k.scales[d * k.groups_per_row + first + g])
+                });
+                let tables: [__m512; CHANNELS] =
+                    std::array::from_fn(|n| table(s.k_offsets[(d0 + n) * pass_groups + g]));
+                for run in group_runs {
+                    let r = run * K_GROUP_MULTIPLE;
+                    let scores = &mut s.pass_scores[r..][..K_GROUP_MULTIPLE];
+                    let (mut even, mut odd) = (load16(scores), load16(&scores[16..]));
+                    for n in 0..CHANNELS {
+                        let at = ((d0 + n) * k.row_len + t0 + r) / 2;
+                        let (ce, co) = even_odd(k.codes, at, tables[n]);
+                        even = _mm512_fmadd_ps(ce, w[n], even);
+                        odd = _mm512_fmadd_ps(co, w[n], odd);
+                    }
+                    store16(scores, even);
+                    store16(&mut scores[16..], odd);
+                }
+            } else {
+                let d = d0;
+                let scale = k.scales[d * k.groups_per_row + first + g];
+                let table = table(s.k_offsets[d * pass_groups + g]);
+                for run in group_runs {
+                    let r = run * K_GROUP_MULTIPLE;
+                    let (ce, co) = even_odd(k.codes, (d * k.row_len + t0 + r) / 2, table);
+                    for i in 0..q {
+                        let w = _mm512_set1_ps(scaled[i * d_count + d] * scale);
+                        let scores = &mut s.pass_scores[i * PASS_TOKENS + r..][..K_GROUP_MULTIPLE];
+                        store16(scores, _mm512_fmadd_ps(ce, w, load16(scores)));
+                        let odd = _mm512_fmadd_ps(co, w, load16(&scores[16..]));
+                        store16(&mut scores[16..], odd);
+                    }
+                }
+            }
+        }
+    }
+    for i in 0..q {
+        let row = &mut s.pass_scores[i * PASS_TOKENS..][..runs * K_GROUP_MULTIPLE];
+        for run in row.chunks_exact_mut(K_GROUP_MULTIPLE) {
+            let (first, second) = interleave(load16(run), load16(&run[16..]));
+            store16(run, first);
+            store16(&mut run[16..], second);
+        }
+    }
+}
+
+/// Step 6 over a 4-bit packed V whose rows and groups are whole 32-feature runs (see the AVX2
+/// kernel, which it computes bit for bit): for each query and run of 32 features, the block's
+/// tokens in order into (even, odd) accumulators held in registers.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) fn packed_accumulate4(
+    _: Avx512,
+    head: &PackedHead,
+    q: usize,
+    t0: usize,
+    len: usize,
+    s: &Scratch,
+    acc: &mut [f32],
+) {
+    let v = &head.v;
+    let d_count = head.features;
+    let groups = v.groups_per_row;
+    let symmetric = match v.offsets {
+        Offsets::Constant(o) => Some(table(o)),
+        Offsets::Stream { .. } => None,
+    };
+    for i in 0..q {
+        for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
+            let h = f / v.group_size;
+            let row = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
+            let (mut even, mut odd) = deinterleave(load16(row), load16(&row[16..]));
+            for j in 0..len {
+                let w = _mm512_set1_ps(s.v_weights[(i * BLOCK_TOKENS + j) * groups + h]);
+                let table = symmetric.unwrap_or_else(|| table(s.v_offsets[j * groups + h]));
+                let (ce, co) = even_odd(v.codes, ((t0 + j) * v.row_len + f) / 2, table);
+                even = _mm512_fmadd_ps(ce, w, even);
+                odd = _mm512_fmadd_ps(co, w, odd);
+            }
+            let (first, second) = interleave(even, odd);
+            store16(row, first);
+            store16(&mut row[16..], second);
+        }
+    }
+}
