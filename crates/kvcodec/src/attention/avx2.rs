@@ -174,7 +174,6 @@ pub(crate) fn packed_scores<const B: u32>(
     let pass_groups = (t0 + len).div_ceil(k.group_size) - first;
     let unpack = Unpack::new::<B>();
     let runs = len.div_ceil(K_GROUP_MULTIPLE);
-    let runs_per_group = k.group_size / K_GROUP_MULTIPLE;
     // A multiple of 8 bits: rows are whole groups and passes start at multiples of 32 tokens.
     let row_bytes = runs * K_GROUP_MULTIPLE * b / 8;
     s.pass_scores.clear();
@@ -194,7 +193,7 @@ pub(crate) fn packed_scores<const B: u32>(
                 });
                 let o: [i32; CHANNELS] =
                     std::array::from_fn(|n| s.k_offsets[(d0 + n) * pass_groups + g]);
-                let runs = (g * runs_per_group..(g + 1) * runs_per_group).take_while(|&r| r < runs);
+                let runs = super::group_runs(k.group_size, t0, runs, g);
                 for run in runs {
                     let r = run * K_GROUP_MULTIPLE;
                     let scores = &mut s.pass_scores[r..][..K_GROUP_MULTIPLE];
@@ -231,7 +230,7 @@ pub(crate) fn packed_scores<const B: u32>(
         for g in 0..pass_groups {
             let scale = scales[g];
             let offset = offsets[g];
-            let runs = (g * runs_per_group..(g + 1) * runs_per_group).take_while(|&r| r < runs);
+            let runs = super::group_runs(k.group_size, t0, runs, g);
             for run in runs {
                 let r = run * K_GROUP_MULTIPLE;
                 let c = values32!(B, &unpack, k.codes, at + r * b / 8, offset);

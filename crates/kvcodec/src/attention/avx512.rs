@@ -1,7 +1,8 @@
-//! The 4-bit attention kernels with AVX-512F: sixteen tokens (scores) or features (values) to a
-//! vector, the same operations in the same order as the portable kernel, so the same bits.
-//! Other widths, and the steps that are not per code, run the AVX2 kernels.
+//! The 4- and 8-bit attention kernels with AVX-512F: sixteen tokens (scores) or features
+//! (values) to a vector, the same operations in the same order as the portable kernel, so the
+//! same bits. Other widths, and the steps that are not per code, run the AVX2 kernels.
 //!
+//! An 8-bit code is widened, its offset subtracted in i32 and the difference converted.
 //! A 4-bit code becomes `c - o` by a table lookup rather than a conversion: the sixteen values
 //! `0 - o, 1 - o, .., 15 - o` (exact in f32) sit in one register, and `vpermps` picks a lane by
 //! the low four bits of each index. Widening sixteen bytes gives sixteen lanes that each hold
@@ -53,6 +54,35 @@ fn even_odd(codes: &[u8], at: usize, table: __m512) -> (__m512, __m512) {
     )
 }
 
+/// How a run's codes become `c - o`: the table for 4-bit codes, the offset (as bits) for 8-bit.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn decoder<const B: u32>(offset: i32) -> __m512 {
+    if B == 4 {
+        table(offset)
+    } else {
+        _mm512_castsi512_ps(_mm512_set1_epi32(offset))
+    }
+}
+
+/// `c - o` of the 32 B-bit codes from byte `at`: (even, odd) codes at 4 bits, (first 16, last
+/// 16) at 8.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn run32<const B: u32>(codes: &[u8], at: usize, decoder: __m512) -> (__m512, __m512) {
+    if B == 4 {
+        return even_odd(codes, at, decoder);
+    }
+    let run: &[u8; 32] = codes[at..at + 32].try_into().expect("32 bytes");
+    let offset = _mm512_castps_si512(decoder);
+    let widen = |half: &[u8]| {
+        // SAFETY: reads 16 bytes of `run`.
+        let bytes = unsafe { _mm_loadu_si128(half.as_ptr().cast()) };
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), offset))
+    };
+    (widen(&run[..16]), widen(&run[16..]))
+}
+
 /// Indices that put 32 values in order from their (even, odd) halves: lane j of the first
 /// result is value j, of the second value 16 + j (`_mm512_permutex2var_ps` reads lanes 16.. from
 /// its second operand).
@@ -95,11 +125,11 @@ fn store16(values: &mut [f32], x: __m512) {
     unsafe { _mm512_storeu_ps(values.as_mut_ptr(), x) }
 }
 
-/// Step 3 over a 4-bit packed K for a pass (see the AVX2 kernel, which it computes bit for
-/// bit): channel by channel, each run of 32 tokens' scores held as (even, odd) tokens while
+/// Step 3 over a 4- or 8-bit packed K for a pass (see the AVX2 kernel, which it computes bit
+/// for bit): channel by channel, each run of 32 tokens' scores held in [`run32`]'s order while
 /// the channels add in, put back in token order at the end of the pass.
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(crate) fn packed_scores4(
+pub(crate) fn packed_scores<const B: u32>(
     proof: Avx512,
     head: &PackedHead,
     scaled: &[f32],
@@ -114,54 +144,61 @@ pub(crate) fn packed_scores4(
     let pass_groups = (t0 + len).div_ceil(k.group_size) - first;
     let runs = len.div_ceil(K_GROUP_MULTIPLE);
     let runs_per_group = k.group_size / K_GROUP_MULTIPLE;
-    let row_bytes = runs * K_GROUP_MULTIPLE / 2;
+    let b = B as usize;
+    let row_bytes = runs * K_GROUP_MULTIPLE * b / 8;
     s.pass_scores.clear();
     s.pass_scores.resize(q * PASS_TOKENS, 0.0);
     let channels = if q == 1 { CHANNELS } else { 1 };
+    let symmetric = match k.offsets {
+        Offsets::Constant(o) => Some(decoder::<B>(o)),
+        Offsets::Stream { .. } => None,
+    };
     for d0 in (0..d_count).step_by(channels) {
         for d in d0 + channels..d0 + 2 * channels {
             super::avx2::prefetch_channel(proof.fma, k, d, t0, first, row_bytes, pass_groups);
         }
+        if q == 1 {
+            // qs[d] * sK[d][g] for the pass's groups of these channels, a vector at a time.
+            s.k_weights.clear();
+            for (d, &qs) in scaled.iter().enumerate().skip(d0).take(CHANNELS) {
+                let scales = &k.scales[d * k.groups_per_row + first..][..pass_groups];
+                s.k_weights.extend(scales.iter().map(|&scale| qs * scale));
+            }
+            let pass = Pass {
+                t0,
+                runs,
+                runs_per_group,
+                pass_groups,
+            };
+            match symmetric {
+                Some(decoder) => one_query_scores::<B, true>(head, &pass, d0, decoder, s),
+                None => one_query_scores::<B, false>(head, &pass, d0, _mm512_setzero_ps(), s),
+            }
+            continue;
+        }
         for g in 0..pass_groups {
-            let group_runs =
-                (g * runs_per_group..(g + 1) * runs_per_group).take_while(|&r| r < runs);
-            if q == 1 {
-                let w: [__m512; CHANNELS] = std::array::from_fn(|n| {
-                    let d = d0 + n;
-                    _mm512_set1_ps(scaled[d] * k.scales[d * k.groups_per_row + first + g])
-                });
-                let tables: [__m512; CHANNELS] =
-                    std::array::from_fn(|n| table(s.k_offsets[(d0 + n) * pass_groups + g]));
-                for run in group_runs {
-                    let r = run * K_GROUP_MULTIPLE;
-                    let scores = &mut s.pass_scores[r..][..K_GROUP_MULTIPLE];
-                    let (mut even, mut odd) = (load16(scores), load16(&scores[16..]));
-                    for n in 0..CHANNELS {
-                        let at = ((d0 + n) * k.row_len + t0 + r) / 2;
-                        let (ce, co) = even_odd(k.codes, at, tables[n]);
-                        even = _mm512_fmadd_ps(ce, w[n], even);
-                        odd = _mm512_fmadd_ps(co, w[n], odd);
-                    }
-                    store16(scores, even);
+            let group_runs = super::group_runs(k.group_size, t0, runs, g);
+            // Several queries: a channel at a time, its codes turned into values once for all.
+            let d = d0;
+            let scale = k.scales[d * k.groups_per_row + first + g];
+            let decoder =
+                symmetric.unwrap_or_else(|| decoder::<B>(s.k_offsets[d * pass_groups + g]));
+            for run in group_runs {
+                let r = run * K_GROUP_MULTIPLE;
+                let at = (d * k.row_len + t0 + r) * b / 8;
+                let (ce, co) = run32::<B>(k.codes, at, decoder);
+                for i in 0..q {
+                    let w = _mm512_set1_ps(scaled[i * d_count + d] * scale);
+                    let scores = &mut s.pass_scores[i * PASS_TOKENS + r..][..K_GROUP_MULTIPLE];
+                    store16(scores, _mm512_fmadd_ps(ce, w, load16(scores)));
+                    let odd = _mm512_fmadd_ps(co, w, load16(&scores[16..]));
                     store16(&mut scores[16..], odd);
-                }
-            } else {
-                let d = d0;
-                let scale = k.scales[d * k.groups_per_row + first + g];
-                let table = table(s.k_offsets[d * pass_groups + g]);
-                for run in group_runs {
-                    let r = run * K_GROUP_MULTIPLE;
-                    let (ce, co) = even_odd(k.codes, (d * k.row_len + t0 + r) / 2, table);
-                    for i in 0..q {
-                        let w = _mm512_set1_ps(scaled[i * d_count + d] * scale);
-                        let scores = &mut s.pass_scores[i * PASS_TOKENS + r..][..K_GROUP_MULTIPLE];
-                        store16(scores, _mm512_fmadd_ps(ce, w, load16(scores)));
-                        let odd = _mm512_fmadd_ps(co, w, load16(&scores[16..]));
-                        store16(&mut scores[16..], odd);
-                    }
                 }
             }
         }
+    }
+    if B != 4 {
+        return;
     }
     for i in 0..q {
         let row = &mut s.pass_scores[i * PASS_TOKENS..][..runs * K_GROUP_MULTIPLE];
@@ -173,11 +210,60 @@ pub(crate) fn packed_scores4(
     }
 }
 
-/// Step 6 over a 4-bit packed V whose rows and groups are whole 32-feature runs (see the AVX2
-/// kernel, which it computes bit for bit): for each query and run of 32 features, the block's
-/// tokens in order into (even, odd) accumulators held in registers.
+/// Where a pass of a packed K lies.
+struct Pass {
+    t0: usize,
+    runs: usize,
+    runs_per_group: usize,
+    pass_groups: usize,
+}
+
+/// One query's scores over channels d0..d0 + CHANNELS of a pass, the run's scores in registers
+/// between the channels; `s.k_weights` holds the channels' weights, group by group.
+#[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(crate) fn packed_accumulate4(
+fn one_query_scores<const B: u32, const SYMMETRIC: bool>(
+    head: &PackedHead,
+    pass: &Pass,
+    d0: usize,
+    symmetric: __m512,
+    s: &mut Scratch,
+) {
+    let k = &head.k;
+    let b = B as usize;
+    let at: [usize; CHANNELS] = std::array::from_fn(|n| ((d0 + n) * k.row_len + pass.t0) * b / 8);
+    let weights = &s.k_weights[..CHANNELS * pass.pass_groups];
+    let offsets = &s.k_offsets;
+    let scores = &mut s.pass_scores[..pass.runs * K_GROUP_MULTIPLE];
+    // The pass may begin inside a group (group sizes need not divide PASS_TOKENS).
+    let (mut g, mut in_group) = (0, pass.t0 % k.group_size / K_GROUP_MULTIPLE);
+    let mut decoders = [symmetric; CHANNELS];
+    for (run, scores) in scores.chunks_exact_mut(K_GROUP_MULTIPLE).enumerate() {
+        if !SYMMETRIC && (in_group == 0 || run == 0) {
+            decoders =
+                std::array::from_fn(|n| decoder::<B>(offsets[(d0 + n) * pass.pass_groups + g]));
+        }
+        let (mut even, mut odd) = (load16(scores), load16(&scores[16..]));
+        for n in 0..CHANNELS {
+            let w = _mm512_set1_ps(weights[n * pass.pass_groups + g]);
+            let (ce, co) = run32::<B>(k.codes, at[n] + run * K_GROUP_MULTIPLE * b / 8, decoders[n]);
+            even = _mm512_fmadd_ps(ce, w, even);
+            odd = _mm512_fmadd_ps(co, w, odd);
+        }
+        store16(scores, even);
+        store16(&mut scores[16..], odd);
+        in_group += 1;
+        if in_group == pass.runs_per_group {
+            (g, in_group) = (g + 1, 0);
+        }
+    }
+}
+
+/// Step 6 over a 4- or 8-bit packed V whose rows and groups are whole 32-feature runs (see the
+/// AVX2 kernel, which it computes bit for bit): for each query and run of 32 features, the
+/// block's tokens in order into accumulators held in registers, in [`run32`]'s order.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) fn packed_accumulate<const B: u32>(
     _: Avx512,
     head: &PackedHead,
     q: usize,
@@ -189,25 +275,93 @@ pub(crate) fn packed_accumulate4(
     let v = &head.v;
     let d_count = head.features;
     let groups = v.groups_per_row;
+    let b = B as usize;
     let symmetric = match v.offsets {
-        Offsets::Constant(o) => Some(table(o)),
+        Offsets::Constant(o) => Some(decoder::<B>(o)),
         Offsets::Stream { .. } => None,
     };
+    if q == 1 {
+        match d_count / K_GROUP_MULTIPLE {
+            2 => return rows_accumulate::<B, 2>(head, t0, len, s, acc, symmetric),
+            4 => return rows_accumulate::<B, 4>(head, t0, len, s, acc, symmetric),
+            8 => return rows_accumulate::<B, 8>(head, t0, len, s, acc, symmetric),
+            _ => {}
+        }
+    }
     for i in 0..q {
         for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
             let h = f / v.group_size;
             let row = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
-            let (mut even, mut odd) = deinterleave(load16(row), load16(&row[16..]));
+            let (mut even, mut odd) = if B == 4 {
+                deinterleave(load16(row), load16(&row[16..]))
+            } else {
+                (load16(row), load16(&row[16..]))
+            };
             for j in 0..len {
                 let w = _mm512_set1_ps(s.v_weights[(i * BLOCK_TOKENS + j) * groups + h]);
-                let table = symmetric.unwrap_or_else(|| table(s.v_offsets[j * groups + h]));
-                let (ce, co) = even_odd(v.codes, ((t0 + j) * v.row_len + f) / 2, table);
+                let decoder =
+                    symmetric.unwrap_or_else(|| decoder::<B>(s.v_offsets[j * groups + h]));
+                let (ce, co) = run32::<B>(v.codes, ((t0 + j) * v.row_len + f) * b / 8, decoder);
                 even = _mm512_fmadd_ps(ce, w, even);
                 odd = _mm512_fmadd_ps(co, w, odd);
             }
-            let (first, second) = interleave(even, odd);
+            let (first, second) = if B == 4 {
+                interleave(even, odd)
+            } else {
+                (even, odd)
+            };
             store16(row, first);
             store16(&mut row[16..], second);
         }
+    }
+}
+
+/// [`packed_accumulate`] for one query and D = 32 * RUNS: every accumulator in registers for
+/// the whole block, each token's row read front to back (one sequential stream, which this
+/// machine's prefetchers follow best).
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn rows_accumulate<const B: u32, const RUNS: usize>(
+    head: &PackedHead,
+    t0: usize,
+    len: usize,
+    s: &Scratch,
+    acc: &mut [f32],
+    symmetric: Option<__m512>,
+) {
+    let v = &head.v;
+    let groups = v.groups_per_row;
+    let b = B as usize;
+    let acc = &mut acc[..RUNS * K_GROUP_MULTIPLE];
+    let mut halves: [(__m512, __m512); RUNS] = std::array::from_fn(|n| {
+        let run = &acc[n * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE];
+        if B == 4 {
+            deinterleave(load16(run), load16(&run[16..]))
+        } else {
+            (load16(run), load16(&run[16..]))
+        }
+    });
+    for j in 0..len {
+        let at = (t0 + j) * v.row_len * b / 8;
+        let weights = &s.v_weights[j * groups..][..groups];
+        for (n, (even, odd)) in halves.iter_mut().enumerate() {
+            let f = n * K_GROUP_MULTIPLE;
+            let h = f / v.group_size;
+            let w = _mm512_set1_ps(weights[h]);
+            let decoder = symmetric.unwrap_or_else(|| decoder::<B>(s.v_offsets[j * groups + h]));
+            let (ce, co) = run32::<B>(v.codes, at + f * b / 8, decoder);
+            *even = _mm512_fmadd_ps(ce, w, *even);
+            *odd = _mm512_fmadd_ps(co, w, *odd);
+        }
+    }
+    for (n, &(even, odd)) in halves.iter().enumerate() {
+        let run = &mut acc[n * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE];
+        let (first, second) = if B == 4 {
+            interleave(even, odd)
+        } else {
+            (even, odd)
+        };
+        store16(run, first);
+        store16(&mut run[16..], second);
     }
 }

@@ -489,6 +489,8 @@ pub(crate) struct Scratch {
     pub pass_scores: Vec<f32>,
     /// Packed K: a pass's offsets at [d * groups in the pass + g - first group].
     pub k_offsets: Vec<i32>,
+    /// Packed K, one query: `qs[d] * sK[d][g]` of a pass's groups for a few channels.
+    pub k_weights: Vec<f32>,
     /// Packed V: `p[i][t] * sV[t][h]` at [(i * BLOCK + t - t0) * groups + h].
     pub v_weights: Vec<f32>,
     /// Packed V: offsets at [(t - t0) * groups + h].
@@ -505,8 +507,8 @@ pub enum Kernel {
     Portable,
     /// AVX2 and FMA (x86_64).
     Avx2,
-    /// AVX-512F for 4-bit codes (a table lookup in place of each conversion), AVX2 and FMA for
-    /// the rest (x86_64).
+    /// AVX-512F for 4-bit codes (a table lookup in place of each conversion) and 8-bit ones,
+    /// AVX2 and FMA for the rest (x86_64).
     Avx512,
 }
 
@@ -593,6 +595,7 @@ fn split_state(
     let mut scratch = Scratch {
         scores: vec![0.0; q * BLOCK_TOKENS],
         pass_scores: Vec::new(),
+        k_weights: Vec::new(),
         k_offsets: Vec::new(),
         v_weights: Vec::new(),
         v_offsets: Vec::new(),
@@ -685,6 +688,20 @@ fn block(
             dispatch::dense_accumulate(kernel, head, q, t0, len, &scratch.scores, &mut state.acc)
         }
     }
+}
+
+/// The runs of 32 tokens (counted from t0, `runs` in all) that lie in the g-th K group of a
+/// pass from t0 (counted from the group holding t0, which may have begun before t0).
+pub(crate) fn group_runs(
+    group_size: usize,
+    t0: usize,
+    runs: usize,
+    g: usize,
+) -> std::ops::Range<usize> {
+    let first = t0 / group_size;
+    let start = ((first + g) * group_size).saturating_sub(t0) / K_GROUP_MULTIPLE;
+    let end = ((first + g + 1) * group_size - t0) / K_GROUP_MULTIPLE;
+    start.min(runs)..end.min(runs)
 }
 
 /// The first and one-past-last K groups a block touches.
@@ -809,9 +826,16 @@ mod dispatch {
     ) {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 if head.k.bits == 4 => {
-                // SAFETY: `proof512()` proves the CPU has AVX-512F, AVX2 and FMA.
-                unsafe { avx512::packed_scores4(proof512(), head, scaled, q, t0, len, s) }
+            Kernel::Avx512 if matches!(head.k.bits, 4 | 8) => {
+                use avx512::packed_scores;
+                let k = proof512();
+                // SAFETY: `k` proves the CPU has AVX-512F, AVX2 and FMA.
+                unsafe {
+                    match head.k.bits {
+                        4 => packed_scores::<4>(k, head, scaled, q, t0, len, s),
+                        _ => packed_scores::<8>(k, head, scaled, q, t0, len, s),
+                    }
+                }
             }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 | Kernel::Avx512 => {
@@ -844,12 +868,19 @@ mod dispatch {
         match kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512
-                if head.v.bits == 4
+                if matches!(head.v.bits, 4 | 8)
                     && head.v.group_size.is_multiple_of(super::K_GROUP_MULTIPLE)
                     && head.features.is_multiple_of(super::K_GROUP_MULTIPLE) =>
             {
-                // SAFETY: `proof512()` proves the CPU has AVX-512F, AVX2 and FMA.
-                unsafe { avx512::packed_accumulate4(proof512(), head, q, t0, len, s, acc) }
+                use avx512::packed_accumulate;
+                let k = proof512();
+                // SAFETY: `k` proves the CPU has AVX-512F, AVX2 and FMA.
+                unsafe {
+                    match head.v.bits {
+                        4 => packed_accumulate::<4>(k, head, q, t0, len, s, acc),
+                        _ => packed_accumulate::<8>(k, head, q, t0, len, s, acc),
+                    }
+                }
             }
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 | Kernel::Avx512 => {

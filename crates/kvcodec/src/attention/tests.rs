@@ -103,6 +103,30 @@ fn every_pattern_width_and_mode_matches_the_oracle_and_every_kernel_agrees() {
 }
 
 #[test]
+fn real_head_dimensions_over_several_passes_match_the_oracle_and_every_kernel_agrees() {
+    // Head dimensions 128 and 256 have their own one-query paths in the AVX-512 kernel, and a
+    // K group of 96 tokens straddles the boundary between two passes.
+    let tokens = PASS_TOKENS + 300;
+    let cases = [
+        (128, Mode::Symmetric, 4, 32, 32),
+        (128, Mode::Asymmetric, 8, 96, 128),
+        (256, Mode::Asymmetric, 4, 64, 32),
+        (256, Mode::Symmetric, 8, 96, 32),
+    ];
+    for (features, mode, bits, k_group, v_group) in cases {
+        let [kl, vl] = layouts(mode, bits, bits, k_group, v_group);
+        let k = encode(noise(tokens, features, 15).mapv(|x| 3.0 * x).view(), kl).unwrap();
+        let v = encode(noise(tokens, features, 16).view(), vl).unwrap();
+        let queries = noise(4, features, 17);
+        for rows in [1, 4] {
+            let label = format!("D {features}, {mode} {bits}-bit, K g{k_group}, V g{v_group}");
+            let some = queries.slice(ndarray::s![..rows, ..]);
+            check(some, &decode_step(rows, tokens), &k, &v, &label);
+        }
+    }
+}
+
+#[test]
 fn a_causal_prefill_chunk_sees_only_its_prefix() {
     let (tokens, features) = (700, 32);
     let [kl, vl] = layouts(Mode::Symmetric, 4, 4, 32, 32);
