@@ -4,9 +4,12 @@
 //! tokens) and V per token (groups along features), symmetric, read by `query_heads` query
 //! rows at the last position (a GQA group when more than one).
 //!
-//! Bytes read are what each call must bring in: the packed K and V's payloads (codes, f32
-//! scales, shapes), or the two f32 matrices. The speedup is `f32_median_s / median_s`; the
-//! bandwidth is bytes read over the median, set against the memcpy of the same run.
+//! Each case times the packed and the f32 call in alternation (`measure::paired_medians`): the
+//! speedup is the median over rounds of the f32 call's time over the packed call's made moments
+//! before or after it, which a shared machine's drift over seconds and minutes moves far less
+//! than a ratio of medians taken apart. Bytes read are what each call must bring in: the packed
+//! K and V's payloads (codes, f32 scales, shapes), or the two f32 matrices; the bandwidth is
+//! bytes read over each median, set against the memcpy of the same run.
 
 use ndarray::Array2;
 use serde::Serialize;
@@ -18,7 +21,7 @@ use kvcodec::attention::{attend, attend_dense};
 use kvcodec::{GroupAxis, Layout};
 
 use crate::data;
-use crate::measure::{Settings, median_seconds};
+use crate::measure::{Settings, paired_medians};
 
 /// The sweep: every combination is one row.
 #[derive(Debug, Clone)]
@@ -70,7 +73,8 @@ pub struct AttentionRow {
     pub median_s: f64,
     /// Median seconds of one call over the f32 cache.
     pub f32_median_s: f64,
-    /// `f32_median_s / median_s`.
+    /// The median over rounds of the f32 call's seconds over the packed call's (the two timed
+    /// moments apart in each round).
     pub speedup: f64,
     /// Bytes one packed call reads (K and V payloads).
     pub bytes: usize,
@@ -110,13 +114,13 @@ pub fn run(
                 )
                 .expect("query rows");
                 let visible = vec![tokens; query_heads];
-                let f32_median_s = median_seconds(settings, || {
+                let dense = || {
                     let out = pool.install(|| {
                         attend_dense(q.view(), &visible, k.view(), v.view(), scale)
                             .expect("a valid f32 cache")
                     });
                     std::hint::black_box(out);
-                });
+                };
                 let f32_bytes = 2 * tokens * head_dim * 4;
                 for &bits in &sweep.bits {
                     for &group_size in &sweep.groups {
@@ -125,13 +129,15 @@ pub fn run(
                             .expect("finite values");
                         let pv = kvcodec::encode(v.view(), layout(GroupAxis::Feature))
                             .expect("finite values");
-                        let median_s = median_seconds(settings, || {
+                        let packed = || {
                             let out = pool.install(|| {
                                 attend(q.view(), &visible, &pk, &pv, scale)
                                     .expect("a valid packed cache")
                             });
                             std::hint::black_box(out);
-                        });
+                        };
+                        let paired = paired_medians(settings, packed, dense);
+                        let (median_s, f32_median_s) = (paired.a_seconds, paired.b_seconds);
                         let bytes = pk.payload_bytes() + pv.payload_bytes();
                         record(AttentionRow {
                             op: "attention",
@@ -143,7 +149,7 @@ pub fn run(
                             kv_heads: 1,
                             median_s,
                             f32_median_s,
-                            speedup: f32_median_s / median_s,
+                            speedup: paired.b_over_a,
                             bytes,
                             f32_bytes,
                             gbps: bytes as f64 / median_s / 1e9,

@@ -39,6 +39,53 @@ pub fn median_seconds(settings: Settings, mut call: impl FnMut()) -> f64 {
     times[(times.len() - 1) / 2]
 }
 
+/// Two operations timed in alternation (see [`paired_medians`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Paired {
+    /// The median time of `a`, in seconds.
+    pub a_seconds: f64,
+    /// The median time of `b`, in seconds.
+    pub b_seconds: f64,
+    /// The median over rounds of `b`'s time over `a`'s in the same round.
+    pub b_over_a: f64,
+}
+
+/// Times `a` and `b` in `repeats` rounds of one call each (which goes first alternates), after
+/// `warmup` untimed calls of each. On a shared machine whose speed drifts over seconds or
+/// minutes, the ratio of two calls made moments apart is steadier than the ratio of two
+/// medians taken at different times; medians are the lower middle, as in [`median_seconds`].
+pub fn paired_medians(settings: Settings, mut a: impl FnMut(), mut b: impl FnMut()) -> Paired {
+    for _ in 0..settings.warmup {
+        a();
+        b();
+    }
+    let time = |call: &mut dyn FnMut()| {
+        let started = Instant::now();
+        call();
+        started.elapsed().as_secs_f64()
+    };
+    let rounds: Vec<(f64, f64)> = (0..settings.repeats.max(1))
+        .map(|round| {
+            if round % 2 == 0 {
+                let ta = time(&mut a);
+                (ta, time(&mut b))
+            } else {
+                let tb = time(&mut b);
+                (time(&mut a), tb)
+            }
+        })
+        .collect();
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[(values.len() - 1) / 2]
+    };
+    Paired {
+        a_seconds: median(rounds.iter().map(|r| r.0).collect()),
+        b_seconds: median(rounds.iter().map(|r| r.1).collect()),
+        b_over_a: median(rounds.iter().map(|r| r.1 / r.0).collect()),
+    }
+}
+
 /// `len` items cut into `pieces` contiguous ranges whose starts are multiples of `align`
 /// (the last range takes the rest).
 pub fn slices(len: usize, pieces: usize, align: usize) -> Vec<Range<usize>> {
@@ -145,6 +192,28 @@ mod tests {
         let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
         assert_eq!(lens, [3, 4, 3]);
         assert_eq!(parts[1], &[3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn paired_rounds_alternate_and_their_ratio_is_a_measured_round() {
+        let settings = Settings {
+            warmup: 1,
+            repeats: 3,
+            threads: 1,
+        };
+        let order = std::cell::RefCell::new(Vec::new());
+        let paired = paired_medians(
+            settings,
+            || order.borrow_mut().push('a'),
+            || {
+                order.borrow_mut().push('b');
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            },
+        );
+        // The warm-up, then a first, b first, a first.
+        assert_eq!(order.into_inner(), ['a', 'b', 'a', 'b', 'b', 'a', 'a', 'b']);
+        assert!(paired.b_seconds >= 0.002 && paired.b_seconds > paired.a_seconds);
+        assert!(paired.b_over_a > 1.0);
     }
 
     #[test]

@@ -280,12 +280,11 @@ pub(crate) fn packed_accumulate<const B: u32>(
         Offsets::Constant(o) => Some(decoder::<B>(o)),
         Offsets::Stream { .. } => None,
     };
-    if q == 1 {
+    if weighs_values(head, q) {
         match d_count / K_GROUP_MULTIPLE {
             2 => return rows_accumulate::<B, 2>(head, t0, len, s, acc, symmetric),
             4 => return rows_accumulate::<B, 4>(head, t0, len, s, acc, symmetric),
-            8 => return rows_accumulate::<B, 8>(head, t0, len, s, acc, symmetric),
-            _ => {}
+            _ => return rows_accumulate::<B, 8>(head, t0, len, s, acc, symmetric),
         }
     }
     for i in 0..q {
@@ -316,6 +315,20 @@ pub(crate) fn packed_accumulate<const B: u32>(
     }
 }
 
+/// Whether this module's [`packed_accumulate`] reads a V of this width, group size and head
+/// dimension.
+pub(crate) fn reads_values(head: &PackedHead) -> bool {
+    matches!(head.v.bits, 4 | 8)
+        && head.v.group_size.is_multiple_of(K_GROUP_MULTIPLE)
+        && head.features.is_multiple_of(K_GROUP_MULTIPLE)
+}
+
+/// Whether it also computes step 6's weights `p[t] * sV[t][h]` itself (one query, D of 64, 128
+/// or 256), so that `s.v_weights` need not be written.
+pub(crate) fn weighs_values(head: &PackedHead, q: usize) -> bool {
+    reads_values(head) && q == 1 && matches!(head.features, 64 | 128 | 256)
+}
+
 /// [`packed_accumulate`] for one query and D = 32 * RUNS: every accumulator in registers for
 /// the whole block, each token's row read front to back (one sequential stream, which this
 /// machine's prefetchers follow best).
@@ -333,6 +346,8 @@ fn rows_accumulate<const B: u32, const RUNS: usize>(
     let groups = v.groups_per_row;
     let b = B as usize;
     let acc = &mut acc[..RUNS * K_GROUP_MULTIPLE];
+    let p = &s.scores[..len];
+    let scales = &v.scales[t0 * groups..][..len * groups];
     let mut halves: [(__m512, __m512); RUNS] = std::array::from_fn(|n| {
         let run = &acc[n * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE];
         if B == 4 {
@@ -343,11 +358,11 @@ fn rows_accumulate<const B: u32, const RUNS: usize>(
     });
     for j in 0..len {
         let at = (t0 + j) * v.row_len * b / 8;
-        let weights = &s.v_weights[j * groups..][..groups];
+        let scales = &scales[j * groups..][..groups];
         for (n, (even, odd)) in halves.iter_mut().enumerate() {
             let f = n * K_GROUP_MULTIPLE;
             let h = f / v.group_size;
-            let w = _mm512_set1_ps(weights[h]);
+            let w = _mm512_set1_ps(p[j] * scales[h]);
             let decoder = symmetric.unwrap_or_else(|| decoder::<B>(s.v_offsets[j * groups + h]));
             let (ce, co) = run32::<B>(v.codes, at + f * b / 8, decoder);
             *even = _mm512_fmadd_ps(ce, w, *even);

@@ -681,7 +681,7 @@ fn block(
     // Step 6.
     match cache {
         Cache::Packed(head) => {
-            prepare_values(head, q, t0, len, scratch);
+            prepare_values(head, t0, len, scratch);
             dispatch::accumulate(kernel, head, q, t0, len, scratch, &mut state.acc);
         }
         Cache::Dense(head) => {
@@ -732,7 +732,8 @@ fn prepare_keys(head: &PackedHead, t0: usize, len: usize, s: &mut Scratch) {
     }
 }
 
-fn prepare_values(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Scratch) {
+/// The V offsets of tokens t0..t0 + len, at [(t - t0) * groups + h].
+fn prepare_values(head: &PackedHead, t0: usize, len: usize, s: &mut Scratch) {
     let groups = head.v.groups_per_row;
     match head.v.offsets {
         // The same value every block: written once per split.
@@ -747,7 +748,19 @@ fn prepare_values(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Sc
                 .extend((t0 * groups..(t0 + len) * groups).map(|index| offsets.at(index)));
         }
     }
+}
+
+/// `p[i][t] * sV[t][h]` of tokens t0..t0 + len into `s.v_weights` (step 6's weights, for the
+/// kernels that do not compute them as they go).
+pub(crate) fn value_weights(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Scratch) {
+    let groups = head.v.groups_per_row;
     s.v_weights.resize(q * BLOCK_TOKENS * groups, 0.0);
+    // The next block's scales, meanwhile: the hardware prefetcher misses the first lines of
+    // each block's run of them.
+    let next = (t0 + len) * groups..(t0 + 2 * len) * groups;
+    for at in next.step_by(16) {
+        prefetch(head.v.scales.as_ptr().wrapping_add(at));
+    }
     let scales = &head.v.scales[t0 * groups..][..len * groups];
     for i in 0..q {
         let p = &s.scores[i * BLOCK_TOKENS..][..len];
@@ -762,6 +775,21 @@ fn prepare_values(head: &PackedHead, q: usize, t0: usize, len: usize, s: &mut Sc
             }
         }
     }
+}
+
+/// Asks for the line at `at` ahead of its use: a hint that never faults, whatever the address,
+/// and a no-op off x86_64.
+#[inline]
+fn prefetch<T>(at: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, and SSE is part of x86_64. (Newer compilers call it
+    // safe; Rust 1.89, the workspace's rust-version, needs the block.)
+    #[allow(unused_unsafe)]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(at.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
 }
 
 /// The largest of some finite scores (-inf for none), eight lanes at a time: the maximum of
@@ -862,16 +890,20 @@ mod dispatch {
         q: usize,
         t0: usize,
         len: usize,
-        s: &Scratch,
+        s: &mut Scratch,
         acc: &mut [f32],
     ) {
+        #[cfg(target_arch = "x86_64")]
+        let fused = kernel == Kernel::Avx512 && avx512::weighs_values(head, q);
+        #[cfg(not(target_arch = "x86_64"))]
+        let fused = false;
+        if !fused {
+            super::value_weights(head, q, t0, len, s);
+        }
+        let s = &*s;
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512
-                if matches!(head.v.bits, 4 | 8)
-                    && head.v.group_size.is_multiple_of(super::K_GROUP_MULTIPLE)
-                    && head.features.is_multiple_of(super::K_GROUP_MULTIPLE) =>
-            {
+            Kernel::Avx512 if avx512::reads_values(head) => {
                 use avx512::packed_accumulate;
                 let k = proof512();
                 // SAFETY: `k` proves the CPU has AVX-512F, AVX2 and FMA.
