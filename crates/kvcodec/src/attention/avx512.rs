@@ -30,7 +30,8 @@ impl Avx512 {
     }
 }
 
-/// Channels a one-query pass reads at a time (D is a multiple of 8).
+/// Channels a one-query pass reads at a time (D is a multiple of 8; `one_query_scores` names
+/// four).
 const CHANNELS: usize = 4;
 
 /// `[0 - o, 1 - o, .., 15 - o]`, every value exact.
@@ -153,6 +154,10 @@ pub(crate) fn packed_scores<const B: u32>(
         Offsets::Constant(o) => Some(decoder::<B>(o)),
         Offsets::Stream { .. } => None,
     };
+    // A step of channels ahead (the first step asked for at the start).
+    for d in 0..channels {
+        super::avx2::prefetch_channel(proof.fma, k, d, t0, first, row_bytes, pass_groups);
+    }
     for d0 in (0..d_count).step_by(channels) {
         for d in d0 + channels..d0 + 2 * channels {
             super::avx2::prefetch_channel(proof.fma, k, d, t0, first, row_bytes, pass_groups);
@@ -231,22 +236,32 @@ fn one_query_scores<const B: u32, const SYMMETRIC: bool>(
 ) {
     let k = &head.k;
     let b = B as usize;
-    let at: [usize; CHANNELS] = std::array::from_fn(|n| ((d0 + n) * k.row_len + pass.t0) * b / 8);
+    let run_bytes = K_GROUP_MULTIPLE * b / 8;
+    // The four channels' codes for the pass, a run at a time (iterators: no index to check).
+    let row = |n: usize| {
+        let at = ((d0 + n) * k.row_len + pass.t0) * b / 8;
+        k.codes[at..][..pass.runs * run_bytes].chunks_exact(run_bytes)
+    };
+    let runs = row(0).zip(row(1)).zip(row(2)).zip(row(3));
     let weights = &s.k_weights[..CHANNELS * pass.pass_groups];
     let offsets = &s.k_offsets;
     let scores = &mut s.pass_scores[..pass.runs * K_GROUP_MULTIPLE];
     // The pass may begin inside a group (group sizes need not divide PASS_TOKENS).
     let (mut g, mut in_group) = (0, pass.t0 % k.group_size / K_GROUP_MULTIPLE);
     let mut decoders = [symmetric; CHANNELS];
-    for (run, scores) in scores.chunks_exact_mut(K_GROUP_MULTIPLE).enumerate() {
+    for (run, (scores, (((c0, c1), c2), c3))) in scores
+        .chunks_exact_mut(K_GROUP_MULTIPLE)
+        .zip(runs)
+        .enumerate()
+    {
         if !SYMMETRIC && (in_group == 0 || run == 0) {
             decoders =
                 std::array::from_fn(|n| decoder::<B>(offsets[(d0 + n) * pass.pass_groups + g]));
         }
         let (mut even, mut odd) = (load16(scores), load16(&scores[16..]));
-        for n in 0..CHANNELS {
+        for (n, codes) in [c0, c1, c2, c3].into_iter().enumerate() {
             let w = _mm512_set1_ps(weights[n * pass.pass_groups + g]);
-            let (ce, co) = run32::<B>(k.codes, at[n] + run * K_GROUP_MULTIPLE * b / 8, decoders[n]);
+            let (ce, co) = run32::<B>(codes, 0, decoders[n]);
             even = _mm512_fmadd_ps(ce, w, even);
             odd = _mm512_fmadd_ps(co, w, odd);
         }
@@ -356,15 +371,16 @@ fn rows_accumulate<const B: u32, const RUNS: usize>(
             (load16(run), load16(&run[16..]))
         }
     });
+    // Each run's group, found once.
+    let group: [usize; RUNS] = std::array::from_fn(|n| n * K_GROUP_MULTIPLE / v.group_size);
     for j in 0..len {
         let at = (t0 + j) * v.row_len * b / 8;
         let scales = &scales[j * groups..][..groups];
         for (n, (even, odd)) in halves.iter_mut().enumerate() {
-            let f = n * K_GROUP_MULTIPLE;
-            let h = f / v.group_size;
+            let h = group[n];
             let w = _mm512_set1_ps(p[j] * scales[h]);
             let decoder = symmetric.unwrap_or_else(|| decoder::<B>(s.v_offsets[j * groups + h]));
-            let (ce, co) = run32::<B>(v.codes, at + f * b / 8, decoder);
+            let (ce, co) = run32::<B>(v.codes, at + n * K_GROUP_MULTIPLE * b / 8, decoder);
             *even = _mm512_fmadd_ps(ce, w, *even);
             *odd = _mm512_fmadd_ps(co, w, *odd);
         }
