@@ -373,8 +373,13 @@ fn rows_accumulate<const B: u32, const RUNS: usize>(
     });
     // Each run's group, found once.
     let group: [usize; RUNS] = std::array::from_fn(|n| n * K_GROUP_MULTIPLE / v.group_size);
+    let row_bytes = v.row_len * b / 8;
     for j in 0..len {
-        let at = (t0 + j) * v.row_len * b / 8;
+        let at = (t0 + j) * row_bytes;
+        // The row a block ahead.
+        for line in (0..row_bytes).step_by(64) {
+            super::avx2::prefetch(v.codes, at + BLOCK_TOKENS * row_bytes + line);
+        }
         let scales = &scales[j * groups..][..groups];
         for (n, (even, odd)) in halves.iter_mut().enumerate() {
             let h = group[n];
