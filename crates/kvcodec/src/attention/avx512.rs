@@ -30,9 +30,10 @@ impl Avx512 {
     }
 }
 
-/// Channels a one-query pass reads at a time (D is a multiple of 8; `one_query_scores` names
-/// four).
+/// Channels a pass reads at a time (D is a multiple of 8; `channel_scores` names four).
 const CHANNELS: usize = 4;
+/// The largest query group whose accumulators the kernels hold in registers.
+const MAX_GROUP: usize = 8;
 
 /// `[0 - o, 1 - o, .., 15 - o]`, every value exact.
 #[inline]
@@ -149,7 +150,7 @@ pub(crate) fn packed_scores<const B: u32>(
     let row_bytes = runs * K_GROUP_MULTIPLE * b / 8;
     s.pass_scores.clear();
     s.pass_scores.resize(q * PASS_TOKENS, 0.0);
-    let channels = if q == 1 { CHANNELS } else { 1 };
+    let channels = if q <= MAX_GROUP { CHANNELS } else { 1 };
     let symmetric = match k.offsets {
         Offsets::Constant(o) => Some(decoder::<B>(o)),
         Offsets::Stream { .. } => None,
@@ -162,12 +163,16 @@ pub(crate) fn packed_scores<const B: u32>(
         for d in d0 + channels..d0 + 2 * channels {
             super::avx2::prefetch_channel(proof.fma, k, d, t0, first, row_bytes, pass_groups);
         }
-        if q == 1 {
-            // qs[d] * sK[d][g] for the pass's groups of these channels, a vector at a time.
+        if q <= MAX_GROUP {
+            // qs[i][d] * sK[d][g] of the pass's groups for these channels, at [(n * groups +
+            // g) * Q + i].
             s.k_weights.clear();
-            for (d, &qs) in scaled.iter().enumerate().skip(d0).take(CHANNELS) {
+            for d in d0..d0 + CHANNELS {
                 let scales = &k.scales[d * k.groups_per_row + first..][..pass_groups];
-                s.k_weights.extend(scales.iter().map(|&scale| qs * scale));
+                for &scale in scales {
+                    s.k_weights
+                        .extend((0..q).map(|i| scaled[i * d_count + d] * scale));
+                }
             }
             let pass = Pass {
                 t0,
@@ -175,10 +180,21 @@ pub(crate) fn packed_scores<const B: u32>(
                 runs_per_group,
                 pass_groups,
             };
-            match symmetric {
-                Some(decoder) => one_query_scores::<B, true>(head, &pass, d0, decoder, s),
-                None => one_query_scores::<B, false>(head, &pass, d0, _mm512_setzero_ps(), s),
+            macro_rules! queries {
+                ($($q:literal)*) => {
+                    match (q, symmetric) {
+                        $(
+                            ($q, Some(o)) => channel_scores::<B, $q, true>(head, &pass, d0, o, s),
+                            ($q, None) => {
+                                let none = _mm512_setzero_ps();
+                                channel_scores::<B, $q, false>(head, &pass, d0, none, s)
+                            }
+                        )*
+                        _ => unreachable!("1 to {MAX_GROUP} queries"),
+                    }
+                };
             }
+            queries!(1 2 3 4 5 6 7 8);
             continue;
         }
         for g in 0..pass_groups {
@@ -223,11 +239,12 @@ struct Pass {
     pass_groups: usize,
 }
 
-/// One query's scores over channels d0..d0 + CHANNELS of a pass, the run's scores in registers
-/// between the channels; `s.k_weights` holds the channels' weights, group by group.
+/// Q queries' scores over channels d0..d0 + CHANNELS of a pass: each run's codes turned into
+/// values once, then every query's scores for the run take the four channels in registers.
+/// `s.k_weights` holds the channels' weights at [(n * groups + g) * Q + i].
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-fn one_query_scores<const B: u32, const SYMMETRIC: bool>(
+fn channel_scores<const B: u32, const Q: usize, const SYMMETRIC: bool>(
     head: &PackedHead,
     pass: &Pass,
     d0: usize,
@@ -243,30 +260,32 @@ fn one_query_scores<const B: u32, const SYMMETRIC: bool>(
         k.codes[at..][..pass.runs * run_bytes].chunks_exact(run_bytes)
     };
     let runs = row(0).zip(row(1)).zip(row(2)).zip(row(3));
-    let weights = &s.k_weights[..CHANNELS * pass.pass_groups];
+    let weights = &s.k_weights[..CHANNELS * pass.pass_groups * Q];
     let offsets = &s.k_offsets;
-    let scores = &mut s.pass_scores[..pass.runs * K_GROUP_MULTIPLE];
+    let scores = &mut s.pass_scores[..Q * PASS_TOKENS];
     // The pass may begin inside a group (group sizes need not divide PASS_TOKENS).
     let (mut g, mut in_group) = (0, pass.t0 % k.group_size / K_GROUP_MULTIPLE);
     let mut decoders = [symmetric; CHANNELS];
-    for (run, (scores, (((c0, c1), c2), c3))) in scores
-        .chunks_exact_mut(K_GROUP_MULTIPLE)
-        .zip(runs)
-        .enumerate()
-    {
+    for (run, (((c0, c1), c2), c3)) in runs.enumerate() {
         if !SYMMETRIC && (in_group == 0 || run == 0) {
             decoders =
                 std::array::from_fn(|n| decoder::<B>(offsets[(d0 + n) * pass.pass_groups + g]));
         }
-        let (mut even, mut odd) = (load16(scores), load16(&scores[16..]));
-        for (n, codes) in [c0, c1, c2, c3].into_iter().enumerate() {
-            let w = _mm512_set1_ps(weights[n * pass.pass_groups + g]);
-            let (ce, co) = run32::<B>(codes, 0, decoders[n]);
-            even = _mm512_fmadd_ps(ce, w, even);
-            odd = _mm512_fmadd_ps(co, w, odd);
+        let codes = [c0, c1, c2, c3];
+        let values: [(__m512, __m512); CHANNELS] =
+            std::array::from_fn(|n| run32::<B>(codes[n], 0, decoders[n]));
+        for i in 0..Q {
+            let scores =
+                &mut scores[i * PASS_TOKENS + run * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE];
+            let (mut even, mut odd) = (load16(scores), load16(&scores[16..]));
+            for (n, &(ce, co)) in values.iter().enumerate() {
+                let w = _mm512_set1_ps(weights[(n * pass.pass_groups + g) * Q + i]);
+                even = _mm512_fmadd_ps(ce, w, even);
+                odd = _mm512_fmadd_ps(co, w, odd);
+            }
+            store16(scores, even);
+            store16(&mut scores[16..], odd);
         }
-        store16(scores, even);
-        store16(&mut scores[16..], odd);
         in_group += 1;
         if in_group == pass.runs_per_group {
             (g, in_group) = (g + 1, 0);
@@ -296,11 +315,20 @@ pub(crate) fn packed_accumulate<const B: u32>(
         Offsets::Stream { .. } => None,
     };
     if weighs_values(head, q) {
-        match d_count / K_GROUP_MULTIPLE {
-            2 => return rows_accumulate::<B, 2>(head, t0, len, s, acc, symmetric),
-            4 => return rows_accumulate::<B, 4>(head, t0, len, s, acc, symmetric),
-            _ => return rows_accumulate::<B, 8>(head, t0, len, s, acc, symmetric),
+        match (q, d_count / K_GROUP_MULTIPLE) {
+            (1, 2) => rows_accumulate::<B, 2>(head, t0, len, s, acc, symmetric),
+            (1, 4) => rows_accumulate::<B, 4>(head, t0, len, s, acc, symmetric),
+            (1, 8) => rows_accumulate::<B, 8>(head, t0, len, s, acc, symmetric),
+            (1, _) => group_accumulate::<B, 1>(head, t0, len, s, acc, symmetric),
+            (2, _) => group_accumulate::<B, 2>(head, t0, len, s, acc, symmetric),
+            (3, _) => group_accumulate::<B, 3>(head, t0, len, s, acc, symmetric),
+            (4, _) => group_accumulate::<B, 4>(head, t0, len, s, acc, symmetric),
+            (5, _) => group_accumulate::<B, 5>(head, t0, len, s, acc, symmetric),
+            (6, _) => group_accumulate::<B, 6>(head, t0, len, s, acc, symmetric),
+            (7, _) => group_accumulate::<B, 7>(head, t0, len, s, acc, symmetric),
+            _ => group_accumulate::<B, 8>(head, t0, len, s, acc, symmetric),
         }
+        return;
     }
     for i in 0..q {
         for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
@@ -338,10 +366,61 @@ pub(crate) fn reads_values(head: &PackedHead) -> bool {
         && head.features.is_multiple_of(K_GROUP_MULTIPLE)
 }
 
-/// Whether it also computes step 6's weights `p[t] * sV[t][h]` itself (one query, D of 64, 128
-/// or 256), so that `s.v_weights` need not be written.
+/// Whether it also computes step 6's weights `p[i][t] * sV[t][h]` itself (up to
+/// [`MAX_GROUP`] queries), so that `s.v_weights` need not be written.
 pub(crate) fn weighs_values(head: &PackedHead, q: usize) -> bool {
-    reads_values(head) && q == 1 && matches!(head.features, 64 | 128 | 256)
+    reads_values(head) && q <= MAX_GROUP
+}
+
+/// [`packed_accumulate`] for Q queries: for each run of 32 features, every query's
+/// accumulators in registers for the whole block, each token's codes turned into values once
+/// for all of them.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+fn group_accumulate<const B: u32, const Q: usize>(
+    head: &PackedHead,
+    t0: usize,
+    len: usize,
+    s: &Scratch,
+    acc: &mut [f32],
+    symmetric: Option<__m512>,
+) {
+    let v = &head.v;
+    let d_count = head.features;
+    let groups = v.groups_per_row;
+    let b = B as usize;
+    let scales = &v.scales[t0 * groups..][..len * groups];
+    for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
+        let h = f / v.group_size;
+        let mut halves: [(__m512, __m512); Q] = std::array::from_fn(|i| {
+            let run = &acc[i * d_count + f..][..K_GROUP_MULTIPLE];
+            if B == 4 {
+                deinterleave(load16(run), load16(&run[16..]))
+            } else {
+                (load16(run), load16(&run[16..]))
+            }
+        });
+        for j in 0..len {
+            let decoder = symmetric.unwrap_or_else(|| decoder::<B>(s.v_offsets[j * groups + h]));
+            let (ce, co) = run32::<B>(v.codes, ((t0 + j) * v.row_len + f) * b / 8, decoder);
+            let scale = scales[j * groups + h];
+            for (i, (even, odd)) in halves.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(s.scores[i * BLOCK_TOKENS + j] * scale);
+                *even = _mm512_fmadd_ps(ce, w, *even);
+                *odd = _mm512_fmadd_ps(co, w, *odd);
+            }
+        }
+        for (i, &(even, odd)) in halves.iter().enumerate() {
+            let run = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
+            let (first, second) = if B == 4 {
+                interleave(even, odd)
+            } else {
+                (even, odd)
+            };
+            store16(run, first);
+            store16(&mut run[16..], second);
+        }
+    }
 }
 
 /// [`packed_accumulate`] for one query and D = 32 * RUNS: every accumulator in registers for
