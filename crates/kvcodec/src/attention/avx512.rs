@@ -164,14 +164,14 @@ pub(crate) fn packed_scores<const B: u32>(
             super::avx2::prefetch_channel(proof.fma, k, d, t0, first, row_bytes, pass_groups);
         }
         if q <= MAX_GROUP {
-            // qs[i][d] * sK[d][g] of the pass's groups for these channels, at [(n * groups +
-            // g) * Q + i].
+            // qs[i][d] * sK[d][g] of the pass's groups for these channels, at [(n * Q + i) *
+            // groups + g]: a vector of groups at a time.
             s.k_weights.clear();
             for d in d0..d0 + CHANNELS {
                 let scales = &k.scales[d * k.groups_per_row + first..][..pass_groups];
-                for &scale in scales {
-                    s.k_weights
-                        .extend((0..q).map(|i| scaled[i * d_count + d] * scale));
+                for i in 0..q {
+                    let qs = scaled[i * d_count + d];
+                    s.k_weights.extend(scales.iter().map(|&scale| qs * scale));
                 }
             }
             let pass = Pass {
@@ -241,7 +241,7 @@ struct Pass {
 
 /// Q queries' scores over channels d0..d0 + CHANNELS of a pass: each run's codes turned into
 /// values once, then every query's scores for the run take the four channels in registers.
-/// `s.k_weights` holds the channels' weights at [(n * groups + g) * Q + i].
+/// `s.k_weights` holds the channels' weights at [(n * Q + i) * groups + g].
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 fn channel_scores<const B: u32, const Q: usize, const SYMMETRIC: bool>(
@@ -279,7 +279,7 @@ fn channel_scores<const B: u32, const Q: usize, const SYMMETRIC: bool>(
                 &mut scores[i * PASS_TOKENS + run * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE];
             let (mut even, mut odd) = (load16(scores), load16(&scores[16..]));
             for (n, &(ce, co)) in values.iter().enumerate() {
-                let w = _mm512_set1_ps(weights[(n * pass.pass_groups + g) * Q + i]);
+                let w = _mm512_set1_ps(weights[(n * Q + i) * pass.pass_groups + g]);
                 even = _mm512_fmadd_ps(ce, w, even);
                 odd = _mm512_fmadd_ps(co, w, odd);
             }
