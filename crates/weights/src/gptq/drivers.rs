@@ -73,6 +73,7 @@ pub(super) trait Kernel<const R: usize, const W: usize> {
 
 /// Runs a packing kernel over all columns of R equally long rows, writing W word rows of the
 /// same length; the last partial block goes through zero-filled copies.
+#[inline(always)]
 pub(super) fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: usize>(
     rows: &[&[u8]; R],
     outs: &mut [&mut [i32]; W],
@@ -156,4 +157,30 @@ pub(super) fn unpack_columns<
             out[full..].copy_from_slice(&codes[..len - full]);
         }
     }
+}
+
+/// [`pack_columns`] compiled for AVX2 where the CPU has it: the same source and integer
+/// operations, so the same words, in 256-bit vectors (the baseline build's 128-bit ones packed
+/// 2 and 3 bits at a sixth to a third of memcpy on this project's AMD machine).
+pub(super) fn pack_columns_best<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>(
+    rows: &[&[u8]; R],
+    outs: &mut [&mut [i32]; W],
+    stream: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, as just checked.
+        return unsafe { pack_columns_avx2::<R, W, K, L>(rows, outs, stream) };
+    }
+    pack_columns::<R, W, K, L>(rows, outs, stream)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn pack_columns_avx2<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>(
+    rows: &[&[u8]; R],
+    outs: &mut [&mut [i32]; W],
+    stream: bool,
+) {
+    pack_columns::<R, W, K, L>(rows, outs, stream)
 }

@@ -4,7 +4,9 @@
 use half::f16;
 use ndarray::Array2;
 
-use super::drivers::{Kernel, PEIGHT, PFOUR, PTHREE, PTWO, pack_columns, store_fence, streams};
+use super::drivers::{
+    Kernel, PEIGHT, PFOUR, PTHREE, PTWO, pack_columns_best as columns, store_fence, streams,
+};
 use super::kernels;
 use super::{GptqLayer, ZeroConvention, alignment, check_bits};
 use crate::error::Result;
@@ -189,10 +191,10 @@ fn pack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>
             std::array::from_fn(|_| rows.next().expect("W word rows").split_at_mut(n));
         let main: [&[u8]; R] = std::array::from_fn(|j| source.main(first + j));
         let main_outs = &mut outs.each_mut().map(|(m, _)| &mut **m);
-        pack_columns::<R, W, K, L>(&main, main_outs, stream);
+        columns::<R, W, K, L>(&main, main_outs, stream);
         if padded_n > n {
             let tail: [&[u8]; R] = std::array::from_fn(|j| source.tail(first + j));
-            pack_columns::<R, W, K, L>(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t), false);
+            columns::<R, W, K, L>(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t), false);
         }
     }
     if stream {
