@@ -111,6 +111,31 @@ fn deinterleave(first: __m512, second: __m512) -> (__m512, __m512) {
     )
 }
 
+/// A run of 32 f32 values (scores or accumulators) in [`run32`]'s order for B-bit codes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load_run<const B: u32>(run: &[f32]) -> (__m512, __m512) {
+    let (first, second) = (load16(run), load16(&run[16..]));
+    if B == 4 {
+        deinterleave(first, second)
+    } else {
+        (first, second)
+    }
+}
+
+/// The inverse of [`load_run`].
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store_run<const B: u32>(run: &mut [f32], (even, odd): (__m512, __m512)) {
+    let (first, second) = if B == 4 {
+        interleave(even, odd)
+    } else {
+        (even, odd)
+    };
+    store16(run, first);
+    store16(&mut run[16..], second);
+}
+
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn load16(values: &[f32]) -> __m512 {
@@ -334,11 +359,7 @@ pub(crate) fn packed_accumulate<const B: u32>(
         for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
             let h = f / v.group_size;
             let row = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
-            let (mut even, mut odd) = if B == 4 {
-                deinterleave(load16(row), load16(&row[16..]))
-            } else {
-                (load16(row), load16(&row[16..]))
-            };
+            let (mut even, mut odd) = load_run::<B>(row);
             for j in 0..len {
                 let w = _mm512_set1_ps(s.v_weights[(i * BLOCK_TOKENS + j) * groups + h]);
                 let decoder =
@@ -347,13 +368,7 @@ pub(crate) fn packed_accumulate<const B: u32>(
                 even = _mm512_fmadd_ps(ce, w, even);
                 odd = _mm512_fmadd_ps(co, w, odd);
             }
-            let (first, second) = if B == 4 {
-                interleave(even, odd)
-            } else {
-                (even, odd)
-            };
-            store16(row, first);
-            store16(&mut row[16..], second);
+            store_run::<B>(row, (even, odd));
         }
     }
 }
@@ -392,14 +407,8 @@ fn group_accumulate<const B: u32, const Q: usize>(
     let scales = &v.scales[t0 * groups..][..len * groups];
     for f in (0..d_count).step_by(K_GROUP_MULTIPLE) {
         let h = f / v.group_size;
-        let mut halves: [(__m512, __m512); Q] = std::array::from_fn(|i| {
-            let run = &acc[i * d_count + f..][..K_GROUP_MULTIPLE];
-            if B == 4 {
-                deinterleave(load16(run), load16(&run[16..]))
-            } else {
-                (load16(run), load16(&run[16..]))
-            }
-        });
+        let mut halves: [(__m512, __m512); Q] =
+            std::array::from_fn(|i| load_run::<B>(&acc[i * d_count + f..][..K_GROUP_MULTIPLE]));
         for j in 0..len {
             let decoder = symmetric.unwrap_or_else(|| decoder::<B>(s.v_offsets[j * groups + h]));
             let (ce, co) = run32::<B>(v.codes, ((t0 + j) * v.row_len + f) * b / 8, decoder);
@@ -410,15 +419,8 @@ fn group_accumulate<const B: u32, const Q: usize>(
                 *odd = _mm512_fmadd_ps(co, w, *odd);
             }
         }
-        for (i, &(even, odd)) in halves.iter().enumerate() {
-            let run = &mut acc[i * d_count + f..][..K_GROUP_MULTIPLE];
-            let (first, second) = if B == 4 {
-                interleave(even, odd)
-            } else {
-                (even, odd)
-            };
-            store16(run, first);
-            store16(&mut run[16..], second);
+        for (i, &halves) in halves.iter().enumerate() {
+            store_run::<B>(&mut acc[i * d_count + f..][..K_GROUP_MULTIPLE], halves);
         }
     }
 }
@@ -442,14 +444,8 @@ fn rows_accumulate<const B: u32, const RUNS: usize>(
     let acc = &mut acc[..RUNS * K_GROUP_MULTIPLE];
     let p = &s.scores[..len];
     let scales = &v.scales[t0 * groups..][..len * groups];
-    let mut halves: [(__m512, __m512); RUNS] = std::array::from_fn(|n| {
-        let run = &acc[n * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE];
-        if B == 4 {
-            deinterleave(load16(run), load16(&run[16..]))
-        } else {
-            (load16(run), load16(&run[16..]))
-        }
-    });
+    let mut halves: [(__m512, __m512); RUNS] =
+        std::array::from_fn(|n| load_run::<B>(&acc[n * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE]));
     // Each run's group, found once.
     let group: [usize; RUNS] = std::array::from_fn(|n| n * K_GROUP_MULTIPLE / v.group_size);
     let row_bytes = v.row_len * b / 8;
@@ -469,14 +465,7 @@ fn rows_accumulate<const B: u32, const RUNS: usize>(
             *odd = _mm512_fmadd_ps(co, w, *odd);
         }
     }
-    for (n, &(even, odd)) in halves.iter().enumerate() {
-        let run = &mut acc[n * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE];
-        let (first, second) = if B == 4 {
-            interleave(even, odd)
-        } else {
-            (even, odd)
-        };
-        store16(run, first);
-        store16(&mut run[16..], second);
+    for (n, &halves) in halves.iter().enumerate() {
+        store_run::<B>(&mut acc[n * K_GROUP_MULTIPLE..][..K_GROUP_MULTIPLE], halves);
     }
 }
