@@ -37,8 +37,8 @@
 //! [`attend_dense`] is the same computation over an unpacked f32 cache (N x D, row-major), the
 //! baseline a packed cache is measured against: step 3 is `lane = fma(qs[i][d], K[t][d],
 //! lane)` into lane d mod 8, lanes added as in step 5, and step 6 is `acc[d] = fma(V[t][d],
-//! p[t], acc[d])`. The fast kernel needs AVX2 and FMA ([`available`]); the portable one runs
-//! everywhere.
+//! p[t], acc[d])`. The [`Kernel`]s: portable (everywhere), AVX2 with FMA, and AVX-512F for 4-
+//! and 8-bit codes ([`available`] says which this CPU runs); all give the same bits.
 //! [`attend_reference`] decodes the cache exactly (f64) and attends in f64 with the row maximum
 //! subtracted and the platform's `exp`: the oracle the kernels are held to (1e-5 relative).
 //!
