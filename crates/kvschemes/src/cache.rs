@@ -46,7 +46,7 @@ use half::f16;
 use ndarray::{Array3, Axis};
 
 use crate::hadamard::{self, Hadamard};
-use kvcodec::{GroupAxis, Layout};
+use kvcodec::{GroupAxis, Layout, PackedTensor};
 
 use crate::codec::{self, CodecScheme};
 use crate::kivi::{self, Group};
@@ -171,6 +171,9 @@ pub struct LayerCache {
     v: Side,
     /// Sparse outlier values stored (KVQuant), K and V together.
     outliers: usize,
+    /// Per KV head, K and V each held whole as one codec tensor (the codec scheme under
+    /// `prefill` without sinks); empty otherwise.
+    packed: Vec<(PackedTensor, PackedTensor)>,
 }
 
 impl LayerCache {
@@ -190,6 +193,7 @@ impl LayerCache {
         check_finite("V", v)?;
         let k = k.as_standard_layout().into_owned();
         let v = v.as_standard_layout().into_owned();
+        let mut packed = Vec::new();
         let (k, v) = match scheme {
             Scheme::Kivi(bits) => (
                 kivi_side(
@@ -211,10 +215,10 @@ impl LayerCache {
             ),
             Scheme::Codec(codec) => {
                 let (k_bits, v_bits) = codec.widths(layer, layers);
-                (
-                    codec_side(k, schedule, codec, k_bits, GroupAxis::Token)?,
-                    codec_side(v, schedule, codec, v_bits, GroupAxis::Feature)?,
-                )
+                let (k, k_whole) = codec_side(k, schedule, codec, k_bits, GroupAxis::Token)?;
+                let (v, v_whole) = codec_side(v, schedule, codec, v_bits, GroupAxis::Feature)?;
+                packed = k_whole.into_iter().zip(v_whole).collect();
+                (k, v)
             }
             Scheme::KvQuant(_) => return Err(SchemeError::NeedsCalibration { scheme }),
             Scheme::LlamaCpp { ty, rotate } => {
@@ -237,6 +241,7 @@ impl LayerCache {
             k,
             v,
             outliers: 0,
+            packed,
         })
     }
 
@@ -333,6 +338,7 @@ impl LayerCache {
             k,
             v,
             outliers: count,
+            packed: Vec::new(),
         })
     }
 
@@ -416,6 +422,13 @@ impl LayerCache {
     /// together: with the shape, they decide its bytes.
     pub fn outliers(&self) -> usize {
         self.outliers
+    }
+
+    /// KV head `head`'s K (grouped along tokens) and V (along features), each held whole as one
+    /// codec tensor, where the cache is that (the codec scheme under `prefill` without sinks), for
+    /// attention to read in place; `None` otherwise.
+    pub fn packed_head(&self, head: usize) -> Option<(&PackedTensor, &PackedTensor)> {
+        self.packed.get(head).map(|(k, v)| (k, v))
     }
 
     /// Bytes stored at the end of the text (module docs), K and V together.
@@ -572,14 +585,16 @@ fn kivi_side(raw: Array3<f32>, quantized: usize, bits: u32, axis: KiviAxis) -> S
 
 /// The codec scheme's side: each head's tokens after the sinks as one codec tensor (K along
 /// tokens, V along features), decoded; stored, what the schedule's end state holds quantized
-/// (prefill: every token; decoding: K's whole groups) as codec tensors, the rest f32.
+/// (prefill: every token; decoding: K's whole groups) as codec tensors, the rest f32. With the
+/// side, under `prefill` without sinks, each head's tensor (every query reads all of it), and
+/// nothing otherwise.
 fn codec_side(
     raw: Array3<f32>,
     schedule: Schedule,
     scheme: CodecScheme,
     bits: u32,
     axis: GroupAxis,
-) -> Result<Side, SchemeError> {
+) -> Result<(Side, Vec<PackedTensor>), SchemeError> {
     let (heads, tokens, head_dim) = raw.dim();
     let sinks = scheme.sinks.min(tokens);
     let layout = Layout::with_mode(axis, scheme.mode, bits, codec::GROUP)
@@ -592,6 +607,7 @@ fn codec_side(
         _ => tokens,
     };
     let mut stored = Stored::default();
+    let mut whole = Vec::new();
     for head in 0..heads {
         if sinks < tokens {
             let part = raw.slice(ndarray::s![head, sinks.., ..]);
@@ -609,16 +625,20 @@ fn codec_side(
             let metadata = parts - packed.code_bytes().len();
             stored.codes += packed.code_bytes().len();
             stored.metadata += metadata;
+            if schedule == Schedule::Prefill && sinks == 0 {
+                whole.push(packed);
+            }
         }
         stored.full_precision += (tokens - stored_tokens + sinks) * head_dim * 4;
     }
-    Ok(Side {
+    let side = Side {
         raw,
         decoded,
         later: Vec::new(),
         sinks,
         stored,
-    })
+    };
+    Ok((side, whole))
 }
 
 /// quanto's side: every token-head vector of `head_dim` in groups of 64, quantized once

@@ -42,15 +42,21 @@
 //! `PackedTensor::payload_bytes` counts them — and float32 positions cost 4 bytes per value;
 //! the sum is divided by the tokens. The float32 cache costs 2 * layers * kv_heads * head_dim * 4.
 //!
+//! Attention: under `prefill` with `uniform`, K grouped along tokens in groups that are a
+//! multiple of 32 and V along features ([`fused_applies`]), attention reads the packed cache in
+//! place (`kvcodec::attention`: scores and weighted sums from the codes, online softmax, its
+//! own summation order); otherwise it reads the decoded rows above with the model's attention.
+//!
 //! Sliding layers (Gemma 3's, whose query reads only the last W = 512 positions): once n > W a
 //! layer needs no position before n - W, and holds, per side, only the units that contain a
 //! position from n - W on (a token-axis group leaves whole, once its last token is out of the
 //! window); the tiers of what it holds are those of the table above, by absolute position. What
 //! attention reads does not change (the positions dropped are the ones the window hides).
 
-use kvcodec::{GroupAxis, Layout, Mode, SHAPE_BYTES};
+use kvcodec::attention::{self, K_GROUP_MULTIPLE, LANES};
+use kvcodec::{GroupAxis, Layout, Mode, PackedTensor, SHAPE_BYTES};
 use models::llama::{HookError, KvSource, row_of};
-use ndarray::{Array3, Axis, s};
+use ndarray::{Array2, Array3, ArrayView2, Axis, s};
 
 use crate::error::QualityError;
 pub use crate::setting::MAX_CACHE_TOKENS;
@@ -166,6 +172,33 @@ pub struct PackedLayer {
     tokens: usize,
     k: Side,
     v: Side,
+    /// Per KV head, its packed K and V, where attention reads them in place ([`fused_applies`]).
+    fused: Vec<(PackedTensor, PackedTensor)>,
+}
+
+/// Whether attention reads a cache of `spec` with heads of `head_dim` straight from its packed
+/// codes (`kvcodec::attention`): `prefill` (one packed tensor per head and side), `uniform`
+/// (one tier), K along tokens in groups that are a multiple of 32 (V's, of the same size, along
+/// features), and a `head_dim` that is a multiple of 8.
+pub fn fused_applies(spec: &CacheSpec, head_dim: usize) -> bool {
+    let group = spec.setting.group_size();
+    spec.schedule == Schedule::Prefill
+        && spec.policy == Policy::Uniform
+        && spec.setting.axes().k() == GroupAxis::Token
+        && spec.setting.axes().v() == GroupAxis::Feature
+        && group.is_multiple_of(K_GROUP_MULTIPLE)
+        && head_dim.is_multiple_of(LANES)
+}
+
+/// Attention over one KV head's packed K and V, read in place (`kvcodec::attention::attend`).
+pub(crate) fn attend_packed(
+    k: &PackedTensor,
+    v: &PackedTensor,
+    queries: ArrayView2<'_, f32>,
+    visible: &[usize],
+    scale: f32,
+) -> Result<Array2<f32>, String> {
+    attention::attend(queries, visible, k, v, scale).map_err(|e| e.to_string())
 }
 
 /// `x` [heads, tokens, d] quantized under `layout` per head and decoded back.
@@ -242,11 +275,21 @@ impl PackedLayer {
         k: &Array3<f32>,
         v: &Array3<f32>,
     ) -> Result<PackedLayer, QualityError> {
+        let mut fused = Vec::new();
+        if fused_applies(&spec, k.dim().2) {
+            for (k, v) in k.axis_iter(Axis(0)).zip(v.axis_iter(Axis(0))) {
+                fused.push((
+                    kvcodec::encode(k, spec.setting.layout(GroupAxis::Token))?,
+                    kvcodec::encode(v, spec.setting.layout(GroupAxis::Feature))?,
+                ));
+            }
+        }
         Ok(PackedLayer {
             spec,
             tokens: k.dim().1,
             k: Side::new(k, spec.setting.axes().k(), &spec)?,
             v: Side::new(v, spec.setting.axes().v(), &spec)?,
+            fused,
         })
     }
 
@@ -266,6 +309,16 @@ impl KvSource for PackedLayer {
     }
     fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
         self.v.row(&self.spec, self.tokens, head, query, position)
+    }
+    fn attend(
+        &self,
+        head: usize,
+        queries: ArrayView2<'_, f32>,
+        visible: &[usize],
+        scale: f32,
+    ) -> Option<Result<Array2<f32>, String>> {
+        let (k, v) = self.fused.get(head)?;
+        Some(attend_packed(k, v, queries, visible, scale))
     }
 }
 
@@ -479,6 +532,83 @@ mod tests {
             held_bytes(&r, 1, 64, 100, Some(60)).unwrap(),
             tensor_bytes(k, 32, 64) + 36 * 64 * 4 + tensor_bytes(v, 8, 64) + 32 * 64 * 4
         );
+    }
+
+    /// Attention over a prefill cache of one tier reads the codes in place, and gives what
+    /// attention over the decoded rows gives, in f64, to 1e-5 relative; the other caches leave
+    /// attention to the rows.
+    #[test]
+    fn a_prefill_cache_of_one_tier_is_attended_in_place() {
+        let (heads, tokens, d) = (2, 70, 64);
+        let fill = |seed: usize| {
+            Array3::from_shape_fn((heads, tokens, d), |(h, t, f)| {
+                let x = ((h * 131 + t * 31 + f * 7 + seed) % 97) as f32 / 97.0 - 0.5;
+                if f == 5 { 6.0 * x } else { x }
+            })
+        };
+        let (k, v) = (fill(1), fill(2));
+        let rows = 2 * tokens;
+        let queries = Array2::from_shape_fn((rows, d), |(r, f)| {
+            ((r * 13 + f * 5) % 11) as f32 / 5.0 - 1.0
+        });
+        let visible: Vec<usize> = (0..rows).map(|r| r % tokens + 1).collect();
+        let scale = 1.0 / (d as f32).sqrt();
+        for label in ["g32_b4", "g32_b8_asym", "g64_b2"] {
+            let layer =
+                PackedLayer::new(spec(label, "uniform", Schedule::Prefill), &k, &v).unwrap();
+            for head in 0..heads {
+                let fused = layer
+                    .attend(head, queries.view(), &visible, scale)
+                    .unwrap()
+                    .unwrap();
+                for (r, &n) in visible.iter().enumerate() {
+                    let q = queries.row(r);
+                    let scores: Vec<f64> = (0..n)
+                        .map(|j| {
+                            let key = layer.key(head, n - 1, j);
+                            q.iter()
+                                .zip(key)
+                                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                                .sum::<f64>()
+                                * f64::from(scale)
+                        })
+                        .collect();
+                    let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    let mut expected = vec![0f64; d];
+                    for (j, w) in weights.iter().enumerate() {
+                        for (e, &x) in expected.iter_mut().zip(layer.value(head, n - 1, j)) {
+                            *e += w / total * f64::from(x);
+                        }
+                    }
+                    let norm = expected.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    let err = expected
+                        .iter()
+                        .zip(fused.row(r))
+                        .map(|(e, &x)| (e - f64::from(x)).powi(2))
+                        .sum::<f64>()
+                        .sqrt();
+                    assert!(
+                        err <= 1e-5 * norm,
+                        "{label} head {head} row {r}: {err} of {norm}"
+                    );
+                }
+            }
+        }
+        for (label, policy, schedule) in [
+            ("g32_b4", "uniform", Schedule::Streaming),
+            ("g32_b4", "uniform", Schedule::Causal),
+            ("g32_b4", "recent_f32:32", Schedule::Prefill),
+            ("g32_b4_swap", "uniform", Schedule::Prefill),
+            ("g8_b4", "uniform", Schedule::Prefill),
+        ] {
+            let layer = PackedLayer::new(spec(label, policy, schedule), &k, &v).unwrap();
+            assert!(
+                layer.attend(0, queries.view(), &visible, scale).is_none(),
+                "{label} {policy} {schedule}"
+            );
+        }
     }
 
     #[test]

@@ -33,11 +33,12 @@
 
 use std::sync::Arc;
 
+use kvcodec::attention::LANES;
 use kvschemes::kvquant::{Calibration, KvQuantScheme};
 use kvschemes::{LayerCache, Scheme};
 use models::CausalLm;
 use models::llama::{HookError, KvSource, LayerKv, OwnKv};
-use ndarray::{Array3, s};
+use ndarray::{Array2, Array3, ArrayView2, s};
 
 use crate::cache::{self, CacheSpec, PackedLayer};
 use crate::error::QualityError;
@@ -143,6 +144,19 @@ impl KvSource for SchemeLayer {
     }
     fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
         self.0.value(head, query, position)
+    }
+    /// The codec scheme under `prefill` without sinks is read in place, as the codec's own
+    /// settings are ([`crate::cache`], "Attention").
+    fn attend(
+        &self,
+        head: usize,
+        queries: ArrayView2<'_, f32>,
+        visible: &[usize],
+        scale: f32,
+    ) -> Option<Result<Array2<f32>, String>> {
+        let (k, v) = self.0.packed_head(head)?;
+        let fits = k.shape()[1].is_multiple_of(LANES);
+        fits.then(|| cache::attend_packed(k, v, queries, visible, scale))
     }
 }
 

@@ -18,11 +18,16 @@
 //!   - under `streaming` with `recent8`, the low tier is quantized from the 8-bit values (a unit
 //!     leaves the 8-bit window as what the cache held);
 //! - 8 bits: the row of the whole head quantized at 8 bits.
+//!
+//! Under `prefill` with `uniform`, K along tokens in groups that are a multiple of 32 and a head
+//! dimension that is a multiple of 8 ([`reads_in_place`]), attention reads the codes in place
+//! instead ([`super::packed_attention`]).
 
 use models::llama::{HookError, KvSource, LayerKv};
-use ndarray::Array3;
+use ndarray::{Array2, Array3, ArrayView2};
 
 use super::bytes::{Tier, axes, tier};
+use super::packed_attention::{Coded, K_GROUP_MULTIPLE, attend_coded, coded_heads};
 use super::protocol::{CodecRun, Run, RunCache, Schedule, Window};
 use super::schemes::{self, AuditScheme, ReadSchedule, kvquant};
 use crate::packed_kv::decoder::GroupAxis;
@@ -163,17 +168,44 @@ pub struct AuditCache {
     run: CodecRun,
     k: Side,
     v: Side,
+    /// Per KV head, K and V as attention reads them in place ([`reads_in_place`]); empty
+    /// otherwise.
+    coded: Vec<(Coded, Coded)>,
+}
+
+/// Whether attention reads a run's cache in place (module docs): `prefill`, `uniform`, K along
+/// tokens in groups that are a multiple of 32, and `head_dim` a multiple of 8.
+pub fn reads_in_place(run: &CodecRun, head_dim: usize) -> bool {
+    run.schedule == Schedule::Prefill
+        && run.policy == Window::Uniform
+        && axes(run).0 == GroupAxis::Token
+        && run.setting.group_size.is_multiple_of(K_GROUP_MULTIPLE)
+        && head_dim.is_multiple_of(8)
 }
 
 impl AuditCache {
     /// The cache of one layer's K (after RoPE) and V, [kv_heads, tokens, head_dim].
-    pub fn new(run: &CodecRun, k: &Array3<f32>, v: &Array3<f32>) -> AuditCache {
+    pub fn new(run: &CodecRun, k: &Array3<f32>, v: &Array3<f32>) -> Result<AuditCache, String> {
         let (k_axis, v_axis) = axes(run);
-        AuditCache {
+        let (k, v) = (Side::new(k, k_axis, run), Side::new(v, v_axis, run));
+        let coded = if reads_in_place(run, k.dims.2) {
+            let s = &run.setting;
+            coded_heads(
+                (&k.raw, &v.raw),
+                k.dims,
+                s.mode,
+                (s.bits, s.bits),
+                s.group_size,
+            )?
+        } else {
+            Vec::new()
+        };
+        Ok(AuditCache {
             run: *run,
-            k: Side::new(k, k_axis, run),
-            v: Side::new(v, v_axis, run),
-        }
+            k,
+            v,
+            coded,
+        })
     }
 
     /// The same as a boxed source for `Llama::forward_with_source`.
@@ -182,7 +214,7 @@ impl AuditCache {
         k: &Array3<f32>,
         v: &Array3<f32>,
     ) -> Result<Box<dyn KvSource>, HookError> {
-        Ok(Box::new(AuditCache::new(run, k, v)))
+        Ok(Box::new(AuditCache::new(run, k, v)?))
     }
 }
 
@@ -247,5 +279,14 @@ impl KvSource for AuditCache {
     }
     fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
         self.v.row(&self.run, head, query, position)
+    }
+    fn attend(
+        &self,
+        head: usize,
+        queries: ArrayView2<'_, f32>,
+        visible: &[usize],
+        scale: f32,
+    ) -> Option<Result<Array2<f32>, String>> {
+        attend_coded(&self.coded, head, queries, visible, scale)
     }
 }

@@ -70,6 +70,7 @@ pub mod directory;
 pub mod frontier;
 pub mod geometry;
 pub mod manifest;
+pub mod packed_attention;
 pub mod protocol;
 pub mod require;
 pub mod rerun;

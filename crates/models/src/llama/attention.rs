@@ -113,7 +113,8 @@ pub(crate) fn rope_neox(x: &mut Array3<f32>, cos: &Array2<f32>, sin: &Array2<f32
 /// [`attention`] over positions 0..T with rows from `source`: the same scores, softmax and
 /// weighted sums in the same order. Query i reads positions `first_visible(i)..=i` (0 for a
 /// global layer; a sliding-window layer's first position in its window). A row that is not
-/// `head_dim` long is refused.
+/// `head_dim` long is refused. Where every query reads from position 0, each KV head is first
+/// offered to [`KvSource::attend`], and its query heads take what the source computes.
 pub(crate) fn attention_from(
     q: &Array3<f32>,
     source: &dyn KvSource,
@@ -123,51 +124,98 @@ pub(crate) fn attention_from(
     let (heads, t, d) = q.dim();
     let group = heads / kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
+    let from_start = (0..t).all(|i| first_visible(i) == 0);
+    let attended: Vec<Option<Array2<f32>>> = if from_start {
+        (0..kv_heads)
+            .into_par_iter()
+            .map(|kv| attended_by_source(q, source, kv, group, scale))
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![None; kv_heads]
+    };
     let per_head: Vec<Result<Array2<f32>, String>> = (0..heads)
         .into_par_iter()
-        .map(|h| {
-            let q = q.index_axis(Axis(0), h);
-            let kv = h / group;
-            let mut out = Array2::<f32>::zeros((t, d));
-            let mut scores = vec![0f32; t];
-            for i in 0..t {
-                let qi = q.row(i);
-                let qi = qi.as_slice().expect("standard layout");
-                let first = first_visible(i).min(i);
-                let seen = &mut scores[first..=i];
-                for (j, score) in (first..=i).zip(seen.iter_mut()) {
-                    let k = source.key(kv, i, j);
-                    if k.len() != d {
-                        return Err(format!(
-                            "the key of head {kv} at position {j} for query {i} has {} values, \
-                             not {d}",
-                            k.len()
-                        ));
-                    }
-                    *score = ops::dot(qi, k) * scale;
-                }
-                ops::softmax_in_place(seen);
-                let mut row = out.row_mut(i);
-                for (j, &p) in (first..=i).zip(seen.iter()) {
-                    let v = source.value(kv, i, j);
-                    if v.len() != d {
-                        return Err(format!(
-                            "the value of head {kv} at position {j} for query {i} has {} \
-                             values, not {d}",
-                            v.len()
-                        ));
-                    }
-                    for (o, &x) in row.iter_mut().zip(v) {
-                        *o += p * x;
-                    }
-                }
+        .map(|h| match &attended[h / group] {
+            Some(rows) => {
+                let first = (h % group) * t;
+                Ok(rows.slice(s![first..first + t, ..]).to_owned())
             }
-            Ok(out)
+            None => head_from_rows(q, source, (h, h / group), scale, first_visible),
         })
         .collect();
     let mut out = Array2::<f32>::zeros((t, heads * d));
     for (h, part) in per_head.into_iter().enumerate() {
         out.slice_mut(s![.., h * d..(h + 1) * d]).assign(&part?);
+    }
+    Ok(out)
+}
+
+/// What `source` computes for KV head `kv` ([`KvSource::attend`]): the rows of its `group`
+/// query heads, head by head, or `None`.
+fn attended_by_source(
+    q: &Array3<f32>,
+    source: &dyn KvSource,
+    kv: usize,
+    group: usize,
+    scale: f32,
+) -> Result<Option<Array2<f32>>, String> {
+    let (_, t, d) = q.dim();
+    let rows = group * t;
+    let queries = Array2::from_shape_fn((rows, d), |(r, j)| q[[kv * group + r / t, r % t, j]]);
+    let visible: Vec<usize> = (0..rows).map(|r| r % t + 1).collect();
+    match source.attend(kv, queries.view(), &visible, scale) {
+        None => Ok(None),
+        Some(Ok(out)) if out.dim() == (rows, d) => Ok(Some(out)),
+        Some(Ok(out)) => Err(format!(
+            "the attention of KV head {kv} has shape {:?}, not {rows} x {d}",
+            out.dim()
+        )),
+        Some(Err(e)) => Err(e),
+    }
+}
+
+/// Query head `h` (reading KV head `kv`) over key and value rows from `source`.
+fn head_from_rows(
+    q: &Array3<f32>,
+    source: &dyn KvSource,
+    (h, kv): (usize, usize),
+    scale: f32,
+    first_visible: &(dyn Fn(usize) -> usize + Sync),
+) -> Result<Array2<f32>, String> {
+    let (_, t, d) = q.dim();
+    let q = q.index_axis(Axis(0), h);
+    let mut out = Array2::<f32>::zeros((t, d));
+    let mut scores = vec![0f32; t];
+    for i in 0..t {
+        let qi = q.row(i);
+        let qi = qi.as_slice().expect("standard layout");
+        let first = first_visible(i).min(i);
+        let seen = &mut scores[first..=i];
+        for (j, score) in (first..=i).zip(seen.iter_mut()) {
+            let k = source.key(kv, i, j);
+            if k.len() != d {
+                return Err(format!(
+                    "the key of head {kv} at position {j} for query {i} has {} values, not {d}",
+                    k.len()
+                ));
+            }
+            *score = ops::dot(qi, k) * scale;
+        }
+        ops::softmax_in_place(seen);
+        let mut row = out.row_mut(i);
+        for (j, &p) in (first..=i).zip(seen.iter()) {
+            let v = source.value(kv, i, j);
+            if v.len() != d {
+                return Err(format!(
+                    "the value of head {kv} at position {j} for query {i} has {} values, not \
+                     {d}",
+                    v.len()
+                ));
+            }
+            for (o, &x) in row.iter_mut().zip(v) {
+                *o += p * x;
+            }
+        }
     }
     Ok(out)
 }

@@ -1,7 +1,7 @@
 //! What attention reads in a pass whose cache changes as tokens arrive: the [`KvSource`]
 //! interface, and [`OwnKv`], the layer's own keys and values.
 
-use ndarray::Array3;
+use ndarray::{Array2, Array3, ArrayView2};
 
 /// What attention reads at one layer in [`Llama::forward_with_source`]: for query position
 /// `query` and key position `position <= query`, the key and value rows (`head_dim` values each)
@@ -13,6 +13,24 @@ pub trait KvSource: Sync {
     fn key(&self, head: usize, query: usize, position: usize) -> &[f32];
     /// The value row query `query` reads at `position`.
     fn value(&self, head: usize, query: usize, position: usize) -> &[f32];
+
+    /// Attention over KV head `head` computed by the source itself (a packed cache read in
+    /// place, for example), or `None` (the default) to have attention read [`KvSource::key`] and
+    /// [`KvSource::value`] rows. `queries` holds the rows of every query head that reads `head`
+    /// (rotated, head by head, each head's positions 0..T in order), `visible[r]` the positions
+    /// row r attends to (positions 0..visible\[r\], so i + 1 for the row of position i), and
+    /// `scale` the softmax scale; the result has one output row per query row. Attention asks
+    /// only in a layer whose every query reads from position 0 (not past a sliding window).
+    fn attend(
+        &self,
+        head: usize,
+        queries: ArrayView2<'_, f32>,
+        visible: &[usize],
+        scale: f32,
+    ) -> Option<Result<Array2<f32>, String>> {
+        let _ = (head, queries, visible, scale);
+        None
+    }
 }
 
 /// The layer's own keys and values, [kv_heads, tokens, head_dim] (standard layout): the source

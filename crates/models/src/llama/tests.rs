@@ -494,3 +494,79 @@ fn forward_and_forward_with_keep_the_bits_they_had_before_the_source_api() {
         .unwrap();
     assert_eq!(digest(&sourced), plain);
 }
+
+/// Attends KV head 1 itself, as twice its query rows (so where each row lands is visible), and
+/// leaves head 0 to the rows; a wrong shape when asked to.
+struct AttendsHeadOne {
+    own: OwnKv,
+    wrong_shape: bool,
+}
+
+impl KvSource for AttendsHeadOne {
+    fn key(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        self.own.key(head, query, position)
+    }
+    fn value(&self, head: usize, query: usize, position: usize) -> &[f32] {
+        self.own.value(head, query, position)
+    }
+    fn attend(
+        &self,
+        head: usize,
+        queries: ndarray::ArrayView2<'_, f32>,
+        visible: &[usize],
+        scale: f32,
+    ) -> Option<Result<Array2<f32>, String>> {
+        let t = visible.len() / 2;
+        assert_eq!(scale, 0.5, "1 / sqrt(head_dim)");
+        assert_eq!(visible, (0..2 * t).map(|r| r % t + 1).collect::<Vec<_>>());
+        match (head, self.wrong_shape) {
+            (1, false) => Some(Ok(queries.mapv(|x| 2.0 * x))),
+            (1, true) => Some(Ok(Array2::zeros((1, 4)))),
+            _ => None,
+        }
+    }
+}
+
+#[test]
+fn a_source_that_attends_itself_fills_its_query_heads_where_every_query_reads_from_the_start() {
+    let fill = |seed: f32, dim| {
+        Array3::from_shape_fn(dim, |(h, i, j)| {
+            seed * (1 + h + 3 * i + 5 * j) as f32 % 1.7 - 0.8
+        })
+    };
+    let (q, k, v) = (
+        fill(0.37, (4, 5, 4)),
+        fill(0.61, (2, 5, 4)),
+        fill(0.43, (2, 5, 4)),
+    );
+    let plain = attention(&q, &k, &v, 0);
+    let source = AttendsHeadOne {
+        own: OwnKv::new(&k, &v),
+        wrong_shape: false,
+    };
+    let out = super::attention_from(&q, &source, 2, &|_| 0).unwrap();
+    // Query heads 0 and 1 read KV head 0 from its rows; 2 and 3 take the source's rows.
+    assert_eq!(out.slice(s![.., ..8]), plain.slice(s![.., ..8]));
+    for h in 2..4 {
+        assert_eq!(
+            out.slice(s![.., h * 4..(h + 1) * 4]),
+            q.index_axis(ndarray::Axis(0), h).mapv(|x| 2.0 * x)
+        );
+    }
+    // A sliding window that hides position 0 from a query: every head reads rows.
+    let windowed = super::attention_from(&q, &source, 2, &|i| i.saturating_sub(3)).unwrap();
+    assert_eq!(windowed.slice(s![.., 8..]), {
+        let from_rows =
+            super::attention_from(&q, &source.own, 2, &|i| i.saturating_sub(3)).unwrap();
+        from_rows.slice(s![.., 8..]).to_owned()
+    });
+    let wrong = AttendsHeadOne {
+        own: OwnKv::new(&k, &v),
+        wrong_shape: true,
+    };
+    let err = super::attention_from(&q, &wrong, 2, &|_| 0).unwrap_err();
+    assert!(
+        err.contains("KV head 1 has shape (1, 4), not 10 x 4"),
+        "{err}"
+    );
+}

@@ -16,6 +16,9 @@
 //!   asymmetric: scale = (hi - lo) / L over the range widened to contain 0, an integer zero
 //!   point), read as `(code - offset) as f32 * scale`. An asymmetric range whose scale overflows
 //!   f32 is refused, as the codec refuses it.
+//! - Attention: under `prefill` without sinks (each head's K and V one codec tensor), with a
+//!   head dimension that is a multiple of 8, attention reads the codes in place
+//!   ([`crate::model_quality::packed_attention`]), as the quality crate's scheme layer does.
 //! - Schedules (the quality crate's): `prefill` reads every position after the sinks quantized;
 //!   `streaming` reads, at query i, a K position quantized once its group has filled (the groups
 //!   S + 32 g .. S + 32 (g + 1) that lie within tokens 0..=i), f32 while it is filling, and every V
@@ -27,8 +30,10 @@
 //!   groups only), and 4 bytes per f32 value (the sinks, and streaming K's filling group).
 
 use models::llama::KvSource;
+use ndarray::{Array2, ArrayView2};
 
 use super::{ReadSchedule, Rows};
+use crate::model_quality::packed_attention::{Coded, attend_coded, coded_heads};
 use crate::packed_kv::protocol::Mode;
 use crate::packed_kv::rules;
 
@@ -187,6 +192,8 @@ pub(super) struct CodecLayer {
     raw_v: Rows,
     k: Rows,
     v: Rows,
+    /// Per KV head, K and V as attention reads them in place (module docs); empty otherwise.
+    coded: Vec<(Coded, Coded)>,
 }
 
 impl CodecLayer {
@@ -202,13 +209,29 @@ impl CodecLayer {
         let sinks = scheme.sinks.min(k.tokens);
         let in_k = |e: String| format!("{} K: {e}", scheme.name());
         let in_v = |e: String| format!("{} V: {e}", scheme.name());
+        let read_k = keys(k, sinks, scheme.mode, k_bits).map_err(in_k)?;
+        let read_v = values(v, sinks, scheme.mode, v_bits).map_err(in_v)?;
+        let in_place = schedule == ReadSchedule::Prefill && sinks == 0 && k.dim.is_multiple_of(8);
+        let coded = if in_place {
+            let dims = (k.heads, k.tokens, k.dim);
+            coded_heads(
+                (&k.values, &v.values),
+                dims,
+                scheme.mode,
+                (k_bits, v_bits),
+                GROUP,
+            )?
+        } else {
+            Vec::new()
+        };
         Ok(CodecLayer {
             schedule,
             sinks,
             raw_k: k.clone(),
             raw_v: v.clone(),
-            k: keys(k, sinks, scheme.mode, k_bits).map_err(in_k)?,
-            v: values(v, sinks, scheme.mode, v_bits).map_err(in_v)?,
+            k: read_k,
+            v: read_v,
+            coded,
         })
     }
 }
@@ -239,6 +262,15 @@ impl KvSource for CodecLayer {
         } else {
             self.raw_v.row(head, position)
         }
+    }
+    fn attend(
+        &self,
+        head: usize,
+        queries: ArrayView2<'_, f32>,
+        visible: &[usize],
+        scale: f32,
+    ) -> Option<Result<Array2<f32>, String>> {
+        attend_coded(&self.coded, head, queries, visible, scale)
     }
 }
 
