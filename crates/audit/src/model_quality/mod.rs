@@ -7,7 +7,8 @@
 //! ids, runs the float32 pass and every run's pass with its own implementation of the packed
 //! cache ([`cache`]) or of the run's scheme of the literature ([`schemes`]: KIVI, quanto,
 //! llama.cpp's block types and rotation, this project's codec as a scheme) in the model's KV
-//! hook, and requires every per-position log-prob, KL value and argmax bit for bit, and every
+//! hook (where the pass attended straight from the packed codes, with its own implementation of
+//! that attention, [`packed_attention`]), and requires every per-position log-prob, KL value and argmax bit for bit, and every
 //! generated id; a scheme whose codes were not what its rule gives therefore fails here.
 //! KVQuant is calibrated on the protocol's calibration text: the audit re-tokenizes it and
 //! requires `calibration_ids`, runs the float32 pass over it, re-fits each KVQuant scheme's
