@@ -304,6 +304,34 @@ fn decoding_at_every_alignment_matches_the_oracle() {
 
 /// Errors met inside a batch of 8 groups: whichever group comes first decides, a non-finite
 /// value before an overflowing range in the same group.
+/// Token-axis decoding gathers each column's codes a pass of 512 tokens at a time: several
+/// passes, the last one partial, and groups that do and do not divide a pass.
+#[test]
+fn token_axis_decoding_over_several_passes_matches_the_oracle() {
+    for (tokens, features) in [(1100, 24), (1601, 16)] {
+        for (mode, bits) in modes_and_widths() {
+            for group_size in [3, 8, 32, 128, 384] {
+                let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
+                let x = noise(tokens, features, (tokens + group_size) as u64);
+                let packed = reference::encode(x.view(), layout).unwrap();
+                let want = bits_of(&reference::decode(&packed));
+                for kernel in Kernel::available() {
+                    for streaming in [false, true] {
+                        let mut out = Array2::<f32>::from_elem((tokens, features), f32::NAN);
+                        decode_into_stores(kernel, &packed, out.view_mut(), streaming).unwrap();
+                        assert_eq!(
+                            bits_of(&out),
+                            want,
+                            "{tokens}x{features} {mode} b{bits} g{group_size} {kernel} \
+                             streaming {streaming}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn errors_inside_batches_are_the_oracles() {
     for group_size in [8, 32] {
