@@ -20,7 +20,7 @@ use weights::gguf::{self, BlockQ4_0, BlockQ8_0, GgufBlock};
 use weights::{awq, gptq};
 
 use crate::data;
-use crate::measure::{Settings, median_seconds, on_slices, on_split, slices};
+use crate::measure::{Memcpy, Settings, Timed, on_slices, on_split, slices};
 
 /// Sizes and sweeps: the full run measures 128 MiB of data per case; `--quick` a few MiB and a
 /// few widths, to check in seconds that every case still runs.
@@ -94,10 +94,13 @@ pub struct Measured {
     /// Bytes the throughput counts (see the module comment).
     pub bytes: usize,
     pub median_s: f64,
+    /// The memcpy reference timed in alternation with the case ([`Timed`]); reported by the row.
+    #[serde(skip)]
+    pub memcpy_gbps: f64,
 }
 
 impl Measured {
-    fn new(op: &'static str, format: &'static str, bytes: usize, median_s: f64) -> Measured {
+    fn new(op: &'static str, format: &'static str, bytes: usize, timed: Timed) -> Measured {
         Measured {
             op,
             format,
@@ -106,7 +109,8 @@ impl Measured {
             bits: None,
             group_size: None,
             bytes,
-            median_s,
+            median_s: timed.median_s,
+            memcpy_gbps: timed.memcpy_gbps,
         }
     }
 }
@@ -130,6 +134,7 @@ pub type Record<'a> = dyn FnMut(Measured) + 'a;
 
 /// KV encode and decode: both modes, both axes, every width and group size of the scale.
 pub fn kv(scale: &Scale, settings: Settings, pool: &rayon::ThreadPool, record: &mut Record) {
+    let mut memcpy = Memcpy::new(settings, pool);
     let tokens = scale.kv_tokens;
     let x = Array2::from_shape_vec(
         (tokens, KV_FEATURES),
@@ -156,7 +161,7 @@ pub fn kv(scale: &Scale, settings: Settings, pool: &rayon::ThreadPool, record: &
                         .map(Some)
                         .collect();
                     let slots: Vec<_> = (0..parts.len()).map(|i| i..i + 1).collect();
-                    let encoded = median_seconds(settings, || {
+                    let encoded = memcpy.paired(settings, || {
                         on_split(pool, &parts, &mut stored, &slots, |r, slot| {
                             let spare = slot[0].take().expect("the slice's last tensor");
                             let fresh = kvcodec::encode_reusing(x.slice(s![r, ..]), layout, spare);
@@ -164,7 +169,7 @@ pub fn kv(scale: &Scale, settings: Settings, pool: &rayon::ThreadPool, record: &
                         });
                     });
                     let packed: Vec<PackedTensor> = stored.into_iter().flatten().collect();
-                    let decoded = median_seconds(settings, || {
+                    let decoded = memcpy.paired(settings, || {
                         decode_slices(pool, &packed, &parts, out.view_mut());
                         std::hint::black_box(&mut out);
                     });
@@ -220,18 +225,19 @@ fn gguf_format<B: GgufBlock + Send + Sync>(
     pool: &rayon::ThreadPool,
     record: &mut Record,
 ) {
+    let mut memcpy = Memcpy::new(settings, pool);
     // Each slice writes its own blocks, then its own values, into buffers allocated once.
     let block_parts: Vec<std::ops::Range<usize>> =
         parts.iter().map(|r| r.start / 32..r.end / 32).collect();
     let mut blocks = gguf::quantize::<B>(x, GGUF_COLUMNS).expect("finite, scalable blocks");
-    let quantized = median_seconds(settings, || {
+    let quantized = memcpy.paired(settings, || {
         on_split(pool, parts, &mut blocks, &block_parts, |r, out| {
             gguf::quantize_into(&x[r], GGUF_COLUMNS, out).expect("finite, scalable blocks")
         });
         std::hint::black_box(&mut blocks);
     });
     let mut values = vec![0f32; x.len()];
-    let dequantized = median_seconds(settings, || {
+    let dequantized = memcpy.paired(settings, || {
         on_split(pool, &block_parts, &mut values, parts, |r, out| {
             gguf::dequantize_into(&blocks[r], out).expect("32 values per block")
         });
@@ -276,6 +282,7 @@ pub fn packed_weights(
     pool: &rayon::ThreadPool,
     record: &mut Record,
 ) {
+    let mut memcpy = Memcpy::new(settings, pool);
     let bytes = scale.weights_k * scale.weights_n;
     for &b in &scale.gptq_bits {
         let pieces = layers(scale, b, settings.threads);
@@ -285,14 +292,14 @@ pub fn packed_weights(
             .iter()
             .map(|w| gptq::pack(w, convention).expect("packs"))
             .collect();
-        let packed_s = median_seconds(settings, || {
+        let packed_s = memcpy.paired(settings, || {
             on_split(pool, &all, &mut packed, &all, |r, out| {
                 gptq::pack_into(&pieces[r.start], convention, &mut out[0]).expect("packs")
             });
             std::hint::black_box(&mut packed);
         });
         let mut unpacked = pieces.clone();
-        let unpacked_s = median_seconds(settings, || {
+        let unpacked_s = memcpy.paired(settings, || {
             on_split(pool, &all, &mut unpacked, &all, |r, out| {
                 gptq::unpack_into(&packed[r.start], &mut out[0]).expect("unpacks")
             });
@@ -313,14 +320,14 @@ pub fn packed_weights(
         .iter()
         .map(|w| awq::pack(w).expect("packs"))
         .collect();
-    let packed_s = median_seconds(settings, || {
+    let packed_s = memcpy.paired(settings, || {
         on_split(pool, &all, &mut packed, &all, |r, out| {
             awq::pack_into(&pieces[r.start], &mut out[0]).expect("packs")
         });
         std::hint::black_box(&mut packed);
     });
     let mut unpacked = pieces.clone();
-    let unpacked_s = median_seconds(settings, || {
+    let unpacked_s = memcpy.paired(settings, || {
         on_split(pool, &all, &mut unpacked, &all, |r, out| {
             awq::unpack_into(&packed[r.start], &mut out[0]).expect("unpacks")
         });
@@ -338,6 +345,7 @@ pub fn packed_weights(
 
 /// b-bit streams in both containers (bytes and u32 words): pack and unpack.
 pub fn streams(scale: &Scale, settings: Settings, pool: &rayon::ThreadPool, record: &mut Record) {
+    let mut memcpy = Memcpy::new(settings, pool);
     let len = scale.stream_codes;
     // Slices of whole 32-code blocks, so every slice's stream is whole bytes and whole words.
     let parts = slices(len, settings.threads, 32);
@@ -361,14 +369,14 @@ pub fn streams(scale: &Scale, settings: Settings, pool: &rayon::ThreadPool, reco
 
         // Every call writes into buffers allocated once, as a consumer streaming a cache would.
         let mut bytes = vec![0u8; width.byte_count(len)];
-        let seconds = median_seconds(settings, || {
+        let seconds = memcpy.paired(settings, || {
             on_split(pool, &parts, &mut bytes, &byte_parts, |r, out| {
                 bits::pack_bytes_into(width, &codes[r], out).unwrap()
             });
         });
         measure("stream_bytes", "pack", seconds);
         let mut back = vec![0u8; len];
-        let seconds = median_seconds(settings, || {
+        let seconds = memcpy.paired(settings, || {
             on_split(pool, &byte_parts, &mut back, &parts, |r, out| {
                 bits::unpack_bytes_into(width, &bytes[r], out).unwrap()
             });
@@ -377,14 +385,14 @@ pub fn streams(scale: &Scale, settings: Settings, pool: &rayon::ThreadPool, reco
         assert_eq!(back, codes, "the byte stream round-trips");
 
         let mut words = vec![0u32; width.word_count(len)];
-        let seconds = median_seconds(settings, || {
+        let seconds = memcpy.paired(settings, || {
             on_split(pool, &parts, &mut words, &word_parts, |r, out| {
                 bits::pack_words_into(width, &codes[r], out).unwrap()
             });
         });
         measure("stream_words", "pack", seconds);
         back.fill(0);
-        let seconds = median_seconds(settings, || {
+        let seconds = memcpy.paired(settings, || {
             on_split(pool, &word_parts, &mut back, &parts, |r, out| {
                 bits::unpack_words_into(width, &words[r], out).unwrap()
             });

@@ -3,7 +3,7 @@
 //!
 //! - [`measure`]: warm-up, repeats, medians, and the memcpy reference (`copy_from_slice` of
 //!   256 MiB: smaller copies stay in the cache or take glibc's other path and flatter every
-//!   ratio);
+//!   ratio), timed in alternation with each codec and format case ([`measure::Memcpy::paired`]);
 //! - [`data`]: deterministic inputs (no file, no generator crate: the numbers only need to be
 //!   varied, not drawn from a protocol);
 //! - [`cases`]: the operations, by family (KV codec, GGUF blocks, GPTQ and AWQ packing, b-bit

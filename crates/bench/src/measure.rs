@@ -133,29 +133,78 @@ pub fn on_split<T: Send>(
     pool.install(|| jobs.into_par_iter().for_each(|(r, t)| work(r, t)));
 }
 
-/// The memcpy reference in GB/s (10^9 bytes per second): `copy_from_slice` of [`MEMCPY_BYTES`],
-/// on every thread's slice at once when `threads` > 1.
-pub fn memcpy_gbps(settings: Settings, pool: &rayon::ThreadPool) -> f64 {
-    let len = MEMCPY_BYTES / 4;
-    let source: Vec<f32> = (0..len).map(|i| i as f32).collect();
-    let mut target = vec![0f32; len];
-    let parts = slices(len, settings.threads, 1024);
-    let seconds = median_seconds(settings, || {
-        if parts.len() == 1 {
-            target.copy_from_slice(black_box(&source));
+/// The memcpy reference: `copy_from_slice` of [`MEMCPY_BYTES`], on every thread's slice at once
+/// when `threads` > 1.
+pub struct Memcpy<'a> {
+    source: Vec<f32>,
+    target: Vec<f32>,
+    parts: Vec<Range<usize>>,
+    pool: &'a rayon::ThreadPool,
+}
+
+impl<'a> Memcpy<'a> {
+    /// The buffers, allocated and written once.
+    pub fn new(settings: Settings, pool: &'a rayon::ThreadPool) -> Memcpy<'a> {
+        let len = MEMCPY_BYTES / 4;
+        Memcpy {
+            source: (0..len).map(|i| i as f32).collect(),
+            target: vec![0f32; len],
+            parts: slices(len, settings.threads, 1024),
+            pool,
+        }
+    }
+
+    /// One copy.
+    pub fn copy(&mut self) {
+        if self.parts.len() == 1 {
+            self.target.copy_from_slice(black_box(&self.source));
         } else {
-            let chunks: Vec<(&mut [f32], &[f32])> = split_mut(&mut target, &parts)
+            let chunks: Vec<(&mut [f32], &[f32])> = split_mut(&mut self.target, &self.parts)
                 .into_iter()
-                .zip(parts.iter().map(|r| &source[r.clone()]))
+                .zip(self.parts.iter().map(|r| &self.source[r.clone()]))
                 .collect();
-            pool.install(|| {
+            self.pool.install(|| {
                 chunks
                     .into_par_iter()
                     .for_each(|(to, from)| to.copy_from_slice(black_box(from)))
             });
         }
-        black_box(&mut target);
-    });
+        black_box(&mut self.target);
+    }
+
+    /// Times `call` in alternation with the copy ([`paired_medians`]): its median time, and the
+    /// memcpy bandwidth that makes its ratio to memcpy the median of the rounds' ratios (so a
+    /// drift of the machine's speed between cases does not move the ratio).
+    pub fn paired(&mut self, settings: Settings, call: impl FnMut()) -> Timed {
+        Timed::from(paired_medians(settings, || self.copy(), call))
+    }
+}
+
+impl From<Paired> for Timed {
+    /// `a` the copy, `b` the case: the case's GB/s over `memcpy_gbps` is `bytes / (MEMCPY_BYTES
+    /// * b_over_a)`, the median of the rounds' ratios.
+    fn from(paired: Paired) -> Timed {
+        Timed {
+            median_s: paired.b_seconds,
+            memcpy_gbps: MEMCPY_BYTES as f64 * paired.b_over_a / paired.b_seconds / 1e9,
+        }
+    }
+}
+
+/// A case timed in alternation with memcpy ([`Memcpy::paired`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timed {
+    /// The case's median time, in seconds.
+    pub median_s: f64,
+    /// The memcpy reference of its rounds, in GB/s: the case's GB/s over this is the median of
+    /// the rounds' ratios.
+    pub memcpy_gbps: f64,
+}
+
+/// The memcpy reference in GB/s (10^9 bytes per second), timed alone.
+pub fn memcpy_gbps(settings: Settings, pool: &rayon::ThreadPool) -> f64 {
+    let mut memcpy = Memcpy::new(settings, pool);
+    let seconds = median_seconds(settings, || memcpy.copy());
     MEMCPY_BYTES as f64 / seconds / 1e9
 }
 
@@ -214,6 +263,26 @@ mod tests {
         assert_eq!(order.into_inner(), ['a', 'b', 'a', 'b', 'b', 'a', 'a', 'b']);
         assert!(paired.b_seconds >= 0.002 && paired.b_seconds > paired.a_seconds);
         assert!(paired.b_over_a > 1.0);
+    }
+
+    #[test]
+    fn a_case_paired_with_memcpy_is_set_against_the_copies_of_its_own_rounds() {
+        // Rounds of 0.1 s copies and 0.2 s cases: the copy's own bandwidth.
+        let steady = Timed::from(Paired {
+            a_seconds: 0.1,
+            b_seconds: 0.2,
+            b_over_a: 2.0,
+        });
+        assert_eq!(steady.median_s, 0.2);
+        assert!((steady.memcpy_gbps - MEMCPY_BYTES as f64 / 0.1 / 1e9).abs() < 1e-9);
+        // The same case time, but its rounds' copies ran twice as fast: a memcpy twice as fast
+        // to be set against, whatever the copies' median alone.
+        let faster = Timed::from(Paired {
+            a_seconds: 0.1,
+            b_seconds: 0.2,
+            b_over_a: 4.0,
+        });
+        assert!((faster.memcpy_gbps / steady.memcpy_gbps - 2.0).abs() < 1e-12);
     }
 
     #[test]

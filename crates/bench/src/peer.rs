@@ -201,9 +201,9 @@ impl Peer {
         let row = Row::new(
             Measured {
                 median_s: seconds,
+                memcpy_gbps,
                 ..case.clone()
             },
-            memcpy_gbps,
             1,
         );
         Ok(Some(PeerRow {
@@ -283,6 +283,7 @@ mod tests {
             group_size: Some(32),
             bytes: 1 << 20,
             median_s: 0.001,
+            memcpy_gbps: 10.0,
         };
         assert_eq!(describe(&case), "symmetric 4-bit g32 token axis kv encode");
     }

@@ -14,7 +14,8 @@ pub struct Row {
     pub case: Measured,
     /// `bytes / median_s`, in 10^9 bytes per second.
     pub gbps: f64,
-    /// The memcpy reference of the same run, in 10^9 bytes per second.
+    /// The memcpy reference timed in alternation with the case (its rounds' ratios' median is
+    /// `ratio`), in 10^9 bytes per second; or, for a case timed alone, the run's.
     pub memcpy_gbps: f64,
     /// `gbps / memcpy_gbps`.
     pub ratio: f64,
@@ -23,8 +24,9 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(case: Measured, memcpy_gbps: f64, threads: usize) -> Row {
+    pub fn new(case: Measured, threads: usize) -> Row {
         let gbps = case.bytes as f64 / case.median_s / 1e9;
+        let memcpy_gbps = case.memcpy_gbps;
         Row {
             case,
             gbps,
@@ -78,8 +80,9 @@ mod tests {
             group_size: Some(32),
             bytes: 2_000_000_000,
             median_s: 0.5,
+            memcpy_gbps: 10.0,
         };
-        let row = Row::new(case, 10.0, 1);
+        let row = Row::new(case, 1);
         assert_eq!((row.gbps, row.ratio), (4.0, 0.4));
         let json = serde_json::to_value(&row).unwrap();
         for key in [

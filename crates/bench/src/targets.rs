@@ -174,8 +174,9 @@ mod tests {
             group_size: Some(32),
             bytes: 1 << 20,
             median_s: 1e-3,
+            memcpy_gbps: 1.0,
         };
-        let mut row = Row::new(case, 1.0, 1);
+        let mut row = Row::new(case, 1);
         row.ratio = ratio;
         row
     }

@@ -154,9 +154,8 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
 }
 
 /// At most this many tokens per pass of [`down_columns`]: each column's codes are read in runs
-/// of `PASS_TOKENS * bits / 8` bytes (at 64 tokens, 32-byte visits to 128 streams read at a
-/// fraction of the speed of longer runs on the AMD EPYC this was measured on: 8-bit group 8 from
-/// 0.27x to 0.46x memcpy, 4-bit group 32 from 0.53x to 0.89x, in paired runs).
+/// of `PASS_TOKENS * bits / 8` bytes (at 64 tokens, a 4-bit column's 32-byte visits to 128
+/// streams read at a fraction of the speed of longer runs on the AMD EPYC this was tuned on).
 const PASS_TOKENS: usize = 512;
 
 /// At most about this many bytes of codes gathered per pass of [`down_columns`].
