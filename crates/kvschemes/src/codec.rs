@@ -17,6 +17,9 @@
 //! - Schedules, this project's (`quality::cache`): `prefill` encodes each layer's text at once (a
 //!   partial last K group zero-padded); while decoding, a K group is quantized when it fills and
 //!   the tokens of the group still filling stay f32, and V tokens are quantized on arrival.
+//! - Attention: under `prefill` without sinks each head's K and V are one codec tensor each,
+//!   which `LayerCache::packed_head` hands to attention to read in place (the quality crate's
+//!   scheme layer does, through `kvcodec::attention`).
 //! - Bytes, from the encoded tensors: `PackedTensor::payload_bytes` (codes, f32 scales, zero
 //!   points, the 8-byte shape) of what is quantized, and 4 bytes per f32 value.
 
