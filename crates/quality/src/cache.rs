@@ -160,6 +160,8 @@ struct Side {
     axis: GroupAxis,
     raw: Array3<f32>,
     low: Array3<f32>,
+    /// Each head's codec tensor of the low tier, when it is quantized from the float32 rows.
+    low_packed: Vec<PackedTensor>,
     high: Option<Array3<f32>>,
     /// `causal`, token axis: for query i, the partial group holding i packed from s..=i alone.
     partial: Vec<Array3<f32>>,
@@ -201,15 +203,21 @@ pub(crate) fn attend_packed(
     attention::attend(queries, visible, k, v, scale).map_err(|e| e.to_string())
 }
 
-/// `x` [heads, tokens, d] quantized under `layout` per head and decoded back.
-fn round_trip(x: &Array3<f32>, layout: Layout) -> Result<Array3<f32>, QualityError> {
+/// `x` [heads, tokens, d] quantized under `layout` per head and decoded back, with each head's
+/// codec tensor.
+fn round_trip(
+    x: &Array3<f32>,
+    layout: Layout,
+) -> Result<(Array3<f32>, Vec<PackedTensor>), QualityError> {
     let mut out = Array3::<f32>::zeros(x.dim());
+    let mut heads = Vec::with_capacity(x.dim().0);
     for (h, head) in x.axis_iter(Axis(0)).enumerate() {
         let packed = kvcodec::encode(head, layout)?;
         out.index_axis_mut(Axis(0), h)
             .assign(&kvcodec::decode(&packed));
+        heads.push(packed);
     }
-    Ok(out)
+    Ok((out, heads))
 }
 
 impl Side {
@@ -218,14 +226,14 @@ impl Side {
         let low_layout = spec.setting.layout(axis);
         let high = match spec.policy {
             Policy::Recent8 { .. } | Policy::Early8 { .. } => {
-                Some(round_trip(&raw, spec.setting.with_bits(8)?.layout(axis))?)
+                Some(round_trip(&raw, spec.setting.with_bits(8)?.layout(axis))?.0)
             }
             Policy::Uniform | Policy::RecentF32 { .. } => None,
         };
-        let low = match (&high, spec.policy, spec.schedule) {
+        let (low, low_packed) = match (&high, spec.policy, spec.schedule) {
             // Streaming re-quantizes a unit leaving the 8-bit window from its 8-bit values.
             (Some(high), Policy::Recent8 { .. }, Schedule::Streaming) => {
-                round_trip(high, low_layout)?
+                (round_trip(high, low_layout)?.0, Vec::new())
             }
             _ => round_trip(&raw, low_layout)?,
         };
@@ -234,16 +242,15 @@ impl Side {
             let group = spec.setting.group_size();
             for i in 0..raw.dim().1 {
                 let start = i / group * group;
-                partial.push(round_trip(
-                    &raw.slice(s![.., start..=i, ..]).to_owned(),
-                    low_layout,
-                )?);
+                partial
+                    .push(round_trip(&raw.slice(s![.., start..=i, ..]).to_owned(), low_layout)?.0);
             }
         }
         Ok(Side {
             axis,
             raw,
             low,
+            low_packed,
             high,
             partial,
         })
@@ -275,20 +282,23 @@ impl PackedLayer {
         k: &Array3<f32>,
         v: &Array3<f32>,
     ) -> Result<PackedLayer, QualityError> {
-        let mut fused = Vec::new();
-        if fused_applies(&spec, k.dim().2) {
-            for (k, v) in k.axis_iter(Axis(0)).zip(v.axis_iter(Axis(0))) {
-                fused.push((
-                    kvcodec::encode(k, spec.setting.layout(GroupAxis::Token))?,
-                    kvcodec::encode(v, spec.setting.layout(GroupAxis::Feature))?,
-                ));
-            }
-        }
+        let mut k_side = Side::new(k, spec.setting.axes().k(), &spec)?;
+        let mut v_side = Side::new(v, spec.setting.axes().v(), &spec)?;
+        // The low tier's tensors are the whole cache where attention reads it in place.
+        let (k_packed, v_packed) = (
+            std::mem::take(&mut k_side.low_packed),
+            std::mem::take(&mut v_side.low_packed),
+        );
+        let fused = if fused_applies(&spec, k.dim().2) {
+            k_packed.into_iter().zip(v_packed).collect()
+        } else {
+            Vec::new()
+        };
         Ok(PackedLayer {
             spec,
             tokens: k.dim().1,
-            k: Side::new(k, spec.setting.axes().k(), &spec)?,
-            v: Side::new(v, spec.setting.axes().v(), &spec)?,
+            k: k_side,
+            v: v_side,
             fused,
         })
     }
