@@ -109,6 +109,32 @@ impl NumpyRng {
         self.bits.next_double()
     }
 
+    /// `Generator.integers(0, high)` (int64, `endpoint=False`): uniform on `0..high`, drawn as
+    /// NumPy's `random_bounded_uint64_fill` does for a range that fits 32 bits: Lemire's
+    /// multiply-shift on one `next_uint32`, rejecting a draw whose low word falls below
+    /// `(2^32 - high) % high` (`numpy/random/src/distributions/distributions.c`,
+    /// `buffered_bounded_lemire_uint32`). `high == 1` consumes nothing, as in NumPy. Successive
+    /// calls give `integers(0, high, size=n)` in order.
+    ///
+    /// # Panics
+    /// If `high` is 0 (NumPy raises `ValueError: high <= 0`).
+    pub fn integers(&mut self, high: u32) -> u32 {
+        assert!(high > 0, "integers(0, high) needs high >= 1");
+        if high == 1 {
+            return 0;
+        }
+        let draw = |bits: &mut Pcg64| u64::from(bits.next_u32()) * u64::from(high);
+        let mut m = draw(&mut self.bits);
+        if (m as u32) < high {
+            // (UINT32_MAX - rng) % rng_excl with rng = high - 1.
+            let threshold = (u32::MAX - (high - 1)) % high;
+            while (m as u32) < threshold {
+                m = draw(&mut self.bits);
+            }
+        }
+        (m >> 32) as u32
+    }
+
     /// `Generator.standard_normal()`: one ziggurat draw.
     #[inline]
     pub fn standard_normal(&mut self) -> f64 {

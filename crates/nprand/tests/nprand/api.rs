@@ -213,3 +213,36 @@ fn json_entropy_validation() {
         Err(EntropyError::Negative("-3".into()))
     );
 }
+
+#[test]
+fn integers_are_numpys_bounded_draws() {
+    // NumPy 2.4.6: default_rng(7).integers(0, 20, size=(2, 20)), flattened.
+    let mut rng = NumpyRng::default_rng(7);
+    let drawn: Vec<u32> = (0..40).map(|_| rng.integers(20)).collect();
+    assert_eq!(
+        drawn,
+        [
+            18, 12, 13, 17, 11, 15, 16, 4, 1, 6, 5, 17, 18, 0, 9, 16, 2, 15, 2, 9, 16, 6, 6, 5, 14,
+            5, 19, 8, 9, 10, 11, 11, 10, 19, 16, 15, 14, 12, 6, 19
+        ]
+    );
+    // default_rng(12345).integers(0, 3000000001, size=12): a range whose rejection threshold
+    // (1,294,967,296) turns away about a third of the 32-bit words.
+    let mut rng = NumpyRng::default_rng(12345);
+    let drawn: Vec<u32> = (0..12).map(|_| rng.integers(3_000_000_001)).collect();
+    assert_eq!(
+        drawn,
+        [
+            950275018, 2392096372, 1928050708, 2028764012, 1173328651, 2518275129, 998441783,
+            1702509930, 1794926260, 639429039, 560202556, 687406213
+        ]
+    );
+    // integers(0, 1) draws nothing; one 32-bit draw keeps the other half of its 64-bit
+    // output, which random() does not use: default_rng(12345).integers(0, 1, size=3),
+    // .integers(0, 5, size=1), .random() give [0, 0, 0], [3], 0.31675833970975287.
+    let mut rng = NumpyRng::default_rng(12345);
+    assert_eq!([rng.integers(1), rng.integers(1), rng.integers(1)], [0; 3]);
+    assert_eq!(rng.integers(5), 3);
+    assert_eq!(rng.next_double(), 0.31675833970975287);
+    assert_eq!(rng.integers(5), 1);
+}
