@@ -129,6 +129,7 @@ mod tests {
             },
             rows,
             attention: None,
+            bootstrap: None,
         }
     }
 

@@ -13,6 +13,8 @@
 //! - [`cost`]: what a cache stores for T tokens of a model, without running it (`runner bytes`);
 //! - [`decoder`]: the model measured (SmolLM2 or Gemma 3) with its tokenizer;
 //! - [`metrics`]: log-softmax, NLL, KL and top-1 agreement in f64;
+//! - [`bootstrap`]: a paired bootstrap over the texts, an interval for every change and
+//!   every difference between runs;
 //! - [`generate`]: greedy generation with a packed cache;
 //! - [`error`]: typed errors;
 //! - [`corpus`]: the public evaluation texts (`scripts/fetch-texts`) as documents, cleaned and
@@ -29,6 +31,7 @@
 #![warn(missing_docs)]
 
 pub mod attention_error;
+pub mod bootstrap;
 pub mod cache;
 pub mod chart;
 pub mod corpus;

@@ -10,7 +10,8 @@
 //! bits per element, then per schedule, the runs within a bit of it by KL mean, with their rank,
 //! bits per element, KL mean, perplexity change, top-1 agreement and whether they lie on their
 //! schedule's Pareto frontier), the attention-error table when the protocol asks for it
-//! ([`attention_table`]), and, when generating, one table per text with each run's first
+//! ([`attention_table`]), with a bootstrap the interval and pair tables ([`interval_table`],
+//! [`pair_table`]), and, when generating, one table per text with each run's first
 //! departure from the float32 cache's greedy text and the text itself (in a code span, newlines
 //! written `\n`, `|` escaped).
 
@@ -18,6 +19,7 @@ use evidence::format::thousands;
 use evidence::table::Table;
 
 use crate::attention_error::AttentionSummary;
+use crate::bootstrap::{BootstrapSummary, Interval};
 use crate::frontier::{self, BUDGETS};
 use crate::metrics::POSITION_BANDS;
 use crate::study::{QualityProtocol, Study, Summary};
@@ -89,6 +91,10 @@ pub fn run_table(protocol: &QualityProtocol, study: &Study) -> Table {
     if let Some(a) = &protocol.attention {
         rows.push(("attention query stride", a.stride.to_string()));
         rows.push(("Gaussian draws", a.gaussian_seeds.len().to_string()));
+    }
+    if let Some(b) = &protocol.bootstrap {
+        rows.push(("bootstrap resamples", b.resamples.to_string()));
+        rows.push(("bootstrap seed", b.seed.to_string()));
     }
     Table {
         headers: vec!["quantity".into(), "value".into()],
@@ -188,6 +194,119 @@ pub fn kl_distribution_table(summary: &Summary) -> Table {
         })
         .collect();
     Table { headers, rows }
+}
+
+/// "2.134% to 7.100%": an interval of fractions, in percent with 3 decimals.
+fn percent_interval(i: &Interval) -> String {
+    format!("{:.3}% to {:.3}%", i.low * 100.0, i.high * 100.0)
+}
+
+/// "0.001234 to 0.005678": an interval with 6 decimals.
+fn decimal_interval(i: &Interval) -> String {
+    format!("{:.6} to {:.6}", i.low, i.high)
+}
+
+/// The interval table: per run, the perplexity change (percent, 3 decimals), mean KL (6) and
+/// top-1 agreement (percent, 3), each beside its 95 % bootstrap interval.
+pub fn interval_table(b: &BootstrapSummary) -> Table {
+    let headers = [
+        "cache",
+        "schedule",
+        "ppl change",
+        "95% interval",
+        "KL mean",
+        "95% interval",
+        "top-1",
+        "95% interval",
+    ];
+    let rows = b
+        .runs
+        .iter()
+        .map(|r| {
+            vec![
+                crate::study::run_label(
+                    r.setting.as_deref(),
+                    r.policy.as_deref(),
+                    r.scheme.as_deref(),
+                ),
+                r.schedule.clone(),
+                format!("{:.3}%", r.perplexity_change.estimate * 100.0),
+                percent_interval(&r.perplexity_change),
+                format!("{:.6}", r.kl_mean.estimate),
+                decimal_interval(&r.kl_mean),
+                format!("{:.3}%", r.top1_agreement.estimate * 100.0),
+                percent_interval(&r.top1_agreement),
+            ]
+        })
+        .collect();
+    Table {
+        headers: headers.iter().map(|h| h.to_string()).collect(),
+        rows,
+    }
+}
+
+/// The pair table: per pair of runs (a before b), the difference a - b of NLL (nats, 6
+/// decimals), mean KL (6) and top-1 agreement (percentage points, 3), each beside its 95 %
+/// bootstrap interval, and which of the three intervals exclude zero (`none` when no one does).
+pub fn pair_table(b: &BootstrapSummary) -> Table {
+    let headers = [
+        "cache a",
+        "cache b",
+        "NLL a - b",
+        "95% interval",
+        "KL mean a - b",
+        "95% interval",
+        "top-1 a - b, points",
+        "95% interval",
+        "interval excludes zero",
+    ];
+    let name = |r: usize| {
+        let run = &b.runs[r];
+        format!(
+            "{} {}",
+            crate::study::run_label(
+                run.setting.as_deref(),
+                run.policy.as_deref(),
+                run.scheme.as_deref()
+            ),
+            run.schedule
+        )
+    };
+    let points = |i: &Interval| format!("{:.3} to {:.3}", i.low * 100.0, i.high * 100.0);
+    let rows = b
+        .pairs
+        .iter()
+        .map(|p| {
+            let clear: Vec<&str> = [
+                ("NLL", &p.nll_change),
+                ("KL", &p.kl_mean),
+                ("top-1", &p.top1_agreement),
+            ]
+            .into_iter()
+            .filter(|(_, i)| i.excludes_zero())
+            .map(|(n, _)| n)
+            .collect();
+            vec![
+                name(p.a),
+                name(p.b),
+                format!("{:.6}", p.nll_change.estimate),
+                decimal_interval(&p.nll_change),
+                format!("{:.6}", p.kl_mean.estimate),
+                decimal_interval(&p.kl_mean),
+                format!("{:.3}", p.top1_agreement.estimate * 100.0),
+                points(&p.top1_agreement),
+                if clear.is_empty() {
+                    "none".to_string()
+                } else {
+                    clear.join(", ")
+                },
+            ]
+        })
+        .collect();
+    Table {
+        headers: headers.iter().map(|h| h.to_string()).collect(),
+        rows,
+    }
 }
 
 /// The ranked table: per budget, per schedule, the runs near it by mean KL.
@@ -364,6 +483,22 @@ pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Sum
              (the outliers KVQuant keeps depend on the values).",
         );
         line(&attention_table(attention).to_markdown());
+    }
+    if let Some(b) = &summary.bootstrap {
+        line("## How sure these figures are");
+        line(
+            "Intervals from a paired bootstrap over the texts: each resample draws as many texts \
+             as the study has, with replacement, from the seeded generator in the run table, and \
+             every run and every pair of runs is measured on the same draws. An interval holds \
+             the central share of the resampled means named in its header. A change or a \
+             difference whose interval includes zero is not a finding.",
+        );
+        line(&interval_table(b).to_markdown());
+        line(
+            "Each pair of runs, the first minus the second, with the metrics whose interval \
+             excludes zero.",
+        );
+        line(&pair_table(b).to_markdown());
     }
     if protocol.generate.is_some() {
         line("## Greedy text");

@@ -7,7 +7,7 @@
 //! refusal names its field):
 //! - `study`: a name (1 to 64 characters of `[A-Za-z0-9-_.]`);
 //! - `model`: `smollm2` or `gemma3` (an encoder has no next-token distribution);
-//! - `texts`: 1 to 8, unique names of 1 to 32 characters of `[A-Za-z0-9-_.]`; each text is
+//! - `texts`: 1 to 64, unique names of 1 to 32 characters of `[A-Za-z0-9-_.]`; each text is
 //!   encoded with the model's tokenizer (SmolLM2's BPE, no BOS; Gemma 3's SentencePiece, BOS
 //!   first) and cut to its first `max_tokens` ids
 //!   (2 <= `max_tokens` <= 2048); a shorter text is used whole, but needs at least 2 ids;
@@ -23,7 +23,9 @@
 //! - `attention` (optional): each run's attention error ([`crate::attention_error`]): a
 //!   `stride` (1 to `max_tokens`: every stride-th position is a query), `gaussian_seeds` (at
 //!   most [`MAX_GAUSSIAN_SEEDS`], distinct) and, when a KVQuant run has Gaussian draws to
-//!   quantize, a `calibration_seed` that is none of them.
+//!   quantize, a `calibration_seed` that is none of them;
+//! - `bootstrap` (optional, at least two texts): `resamples` ([`MIN_RESAMPLES`] to
+//!   [`MAX_RESAMPLES`]) and a `seed`: a paired bootstrap over the texts ([`crate::bootstrap`]).
 //!
 //! Rows run texts first, then runs in protocol order; a row's id is
 //! `t{text}_{setting}_{policy}_{schedule}` or `t{text}_{scheme}_{schedule}`, with `:` and `+`
@@ -46,7 +48,8 @@
 //!   exactly as the fields' docs say;
 //! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]) and,
 //!   with `attention`, a row per run of its attention error
-//!   ([`crate::attention_error::AttentionRow`]);
+//!   ([`crate::attention_error::AttentionRow`]) and, with `bootstrap`, each run's and each pair
+//!   of runs' intervals ([`crate::bootstrap::BootstrapSummary`]);
 //! - `quality-vs-bytes.svg`: mean KL against cache bytes per token, with each schedule's Pareto
 //!   frontier ([`crate::chart`]);
 //! - `manifest.json`: [`crate::write::QualityManifest`].
@@ -62,6 +65,7 @@ use crate::attention_error::{
     AttentionResult, AttentionRow, AttentionSpec, AttentionSummary, GaussianRun, LayerError,
     MAX_GAUSSIAN_SEEDS,
 };
+use crate::bootstrap::{BootstrapSpec, BootstrapSummary, MAX_RESAMPLES, MIN_RESAMPLES};
 use crate::metrics::{self, kl, log_softmax};
 use crate::scheme::{Cache, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
@@ -91,7 +95,7 @@ pub const SUMMARY_MD: &str = "summary.md";
 /// The chart.
 pub const PLOT: &str = "quality-vs-bytes.svg";
 /// Most texts in a protocol.
-pub const MAX_TEXTS: usize = 8;
+pub const MAX_TEXTS: usize = 64;
 /// Longest text name.
 pub const MAX_TEXT_NAME_CHARS: usize = 32;
 /// Most runs in a protocol.
@@ -128,6 +132,9 @@ pub struct QualityProtocol {
     /// ([`crate::attention_error`]), when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<AttentionSpec>,
+    /// A paired bootstrap over the texts ([`crate::bootstrap`]), when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
 }
 
 /// One text.
@@ -403,6 +410,7 @@ impl QualityProtocol {
         }
         self.validate_calibration()?;
         self.validate_attention()?;
+        self.validate_bootstrap()?;
         if let Some(g) = self.generate {
             if g.prompt_tokens == 0 {
                 return Err(field("generate.prompt_tokens", "must be at least 1, got 0"));
@@ -469,6 +477,30 @@ impl QualityProtocol {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// The bootstrap block: [`MIN_RESAMPLES`] to [`MAX_RESAMPLES`] resamples, over at least two
+    /// texts.
+    fn validate_bootstrap(&self) -> Result<(), QualityProtocolError> {
+        let Some(b) = &self.bootstrap else {
+            return Ok(());
+        };
+        if !(MIN_RESAMPLES..=MAX_RESAMPLES).contains(&b.resamples) {
+            return Err(field(
+                "bootstrap.resamples",
+                format!(
+                    "must be {MIN_RESAMPLES} to {MAX_RESAMPLES}, got {}",
+                    b.resamples
+                ),
+            ));
+        }
+        if self.texts.len() < 2 {
+            return Err(field(
+                "bootstrap",
+                "resamples the texts: a protocol with one text has nothing to resample",
+            ));
         }
         Ok(())
     }
@@ -1064,6 +1096,9 @@ pub struct Summary {
     /// Each run's attention error, when the protocol asks for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention: Option<AttentionSummary>,
+    /// Intervals from a paired bootstrap over the texts, when the protocol asks for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSummary>,
 }
 
 /// The float32 cache's row of the summary.
@@ -1197,7 +1232,45 @@ pub fn summarize(protocol: &QualityProtocol, study: &Study) -> Summary {
             .as_ref()
             .zip(study.attention.as_ref())
             .map(|(spec, result)| summarize_attention(protocol, spec, result)),
+        bootstrap: protocol
+            .bootstrap
+            .filter(|_| rows.len() == texts * runs)
+            .map(|spec| summarize_bootstrap(&spec, protocol, rows)),
     }
+}
+
+/// summary.json's `bootstrap`: each run's per-text values from `rows` (texts, then runs).
+fn summarize_bootstrap(
+    spec: &BootstrapSpec,
+    protocol: &QualityProtocol,
+    rows: &[ResultRow],
+) -> BootstrapSummary {
+    let runs = protocol.runs.len();
+    let texts = protocol.texts.len();
+    let labels: Vec<_> = protocol
+        .runs
+        .iter()
+        .map(|r| {
+            (
+                r.setting.clone(),
+                r.policy.clone(),
+                r.scheme.clone(),
+                r.schedule.clone(),
+            )
+        })
+        .collect();
+    let per_run: Vec<crate::bootstrap::PerText> = (0..runs)
+        .map(|r| {
+            let of =
+                |f: fn(&ResultRow) -> f64| (0..texts).map(|t| f(&rows[t * runs + r])).collect();
+            crate::bootstrap::PerText {
+                nll_change: of(|x| x.nll - x.nll_f32),
+                kl_mean: of(|x| x.kl_mean),
+                top1_agreement: of(|x| x.top1_agreement),
+            }
+        })
+        .collect();
+    crate::bootstrap::summarize(spec, &labels, &per_run)
 }
 
 /// summary.json's `attention`: a row per run, in protocol order.
@@ -1264,6 +1337,31 @@ mod tests {
             QualityProtocolError::Parse { field, .. }
             | QualityProtocolError::Field { field, .. } => field,
         }
+    }
+
+    #[test]
+    fn a_bootstrap_needs_two_texts_and_a_bounded_resample_count() {
+        use serde_json::json;
+        let with = |texts: usize, resamples: usize| {
+            let mut v = protocol();
+            v["texts"] = (0..texts)
+                .map(|i| json!({ "name": format!("t{i}"), "text": format!("Text number {i}.") }))
+                .collect();
+            v["bootstrap"] = json!({ "resamples": resamples, "seed": 5 });
+            QualityProtocol::from_json(&v.to_string())
+        };
+        assert_eq!(with(2, 100).unwrap().bootstrap.unwrap().resamples, 100);
+        let field_of = |r: Result<QualityProtocol, QualityProtocolError>| match r.unwrap_err() {
+            QualityProtocolError::Field { field, .. }
+            | QualityProtocolError::Parse { field, .. } => field,
+        };
+        assert_eq!(field_of(with(1, 1000)), "bootstrap");
+        assert_eq!(field_of(with(3, 99)), "bootstrap.resamples");
+        assert_eq!(field_of(with(3, 100_001)), "bootstrap.resamples");
+        assert_eq!(
+            refused(|v| v["bootstrap"] = json!({ "resamples": 200, "seed": 1, "level": 0.9 })),
+            "bootstrap.level"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use super::manifest::{QualityManifest, check_fields, check_model};
 use super::results::{QualityRow, check_results};
 use super::summary::{Aggregate, QualitySummary, aggregate, check_summary};
 use super::tables::check_markdown;
-use super::{QUALITY_CHART, QUALITY_FILES, attention, chart, rerun};
+use super::{QUALITY_CHART, QUALITY_FILES, attention, bootstrap, chart, rerun};
 use crate::common::files::ConfinedDir;
 use crate::common::npz::{self, Archive};
 use crate::common::options::Options;
@@ -93,6 +93,10 @@ pub fn audit(
     let aggregates: Vec<Aggregate> = (0..runs.len())
         .map(|r| aggregate(&derived, &tokens, r, &p.geometry()))
         .collect();
+    let bootstrap_expected = p
+        .bootstrap
+        .as_ref()
+        .and_then(|b| bootstrap::expected(b, p.texts.len(), runs.len(), &derived));
     if let Some(bytes) = texts.get("summary.json") {
         match parse_json::<QualitySummary>("summary.json", bytes) {
             Ok(summary) => {
@@ -102,6 +106,14 @@ pub fn audit(
                     &runs,
                     attention_expected.as_deref(),
                     summary.attention.as_ref(),
+                    report,
+                );
+                bootstrap::check_summary(
+                    p.bootstrap.as_ref(),
+                    p.texts.len(),
+                    &runs,
+                    bootstrap_expected.as_ref(),
+                    summary.bootstrap.as_ref(),
                     report,
                 );
             }
@@ -119,7 +131,11 @@ pub fn audit(
                 p,
                 &runs,
                 &tokens,
-                (&aggregates, attention_expected.as_deref()),
+                (
+                    &aggregates,
+                    attention_expected.as_deref(),
+                    bootstrap_expected.as_ref(),
+                ),
                 &rows,
                 report,
             ),

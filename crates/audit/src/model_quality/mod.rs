@@ -36,6 +36,11 @@
 //! attention table are derived from them, the Gaussian bits per element from the audit's own
 //! byte rules (KVQuant's from its own outlier counts).
 //!
+//! With a `bootstrap` block ([`bootstrap`]) summary.json's intervals (every run's change against
+//! the float32 cache, every pair's difference) and summary.md's two interval tables are
+//! re-derived from the audit's own per-text values, with the resamples drawn again through
+//! `nprand`.
+//!
 //! The checks:
 //! - the protocol: schema and bounds ([`protocol`]), unknown fields refused; a KVQuant run needs
 //!   a calibration text that is not evaluated;
@@ -64,6 +69,7 @@
 
 pub mod arrays;
 pub mod attention;
+pub mod bootstrap;
 pub mod bytes;
 pub mod cache;
 pub mod chart;

@@ -28,7 +28,7 @@ use crate::packed_kv::bounds::MAX_STUDY_NAME;
 use crate::packed_kv::protocol::Mode;
 
 /// Most texts a protocol lists.
-pub const MAX_TEXTS: usize = 8;
+pub const MAX_TEXTS: usize = 64;
 /// Most runs a protocol lists.
 pub const MAX_RUNS: usize = 64;
 /// Longest text name.
@@ -67,6 +67,9 @@ pub struct QualityProtocol {
     /// Each run's attention error, when asked for ([`super::attention`]).
     #[serde(default)]
     pub attention: Option<AttentionBlock>,
+    /// A paired bootstrap over the texts, when asked for ([`super::bootstrap`]).
+    #[serde(default)]
+    pub bootstrap: Option<BootstrapBlock>,
 }
 
 /// Most Gaussian seeds.
@@ -117,6 +120,37 @@ impl AttentionBlock {
             )),
             _ => Ok(()),
         }
+    }
+}
+
+/// Fewest resamples.
+pub const MIN_RESAMPLES: usize = 100;
+/// Most resamples.
+pub const MAX_RESAMPLES: usize = 100_000;
+
+/// The protocol's `bootstrap` block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootstrapBlock {
+    /// Resamples drawn.
+    pub resamples: usize,
+    /// NumPy's `default_rng` seed.
+    pub seed: u64,
+}
+
+impl BootstrapBlock {
+    /// 100 to 100,000 resamples over at least two texts.
+    pub fn validate(&self, texts: usize) -> Result<(), ProtocolError> {
+        if !(MIN_RESAMPLES..=MAX_RESAMPLES).contains(&self.resamples) {
+            return Err(refuse("bootstrap.resamples", "100 to 100,000"));
+        }
+        if texts < 2 {
+            return Err(refuse(
+                "bootstrap",
+                "resamples texts: it needs at least two",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -437,7 +471,7 @@ impl QualityProtocol {
             ));
         }
         if !(1..=MAX_TEXTS).contains(&self.texts.len()) {
-            return Err(refuse("texts", "1 to 8 texts"));
+            return Err(refuse("texts", "1 to 64 texts"));
         }
         let mut names = BTreeSet::new();
         for (i, t) in self.texts.iter().enumerate() {
@@ -510,6 +544,9 @@ impl QualityProtocol {
         self.validate_calibration(&runs)?;
         if let Some(block) = &self.attention {
             block.validate(self.max_tokens, &runs)?;
+        }
+        if let Some(block) = &self.bootstrap {
+            block.validate(self.texts.len())?;
         }
         Ok(runs)
     }

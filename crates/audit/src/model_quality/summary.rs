@@ -23,6 +23,9 @@ pub struct QualitySummary {
     /// Each run's attention error, when the protocol asks for it.
     #[serde(default)]
     pub attention: Option<super::attention::AttentionSummary>,
+    /// The bootstrap intervals, when the protocol asks for them.
+    #[serde(default)]
+    pub bootstrap: Option<super::bootstrap::BootstrapSummary>,
 }
 
 /// summary.json's float32 row.

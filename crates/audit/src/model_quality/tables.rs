@@ -36,6 +36,14 @@ pub fn bytes_cell(value: f64) -> String {
     format!("{sign}{grouped}.{fraction}")
 }
 
+/// What summary.md's tables are rendered from: each run's aggregates, and the attention errors
+/// and bootstrap intervals when the protocol asks for them.
+pub type Expectations<'a> = (
+    &'a [Aggregate],
+    Option<&'a [super::attention::Expected]>,
+    Option<&'a super::bootstrap::Expected>,
+);
+
 /// The tables summary.md must hold, in order: the run table, the quality table, the KL spread
 /// table (median, percentiles, band means), the ranked table when a run is near a budget, the
 /// attention table with an `attention` block, and when generating one table per text.
@@ -43,7 +51,7 @@ pub fn expected_tables(
     p: &QualityProtocol,
     runs: &[Run],
     tokens: &[usize],
-    (aggregates, attention): (&[Aggregate], Option<&[super::attention::Expected]>),
+    (aggregates, attention, bootstrap): Expectations<'_>,
     rows: &[QualityRow],
 ) -> Vec<(&'static str, Vec<Vec<String>>)> {
     let join = |items: Vec<String>| items.join(", ");
@@ -76,6 +84,13 @@ pub fn expected_tables(
             "Gaussian draws".into(),
             block.gaussian_seeds.len().to_string(),
         ]);
+    }
+    if let Some(block) = &p.bootstrap {
+        run_table.push(vec![
+            "bootstrap resamples".into(),
+            block.resamples.to_string(),
+        ]);
+        run_table.push(vec!["bootstrap seed".into(), block.seed.to_string()]);
     }
     let mut tables = vec![("run", run_table)];
     let header = [
@@ -195,6 +210,17 @@ pub fn expected_tables(
         let expected = attention.unwrap_or(&[]);
         tables.push(("attention", super::attention::table(runs, expected)));
     }
+    if p.bootstrap.is_some() {
+        // Without every run's derived rows there is nothing to render: headers only, the
+        // rows' problems reported where they are derived.
+        let empty = super::bootstrap::Expected {
+            runs: Vec::new(),
+            pairs: Vec::new(),
+        };
+        let [intervals, pairs] = super::bootstrap::tables(runs, bootstrap.unwrap_or(&empty));
+        tables.push(("bootstrap intervals", intervals));
+        tables.push(("bootstrap pairs", pairs));
+    }
     if p.generate.is_some() {
         let shown = |text: &str| {
             text.replace('\r', "\\r")
@@ -241,7 +267,7 @@ pub(super) fn check_markdown(
     p: &QualityProtocol,
     runs: &[Run],
     tokens: &[usize],
-    aggregates: (&[Aggregate], Option<&[super::attention::Expected]>),
+    aggregates: Expectations<'_>,
     rows: &[QualityRow],
     report: &mut Report,
 ) {

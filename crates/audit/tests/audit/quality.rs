@@ -683,6 +683,23 @@ fn protocols_outside_the_format_are_refused() {
             |p| matches!(p, Problem::Protocol(e) if e.field == field),
         );
     }
+    // A bootstrap of too few resamples, or over a single text.
+    for (block, field) in [
+        (json!({ "resamples": 50, "seed": 1 }), "bootstrap.resamples"),
+        (json!({ "resamples": 500, "seed": 1 }), "bootstrap"),
+    ] {
+        let mut e = Evidence::new();
+        if field == "bootstrap" {
+            let first = e.manifest["protocol"]["texts"][0].clone();
+            e.manifest["protocol"]["texts"] = json!([first]);
+        }
+        e.manifest["protocol"]["bootstrap"] = block;
+        assert_problem(
+            &e.audit(),
+            field,
+            |p| matches!(p, Problem::Protocol(e) if e.field == field),
+        );
+    }
     let mut e = Evidence::new();
     e.manifest["protocol"]["seeds"] = json!([1]);
     assert_problem(
@@ -1005,4 +1022,99 @@ fn a_runner_study_with_wrong_bytes_a_moved_marker_or_a_stale_hash_fails() {
             })
         )
     });
+}
+
+/// Three short texts and two runs with a paired bootstrap over the texts.
+const RUNNER_BOOTSTRAP: &str = r#"{
+  "study": "bootstrap-quality",
+  "model": "smollm2",
+  "texts": [
+    { "name": "runner", "text": "The runner writes every result into a new directory, with a manifest that pins each file." },
+    { "name": "cache", "text": "A packed cache stores codes, scales and zero points; the audit re-derives every figure." },
+    { "name": "heads", "text": "Attention reads the keys and values of every earlier token, once per layer and head." }
+  ],
+  "max_tokens": 14,
+  "runs": [
+    { "setting": "g4_b4", "policy": "uniform", "schedule": "prefill" },
+    { "setting": "g4_b2", "policy": "uniform", "schedule": "prefill" }
+  ],
+  "bootstrap": { "resamples": 500, "seed": 11 }
+}"#;
+
+fn bootstrap_study() -> &'static Path {
+    static STUDY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &STUDY
+        .get_or_init(|| {
+            models::files::locate_or_fetch(models::ModelName::SmolLm2)
+                .expect("the model is available");
+            let protocol = quality::study::QualityProtocol::from_json(RUNNER_BOOTSTRAP).unwrap();
+            let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+            let dir = tmp.path().join("quality");
+            quality::write::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
+            (tmp, dir)
+        })
+        .1
+}
+
+#[test]
+fn bootstrap_intervals_are_re_derived_and_a_moved_bound_fails() {
+    let dir = bootstrap_study();
+    let report = no_models(dir);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    // Two runs and one pair, besides the two quality rows.
+    assert_eq!(
+        report.counted(audit::common::report::Checked::SummaryRows),
+        2 + 2 + 1
+    );
+
+    // A pair's upper bound nudged in summary.json (hashes rewritten).
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_json(&copy, "summary.json", |s| {
+        let high = s["bootstrap"]["pairs"][0]["kl_mean"]["high"]
+            .as_f64()
+            .unwrap();
+        s["bootstrap"]["pairs"][0]["kl_mean"]["high"] = json!(high * (1.0 + 1e-9));
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &no_models(&copy),
+        "pair bound",
+        |p| matches!(p, Problem::Summary { place, .. } if place == "bootstrap pair 0-1 kl_mean"),
+    );
+
+    // A run's perplexity interval moved in summary.md only.
+    let (_t, copy) = crate::support::copy_of(dir);
+    let md = std::fs::read_to_string(copy.join("summary.md")).unwrap();
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| g4_b4 |") && l.contains(" to "))
+        .unwrap()
+        .to_string();
+    let cells: Vec<&str> = row.split('|').collect();
+    let forged = row.replacen(cells[4].trim(), "0.100% to 0.200%", 1);
+    crate::support::edit_text(&copy, "summary.md", |md| md.replacen(&row, &forged, 1));
+    crate::support::rehash(&copy);
+    assert_problem(&no_models(&copy), "interval cell", |p| {
+        matches!(
+            p,
+            Problem::Markdown(MarkdownProblem::Cell {
+                table: "bootstrap intervals",
+                row: 1,
+                column: 3,
+                ..
+            })
+        )
+    });
+
+    // The intervals dropped from a summary whose protocol asks for them.
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_json(&copy, "summary.json", |s| {
+        s.as_object_mut().unwrap().remove("bootstrap");
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &no_models(&copy),
+        "dropped",
+        |p| matches!(p, Problem::Summary { place, .. } if place == "bootstrap"),
+    );
 }
