@@ -12,8 +12,8 @@
 //!   are; in name order the first, third, ... evaluate and the second, fourth, ... calibrate.
 //!
 //! The cache must be the pinned one: each folder's `SOURCE` names the archive and SHA-256 the
-//! script pins, and holds exactly the files it unpacks. Whether a document is long enough for
-//! a context is the study's to check, with the model's tokenizer.
+//! script pins, and holds exactly the files it unpacks. [`protocol_texts`] picks documents long
+//! enough for a context, by the model's tokenizer, and cuts them for a protocol.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -104,6 +104,18 @@ pub enum CorpusError {
         /// The file.
         path: PathBuf,
     },
+    /// The model's tokenizer refused a document.
+    #[error("tokenizing {name}")]
+    Tokenize {
+        /// The document.
+        name: String,
+        /// The tokenizer's reason.
+        #[source]
+        source: Box<crate::error::QualityError>,
+    },
+    /// A domain other than `prose` or `code`.
+    #[error("unknown domain {0:?}: prose or code")]
+    Domain(String),
     /// An address whose name does not start with `<year>_`.
     #[error("{path}: the name does not start with a year")]
     Name {
@@ -118,6 +130,18 @@ impl fmt::Display for Domain {
             Domain::Prose => "prose",
             Domain::Code => "code",
         })
+    }
+}
+
+impl std::str::FromStr for Domain {
+    type Err = CorpusError;
+
+    fn from_str(s: &str) -> Result<Domain, CorpusError> {
+        match s {
+            "prose" => Ok(Domain::Prose),
+            "code" => Ok(Domain::Code),
+            other => Err(CorpusError::Domain(other.into())),
+        }
     }
 }
 
@@ -167,6 +191,119 @@ pub fn open(dir: &Path) -> Result<Vec<Document>, CorpusError> {
         });
     }
     Ok(documents)
+}
+
+/// `count` evaluation documents of `domain` among those `long_enough` accepts, spread evenly
+/// over them in their order (addresses by year, modules by name): the i-th of n is number
+/// floor(i * n / count). Fewer when fewer qualify.
+pub fn spread(
+    documents: &[Document],
+    domain: Domain,
+    count: usize,
+    mut long_enough: impl FnMut(&Document) -> bool,
+) -> Vec<&Document> {
+    let pool: Vec<&Document> = documents
+        .iter()
+        .filter(|d| d.domain == domain && d.role == Role::Evaluation)
+        .filter(|d| long_enough(d))
+        .collect();
+    let n = pool.len();
+    if count >= n {
+        return pool;
+    }
+    (0..count).map(|i| pool[i * n / count]).collect()
+}
+
+/// The shortest prefix of `text`, cut just before a whitespace character, whose ids (by
+/// `encode`) number more than `tokens` and start with the whole text's first `tokens`: a
+/// protocol then carries a few kilobytes per document instead of the whole address, and the
+/// study, which cuts every text to its first `tokens` ids, reads the same ids. `None` when the
+/// whole text has no more than `tokens` ids.
+pub fn prefix_for<E>(
+    text: &str,
+    tokens: usize,
+    encode: impl Fn(&str) -> Result<Vec<u32>, E>,
+) -> Result<Option<&str>, E> {
+    let whole = encode(text)?;
+    if whole.len() <= tokens {
+        return Ok(None);
+    }
+    // About four bytes a token in English and in Python; grown until the ids agree.
+    let mut guess = 4 * tokens;
+    while guess < text.len() {
+        while !text.is_char_boundary(guess) {
+            guess += 1;
+        }
+        let cut = text[guess..]
+            .char_indices()
+            .find(|(_, c)| c.is_whitespace())
+            .map_or(text.len(), |(i, _)| guess + i);
+        let prefix = &text[..cut];
+        let ids = encode(prefix)?;
+        if ids.len() > tokens && ids[..tokens] == whole[..tokens] {
+            return Ok(Some(prefix));
+        }
+        guess = cut + cut / 4 + 1;
+    }
+    Ok(Some(text))
+}
+
+/// Texts for a model-quality protocol (`runner corpus`): `count` evaluation documents of
+/// `domain` of more than `tokens` ids with `decoder`'s tokenizer, spread over the set
+/// ([`spread`]), each cut to a prefix whose first `tokens` ids are the document's
+/// ([`prefix_for`]) and named by [`protocol_name`].
+pub fn protocol_texts(
+    documents: &[Document],
+    decoder: &crate::decoder::Decoder,
+    domain: Domain,
+    count: usize,
+    tokens: usize,
+) -> Result<Vec<crate::study::QualityText>, CorpusError> {
+    fn tokenize<'a>(
+        d: &'a Document,
+        decoder: &crate::decoder::Decoder,
+        tokens: usize,
+    ) -> Result<Option<&'a str>, CorpusError> {
+        prefix_for(&d.text, tokens, |t| decoder.encode(t)).map_err(|e| CorpusError::Tokenize {
+            name: d.name.clone(),
+            source: Box::new(e),
+        })
+    }
+    let mut failure = None;
+    let picked = spread(documents, domain, count, |d| {
+        match tokenize(d, decoder, tokens) {
+            Ok(prefix) => prefix.is_some(),
+            Err(e) => {
+                failure.get_or_insert(e);
+                false
+            }
+        }
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    picked
+        .into_iter()
+        .map(|d| {
+            let prefix = tokenize(d, decoder, tokens)?.unwrap_or(&d.text);
+            Ok(crate::study::QualityText {
+                name: protocol_name(d),
+                text: prefix.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// A protocol's name for a document: its file name without the folder and extension, code as
+/// `click-<module>`, at most 32 characters.
+pub fn protocol_name(document: &Document) -> String {
+    let file = document.name.rsplit('/').next().unwrap_or(&document.name);
+    let stem = file.rsplit_once('.').map_or(file, |(stem, _)| stem);
+    let name = match document.domain {
+        Domain::Prose => stem.to_string(),
+        Domain::Code => format!("click-{stem}"),
+    };
+    name.chars().take(32).collect()
 }
 
 /// The `.ext` files of a pinned folder with their sizes, in name order, after checking its
@@ -355,5 +492,69 @@ mod tests {
         assert_eq!(count(Domain::Code, Role::Evaluation), 6);
         assert_eq!(count(Domain::Code, Role::Calibration), 6);
         assert!(docs.iter().all(|d| !d.text.contains("(Applause.)")));
+    }
+
+    fn document(name: &str, domain: Domain, role: Role) -> Document {
+        Document {
+            name: name.into(),
+            domain,
+            role,
+            text: String::new(),
+        }
+    }
+
+    #[test]
+    fn spread_takes_evenly_spaced_evaluation_documents_of_the_domain() {
+        let mut docs: Vec<Document> = (0..10)
+            .map(|i| {
+                document(
+                    &format!("sotu/{}_a_b.txt", 1800 + 4 * i),
+                    Domain::Prose,
+                    Role::Evaluation,
+                )
+            })
+            .collect();
+        docs.push(document(
+            "sotu/1802_c_d.txt",
+            Domain::Prose,
+            Role::Calibration,
+        ));
+        docs.push(document("click/core.py", Domain::Code, Role::Evaluation));
+        let names =
+            |picked: Vec<&Document>| picked.iter().map(|d| protocol_name(d)).collect::<Vec<_>>();
+        assert_eq!(
+            names(spread(&docs, Domain::Prose, 4, |_| true)),
+            ["1800_a_b", "1808_a_b", "1820_a_b", "1828_a_b"]
+        );
+        // Documents too short are left out before spreading; asking for more gives them all.
+        assert_eq!(
+            spread(&docs, Domain::Prose, 20, |d| !d.name.contains("1800")).len(),
+            9
+        );
+        assert_eq!(
+            names(spread(&docs, Domain::Code, 3, |_| true)),
+            ["click-core"]
+        );
+    }
+
+    #[test]
+    fn a_prefix_keeps_the_whole_texts_first_ids() {
+        // A toy tokenizer: one id per word, its length; a word cut short would change its id.
+        let encode = |t: &str| -> Result<Vec<u32>, ()> {
+            Ok(t.split_whitespace().map(|w| w.len() as u32).collect())
+        };
+        let text = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi";
+        let prefix = prefix_for(text, 5, encode).unwrap().unwrap();
+        let (ids, whole) = (encode(prefix).unwrap(), encode(text).unwrap());
+        assert!(ids.len() > 5 && ids[..5] == whole[..5], "{prefix:?}");
+        assert!(text.starts_with(prefix) && prefix.len() < text.len());
+        assert_eq!(prefix_for("one two", 2, encode).unwrap(), None);
+        // A first guess inside a character of several bytes moves on to its end.
+        let dashes = "a\u{2014}\u{2014}\u{2014}\u{2014} b c d e f g h i j k l m";
+        assert!(prefix_for(dashes, 2, encode).unwrap().is_some());
+        assert_eq!(
+            prefix_for("one two three", 2, encode).unwrap(),
+            Some("one two three")
+        );
     }
 }

@@ -18,7 +18,7 @@
 //! - [`generate`]: greedy generation with a packed cache;
 //! - [`error`]: typed errors;
 //! - [`corpus`]: the public evaluation texts (`scripts/fetch-texts`) as documents, cleaned and
-//!   split into evaluation and calibration sets (no study reads them yet);
+//!   split into evaluation and calibration sets, and a protocol's texts from them (`runner corpus`);
 //! - [`one_text`]: `runner quality`, one text under one configuration, with greedy text;
 //! - [`study`]: `runner quality --protocol`, an archived study (protocol, runs, summary), with
 //!   its summary.md ([`report`]), chart ([`chart`]) and frontier and matched-budget ranking

@@ -147,6 +147,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the `texts` of a model-quality protocol from the public corpus (docs/texts.md;
+    /// `scripts/fetch-texts`), as a JSON array: COUNT evaluation documents of a domain longer
+    /// than TOKENS ids of the model, spread over the set, each cut to a prefix whose first TOKENS
+    /// ids are the document's.
+    Corpus {
+        /// `smollm2` or `gemma3`: whose tokenizer counts the ids.
+        #[arg(long)]
+        model: models::ModelName,
+        /// `prose` (State of the Union addresses) or `code` (click's modules).
+        #[arg(long)]
+        domain: quality::corpus::Domain,
+        /// Documents wanted.
+        #[arg(long)]
+        count: usize,
+        /// Ids each document must exceed.
+        #[arg(long)]
+        tokens: usize,
+        /// The text cache (default: $KVPACK_TEXTS, else text-cache/ in the current directory).
+        #[arg(long, value_name = "DIR")]
+        texts: Option<PathBuf>,
+    },
     /// Print what a cache stores for a text of N tokens of a decoder, without running it: bytes
     /// per token, the float32 cache's for the same tokens, and bits per element (a sliding
     /// layer holds its window only). KVQuant, whose bytes depend on the values, is refused.
@@ -243,6 +264,32 @@ fn real_main() -> Result<()> {
             text_file,
             out,
         }) => kv(model, text, text_file, &out),
+        Some(Command::Corpus {
+            model,
+            domain,
+            count,
+            tokens,
+            texts,
+        }) => {
+            let dir = texts
+                .or_else(|| std::env::var_os("KVPACK_TEXTS").map(PathBuf::from))
+                .unwrap_or_else(|| PathBuf::from("text-cache"));
+            let documents = quality::corpus::open(&dir)
+                .with_context(|| format!("the text cache {}", dir.display()))?;
+            let files = models::files::locate_or_fetch(model)?;
+            let decoder = quality::decoder::Decoder::load(&files)?;
+            let picked =
+                quality::corpus::protocol_texts(&documents, &decoder, domain, count, tokens)?;
+            if picked.len() < count {
+                anyhow::bail!(
+                    "only {} {domain} evaluation documents exceed {tokens} ids, {count} asked for",
+                    picked.len()
+                );
+            }
+            let out = format!("{}\n", serde_json::to_string_pretty(&picked)?);
+            let _ = std::io::stdout().lock().write_all(out.as_bytes());
+            Ok(())
+        }
         Some(Command::Bytes {
             model,
             tokens,

@@ -514,3 +514,66 @@ fn runner_bytes_prints_a_caches_cost_without_the_model() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// `runner corpus` prints a protocol's texts from the fetched public corpus (CI runs
+/// `scripts/fetch-texts` first): documents longer than the asked ids, each a prefix of the
+/// cleaned document whose first ids are the document's; asking for more than qualify, or for a
+/// domain that does not exist, is refused by name.
+#[test]
+fn runner_corpus_prints_protocol_texts_cut_to_the_asked_ids() {
+    let cache = std::env::var_os("KVPACK_TEXTS").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../text-cache"),
+        std::path::PathBuf::from,
+    );
+    if !cache.join("sotu/SOURCE").exists() {
+        eprintln!(
+            "skipped: no text cache at {} (scripts/fetch-texts)",
+            cache.display()
+        );
+        return;
+    }
+    let cache = cache.to_str().unwrap();
+    let args = |count: &str, domain: &str| {
+        let mut a = vec!["corpus", "--model", "smollm2", "--domain", domain];
+        a.extend(["--count", count, "--tokens", "300", "--texts", cache]);
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run = |a: Vec<String>| runner(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let output = run(args("3", "code"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let texts: Vec<quality::study::QualityText> = serde_json::from_slice(&output.stdout).unwrap();
+    let names: Vec<&str> = texts.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names.len(), 3);
+    assert!(names.iter().all(|n| n.starts_with("click-")), "{names:?}");
+
+    let documents = quality::corpus::open(Path::new(cache)).unwrap();
+    let files = models::files::locate_or_fetch(ModelName::SmolLm2).unwrap();
+    let decoder = quality::decoder::Decoder::load(&files).unwrap();
+    for text in &texts {
+        let module = text.name.trim_start_matches("click-");
+        let whole = documents
+            .iter()
+            .find(|d| d.name == format!("click/{module}.py"))
+            .unwrap();
+        assert!(whole.text.starts_with(&text.text) && text.text.len() < whole.text.len());
+        let (ids, all) = (
+            decoder.encode(&text.text).unwrap(),
+            decoder.encode(&whole.text).unwrap(),
+        );
+        assert!(ids.len() > 300 && ids[..300] == all[..300], "{}", text.name);
+    }
+
+    for (a, needle) in [
+        (args("500", "prose"), "asked for"),
+        (args("2", "poetry"), "unknown domain \"poetry\""),
+    ] {
+        let output = run(a);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && output.stdout.is_empty(),
+            "{stderr}"
+        );
+        assert!(stderr.contains(needle), "{stderr}");
+    }
+}
