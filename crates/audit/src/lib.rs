@@ -168,5 +168,7 @@ pub fn audit_pins(root_manifest: &Path, tree: &Path) -> Vec<Report> {
 
 /// [`audit_pins`] with [`Options`] (used for every pinned directory).
 pub fn audit_pins_with(root_manifest: &Path, tree: &Path, options: &Options) -> Vec<Report> {
-    common::pins::audit_pins(root_manifest, |dir| audit_opened(dir, tree, options))
+    common::pins::audit_pins(root_manifest, |dir| {
+        audit_opened(dir, tree, &options.for_pinned(dir.path()))
+    })
 }

@@ -36,6 +36,10 @@ struct Cli {
     /// report names them, and a PASS covers only those passes.
     #[arg(long, value_name = "K", conflicts_with = "no_models")]
     sample: Option<usize>,
+    /// With --sample and no DIR: sample only this pinned directory (repeatable; a path as from
+    /// the current directory); every other pinned directory re-runs every pass.
+    #[arg(long, value_name = "DIR", requires = "sample", conflicts_with = "dir")]
+    sample_only: Vec<PathBuf>,
 }
 
 fn main() {
@@ -50,6 +54,7 @@ fn main() {
         options.models = audit::Models::Cache(dir);
     }
     options.sample = cli.sample;
+    options.sample_only = cli.sample_only;
     let reports = match &cli.dir {
         Some(dir) => vec![audit::audit_dir_with(dir, &tree, &options)],
         None => {

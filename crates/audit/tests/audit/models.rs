@@ -106,6 +106,7 @@ fn with_models(dir: &Path, models: &Path) -> audit::Report {
     let options = Options {
         models: Models::Cache(models.to_path_buf()),
         sample: None,
+        sample_only: Vec::new(),
     };
     audit::audit_dir_with(dir, &workspace(), &options)
 }
