@@ -210,6 +210,21 @@ fn same(found: &Bounds, expected: &Bounds) -> bool {
         && close(found.high, expected.high)
 }
 
+/// One row's recorded bounds (named by field) held to the expected ones, in order; the row
+/// counted.
+fn compare(label: &str, got: &[(&str, &Bounds)], want: &[Bounds], report: &mut Report) {
+    for ((field, found), expected) in got.iter().zip(want) {
+        if !same(found, expected) {
+            report.fail(Problem::Summary {
+                place: format!("{label} {field}"),
+                found: format!("{found:?}"),
+                expected: format!("{expected:?}"),
+            });
+        }
+    }
+    report.count(Checked::SummaryRows, 1);
+}
+
 /// summary.json's `bootstrap` held to the block and the expected intervals.
 pub fn check_summary(
     block: Option<&BootstrapBlock>,
@@ -296,17 +311,7 @@ pub fn check_summary(
             ("kl_mean", &row.kl_mean),
             ("top1_agreement", &row.top1_agreement),
         ];
-        for ((field, f), e) in got.into_iter().zip(want) {
-            if !same(f, e) {
-                fail(
-                    report,
-                    format!("{label} {field}"),
-                    format!("{f:?}"),
-                    format!("{e:?}"),
-                );
-            }
-        }
-        report.count(Checked::SummaryRows, 1);
+        compare(&label, &got, want, report);
     }
     for (pair, (a, b, want)) in found.pairs.iter().zip(&expected.pairs) {
         let label = format!("bootstrap pair {a}-{b}");
@@ -324,17 +329,7 @@ pub fn check_summary(
             ("kl_mean", &pair.kl_mean),
             ("top1_agreement", &pair.top1_agreement),
         ];
-        for ((field, f), e) in got.into_iter().zip(want) {
-            if !same(f, e) {
-                fail(
-                    report,
-                    format!("{label} {field}"),
-                    format!("{f:?}"),
-                    format!("{e:?}"),
-                );
-            }
-        }
-        report.count(Checked::SummaryRows, 1);
+        compare(&label, &got, want, report);
     }
 }
 

@@ -48,6 +48,7 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
         "UNVERIFIED evidence/model-quality",
         "UNVERIFIED evidence/kv-methods",
         "UNVERIFIED evidence/model-quality-gemma3",
+        "UNVERIFIED evidence/model-quality-corpus",
         "pinned file hashes",
     ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
@@ -154,6 +155,7 @@ fn a_crlf_checkout_audits_the_archived_evidence_pass() {
         "model-quality",
         "kv-methods",
         "model-quality-gemma3",
+        "model-quality-corpus",
     ] {
         assert!(
             stdout.contains(&format!("PASS evidence/{dir}\n")),
