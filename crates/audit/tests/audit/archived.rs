@@ -49,6 +49,7 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
         "UNVERIFIED evidence/kv-methods",
         "UNVERIFIED evidence/model-quality-gemma3",
         "UNVERIFIED evidence/model-quality-corpus",
+        "UNVERIFIED evidence/model-quality-code",
         "pinned file hashes",
     ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
@@ -156,6 +157,7 @@ fn a_crlf_checkout_audits_the_archived_evidence_pass() {
         "kv-methods",
         "model-quality-gemma3",
         "model-quality-corpus",
+        "model-quality-code",
     ] {
         assert!(
             stdout.contains(&format!("PASS evidence/{dir}\n")),
