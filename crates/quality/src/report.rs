@@ -19,7 +19,7 @@ use evidence::format::thousands;
 use evidence::table::Table;
 
 use crate::attention_error::AttentionSummary;
-use crate::bootstrap::{BootstrapSummary, Interval};
+use crate::bootstrap::{BootstrapSummary, Interval, RunIntervals};
 use crate::frontier::{self, BUDGETS};
 use crate::metrics::POSITION_BANDS;
 use crate::study::{QualityProtocol, Study, Summary};
@@ -206,6 +206,15 @@ fn decimal_interval(i: &Interval) -> String {
     format!("{:.6} to {:.6}", i.low, i.high)
 }
 
+/// How reports name an interval row's cache ([`crate::study::run_label`]).
+fn interval_label(r: &RunIntervals) -> String {
+    crate::study::run_label(
+        r.setting.as_deref(),
+        r.policy.as_deref(),
+        r.scheme.as_deref(),
+    )
+}
+
 /// The interval table: per run, the perplexity change (percent, 3 decimals), mean KL (6) and
 /// top-1 agreement (percent, 3), each beside its 95 % bootstrap interval.
 pub fn interval_table(b: &BootstrapSummary) -> Table {
@@ -224,11 +233,7 @@ pub fn interval_table(b: &BootstrapSummary) -> Table {
         .iter()
         .map(|r| {
             vec![
-                crate::study::run_label(
-                    r.setting.as_deref(),
-                    r.policy.as_deref(),
-                    r.scheme.as_deref(),
-                ),
+                interval_label(r),
                 r.schedule.clone(),
                 format!("{:.3}%", r.perplexity_change.estimate * 100.0),
                 percent_interval(&r.perplexity_change),
@@ -260,18 +265,7 @@ pub fn pair_table(b: &BootstrapSummary) -> Table {
         "95% interval",
         "interval excludes zero",
     ];
-    let name = |r: usize| {
-        let run = &b.runs[r];
-        format!(
-            "{} {}",
-            crate::study::run_label(
-                run.setting.as_deref(),
-                run.policy.as_deref(),
-                run.scheme.as_deref()
-            ),
-            run.schedule
-        )
-    };
+    let name = |r: usize| format!("{} {}", interval_label(&b.runs[r]), b.runs[r].schedule);
     let points = |i: &Interval| format!("{:.3} to {:.3}", i.low * 100.0, i.high * 100.0);
     let rows = b
         .pairs
