@@ -848,11 +848,19 @@ const RUNNER_TINY: &str = r#"{
 /// directory for the process; each test tampers with its own copy).
 fn runner_study() -> &'static Path {
     static STUDY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &STUDY
+    written_once(&STUDY, RUNNER_TINY)
+}
+
+/// `protocol` run by the quality crate into a directory kept in `cell` for the process.
+fn written_once(
+    cell: &'static OnceLock<(tempfile::TempDir, PathBuf)>,
+    protocol: &str,
+) -> &'static Path {
+    &cell
         .get_or_init(|| {
             models::files::locate_or_fetch(models::ModelName::SmolLm2)
                 .expect("the model is available");
-            let protocol = quality::study::QualityProtocol::from_json(RUNNER_TINY).unwrap();
+            let protocol = quality::study::QualityProtocol::from_json(protocol).unwrap();
             let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
             let dir = tmp.path().join("quality");
             quality::write::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
@@ -1044,17 +1052,7 @@ const RUNNER_BOOTSTRAP: &str = r#"{
 
 fn bootstrap_study() -> &'static Path {
     static STUDY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &STUDY
-        .get_or_init(|| {
-            models::files::locate_or_fetch(models::ModelName::SmolLm2)
-                .expect("the model is available");
-            let protocol = quality::study::QualityProtocol::from_json(RUNNER_BOOTSTRAP).unwrap();
-            let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-            let dir = tmp.path().join("quality");
-            quality::write::run(&protocol, "a test protocol".into(), &dir, 2, &|_| {}).unwrap();
-            (tmp, dir)
-        })
-        .1
+    written_once(&STUDY, RUNNER_BOOTSTRAP)
 }
 
 #[test]
