@@ -29,9 +29,9 @@
 use std::sync::Arc;
 
 use kvschemes::kvquant::{Calibration, KvQuantScheme};
-use models::llama::{HookError, KvSource, LayerKv, ModelError, OwnKv, row_of};
-use models::{CausalLm, ModelShape};
-use ndarray::{Array2, Array3};
+use models::ModelShape;
+use models::llama::{HookError, KvSource, LayerKv, row_of};
+use ndarray::Array3;
 use nprand::NumpyRng;
 use rayon::ThreadPool;
 use rayon::prelude::*;
@@ -206,7 +206,7 @@ pub struct GaussianRun {
 
 /// Every run's cache of one layer (built by `layer`) against the layer's float32 K/V, on
 /// `pool`: each run's error, and the bytes its cache stores.
-fn layer_errors(
+pub(crate) fn layer_errors(
     specs: &[Cache],
     layer: &LayerBuilder,
     (l, layers): (usize, usize),
@@ -224,31 +224,6 @@ fn layer_errors(
             })
             .collect()
     })
-}
-
-/// The float32 pass over `ids` with every run's attention error measured at each layer: the
-/// stream after the last block (bit for bit the plain pass's) and, per run, each layer's error.
-pub fn text_pass(
-    model: &dyn CausalLm,
-    ids: &[u32],
-    specs: &[Cache],
-    layer: &LayerBuilder,
-    stride: usize,
-    pool: &ThreadPool,
-) -> Result<(Array2<f32>, Vec<Vec<LayerError>>), ModelError> {
-    let layers = model.layers();
-    let mut errors = vec![Vec::with_capacity(layers); specs.len()];
-    let (hidden, _) = model.hidden_with_layer_source(ids, &mut |l, kv| {
-        let window = model.window(l);
-        for (run, (e, _)) in layer_errors(specs, layer, (l, layers), window, kv, stride, pool)?
-            .into_iter()
-            .enumerate()
-        {
-            errors[run].push(e);
-        }
-        Ok(Box::new(OwnKv::new(kv.k, kv.v)))
-    })?;
-    Ok((hidden, errors))
 }
 
 /// Every run on the Gaussian draw of `seed` (module docs), `tokens` positions of a model of

@@ -130,6 +130,7 @@ mod tests {
             rows,
             attention: None,
             bootstrap: None,
+            mechanisms: None,
         }
     }
 

@@ -15,6 +15,8 @@
 //! - [`metrics`]: log-softmax, NLL, KL and top-1 agreement in f64;
 //! - [`bootstrap`]: a paired bootstrap over the texts, an interval for every change and
 //!   every difference between runs;
+//! - [`mechanisms`]: what the float32 cache looks like (outlier key channels, per-channel
+//!   offsets, attention on the first token), per layer and KV head;
 //! - [`generate`]: greedy generation with a packed cache;
 //! - [`error`]: typed errors;
 //! - [`corpus`]: the public evaluation texts (`scripts/fetch-texts`) as documents, cleaned and
@@ -40,6 +42,7 @@ pub mod decoder;
 pub mod error;
 pub mod frontier;
 pub mod generate;
+pub mod mechanisms;
 pub mod metrics;
 pub mod one_text;
 pub mod report;

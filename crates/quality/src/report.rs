@@ -11,7 +11,7 @@
 //! bits per element, KL mean, perplexity change, top-1 agreement and whether they lie on their
 //! schedule's Pareto frontier), the attention-error table when the protocol asks for it
 //! ([`attention_table`]), with a bootstrap the interval and pair tables ([`interval_table`],
-//! [`pair_table`]), and, when generating, one table per text with each run's first
+//! [`pair_table`]), with `mechanisms` the mechanisms table ([`mechanisms_table`]), and, when generating, one table per text with each run's first
 //! departure from the float32 cache's greedy text and the text itself (in a code span, newlines
 //! written `\n`, `|` escaped).
 
@@ -21,6 +21,7 @@ use evidence::table::Table;
 use crate::attention_error::AttentionSummary;
 use crate::bootstrap::{BootstrapSummary, Interval, RunIntervals};
 use crate::frontier::{self, BUDGETS};
+use crate::mechanisms::MechanismSummary;
 use crate::metrics::POSITION_BANDS;
 use crate::study::{QualityProtocol, Study, Summary};
 
@@ -418,6 +419,38 @@ pub fn attention_table(attention: &AttentionSummary) -> Table {
     }
 }
 
+/// The mechanisms table: per layer, each measure's mean over the layer's KV heads
+/// ([`crate::mechanisms::layer_means`]): the outlier ratios with 2 decimals, the key energy in
+/// channel means and the first-token attention in percent with 1.
+pub fn mechanisms_table(m: &MechanismSummary) -> Table {
+    let headers = [
+        "layer",
+        "key outlier ratio before RoPE",
+        "after RoPE",
+        "key energy in channel means",
+        "attention on the first token",
+    ];
+    let rows = m
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(l, heads)| {
+            let [before, after, energy, sink] = crate::mechanisms::layer_means(heads);
+            vec![
+                l.to_string(),
+                format!("{before:.2}"),
+                format!("{after:.2}"),
+                format!("{:.1}%", energy * 100.0),
+                format!("{:.1}%", sink * 100.0),
+            ]
+        })
+        .collect();
+    Table {
+        headers: headers.iter().map(|h| h.to_string()).collect(),
+        rows,
+    }
+}
+
 /// summary.md's text.
 pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Summary) -> String {
     let mut md = String::new();
@@ -493,6 +526,21 @@ pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Sum
              excludes zero.",
         );
         line(&pair_table(b).to_markdown());
+    }
+    if let Some(m) = &summary.mechanisms {
+        line("## What the float keys look like");
+        line(
+            "Measured on each text's float pass and averaged over the texts and over each \
+             layer's key-value heads. A key channel's size is its root mean square over the \
+             positions; the outlier ratio is the largest channel's over the median channel's, \
+             before and after the rotary position embedding. The key energy in channel means is \
+             the share of the keys' mean square carried by each channel's mean, which a \
+             per-channel offset puts there and a per-token group must spend its range on. The \
+             attention on the first token is the share of every query's attention that goes to \
+             the text's first position (an attention sink), over the query heads and every later \
+             position. Each head's values are in summary.json and each text's in arrays.npz.",
+        );
+        line(&mechanisms_table(m).to_markdown());
     }
     if protocol.generate.is_some() {
         line("## Greedy text");

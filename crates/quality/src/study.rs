@@ -25,7 +25,9 @@
 //!   most [`MAX_GAUSSIAN_SEEDS`], distinct) and, when a KVQuant run has Gaussian draws to
 //!   quantize, a `calibration_seed` that is none of them;
 //! - `bootstrap` (optional, at least two texts): `resamples` ([`MIN_RESAMPLES`] to
-//!   [`MAX_RESAMPLES`]) and a `seed`: a paired bootstrap over the texts ([`crate::bootstrap`]).
+//!   [`MAX_RESAMPLES`]) and a `seed`: a paired bootstrap over the texts ([`crate::bootstrap`]);
+//! - `mechanisms` (optional, `false` when absent): `true` to measure the float32 cache's outlier
+//!   key channels, per-channel offsets and first-token attention ([`crate::mechanisms`]).
 //!
 //! Rows run texts first, then runs in protocol order; a row's id is
 //! `t{text}_{setting}_{policy}_{schedule}` or `t{text}_{scheme}_{schedule}`, with `:` and `+`
@@ -37,7 +39,8 @@
 //!   (float32 `[layers, W]`: each key channel's fp16 thresholds, widened) and `_key_levels` and
 //!   `_value_levels` (float32 `[layers, 2^bits]`); then per text, in order, `t{i}_ids` (int64 `[T]`), `t{i}_f32_logp` (float64 `[T-1]`,
 //!   ln p_f32(ids[j+1] | ids[..=j]) from an f64 log-softmax of the f32 logits), `t{i}_f32_argmax`
-//!   (int64 `[T-1]`) and, when generating, `t{i}_f32_generated` (int64 `[tokens]`); then per row, in
+//!   (int64 `[T-1]`), when generating, `t{i}_f32_generated` (int64 `[tokens]`) and, with
+//!   `mechanisms`, `t{i}_mechanisms` (float64 `[layers, kv_heads, 4]`); then per row, in
 //!   run order, `<id>_logp`, `<id>_kl` (float64 `[T-1]`, KL(p_f32 || p_packed) over the whole
 //!   vocabulary), `<id>_argmax` (int64 `[T-1]`), for a KVQuant run `<id>_outliers` (int64
 //!   `[layers]`: the outlier values each layer's cache stores, K and V together, which with the
@@ -49,7 +52,8 @@
 //! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]) and,
 //!   with `attention`, a row per run of its attention error
 //!   ([`crate::attention_error::AttentionRow`]) and, with `bootstrap`, each run's and each pair
-//!   of runs' intervals ([`crate::bootstrap::BootstrapSummary`]);
+//!   of runs' intervals ([`crate::bootstrap::BootstrapSummary`]) and, with `mechanisms`, their
+//!   means over the texts ([`crate::mechanisms::MechanismSummary`]);
 //! - `quality-vs-bytes.svg`: mean KL against cache bytes per token, with each schedule's Pareto
 //!   frontier ([`crate::chart`]);
 //! - `manifest.json`: [`crate::write::QualityManifest`].
@@ -66,6 +70,7 @@ use crate::attention_error::{
     MAX_GAUSSIAN_SEEDS,
 };
 use crate::bootstrap::{BootstrapSpec, BootstrapSummary, MAX_RESAMPLES, MIN_RESAMPLES};
+use crate::mechanisms::{HeadMeasures, MechanismSummary};
 use crate::metrics::{self, kl, log_softmax};
 use crate::scheme::{Cache, SchemeSpec};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
@@ -74,9 +79,11 @@ use std::sync::Arc;
 use crate::decoder::Decoder;
 use kvschemes::Scheme;
 use kvschemes::kvquant::{Calibration, KvQuantScheme};
+use models::CausalLm;
 use models::ModelName;
-use models::llama::{LayerKv, ModelError, argmax};
+use models::llama::{LayerKv, ModelError, OwnKv, argmax};
 use models::tokenizer::bpe::BpeError;
+use ndarray::Array2;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -135,6 +142,9 @@ pub struct QualityProtocol {
     /// A paired bootstrap over the texts ([`crate::bootstrap`]), when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapSpec>,
+    /// Whether each text's float32 pass measures the mechanisms ([`crate::mechanisms`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mechanisms: bool,
 }
 
 /// One text.
@@ -638,6 +648,8 @@ pub struct TextResult {
     pub generated: Option<Vec<u32>>,
     /// Its UTF-8 lossy decode.
     pub generated_text: Option<String>,
+    /// Per layer, per KV head, the mechanisms measured on the pass, when asked for.
+    pub mechanisms: Option<Vec<Vec<HeadMeasures>>>,
 }
 
 /// One row: a run on a text, with its per-position arrays.
@@ -843,16 +855,12 @@ pub fn run_study_with(
             ids.len(),
         );
         // The float32 pass, shared by every run of this text (and where each run's attention
-        // error is measured, when asked for).
-        let hidden = match &protocol.attention {
-            Some(a) => {
-                let (hidden, errors) =
-                    crate::attention_error::text_pass(model, &ids, &specs, layer, a.stride, &pool)?;
-                attention_texts.push(errors);
-                hidden
-            }
-            None => model.hidden_with(&ids, &mut |_, _, _| Ok(()))?.0,
-        };
+        // error and the mechanisms are measured, when asked for).
+        let (hidden, errors, mechanisms) =
+            float32_pass(protocol, model, &ids, &specs, layer, &pool)?;
+        if let Some(errors) = errors {
+            attention_texts.push(errors);
+        }
         let logits = model.logits(hidden.view());
         drop(hidden);
         let mut f32_rows = Vec::with_capacity(positions);
@@ -916,6 +924,7 @@ pub fn run_study_with(
             argmax: f32_argmax,
             generated: f32_generated,
             generated_text: f32_generated_text,
+            mechanisms,
         });
     }
     let attention = match &protocol.attention {
@@ -959,6 +968,60 @@ pub fn run_study_with(
         calibration,
         attention,
     })
+}
+
+/// Each layer's attention error per run, from a text's float32 pass.
+type TextErrors = Vec<Vec<LayerError>>;
+/// Each layer's mechanisms per KV head, from a text's float32 pass.
+type TextMechanisms = Vec<Vec<HeadMeasures>>;
+/// A text's float32 pass: the stream the LM head reads, and what it measured when asked.
+type Float32Pass = (Array2<f32>, Option<TextErrors>, Option<TextMechanisms>);
+
+/// A text's float32 pass: the stream the LM head reads and, when the protocol asks, every run's
+/// attention error at each layer ([`crate::attention_error`]) and each layer's mechanisms
+/// ([`crate::mechanisms`]). A source that hands attention the layer's own rows gives the plain
+/// pass's bits.
+fn float32_pass(
+    protocol: &QualityProtocol,
+    model: &dyn CausalLm,
+    ids: &[u32],
+    specs: &[Cache],
+    layer: &LayerBuilder,
+    pool: &rayon::ThreadPool,
+) -> Result<Float32Pass, ModelError> {
+    if protocol.attention.is_none() && !protocol.mechanisms {
+        let hidden = model.hidden_with(ids, &mut |_, _, _| Ok(()))?.0;
+        return Ok((hidden, None, None));
+    }
+    let layers = model.layers();
+    let mut errors = vec![Vec::with_capacity(layers); specs.len()];
+    let mut mechanisms = Vec::with_capacity(layers);
+    let (hidden, _) = model.hidden_with_layer_source(ids, &mut |l, kv| {
+        let window = model.window(l);
+        if let Some(a) = &protocol.attention {
+            let measured = crate::attention_error::layer_errors(
+                specs,
+                layer,
+                (l, layers),
+                window,
+                kv,
+                a.stride,
+                pool,
+            )?;
+            for (run, (e, _)) in measured.into_iter().enumerate() {
+                errors[run].push(e);
+            }
+        }
+        if protocol.mechanisms {
+            mechanisms.push(crate::mechanisms::layer(kv, window, pool));
+        }
+        Ok(Box::new(OwnKv::new(kv.k, kv.v)))
+    })?;
+    Ok((
+        hidden,
+        protocol.attention.is_some().then_some(errors),
+        protocol.mechanisms.then_some(mechanisms),
+    ))
 }
 
 /// What one row is computed from.
@@ -1099,6 +1162,9 @@ pub struct Summary {
     /// Intervals from a paired bootstrap over the texts, when the protocol asks for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapSummary>,
+    /// The mechanisms per layer and KV head, averaged over the texts, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mechanisms: Option<MechanismSummary>,
 }
 
 /// The float32 cache's row of the summary.
@@ -1236,6 +1302,13 @@ pub fn summarize(protocol: &QualityProtocol, study: &Study) -> Summary {
             .bootstrap
             .filter(|_| rows.len() == texts * runs)
             .map(|spec| summarize_bootstrap(&spec, protocol, rows)),
+        mechanisms: study
+            .texts
+            .iter()
+            .map(|t| t.mechanisms.clone())
+            .collect::<Option<Vec<_>>>()
+            .filter(|_| protocol.mechanisms)
+            .map(|texts| crate::mechanisms::summarize(&texts)),
     }
 }
 

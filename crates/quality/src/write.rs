@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use models::ModelFiles;
-use ndarray::{Array1, Array2};
+use ndarray::{Array1, Array2, Array3};
 use serde::{Deserialize, Serialize};
 
 use evidence::provenance::{Git, Platform, Tool, git_info, source_hashes, source_roots};
@@ -93,6 +93,11 @@ pub fn write(
         writer.add_array(&id, "f32_argmax", &i64s(&text.argmax))?;
         if let Some(g) = &text.generated {
             writer.add_array(&id, "f32_generated", &i64s(g))?;
+        }
+        if let Some(m) = &text.mechanisms {
+            let heads = m.first().map_or(0, Vec::len);
+            let table = Array3::from_shape_fn((m.len(), heads, 4), |(l, h, i)| m[l][h][i]);
+            writer.add_array(&id, "mechanisms", &table)?;
         }
     }
     for row in &study.rows {

@@ -89,6 +89,10 @@ pub fn members(
         if let Some(n) = generated {
             out.push((format!("t{i}_f32_generated"), I64, vec![n]));
         }
+        if p.mechanisms {
+            let kv_heads = p.geometry().kv_heads;
+            out.push((super::mechanisms::member(i), F64, vec![layers, kv_heads, 4]));
+        }
     }
     for (i, &t) in tokens.iter().enumerate() {
         for run in runs {

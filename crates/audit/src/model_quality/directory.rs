@@ -47,6 +47,7 @@ pub fn audit(
         return;
     };
     let mut attention_expected = None;
+    let mut mechanisms_expected = None;
     let derived = match archive {
         Some(Ok(archive)) => {
             report.count(Checked::ArchiveMembers, archive.names().len());
@@ -73,6 +74,8 @@ pub fn audit(
             rerun.check(&archive, options, report);
             let gaussian = attention::check_gaussian(p, &runs, &archive, report);
             attention_expected = attention::expected(p, &runs, p.texts.len(), &archive, &gaussian);
+            mechanisms_expected = super::mechanisms::read(p, &archive, report)
+                .map(|texts| super::mechanisms::expected(&texts));
             derived
         }
         Some(Err(e)) => {
@@ -116,6 +119,12 @@ pub fn audit(
                     summary.bootstrap.as_ref(),
                     report,
                 );
+                super::mechanisms::check_summary(
+                    p,
+                    mechanisms_expected.as_deref(),
+                    summary.mechanisms.as_ref(),
+                    report,
+                );
             }
             Err(problem) => report.fail(problem),
         }
@@ -135,6 +144,7 @@ pub fn audit(
                     &aggregates,
                     attention_expected.as_deref(),
                     bootstrap_expected.as_ref(),
+                    mechanisms_expected.as_deref(),
                 ),
                 &rows,
                 report,

@@ -36,6 +36,11 @@
 //! attention table are derived from them, the Gaussian bits per element from the audit's own
 //! byte rules (KVQuant's from its own outlier counts).
 //!
+//! With `mechanisms` ([`mechanisms`]) each re-run float32 pass measures every layer's key
+//! outlier ratios, key energy in channel means and first-token attention with the audit's own
+//! arithmetic and requires `t{i}_mechanisms` bit for bit; summary.json's `mechanisms` and
+//! summary.md's mechanisms table are derived from the archived (range-checked) values.
+//!
 //! With a `bootstrap` block ([`bootstrap`]) summary.json's intervals (every run's change against
 //! the float32 cache, every pair's difference) and summary.md's two interval tables are
 //! re-derived from the audit's own per-text values, with the resamples drawn again through
@@ -77,6 +82,7 @@ pub mod directory;
 pub mod frontier;
 pub mod geometry;
 pub mod manifest;
+pub mod mechanisms;
 pub mod packed_attention;
 pub mod protocol;
 pub mod require;

@@ -70,6 +70,9 @@ pub struct QualityProtocol {
     /// A paired bootstrap over the texts, when asked for ([`super::bootstrap`]).
     #[serde(default)]
     pub bootstrap: Option<BootstrapBlock>,
+    /// Whether each text's float32 pass measures the mechanisms ([`super::mechanisms`]).
+    #[serde(default)]
+    pub mechanisms: bool,
 }
 
 /// Most Gaussian seeds.

@@ -48,6 +48,7 @@ use rayon::prelude::*;
 use super::arrays::{CALIBRATION_ARRAYS, calibration_prefix};
 use super::attention;
 use super::cache;
+use super::mechanisms;
 use super::protocol::{CALIBRATION_TOKENS, QualityProtocol, Run};
 use super::require::{require, require_shaped};
 use super::results::QualityRow;
@@ -211,10 +212,11 @@ impl Rerun<'_> {
         let all = pass_ids(self.protocol, self.runs);
         let decoder = self.protocol.geometry().model;
         let Some(model) = model_files::load(decoder, &options.models, report) else {
-            let attention = if self.protocol.attention.is_some() {
-                ", the texts' attention errors"
-            } else {
-                ""
+            let attention = match (self.protocol.attention.is_some(), self.protocol.mechanisms) {
+                (true, true) => ", the texts' attention errors, their mechanisms",
+                (true, false) => ", the texts' attention errors",
+                (false, true) => ", the texts' mechanisms",
+                (false, false) => "",
             };
             report.unverified(format!(
                 "{} model passes (log-probs, KL values, argmaxes{attention} and generated ids) \
@@ -447,7 +449,17 @@ fn passes(
             continue;
         }
         check_tokens(tokenizer, &text.text, p.max_tokens, recorded, t, report);
-        let plain = match attention_pass(p, &rows, calibrations, lm, recorded, t, archive, report) {
+        let measure = chosen.contains(&f32_pass);
+        let plain = match float32_pass(
+            p,
+            &rows,
+            calibrations,
+            lm,
+            recorded,
+            (t, measure),
+            archive,
+            report,
+        ) {
             Ok(hidden) => hidden,
             Err(e) => {
                 return report.fail(Problem::RerunFailed {
@@ -523,45 +535,65 @@ fn passes(
 }
 
 /// Text `t`'s float32 pass: the stream after the last block (bit for bit the plain pass's,
-/// its source handing back the layer's own rows), and with an `attention` block each run of
+/// its source handing back the layer's own rows), with an `attention` block each run of
 /// `rows`' attention error at every layer, re-derived with the audit's cache of the run and
-/// required bit for bit ([`attention`]).
+/// required bit for bit ([`attention`]), and with `mechanisms`, when the float32 pass itself is
+/// chosen (`measure`), every layer's mechanisms, required bit for bit ([`mechanisms`]).
 #[allow(clippy::too_many_arguments)]
-fn attention_pass(
+fn float32_pass(
     p: &QualityProtocol,
     rows: &[&Run],
     calibrations: &Calibrations,
     lm: &dyn CausalLm,
     recorded: &[u32],
-    t: usize,
+    (t, measure): (usize, bool),
     archive: &Archive,
     report: &mut Report,
 ) -> Result<Array2<f32>, models::llama::ModelError> {
-    let Some(block) = &p.attention else {
+    let measure = measure && p.mechanisms;
+    if p.attention.is_none() && !measure {
         return lm
             .hidden_with(recorded, &mut |_, _, _| Ok(()))
             .map(|(h, _)| h);
-    };
+    }
     let layers = lm.layers();
     let mut entries: Vec<Vec<f64>> = vec![Vec::with_capacity(2 * layers); rows.len()];
+    let mut measured_mechanisms: Vec<f64> = Vec::new();
     let (hidden, _) = lm.hidden_with_layer_source(recorded, &mut |l, kv| {
         let window = lm.window(l);
-        let measured: Vec<Result<attention::LayerError, HookError>> = rows
-            .par_iter()
-            .map(|run| {
-                let calibration = calibration_of(calibrations, run);
-                let (read, _) = cache::layer_source(run, calibration, (l, layers), kv)?;
-                attention::layer_error(kv, read.as_ref(), window, block.stride)
-            })
-            .collect();
-        for (out, m) in entries.iter_mut().zip(measured) {
-            out.extend(m?);
+        if let Some(block) = &p.attention {
+            let measured: Vec<Result<attention::LayerError, HookError>> = rows
+                .par_iter()
+                .map(|run| {
+                    let calibration = calibration_of(calibrations, run);
+                    let (read, _) = cache::layer_source(run, calibration, (l, layers), kv)?;
+                    attention::layer_error(kv, read.as_ref(), window, block.stride)
+                })
+                .collect();
+            for (out, m) in entries.iter_mut().zip(measured) {
+                out.extend(m?);
+            }
+        }
+        if measure {
+            measured_mechanisms.extend(mechanisms::layer(kv, window).into_iter().flatten());
         }
         Ok(Box::new(OwnKv::new(kv.k, kv.v)))
     })?;
-    for (run, derived) in rows.iter().zip(&entries) {
-        let name = attention::text_member(run, t);
-        require_shaped(archive, &run.id(t), &name, &[layers, 2], derived, report);
+    if p.attention.is_some() {
+        for (run, derived) in rows.iter().zip(&entries) {
+            let name = attention::text_member(run, t);
+            require_shaped(archive, &run.id(t), &name, &[layers, 2], derived, report);
+        }
+    }
+    if measure {
+        require_shaped(
+            archive,
+            &format!("t{t}_f32"),
+            &mechanisms::member(t),
+            &[layers, lm.kv_heads(), 4],
+            &measured_mechanisms,
+            report,
+        );
     }
     Ok(hidden)
 }

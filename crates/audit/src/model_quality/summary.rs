@@ -26,6 +26,9 @@ pub struct QualitySummary {
     /// The bootstrap intervals, when the protocol asks for them.
     #[serde(default)]
     pub bootstrap: Option<super::bootstrap::BootstrapSummary>,
+    /// The mechanisms' means over the texts, when the protocol asks for them.
+    #[serde(default)]
+    pub mechanisms: Option<super::mechanisms::MechanismSummary>,
 }
 
 /// summary.json's float32 row.

@@ -36,12 +36,13 @@ pub fn bytes_cell(value: f64) -> String {
     format!("{sign}{grouped}.{fraction}")
 }
 
-/// What summary.md's tables are rendered from: each run's aggregates, and the attention errors
-/// and bootstrap intervals when the protocol asks for them.
+/// What summary.md's tables are rendered from: each run's aggregates, and the attention errors,
+/// bootstrap intervals and mechanisms when the protocol asks for them.
 pub type Expectations<'a> = (
     &'a [Aggregate],
     Option<&'a [super::attention::Expected]>,
     Option<&'a super::bootstrap::Expected>,
+    Option<&'a [Vec<super::mechanisms::Measures>]>,
 );
 
 /// The tables summary.md must hold, in order: the run table, the quality table, the KL spread
@@ -51,7 +52,7 @@ pub fn expected_tables(
     p: &QualityProtocol,
     runs: &[Run],
     tokens: &[usize],
-    (aggregates, attention, bootstrap): Expectations<'_>,
+    (aggregates, attention, bootstrap, mechanisms): Expectations<'_>,
     rows: &[QualityRow],
 ) -> Vec<(&'static str, Vec<Vec<String>>)> {
     let join = |items: Vec<String>| items.join(", ");
@@ -220,6 +221,13 @@ pub fn expected_tables(
         let [intervals, pairs] = super::bootstrap::tables(runs, bootstrap.unwrap_or(&empty));
         tables.push(("bootstrap intervals", intervals));
         tables.push(("bootstrap pairs", pairs));
+    }
+    if p.mechanisms {
+        // Without the archived measures: headers only, their problems reported with the arrays.
+        tables.push((
+            "mechanisms",
+            super::mechanisms::table(mechanisms.unwrap_or(&[])),
+        ));
     }
     if p.generate.is_some() {
         let shown = |text: &str| {
