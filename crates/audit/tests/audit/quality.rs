@@ -1117,3 +1117,104 @@ fn bootstrap_intervals_are_re_derived_and_a_moved_bound_fails() {
         |p| matches!(p, Problem::Summary { place, .. } if place == "bootstrap"),
     );
 }
+
+const RUNNER_MECHANISMS: &str = r#"{
+  "study": "mechanisms-quality",
+  "model": "smollm2",
+  "texts": [
+    { "name": "runner", "text": "The runner writes every result into a new directory, with a manifest that pins each file." },
+    { "name": "cache", "text": "A packed cache stores codes, scales and zero points; the audit re-derives every figure." }
+  ],
+  "max_tokens": 14,
+  "runs": [ { "setting": "g4_b4", "policy": "uniform", "schedule": "prefill" } ],
+  "mechanisms": true
+}"#;
+
+fn mechanisms_study() -> &'static Path {
+    static STUDY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    written_once(&STUDY, RUNNER_MECHANISMS)
+}
+
+#[test]
+fn mechanisms_are_re_measured_on_the_float_pass_and_a_forged_one_fails() {
+    let dir = mechanisms_study();
+    assert_pass(&audit::audit_dir(dir, &workspace()));
+    let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(
+        md.contains("| layer | key outlier ratio before RoPE |"),
+        "{md}"
+    );
+
+    // One measure of the archive moved by one unit in the last place (hashes rewritten):
+    // summary.json's mean no longer matches it without the model, and with it the re-run
+    // float32 pass names the array.
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_arrays(&copy, |a| {
+        let m = crate::support::array(a, "t0_mechanisms").f64();
+        m[[12, 1, 3]] = f64::from_bits(m[[12, 1, 3]].to_bits() + 1);
+    });
+    crate::support::rehash(&copy);
+    assert_problem(&audit::audit_dir(&copy, &workspace()), "re-run", |p| {
+        matches!(p, Problem::Rerun { pass, array, index, .. }
+            if pass == "t0_f32" && array == "t0_mechanisms" && *index == 12 * 3 * 4 + 4 + 3)
+    });
+
+    // A share past one, in the arrays alone.
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_arrays(&copy, |a| {
+        crate::support::array(a, "t1_mechanisms").f64()[[0, 0, 2]] = 1.5;
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &no_models(&copy),
+        "range",
+        |p| matches!(p, Problem::Value { array, index: 2, .. } if array == "t1_mechanisms"),
+    );
+
+    // A layer's mean in summary.json nudged by one part in 10^9.
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_json(&copy, "summary.json", |s| {
+        let x = s["mechanisms"]["layers"][5][2][0].as_f64().unwrap();
+        s["mechanisms"]["layers"][5][2][0] = json!(x * (1.0 + 1e-9));
+    });
+    crate::support::rehash(&copy);
+    assert_problem(&no_models(&copy), "summary", |p| {
+        matches!(p, Problem::Summary { place, .. }
+            if place == "mechanisms layer 5 head 2 key_outlier_before_rope")
+    });
+
+    // A layer's sink share rewritten in summary.md.
+    let (_t, copy) = crate::support::copy_of(dir);
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| 15 "))
+        .unwrap()
+        .to_string();
+    let cells: Vec<&str> = row.split('|').collect();
+    let forged = row.replacen(cells[5].trim(), "99.9%", 1);
+    crate::support::edit_text(&copy, "summary.md", |md| md.replacen(&row, &forged, 1));
+    crate::support::rehash(&copy);
+    assert_problem(&no_models(&copy), "table cell", |p| {
+        matches!(
+            p,
+            Problem::Markdown(MarkdownProblem::Cell {
+                table: "mechanisms",
+                row: 16,
+                column: 4,
+                ..
+            })
+        )
+    });
+
+    // The measures dropped from a summary whose protocol asks for them.
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_json(&copy, "summary.json", |s| {
+        s.as_object_mut().unwrap().remove("mechanisms");
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &no_models(&copy),
+        "dropped",
+        |p| matches!(p, Problem::Summary { place, .. } if place == "mechanisms"),
+    );
+}
