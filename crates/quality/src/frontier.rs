@@ -131,6 +131,7 @@ mod tests {
             attention: None,
             bootstrap: None,
             mechanisms: None,
+            sensitivity: None,
         }
     }
 

@@ -17,6 +17,8 @@
 //!   every difference between runs;
 //! - [`mechanisms`]: what the float32 cache looks like (outlier key channels, per-channel
 //!   offsets, attention on the first token), per layer and KV head;
+//! - [`sensitivity`]: named runs re-run with cache inputs perturbed at float32 rounding, and
+//!   how far their figures move;
 //! - [`generate`]: greedy generation with a packed cache;
 //! - [`error`]: typed errors;
 //! - [`corpus`]: the public evaluation texts (`scripts/fetch-texts`) as documents, cleaned and
@@ -47,6 +49,7 @@ pub mod metrics;
 pub mod one_text;
 pub mod report;
 pub mod scheme;
+pub mod sensitivity;
 pub mod setting;
 pub mod study;
 pub mod write;

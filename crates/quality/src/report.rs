@@ -11,7 +11,8 @@
 //! bits per element, KL mean, perplexity change, top-1 agreement and whether they lie on their
 //! schedule's Pareto frontier), the attention-error table when the protocol asks for it
 //! ([`attention_table`]), with a bootstrap the interval and pair tables ([`interval_table`],
-//! [`pair_table`]), with `mechanisms` the mechanisms table ([`mechanisms_table`]), and, when generating, one table per text with each run's first
+//! [`pair_table`]), with `sensitivity` the named runs' spreads under perturbation and their
+//! pairs ([`sensitivity_tables`]), with `mechanisms` the mechanisms table ([`mechanisms_table`]), and, when generating, one table per text with each run's first
 //! departure from the float32 cache's greedy text and the text itself (in a code span, newlines
 //! written `\n`, `|` escaped).
 
@@ -23,6 +24,7 @@ use crate::bootstrap::{BootstrapSummary, Interval, RunIntervals};
 use crate::frontier::{self, BUDGETS};
 use crate::mechanisms::MechanismSummary;
 use crate::metrics::POSITION_BANDS;
+use crate::sensitivity::SensitivitySummary;
 use crate::study::{QualityProtocol, Study, Summary};
 
 /// 1234.5 -> "1,234.5".
@@ -96,6 +98,15 @@ pub fn run_table(protocol: &QualityProtocol, study: &Study) -> Table {
     if let Some(b) = &protocol.bootstrap {
         rows.push(("bootstrap resamples", b.resamples.to_string()));
         rows.push(("bootstrap seed", b.seed.to_string()));
+    }
+    if let Some(spec) = &protocol.sensitivity {
+        let sizes = spec
+            .perturbations
+            .iter()
+            .map(|p| format!("{:e} seed {}", p.relative, p.seed))
+            .collect();
+        rows.push(("perturbations", join(sizes)));
+        rows.push(("perturbed runs", spec.runs.len().to_string()));
     }
     Table {
         headers: vec!["quantity".into(), "value".into()],
@@ -451,6 +462,96 @@ pub fn mechanisms_table(m: &MechanismSummary) -> Table {
     }
 }
 
+/// The sensitivity tables: per named run its NLL change, KL mean and top-1 agreement, each with
+/// its spread under the perturbations (NLL and KL with 6 decimals, top-1 in percent with 3);
+/// per pair of named runs (first minus second) the differences and spreads, and the metrics
+/// whose difference exceeds its spread.
+pub fn sensitivity_tables(protocol: &QualityProtocol, s: &SensitivitySummary) -> [Table; 2] {
+    let label = |r: usize| {
+        let run = &protocol.runs[r];
+        format!("{} {}", run.label(), run.schedule)
+    };
+    let decimal = |x: f64| format!("{x:.6}");
+    let percent = |x: f64| format!("{:.3}%", x * 100.0);
+    let runs = Table {
+        headers: [
+            "cache",
+            "NLL change",
+            "spread",
+            "KL mean",
+            "spread",
+            "top-1",
+            "spread",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect(),
+        rows: s
+            .runs
+            .iter()
+            .map(|r| {
+                vec![
+                    label(r.run),
+                    decimal(r.unperturbed.nll_change),
+                    decimal(r.spread.nll_change),
+                    decimal(r.unperturbed.kl_mean),
+                    decimal(r.spread.kl_mean),
+                    percent(r.unperturbed.top1_agreement),
+                    percent(r.spread.top1_agreement),
+                ]
+            })
+            .collect(),
+    };
+    let pairs = Table {
+        headers: [
+            "first",
+            "second",
+            "NLL difference",
+            "spread",
+            "KL difference",
+            "spread",
+            "top-1 difference",
+            "spread",
+            "beyond the spread",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect(),
+        rows: s
+            .pairs
+            .iter()
+            .map(|p| {
+                let (d, w) = (p.difference, p.spread);
+                let beyond: Vec<&str> = [
+                    ("NLL", d.nll_change, w.nll_change),
+                    ("KL", d.kl_mean, w.kl_mean),
+                    ("top-1", d.top1_agreement, w.top1_agreement),
+                ]
+                .iter()
+                .filter(|(_, d, w)| d.abs() > *w)
+                .map(|(name, _, _)| *name)
+                .collect();
+                vec![
+                    label(p.a),
+                    label(p.b),
+                    decimal(d.nll_change),
+                    decimal(w.nll_change),
+                    decimal(d.kl_mean),
+                    decimal(w.kl_mean),
+                    percent(d.top1_agreement),
+                    percent(w.top1_agreement),
+                    if beyond.is_empty() {
+                        "none".to_string()
+                    } else {
+                        beyond.join(", ")
+                    },
+                ]
+            })
+            .collect(),
+    };
+    [runs, pairs]
+}
+
 /// summary.md's text.
 pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Summary) -> String {
     let mut md = String::new();
@@ -526,6 +627,21 @@ pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Sum
              excludes zero.",
         );
         line(&pair_table(b).to_markdown());
+    }
+    if let Some(sensitivity) = &summary.sensitivity {
+        line("## How far rounding moves them");
+        line(
+            "The runs named in the run table read again with every key and value their cache \
+             receives multiplied by one plus a seeded normal draw of the relative sizes listed \
+             there, about the size of single-precision rounding: how far a correct \
+             implementation that rounds differently could move the figures. The spread is the \
+             largest move of a mean over the texts. A difference between two runs no larger \
+             than its spread is not a finding, whatever its interval.",
+        );
+        let [runs, pairs] = sensitivity_tables(protocol, sensitivity);
+        line(&runs.to_markdown());
+        line("Each pair of those runs, the first minus the second.");
+        line(&pairs.to_markdown());
     }
     if let Some(m) = &summary.mechanisms {
         line("## What the float keys look like");

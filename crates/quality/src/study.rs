@@ -27,7 +27,9 @@
 //! - `bootstrap` (optional, at least two texts): `resamples` ([`MIN_RESAMPLES`] to
 //!   [`MAX_RESAMPLES`]) and a `seed`: a paired bootstrap over the texts ([`crate::bootstrap`]);
 //! - `mechanisms` (optional, `false` when absent): `true` to measure the float32 cache's outlier
-//!   key channels, per-channel offsets and first-token attention ([`crate::mechanisms`]).
+//!   key channels, per-channel offsets and first-token attention ([`crate::mechanisms`]);
+//! - `sensitivity` (optional): `perturbations` (1 to 4 `{relative, seed}`) and `runs` (indices,
+//!   ascending): those runs re-run with their cache inputs perturbed ([`crate::sensitivity`]).
 //!
 //! Rows run texts first, then runs in protocol order; a row's id is
 //! `t{text}_{setting}_{policy}_{schedule}` or `t{text}_{scheme}_{schedule}`, with `:` and `+`
@@ -47,13 +49,16 @@
 //!   shape decide its bytes) and, when generating, `<id>_generated`; then, with `attention`,
 //!   per text and run `<id>_attention` and per Gaussian draw and run `g{draw}_..._attention`
 //!   (float64 `[layers, 2]`: each layer's summed squared error and squared reference output);
+//!   then, with `sensitivity`, per text, perturbation and named run `s{k}_<id>_logp`, `_kl` and
+//!   `_argmax` (as a row's);
 //! - `results.json`: one object per row ([`ResultRow`]), its aggregates computed from the arrays
 //!   exactly as the fields' docs say;
 //! - `summary.json`, `summary.md`: a row per run averaged over the texts ([`SummaryRow`]) and,
 //!   with `attention`, a row per run of its attention error
 //!   ([`crate::attention_error::AttentionRow`]) and, with `bootstrap`, each run's and each pair
 //!   of runs' intervals ([`crate::bootstrap::BootstrapSummary`]) and, with `mechanisms`, their
-//!   means over the texts ([`crate::mechanisms::MechanismSummary`]);
+//!   means over the texts ([`crate::mechanisms::MechanismSummary`]) and, with `sensitivity`, the
+//!   named runs' spreads ([`crate::sensitivity::SensitivitySummary`]);
 //! - `quality-vs-bytes.svg`: mean KL against cache bytes per token, with each schedule's Pareto
 //!   frontier ([`crate::chart`]);
 //! - `manifest.json`: [`crate::write::QualityManifest`].
@@ -73,6 +78,7 @@ use crate::bootstrap::{BootstrapSpec, BootstrapSummary, MAX_RESAMPLES, MIN_RESAM
 use crate::mechanisms::{HeadMeasures, MechanismSummary};
 use crate::metrics::{self, kl, log_softmax};
 use crate::scheme::{Cache, SchemeSpec};
+use crate::sensitivity::{SensitivitySpec, SensitivitySummary};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
 use std::sync::Arc;
 
@@ -145,6 +151,9 @@ pub struct QualityProtocol {
     /// Whether each text's float32 pass measures the mechanisms ([`crate::mechanisms`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mechanisms: bool,
+    /// Named runs re-run with perturbed cache inputs ([`crate::sensitivity`]), when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sensitivity: Option<SensitivitySpec>,
 }
 
 /// One text.
@@ -421,6 +430,13 @@ impl QualityProtocol {
         self.validate_calibration()?;
         self.validate_attention()?;
         self.validate_bootstrap()?;
+        if let Some((name, problem)) = self
+            .sensitivity
+            .as_ref()
+            .and_then(|spec| crate::sensitivity::refusal(spec, self.runs.len()))
+        {
+            return Err(field(name, problem));
+        }
         if let Some(g) = self.generate {
             if g.prompt_tokens == 0 {
                 return Err(field("generate.prompt_tokens", "must be at least 1, got 0"));
@@ -773,6 +789,23 @@ pub struct Study {
     pub calibration: Option<CalibrationRun>,
     /// Each run's attention error, when the protocol asks for it.
     pub attention: Option<AttentionResult>,
+    /// The perturbed passes: per text, per perturbation, per named run.
+    pub sensitivity: Vec<PerturbedRow>,
+}
+
+/// A named run's pass with perturbed cache inputs ([`crate::sensitivity`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerturbedRow {
+    /// `s{k}_{row id}`.
+    pub id: String,
+    /// ln p of each next id.
+    pub logp: Vec<f64>,
+    /// KL(p_f32 || p) per position.
+    pub kl: Vec<f64>,
+    /// The argmax per position.
+    pub argmax: Vec<u32>,
+    /// `nll - nll_f32`, KL mean and top-1 agreement, as a row computes them.
+    pub values: crate::sensitivity::Metrics,
 }
 
 /// The calibration text's ids and each KVQuant scheme's calibration fitted on them.
@@ -787,7 +820,12 @@ pub struct CalibrationRun {
 /// Progress steps of a protocol: the calibration pass, when there is one; per text, its float32
 /// pass, then one per run.
 pub fn steps(protocol: &QualityProtocol) -> usize {
-    usize::from(protocol.calibration.is_some()) + protocol.texts.len() * (1 + protocol.runs.len())
+    let perturbed = protocol
+        .sensitivity
+        .as_ref()
+        .map_or(0, |s| s.perturbations.len() * s.runs.len());
+    usize::from(protocol.calibration.is_some())
+        + protocol.texts.len() * (1 + protocol.runs.len() + perturbed)
 }
 
 pub use crate::scheme::LayerBuilder;
@@ -846,6 +884,7 @@ pub fn run_study_with(
     let mut texts = Vec::with_capacity(all_ids.len());
     let mut rows = Vec::with_capacity(all_ids.len() * specs.len());
     let mut attention_texts = Vec::new();
+    let mut sensitivity = Vec::new();
     for (t, ids) in all_ids.into_iter().enumerate() {
         let positions = ids.len() - 1;
         let float32_bytes = crate::cache::f32_held_bytes_per_token(
@@ -918,6 +957,30 @@ pub fn run_study_with(
         for row in text_rows {
             rows.push(row?);
         }
+        if let Some(spec) = &protocol.sensitivity {
+            let jobs: Vec<(usize, usize)> = (0..spec.perturbations.len())
+                .flat_map(|k| spec.runs.iter().map(move |&r| (k, r)))
+                .collect();
+            let moved: Vec<Result<PerturbedRow, QualityStudyError>> = pool.install(|| {
+                jobs.par_iter()
+                    .map(|&(k, r)| {
+                        let row = perturbed_row(
+                            model,
+                            &ids,
+                            (&specs[r], layer),
+                            (k, spec.perturbations[k]),
+                            &protocol.runs[r].row_id(t),
+                            (&f32_rows, &f32_logp, &f32_argmax),
+                        );
+                        step();
+                        row
+                    })
+                    .collect()
+            });
+            for row in moved {
+                sensitivity.push(row?);
+            }
+        }
         texts.push(TextResult {
             ids,
             logp: f32_logp,
@@ -967,6 +1030,7 @@ pub fn run_study_with(
         rows,
         calibration,
         attention,
+        sensitivity,
     })
 }
 
@@ -1024,6 +1088,76 @@ fn float32_pass(
     ))
 }
 
+/// Scores a pass whose stream is `packed` against the float32 pass's log-softmax rows: per
+/// position, the log-prob of the next id, the KL and the argmax. The LM head runs a block of
+/// positions at a time (Gemma 3's rows are 1 MiB each).
+type Scores = (Vec<f64>, Vec<f64>, Vec<u32>);
+fn score(
+    model: &dyn CausalLm,
+    ids: &[u32],
+    packed: &Array2<f32>,
+    f32_rows: &[Vec<f64>],
+) -> Result<Scores, QualityError> {
+    let positions = ids.len() - 1;
+    let mut logp = Vec::with_capacity(positions);
+    let mut kls = Vec::with_capacity(positions);
+    let mut maxes = Vec::with_capacity(positions);
+    for start in (0..positions).step_by(crate::LOGIT_BLOCK) {
+        let rows = start..(start + crate::LOGIT_BLOCK).min(positions);
+        let logits = model.logits(packed.slice(ndarray::s![rows.clone(), ..]));
+        for (r, j) in rows.enumerate() {
+            let row = logits.row(r);
+            let row = row
+                .as_slice()
+                .ok_or(QualityError::TooFewTokens(ids.len()))?;
+            let ls = log_softmax(row);
+            logp.push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
+            kls.push(kl(&f32_rows[j], &ls));
+            maxes.push(argmax(row));
+        }
+    }
+    Ok((logp, kls, maxes))
+}
+
+/// Named run `spec`'s pass with perturbation `k` of its cache inputs ([`crate::sensitivity`]),
+/// scored as a row is.
+fn perturbed_row(
+    model: &dyn CausalLm,
+    ids: &[u32],
+    (spec, layer): (&Cache, &LayerBuilder),
+    (k, perturbation): (usize, crate::sensitivity::Perturbation),
+    row_id: &str,
+    (f32_rows, f32_logp, f32_argmax): (&[Vec<f64>], &[f64], &[u32]),
+) -> Result<PerturbedRow, QualityStudyError> {
+    let layers = model.layers();
+    let mut rng = perturbation.generator();
+    let (packed, _) = model.hidden_with_layer_source(ids, &mut |l, kv| {
+        let (k_pre, k, v) = crate::sensitivity::perturb(kv, perturbation.relative, &mut rng)?;
+        let moved = kv.positions_from(0, (&k, &v, &k_pre))?;
+        Ok(layer(spec, (l, layers), model.window(l), &moved)?.0)
+    })?;
+    let (logp, kl, argmax) = score(model, ids, &packed, f32_rows)?;
+    let n = (ids.len() - 1) as f64;
+    let sum = |xs: &[f64]| xs.iter().fold(0f64, |a, &x| a + x);
+    let agree = argmax
+        .iter()
+        .zip(f32_argmax)
+        .filter(|(a, b)| a == b)
+        .count();
+    let values = crate::sensitivity::Metrics {
+        nll_change: -sum(&logp) / n - -sum(f32_logp) / n,
+        kl_mean: sum(&kl) / n,
+        top1_agreement: agree as f64 / n,
+    };
+    Ok(PerturbedRow {
+        id: format!("s{k}_{row_id}"),
+        logp,
+        kl,
+        argmax,
+        values,
+    })
+}
+
 /// What one row is computed from.
 struct RowInput<'a> {
     text: usize,
@@ -1071,24 +1205,7 @@ fn one_row(
         outliers.push(cost.outliers);
         Ok(source)
     })?;
-    let mut logp = Vec::with_capacity(positions);
-    let mut kls = Vec::with_capacity(positions);
-    let mut maxes = Vec::with_capacity(positions);
-    // The LM head a block of positions at a time (Gemma 3's rows are 1 MiB each).
-    for start in (0..positions).step_by(crate::LOGIT_BLOCK) {
-        let rows = start..(start + crate::LOGIT_BLOCK).min(positions);
-        let logits = model.logits(packed.slice(ndarray::s![rows.clone(), ..]));
-        for (r, j) in rows.enumerate() {
-            let row = logits.row(r);
-            let row = row
-                .as_slice()
-                .ok_or(QualityError::TooFewTokens(ids.len()))?;
-            let ls = log_softmax(row);
-            logp.push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
-            kls.push(kl(&f32_rows[j], &ls));
-            maxes.push(argmax(row));
-        }
-    }
+    let (logp, kls, maxes) = score(model, ids, &packed, f32_rows)?;
     drop(packed);
     let generated = match (prompt, generate) {
         (Some(prompt), Some(g)) => Some(crate::generate::greedy(
@@ -1165,6 +1282,9 @@ pub struct Summary {
     /// The mechanisms per layer and KV head, averaged over the texts, when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mechanisms: Option<MechanismSummary>,
+    /// The named runs' numerical sensitivity, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sensitivity: Option<SensitivitySummary>,
 }
 
 /// The float32 cache's row of the summary.
@@ -1309,6 +1429,11 @@ pub fn summarize(protocol: &QualityProtocol, study: &Study) -> Summary {
             .collect::<Option<Vec<_>>>()
             .filter(|_| protocol.mechanisms)
             .map(|texts| crate::mechanisms::summarize(&texts)),
+        sensitivity: protocol
+            .sensitivity
+            .as_ref()
+            .filter(|_| rows.len() == texts * runs)
+            .map(|spec| summarize_sensitivity(spec, protocol, rows, &study.sensitivity)),
     }
 }
 
@@ -1344,6 +1469,47 @@ fn summarize_bootstrap(
         })
         .collect();
     crate::bootstrap::summarize(spec, &labels, &per_run)
+}
+
+/// summary.json's `sensitivity`: the named runs' per-text values from `rows` (texts, then runs)
+/// and from the perturbed passes (texts, then perturbations, then named runs).
+fn summarize_sensitivity(
+    spec: &SensitivitySpec,
+    protocol: &QualityProtocol,
+    rows: &[ResultRow],
+    moved: &[PerturbedRow],
+) -> SensitivitySummary {
+    use crate::sensitivity::PerText;
+    let (runs, texts) = (protocol.runs.len(), protocol.texts.len());
+    let named = spec.runs.len();
+    let per_text = |f: &dyn Fn(usize) -> crate::sensitivity::Metrics| PerText {
+        nll_change: (0..texts).map(|t| f(t).nll_change).collect(),
+        kl_mean: (0..texts).map(|t| f(t).kl_mean).collect(),
+        top1_agreement: (0..texts).map(|t| f(t).top1_agreement).collect(),
+    };
+    let base: Vec<PerText> = spec
+        .runs
+        .iter()
+        .map(|&r| {
+            per_text(&|t| {
+                let x = &rows[t * runs + r];
+                crate::sensitivity::Metrics {
+                    nll_change: x.nll - x.nll_f32,
+                    kl_mean: x.kl_mean,
+                    top1_agreement: x.top1_agreement,
+                }
+            })
+        })
+        .collect();
+    let per_perturbation = spec.perturbations.len() * named;
+    let perturbed: Vec<Vec<PerText>> = (0..spec.perturbations.len())
+        .map(|k| {
+            (0..named)
+                .map(|j| per_text(&|t| moved[t * per_perturbation + k * named + j].values))
+                .collect()
+        })
+        .collect();
+    crate::sensitivity::summarize(spec, &base, &perturbed)
 }
 
 /// summary.json's `attention`: a row per run, in protocol order.

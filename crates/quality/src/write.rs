@@ -127,6 +127,11 @@ pub fn write(
             }
         }
     }
+    for row in &study.sensitivity {
+        writer.add_array(&row.id, "logp", &Array1::from(row.logp.clone()))?;
+        writer.add_array(&row.id, "kl", &Array1::from(row.kl.clone()))?;
+        writer.add_array(&row.id, "argmax", &i64s(&row.argmax))?;
+    }
     let results: Vec<ResultRow> = study.rows.iter().map(|r| r.result.clone()).collect();
     let summary = summarize(protocol, study);
     let markdown = crate::report::summary_markdown(protocol, study, &summary);

@@ -111,6 +111,10 @@ pub fn members(
     for name in super::attention::members(p, runs, tokens.len()) {
         out.push((name, F64, vec![layers, 2]));
     }
+    for (name, float, t) in super::protocol::sensitivity_members(p, runs, tokens.len()) {
+        let n = tokens.get(t).map_or(0, |t| t - 1);
+        out.push((name, if float { F64 } else { I64 }, vec![n]));
+    }
     out
 }
 

@@ -48,6 +48,7 @@ pub fn audit(
     };
     let mut attention_expected = None;
     let mut mechanisms_expected = None;
+    let mut sensitivity_expected = None;
     let derived = match archive {
         Some(Ok(archive)) => {
             report.count(Checked::ArchiveMembers, archive.names().len());
@@ -76,6 +77,9 @@ pub fn audit(
             attention_expected = attention::expected(p, &runs, p.texts.len(), &archive, &gaussian);
             mechanisms_expected = super::mechanisms::read(p, &archive, report)
                 .map(|texts| super::mechanisms::expected(&texts));
+            sensitivity_expected = derived
+                .as_ref()
+                .and_then(|d| super::sensitivity::expected(p, &runs, d, &archive, report));
             derived
         }
         Some(Err(e)) => {
@@ -119,6 +123,12 @@ pub fn audit(
                     summary.bootstrap.as_ref(),
                     report,
                 );
+                super::sensitivity::check_summary(
+                    p,
+                    sensitivity_expected.as_ref(),
+                    summary.sensitivity.as_ref(),
+                    report,
+                );
                 super::mechanisms::check_summary(
                     p,
                     mechanisms_expected.as_deref(),
@@ -145,6 +155,7 @@ pub fn audit(
                     attention_expected.as_deref(),
                     bootstrap_expected.as_ref(),
                     mechanisms_expected.as_deref(),
+                    sensitivity_expected.as_ref(),
                 ),
                 &rows,
                 report,

@@ -36,6 +36,11 @@
 //! attention table are derived from them, the Gaussian bits per element from the audit's own
 //! byte rules (KVQuant's from its own outlier counts).
 //!
+//! With a `sensitivity` block ([`sensitivity`]) the named runs' perturbed passes are re-run
+//! (each a pass of the sample) with the audit's own perturbation and cache and required bit for
+//! bit; summary.json's `sensitivity` and summary.md's two sensitivity tables are derived from the
+//! archived arrays.
+//!
 //! With `mechanisms` ([`mechanisms`]) each re-run float32 pass measures every layer's key
 //! outlier ratios, key energy in channel means and first-token attention with the audit's own
 //! arithmetic and requires `t{i}_mechanisms` bit for bit; summary.json's `mechanisms` and
@@ -89,6 +94,7 @@ pub mod require;
 pub mod rerun;
 pub mod results;
 pub mod schemes;
+pub mod sensitivity;
 pub mod summary;
 pub mod tables;
 

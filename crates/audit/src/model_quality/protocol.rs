@@ -73,6 +73,9 @@ pub struct QualityProtocol {
     /// Whether each text's float32 pass measures the mechanisms ([`super::mechanisms`]).
     #[serde(default)]
     pub mechanisms: bool,
+    /// Named runs re-run with perturbed cache inputs, when asked for ([`super::sensitivity`]).
+    #[serde(default)]
+    pub sensitivity: Option<SensitivityBlock>,
 }
 
 /// Most Gaussian seeds.
@@ -155,6 +158,99 @@ impl BootstrapBlock {
         }
         Ok(())
     }
+}
+
+/// Most perturbations.
+pub const MAX_PERTURBATIONS: usize = 4;
+/// Largest relative size.
+pub const MAX_RELATIVE: f64 = 1e-3;
+
+/// The protocol's `sensitivity` block.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SensitivityBlock {
+    /// The perturbations, in order.
+    pub perturbations: Vec<Perturbation>,
+    /// Indices of the runs perturbed, ascending.
+    pub runs: Vec<usize>,
+}
+
+/// One perturbation.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Perturbation {
+    /// The relative size.
+    pub relative: f64,
+    /// The seed of each pass's generator.
+    pub seed: u64,
+}
+
+// A size that is not finite is refused, so equality is an equivalence.
+impl Eq for SensitivityBlock {}
+
+impl SensitivityBlock {
+    /// The bounds in the module docs, over a protocol of `runs` runs.
+    pub fn validate(&self, runs: usize) -> Result<(), ProtocolError> {
+        let refuse = |field: String, reason: String| Err(ProtocolError { field, reason });
+        if !(1..=MAX_PERTURBATIONS).contains(&self.perturbations.len()) {
+            return refuse("sensitivity.perturbations".into(), "1 to 4".into());
+        }
+        for (k, p) in self.perturbations.iter().enumerate() {
+            if !(p.relative.is_finite() && p.relative > 0.0 && p.relative <= MAX_RELATIVE) {
+                return refuse(
+                    format!("sensitivity.perturbations[{k}].relative"),
+                    "above 0 and at most 1e-3".into(),
+                );
+            }
+            if self.perturbations[..k].contains(p) {
+                return refuse(
+                    format!("sensitivity.perturbations[{k}]"),
+                    "a perturbation listed twice".into(),
+                );
+            }
+        }
+        if self.runs.is_empty() {
+            return refuse("sensitivity.runs".into(), "at least one run".into());
+        }
+        for (j, &r) in self.runs.iter().enumerate() {
+            if r >= runs || (j > 0 && r <= self.runs[j - 1]) {
+                return refuse(
+                    format!("sensitivity.runs[{j}]"),
+                    "indices of the protocol's runs, ascending, each once".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The pass of perturbation `k` of `run` on text `t` ([`super::sensitivity`]).
+pub fn perturbed_pass_id(k: usize, run: &Run, t: usize) -> String {
+    format!("s{k}_{}", run.id(t))
+}
+
+/// The archive members a `sensitivity` block adds, in order: each name, whether it is float64 (else
+/// int64), and its text.
+pub fn sensitivity_members(
+    p: &QualityProtocol,
+    runs: &[Run],
+    texts: usize,
+) -> Vec<(String, bool, usize)> {
+    let Some(block) = &p.sensitivity else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in 0..texts {
+        for k in 0..block.perturbations.len() {
+            for &r in &block.runs {
+                let id = perturbed_pass_id(k, &runs[r], t);
+                out.push((format!("{id}_logp"), true, t));
+                out.push((format!("{id}_kl"), true, t));
+                out.push((format!("{id}_argmax"), false, t));
+            }
+        }
+    }
+    out
 }
 
 /// One text.
@@ -550,6 +646,9 @@ impl QualityProtocol {
         }
         if let Some(block) = &self.bootstrap {
             block.validate(self.texts.len())?;
+        }
+        if let Some(block) = &self.sensitivity {
+            block.validate(runs.len())?;
         }
         Ok(runs)
     }

@@ -53,6 +53,7 @@ use super::protocol::{CALIBRATION_TOKENS, QualityProtocol, Run};
 use super::require::{require, require_shaped};
 use super::results::QualityRow;
 use super::schemes::kvquant::{self, Calibration};
+use super::sensitivity;
 use crate::common::model_files::{self, DecoderTokenizer};
 use crate::common::npz::Archive;
 use crate::common::options::Options;
@@ -172,12 +173,40 @@ fn greedy(
     Ok(ids[prompt.len()..].iter().map(|&t| i64::from(t)).collect())
 }
 
-/// Every pass a model-quality directory holds: `t{i}_f32`, then each row id, text by text.
+/// Every pass a model-quality directory holds: `t{i}_f32`, then each row id, then each
+/// perturbed pass ([`sensitivity::pass_id`]), text by text.
 fn pass_ids(p: &QualityProtocol, runs: &[Run]) -> Vec<String> {
     let mut out = Vec::new();
     for i in 0..p.texts.len() {
         out.push(format!("t{i}_f32"));
         out.extend(runs.iter().map(|r| r.id(i)));
+        out.extend(
+            perturbed_passes(p, runs, i)
+                .into_iter()
+                .map(|(id, _, _)| id),
+        );
+    }
+    out
+}
+
+/// Text `t`'s perturbed passes: (pass id, perturbation, run), in archive order.
+fn perturbed_passes<'a>(
+    p: &'a QualityProtocol,
+    runs: &'a [Run],
+    t: usize,
+) -> Vec<(String, sensitivity::Perturbation, &'a Run)> {
+    let Some(block) = &p.sensitivity else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (k, perturbation) in block.perturbations.iter().enumerate() {
+        for &r in &block.runs {
+            out.push((
+                sensitivity::pass_id(k, &runs[r], t),
+                *perturbation,
+                &runs[r],
+            ));
+        }
     }
     out
 }
@@ -186,9 +215,16 @@ fn pass_ids(p: &QualityProtocol, runs: &[Run]) -> Vec<String> {
 /// that re-runs none leaves the calibration pass (the model over 2,048 tokens, and every fit)
 /// out, as it leaves the passes out.
 fn reads_calibration(p: &QualityProtocol, runs: &[Run], chosen: &[String]) -> bool {
-    runs.iter()
-        .filter(|r| r.kvquant().is_some())
-        .any(|r| (0..p.texts.len()).any(|t| chosen.contains(&r.id(t))))
+    let perturbed = (0..p.texts.len()).any(|t| {
+        perturbed_passes(p, runs, t)
+            .iter()
+            .any(|(id, _, run)| run.kvquant().is_some() && chosen.contains(id))
+    });
+    perturbed
+        || runs
+            .iter()
+            .filter(|r| r.kvquant().is_some())
+            .any(|r| (0..p.texts.len()).any(|t| chosen.contains(&r.id(t))))
 }
 
 /// What a re-run checks against.
@@ -445,7 +481,12 @@ fn passes(
         };
         let f32_pass = format!("t{t}_f32");
         let rows: Vec<&Run> = runs.iter().filter(|r| chosen.contains(&r.id(t))).collect();
-        if !chosen.contains(&f32_pass) && rows.is_empty() {
+        let perturbed: Vec<(String, sensitivity::Perturbation, &Run)> =
+            perturbed_passes(p, runs, t)
+                .into_iter()
+                .filter(|(id, _, _)| chosen.contains(id))
+                .collect();
+        if !chosen.contains(&f32_pass) && rows.is_empty() && perturbed.is_empty() {
             continue;
         }
         check_tokens(tokenizer, &text.text, p.max_tokens, recorded, t, report);
@@ -531,7 +572,64 @@ fn passes(
         for own in reports {
             report.absorb(own);
         }
+        let reports: Vec<Report> = perturbed
+            .par_iter()
+            .map(|(id, perturbation, run)| {
+                let mut own = Report::new(String::new());
+                let calibration = calibration_of(calibrations, run);
+                check_perturbed(
+                    lm,
+                    (id, *perturbation),
+                    run,
+                    calibration,
+                    recorded,
+                    &f32_scored,
+                    archive,
+                    &mut own,
+                );
+                own
+            })
+            .collect();
+        for own in reports {
+            report.absorb(own);
+        }
     }
+}
+
+/// A perturbed pass of a named run ([`sensitivity`]) with the audit's own perturbation and
+/// cache, against the archive.
+#[allow(clippy::too_many_arguments)]
+fn check_perturbed(
+    lm: &dyn CausalLm,
+    (id, perturbation): (&str, sensitivity::Perturbation),
+    run: &Run,
+    calibration: Option<&Calibration>,
+    recorded: &[u32],
+    f32_scored: &Scored,
+    archive: &Archive,
+    report: &mut Report,
+) {
+    let layers = lm.layers();
+    let mut rng = nprand::NumpyRng::default_rng(u128::from(perturbation.seed));
+    let packed = match lm.hidden_with_layer_source(recorded, &mut |l, kv| {
+        let (after, values, before) = sensitivity::perturb(kv, perturbation.relative, &mut rng)?;
+        let moved = kv.positions_from(0, (&after, &values, &before))?;
+        Ok(cache::layer_source(run, calibration, (l, layers), &moved)?.0)
+    }) {
+        Ok((hidden, _)) => hidden,
+        Err(e) => {
+            return report.fail(Problem::RerunFailed {
+                pass: id.to_string(),
+                reason: e.to_string(),
+            });
+        }
+    };
+    let scored = score_blocks(lm, recorded, &packed, Some(f32_scored));
+    drop(packed);
+    report.count(Checked::PassesRerun, 1);
+    require(archive, id, &format!("{id}_logp"), &scored.logp, report);
+    require(archive, id, &format!("{id}_kl"), &scored.kl, report);
+    require(archive, id, &format!("{id}_argmax"), &scored.argmax, report);
 }
 
 /// Text `t`'s float32 pass: the stream after the last block (bit for bit the plain pass's,

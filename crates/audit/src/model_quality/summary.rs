@@ -29,6 +29,9 @@ pub struct QualitySummary {
     /// The mechanisms' means over the texts, when the protocol asks for them.
     #[serde(default)]
     pub mechanisms: Option<super::mechanisms::MechanismSummary>,
+    /// The named runs' sensitivity, when the protocol asks for it.
+    #[serde(default)]
+    pub sensitivity: Option<super::sensitivity::SensitivitySummary>,
 }
 
 /// summary.json's float32 row.

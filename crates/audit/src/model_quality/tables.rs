@@ -43,6 +43,7 @@ pub type Expectations<'a> = (
     Option<&'a [super::attention::Expected]>,
     Option<&'a super::bootstrap::Expected>,
     Option<&'a [Vec<super::mechanisms::Measures>]>,
+    Option<&'a super::sensitivity::Expected>,
 );
 
 /// The tables summary.md must hold, in order: the run table, the quality table, the KL spread
@@ -52,7 +53,7 @@ pub fn expected_tables(
     p: &QualityProtocol,
     runs: &[Run],
     tokens: &[usize],
-    (aggregates, attention, bootstrap, mechanisms): Expectations<'_>,
+    (aggregates, attention, bootstrap, mechanisms, sensitivity): Expectations<'_>,
     rows: &[QualityRow],
 ) -> Vec<(&'static str, Vec<Vec<String>>)> {
     let join = |items: Vec<String>| items.join(", ");
@@ -92,6 +93,15 @@ pub fn expected_tables(
             block.resamples.to_string(),
         ]);
         run_table.push(vec!["bootstrap seed".into(), block.seed.to_string()]);
+    }
+    if let Some(block) = &p.sensitivity {
+        let sizes: Vec<String> = block
+            .perturbations
+            .iter()
+            .map(|q| format!("{:e} seed {}", q.relative, q.seed))
+            .collect();
+        run_table.push(vec!["perturbations".into(), join(sizes)]);
+        run_table.push(vec!["perturbed runs".into(), block.runs.len().to_string()]);
     }
     let mut tables = vec![("run", run_table)];
     let header = [
@@ -221,6 +231,16 @@ pub fn expected_tables(
         let [intervals, pairs] = super::bootstrap::tables(runs, bootstrap.unwrap_or(&empty));
         tables.push(("bootstrap intervals", intervals));
         tables.push(("bootstrap pairs", pairs));
+    }
+    if p.sensitivity.is_some() {
+        // Without the archived passes: headers only, their problems reported with the arrays.
+        let empty = super::sensitivity::Expected {
+            runs: Vec::new(),
+            pairs: Vec::new(),
+        };
+        let [by_run, pairs] = super::sensitivity::tables(runs, sensitivity.unwrap_or(&empty));
+        tables.push(("sensitivity runs", by_run));
+        tables.push(("sensitivity pairs", pairs));
     }
     if p.mechanisms {
         // Without the archived measures: headers only, their problems reported with the arrays.

@@ -700,6 +700,42 @@ fn protocols_outside_the_format_are_refused() {
             |p| matches!(p, Problem::Protocol(e) if e.field == field),
         );
     }
+    // Sensitivity blocks out of bounds (the hand-built protocol has two runs).
+    let p = |relative: f64| json!({ "relative": relative, "seed": 1 });
+    for (block, field) in [
+        (
+            json!({ "perturbations": [], "runs": [0] }),
+            "sensitivity.perturbations",
+        ),
+        (
+            json!({ "perturbations": [p(0.0)], "runs": [0] }),
+            "sensitivity.perturbations[0].relative",
+        ),
+        (
+            json!({ "perturbations": [p(1e-6), p(1e-6)], "runs": [0] }),
+            "sensitivity.perturbations[1]",
+        ),
+        (
+            json!({ "perturbations": [p(1e-6)], "runs": [] }),
+            "sensitivity.runs",
+        ),
+        (
+            json!({ "perturbations": [p(1e-6)], "runs": [1, 0] }),
+            "sensitivity.runs[1]",
+        ),
+        (
+            json!({ "perturbations": [p(1e-6)], "runs": [2] }),
+            "sensitivity.runs[0]",
+        ),
+    ] {
+        let mut e = Evidence::new();
+        e.manifest["protocol"]["sensitivity"] = block;
+        assert_problem(
+            &e.audit(),
+            field,
+            |p| matches!(p, Problem::Protocol(e) if e.field == field),
+        );
+    }
     let mut e = Evidence::new();
     e.manifest["protocol"]["seeds"] = json!([1]);
     assert_problem(
@@ -1217,4 +1253,102 @@ fn mechanisms_are_re_measured_on_the_float_pass_and_a_forged_one_fails() {
         "dropped",
         |p| matches!(p, Problem::Summary { place, .. } if place == "mechanisms"),
     );
+}
+
+const RUNNER_SENSITIVITY: &str = r#"{
+  "study": "sensitivity-quality",
+  "model": "smollm2",
+  "texts": [
+    { "name": "runner", "text": "The runner writes every result into a new directory, with a manifest that pins each file." },
+    { "name": "cache", "text": "A packed cache stores codes, scales and zero points; the audit re-derives every figure." }
+  ],
+  "max_tokens": 14,
+  "runs": [
+    { "setting": "g4_b4", "policy": "uniform", "schedule": "prefill" },
+    { "setting": "g4_b2", "policy": "uniform", "schedule": "streaming" },
+    { "scheme": "kivi2", "schedule": "streaming" }
+  ],
+  "sensitivity": {
+    "perturbations": [ { "relative": 1e-6, "seed": 1 }, { "relative": 3e-6, "seed": 2 } ],
+    "runs": [0, 1, 2]
+  }
+}"#;
+
+fn sensitivity_study() -> &'static Path {
+    static STUDY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    written_once(&STUDY, RUNNER_SENSITIVITY)
+}
+
+#[test]
+fn perturbed_passes_are_re_run_and_a_forged_spread_fails() {
+    let dir = sensitivity_study();
+    let report = audit::audit_dir(dir, &workspace());
+    assert_pass(&report);
+    // Per text: the float32 pass, three runs and two perturbations of each.
+    assert_eq!(
+        report.counted(audit::common::report::Checked::PassesRerun),
+        2 * (1 + 3 + 2 * 3)
+    );
+    let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(md.contains("| perturbations "), "{md}");
+
+    // One log-prob of a perturbed pass moved by one unit in the last place.
+    let (_t, copy) = crate::support::copy_of(dir);
+    let member = "s1_t1_kivi2_streaming_logp";
+    crate::support::edit_arrays(&copy, |a| {
+        let v = crate::support::array(a, member).f64();
+        v[[4]] = f64::from_bits(v[[4]].to_bits() + 1);
+    });
+    crate::support::rehash(&copy);
+    assert_problem(&audit::audit_dir(&copy, &workspace()), "re-run", |p| {
+        matches!(p, Problem::Rerun { pass, array, index: 4, .. }
+            if pass == "s1_t1_kivi2_streaming" && array == member)
+    });
+
+    // A pair's spread nudged in summary.json.
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_json(&copy, "summary.json", |s| {
+        let x = s["sensitivity"]["pairs"][0]["spread"]["nll_change"]
+            .as_f64()
+            .unwrap();
+        s["sensitivity"]["pairs"][0]["spread"]["nll_change"] = json!(x * (1.0 + 1e-9) + 1e-300);
+    });
+    crate::support::rehash(&copy);
+    assert_problem(&no_models(&copy), "summary", |p| {
+        matches!(p, Problem::Summary { place, .. }
+            if place == "sensitivity pair 0-1 spread nll_change")
+    });
+
+    // A spread cell rewritten in summary.md.
+    let (_t, copy) = crate::support::copy_of(dir);
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| g4_b2 streaming "))
+        .unwrap()
+        .to_string();
+    let cells: Vec<&str> = row.split('|').collect();
+    let forged = row.replacen(cells[3].trim(), "0.000000", 1);
+    assert_ne!(row, forged, "the spread is not zero to six decimals: {row}");
+    crate::support::edit_text(&copy, "summary.md", |md| md.replacen(&row, &forged, 1));
+    crate::support::rehash(&copy);
+    assert_problem(&no_models(&copy), "table cell", |p| {
+        matches!(
+            p,
+            Problem::Markdown(MarkdownProblem::Cell {
+                table: "sensitivity runs",
+                row: 2,
+                column: 2,
+                ..
+            })
+        )
+    });
+
+    // The passes dropped from the archive.
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_arrays(&copy, |a| a.retain(|(n, _)| !n.starts_with("s0_t0_")));
+    crate::support::rehash(&copy);
+    assert_problem(&no_models(&copy), "missing", |p| {
+        matches!(p, Problem::ArrayNames { what: "is missing", first, .. }
+            if first == "s0_t0_g4_b4_uniform_prefill_logp")
+    });
 }
