@@ -394,22 +394,13 @@ pub fn check_summary(
             expected,
         })
     };
-    let (block, found) = match (&p.attention, found) {
-        (None, None) => return,
-        (Some(block), Some(found)) => (block, found),
-        (block, found) => {
-            return fail(
-                report,
-                "attention".into(),
-                if found.is_some() { "present" } else { "absent" }.into(),
-                if block.is_some() {
-                    "present (the protocol asks for it)"
-                } else {
-                    "absent (the protocol does not ask for it)"
-                }
-                .into(),
-            );
-        }
+    let Some(found) =
+        super::summary::block_present("attention", p.attention.is_some(), found, report)
+    else {
+        return;
+    };
+    let Some(block) = &p.attention else {
+        return;
     };
     for (place, f, e) in [
         ("attention stride", found.stride, block.stride),

@@ -241,25 +241,12 @@ pub fn check_summary(
             expected,
         })
     };
-    let (block, found) = match (block, found) {
-        (None, None) => return,
-        (Some(_), None) => {
-            return fail(
-                report,
-                "bootstrap".into(),
-                "absent".into(),
-                "the protocol's bootstrap intervals".into(),
-            );
-        }
-        (None, Some(_)) => {
-            return fail(
-                report,
-                "bootstrap".into(),
-                "intervals".into(),
-                "none: the protocol asks for no bootstrap".into(),
-            );
-        }
-        (Some(block), Some(found)) => (block, found),
+    let Some(found) = super::summary::block_present("bootstrap", block.is_some(), found, report)
+    else {
+        return;
+    };
+    let Some(block) = block else {
+        return;
     };
     for (place, f, e) in [
         ("bootstrap resamples", found.resamples, block.resamples),

@@ -246,25 +246,9 @@ pub fn check_summary(
             expected,
         })
     };
-    let found = match (p.mechanisms, found) {
-        (false, None) => return,
-        (true, None) => {
-            return fail(
-                report,
-                "mechanisms".into(),
-                "absent".into(),
-                "the protocol's mechanisms".into(),
-            );
-        }
-        (false, Some(_)) => {
-            return fail(
-                report,
-                "mechanisms".into(),
-                "measures".into(),
-                "none: the protocol asks for no mechanisms".into(),
-            );
-        }
-        (true, Some(found)) => found,
+    let Some(found) = super::summary::block_present("mechanisms", p.mechanisms, found, report)
+    else {
+        return;
     };
     if found.measures != NAMES {
         fail(

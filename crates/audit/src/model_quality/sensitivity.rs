@@ -307,25 +307,12 @@ pub fn check_summary(
             expected,
         })
     };
-    let (block, found) = match (&p.sensitivity, found) {
-        (None, None) => return,
-        (Some(_), None) => {
-            return fail(
-                report,
-                "sensitivity".into(),
-                "absent".into(),
-                "the protocol's sensitivity".into(),
-            );
-        }
-        (None, Some(_)) => {
-            return fail(
-                report,
-                "sensitivity".into(),
-                "spreads".into(),
-                "none: the protocol asks for no sensitivity".into(),
-            );
-        }
-        (Some(block), Some(found)) => (block, found),
+    let asked = p.sensitivity.is_some();
+    let Some(found) = super::summary::block_present("sensitivity", asked, found, report) else {
+        return;
+    };
+    let Some(block) = &p.sensitivity else {
+        return;
     };
     if found.perturbations != block.perturbations {
         fail(
