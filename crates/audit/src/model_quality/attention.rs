@@ -395,7 +395,7 @@ pub fn check_summary(
         })
     };
     let Some(found) =
-        super::summary::block_present("attention", p.attention.is_some(), found, report)
+        super::optional::block_present("attention", p.attention.is_some(), found, report)
     else {
         return;
     };

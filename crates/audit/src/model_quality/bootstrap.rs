@@ -241,7 +241,7 @@ pub fn check_summary(
             expected,
         })
     };
-    let Some(found) = super::summary::block_present("bootstrap", block.is_some(), found, report)
+    let Some(found) = super::optional::block_present("bootstrap", block.is_some(), found, report)
     else {
         return;
     };

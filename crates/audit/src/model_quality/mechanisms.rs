@@ -246,7 +246,7 @@ pub fn check_summary(
             expected,
         })
     };
-    let Some(found) = super::summary::block_present("mechanisms", p.mechanisms, found, report)
+    let Some(found) = super::optional::block_present("mechanisms", p.mechanisms, found, report)
     else {
         return;
     };

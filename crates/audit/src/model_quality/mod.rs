@@ -88,6 +88,7 @@ pub mod frontier;
 pub mod geometry;
 pub mod manifest;
 pub mod mechanisms;
+pub mod optional;
 pub mod packed_attention;
 pub mod protocol;
 pub mod require;

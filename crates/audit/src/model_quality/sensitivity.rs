@@ -308,7 +308,7 @@ pub fn check_summary(
         })
     };
     let asked = p.sensitivity.is_some();
-    let Some(found) = super::summary::block_present("sensitivity", asked, found, report) else {
+    let Some(found) = super::optional::block_present("sensitivity", asked, found, report) else {
         return;
     };
     let Some(block) = &p.sensitivity else {
