@@ -9,6 +9,9 @@
 //!   keeps [`dot`]'s operations for each, checked bit for bit against [`linear_reference`]);
 //!   blocks of output columns are split over rayon's threads, which changes who computes an
 //!   element, never how.
+//! - [`attend_row`]: one query's softmax attention over its key and value rows, every score a
+//!   [`dot`], the softmax [`softmax_in_place`]'s, every output a sum over the rows in order
+//!   (checked bit for bit against [`attend_row_reference`], the same steps one value at a time).
 //! - [`layer_norm`], [`rms_norm`], [`softmax_in_place`], [`gelu`], [`gelu_tanh`], [`silu`]: the textbook
 //!   formulas, sums taken in order, `exp`/`erf`/`tanh` from `libm` (the platform's libm may differ
 //!   between machines; `libm` is the same code everywhere).
@@ -16,8 +19,11 @@
 use ndarray::{Array2, ArrayView2, Axis};
 use rayon::prelude::*;
 
+mod attend;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+pub use attend::{attend_row, attend_row_reference};
 
 /// Sum of `a[i] * b[i]` in the fixed order described in the module docs. The slices must have
 /// the same length.
@@ -467,17 +473,17 @@ mod tests {
     }
 
     /// Deterministic pseudo-random bits from a 64-bit linear congruential generator.
-    struct Lcg(u64);
+    pub(super) struct Lcg(pub(super) u64);
 
     impl Lcg {
-        fn next(&mut self) -> u32 {
+        pub(super) fn next(&mut self) -> u32 {
             self.0 = self
                 .0
                 .wrapping_mul(6_364_136_223_846_793_005)
                 .wrapping_add(1_442_695_040_888_963_407);
             (self.0 >> 32) as u32
         }
-        fn unit(&mut self) -> f32 {
+        pub(super) fn unit(&mut self) -> f32 {
             (self.next() >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
         }
     }

@@ -18,7 +18,8 @@
 //! thread count, give the same bits:
 //!
 //! 1. `qs[i][d] = q[i][d] * scale`.
-//! 2. Tokens are cut into splits of [`SPLIT_TOKENS`], each into blocks of [`BLOCK_TOKENS`]; a
+//! 2. Query rows are taken [`QUERY_TILE`] at a time; a tile's tokens (up to the last its rows
+//!    see) are cut into splits of [`SPLIT_TOKENS`], each into blocks of [`BLOCK_TOKENS`]; a
 //!    split keeps per query a state (m, l, acc\[D\]), starting at (-inf, 0, 0).
 //! 3. Scores of a block: from `s = 0`, for d = 0, 1, ..: `s = fma((c - o)K[d][t], qs[i][d] *
 //!    sK[d][g], s)`, with g the token's group; tokens at or past `visible[i]` are masked. (A
@@ -42,8 +43,8 @@
 //! [`attend_reference`] decodes the cache exactly (f64) and attends in f64 with the row maximum
 //! subtracted and the platform's `exp`: the oracle the kernels are held to (1e-5 relative).
 //!
-//! Splits run in parallel on the current rayon pool; their size, and the merge order, do not
-//! depend on the number of threads.
+//! Tiles and splits run in parallel on the current rayon pool; their sizes, and the merge order,
+//! do not depend on the number of threads.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -73,6 +74,10 @@ pub const BLOCK_TOKENS: usize = 256;
 /// D separate streams, and this machine reads 32-byte visits to 128 streams at a fifth of the
 /// speed of 1 KiB visits). Each score is the same sum in the same order whatever the pass.
 pub const PASS_TOKENS: usize = 2048;
+/// Query rows attended together: a tile's scores stay in registers (the AVX-512 kernel's query
+/// groups), and a tile of a causal prefill chunk reads only the tokens its rows see. Every
+/// step is per query row, so the tiles give each row the bits one call for it alone would.
+pub const QUERY_TILE: usize = 8;
 /// A packed K's group size must be a multiple of this (the kernels read 32 tokens of one group
 /// at a time).
 pub const K_GROUP_MULTIPLE: usize = 32;
@@ -250,6 +255,16 @@ impl<'a> Queries<'a> {
             scaled,
             visible,
         })
+    }
+
+    /// Rows `rows` of these queries.
+    fn tile(&self, rows: std::ops::Range<usize>) -> Queries<'a> {
+        let features = self.scaled.len() / self.rows;
+        Queries {
+            rows: rows.len(),
+            scaled: self.scaled[rows.start * features..rows.end * features].to_vec(),
+            visible: &self.visible[rows],
+        }
     }
 
     fn last_visible(&self) -> usize {
@@ -561,26 +576,41 @@ fn run(kernel: Kernel, cache: &Cache, queries: &Queries) -> Result<Array2<f32>> 
         return Err(AttentionError::KernelUnavailable(kernel));
     }
     let features = cache.features();
+    let tiles: Vec<std::ops::Range<usize>> = (0..queries.rows)
+        .step_by(QUERY_TILE)
+        .map(|start| start..(start + QUERY_TILE).min(queries.rows))
+        .collect();
+    let states: Vec<State> = tiles
+        .into_par_iter()
+        .map(|rows| tile_state(kernel, cache, &queries.tile(rows)))
+        .collect();
+    let mut out = Array2::<f32>::zeros((queries.rows, features));
+    let finished = states
+        .iter()
+        .flat_map(|state| state.sum.iter().zip(state.acc.chunks_exact(features)));
+    for (mut row, (&sum, acc)) in out.rows_mut().into_iter().zip(finished) {
+        for (o, &a) in row.iter_mut().zip(acc) {
+            *o = a / sum;
+        }
+    }
+    Ok(out)
+}
+
+/// Steps 2 to 7 for one tile of query rows: its splits, up to the last token a row of it sees.
+fn tile_state(kernel: Kernel, cache: &Cache, queries: &Queries) -> State {
+    let features = cache.features();
     let last = queries.last_visible();
     let splits: Vec<std::ops::Range<usize>> = (0..last)
         .step_by(SPLIT_TOKENS)
         .map(|start| start..(start + SPLIT_TOKENS).min(last))
         .collect();
-    let state = splits
+    splits
         .into_par_iter()
         .map(|split| split_state(kernel, cache, queries, split))
         .collect::<Vec<State>>()
         .into_iter()
         .reduce(|a, b| a.merge(b, features))
-        .expect("at least one split: every query sees a token");
-    let mut out = Array2::<f32>::zeros((queries.rows, features));
-    for (i, mut row) in out.rows_mut().into_iter().enumerate() {
-        let acc = &state.acc[i * features..][..features];
-        for (o, &a) in row.iter_mut().zip(acc) {
-            *o = a / state.sum[i];
-        }
-    }
-    Ok(out)
+        .expect("at least one split: every query sees a token")
 }
 
 fn split_state(

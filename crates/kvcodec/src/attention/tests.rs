@@ -151,6 +151,59 @@ fn a_causal_prefill_chunk_sees_only_its_prefix() {
 }
 
 #[test]
+fn a_prefill_chunk_of_many_rows_gives_each_row_what_a_call_for_it_alone_gives() {
+    // Three query heads by 13 positions (several query tiles, the last one short), over two
+    // passes, packed and dense, every kernel: the rows are attended in tiles, and every step
+    // is per row.
+    let (tokens, features) = (PASS_TOKENS + 200, 64);
+    let positions = [
+        0,
+        1,
+        30,
+        31,
+        32,
+        255,
+        256,
+        700,
+        2047,
+        2048,
+        2049,
+        2100,
+        PASS_TOKENS + 199,
+    ];
+    let visible: Vec<usize> = (0..3).flat_map(|_| positions.map(|p| p + 1)).collect();
+    let queries = noise(visible.len(), features, 21).mapv(|x| 2.0 * x);
+    let (k, v) = (noise(tokens, features, 22), noise(tokens, features, 23));
+    for mode in [Mode::Symmetric, Mode::Asymmetric] {
+        let [kl, vl] = layouts(mode, 4, 8, 32, 32);
+        let (kp, vp) = (encode(k.view(), kl).unwrap(), encode(v.view(), vl).unwrap());
+        check(queries.view(), &visible, &kp, &vp, "many rows");
+        for kernel in kernels() {
+            let packed = attend_with(kernel, queries.view(), &visible, &kp, &vp, 0.125).unwrap();
+            let dense =
+                attend_dense_with(kernel, queries.view(), &visible, k.view(), v.view(), 0.125)
+                    .unwrap();
+            for (r, &seen) in visible.iter().enumerate() {
+                let row = queries.slice(ndarray::s![r..=r, ..]);
+                let alone = attend_with(kernel, row, &[seen], &kp, &vp, 0.125).unwrap();
+                assert_eq!(
+                    alone.row(0).mapv(f32::to_bits),
+                    packed.row(r).mapv(f32::to_bits),
+                    "{mode} {kernel}: packed row {r} alone"
+                );
+                let alone =
+                    attend_dense_with(kernel, row, &[seen], k.view(), v.view(), 0.125).unwrap();
+                assert_eq!(
+                    alone.row(0).mapv(f32::to_bits),
+                    dense.row(r).mapv(f32::to_bits),
+                    "{mode} {kernel}: dense row {r} alone"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn long_caches_across_splits_match_the_oracle_with_every_thread_count() {
     let (tokens, features) = (2 * SPLIT_TOKENS + 1000, 64);
     let [kl, vl] = layouts(Mode::Asymmetric, 4, 4, 32, 32);

@@ -68,21 +68,22 @@ pub(super) fn attention(
             let k = k.to_slice().expect("standard layout");
             let v = v.to_slice().expect("standard layout");
             let mut out = Array2::<f32>::zeros((t, d));
-            let mut scores = vec![0f32; start + t];
-            for i in 0..t {
+            let k_rows: Vec<&[f32]> = k.chunks_exact(d).collect();
+            let v_rows: Vec<&[f32]> = v.chunks_exact(d).collect();
+            let mut scores = Vec::with_capacity(start + t);
+            for (i, mut row) in out.outer_iter_mut().enumerate() {
                 let qi = q.row(i);
                 let qi = qi.as_slice().expect("standard layout");
                 let seen = start + i + 1;
-                for (j, score) in scores[..seen].iter_mut().enumerate() {
-                    *score = ops::dot(qi, &k[j * d..(j + 1) * d]) * scale;
-                }
-                ops::softmax_in_place(&mut scores[..seen]);
-                let mut row = out.row_mut(i);
-                for (j, &p) in scores[..seen].iter().enumerate() {
-                    for (o, &x) in row.iter_mut().zip(&v[j * d..(j + 1) * d]) {
-                        *o += p * x;
-                    }
-                }
+                let row = row.as_slice_mut().expect("standard layout");
+                ops::attend_row(
+                    qi,
+                    &k_rows[..seen],
+                    &v_rows[..seen],
+                    scale,
+                    &mut scores,
+                    row,
+                );
             }
             out
         })
@@ -185,13 +186,15 @@ fn head_from_rows(
     let (_, t, d) = q.dim();
     let q = q.index_axis(Axis(0), h);
     let mut out = Array2::<f32>::zeros((t, d));
-    let mut scores = vec![0f32; t];
-    for i in 0..t {
+    let mut scores = Vec::with_capacity(t);
+    let (mut keys, mut values) = (Vec::with_capacity(t), Vec::with_capacity(t));
+    for (i, mut row) in out.outer_iter_mut().enumerate() {
         let qi = q.row(i);
         let qi = qi.as_slice().expect("standard layout");
         let first = first_visible(i).min(i);
-        let seen = &mut scores[first..=i];
-        for (j, score) in (first..=i).zip(seen.iter_mut()) {
+        keys.clear();
+        values.clear();
+        for j in first..=i {
             let k = source.key(kv, i, j);
             if k.len() != d {
                 return Err(format!(
@@ -199,11 +202,9 @@ fn head_from_rows(
                     k.len()
                 ));
             }
-            *score = ops::dot(qi, k) * scale;
+            keys.push(k);
         }
-        ops::softmax_in_place(seen);
-        let mut row = out.row_mut(i);
-        for (j, &p) in (first..=i).zip(seen.iter()) {
+        for j in first..=i {
             let v = source.value(kv, i, j);
             if v.len() != d {
                 return Err(format!(
@@ -212,10 +213,10 @@ fn head_from_rows(
                     v.len()
                 ));
             }
-            for (o, &x) in row.iter_mut().zip(v) {
-                *o += p * x;
-            }
+            values.push(v);
         }
+        let row = row.as_slice_mut().expect("standard layout");
+        ops::attend_row(qi, &keys, &values, scale, &mut scores, row);
     }
     Ok(out)
 }

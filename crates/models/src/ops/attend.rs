@@ -1,0 +1,408 @@
+//! One query's softmax attention over a list of key and value rows, the inner loop of both
+//! forward passes' attention, in one fixed order of operations:
+//!
+//! 1. score_j = [`super::dot`]`(q, key_j) * scale`, for j in order;
+//! 2. m = the largest score (`f32::max`, so a NaN score is passed over);
+//! 3. e_j = `libm::expf(score_j - m)`; sum = e_0 + e_1 + ... in order; p_j = e_j / sum;
+//! 4. out\[c\] = 0 + p_0 * value_0\[c\] + p_1 * value_1\[c\] + ..., in order, each product and
+//!    each sum rounded on its own (no FMA).
+//!
+//! [`attend_row_reference`] is that, one value at a time. [`attend_row`] gives the same bits
+//! faster: four keys' dot products at once (each keeps its own eight lane sums, tree and tail),
+//! the maximum over eight lanes (the maximum of a set does not depend on the order it is
+//! taken in; a score of -0 or +0 as the maximum changes no `score_j - m` that `expf` sees
+//! differently, since `expf(+0) = expf(-0) = 1` and `x - 0 = x - (-0)` for every other x),
+//! [`expf8`] (`libm::expf`'s own operations, lane by lane), and the weighted sum with a
+//! block of 64 output columns held in registers over every row. Only the order of work that is
+//! independent changes, never an operation. On x86_64 it is compiled for AVX2 where the CPU has
+//! it (a run-time check; safe Rust, the target feature lets the compiler use 256-bit
+//! registers), else as plain Rust. The tests hold it to the reference bit for bit.
+
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// Lanes of the dot product ([`super::dot`]'s eight running sums).
+const LANES: usize = 8;
+/// Output columns of the weighted sum held at once (eight registers of eight).
+const COLUMNS: usize = 64;
+
+/// One query's attention over `keys` and `values` (one row each per position, `q.len()` values
+/// each) into `out` (`q.len()` values), exactly as [`attend_row_reference`]; `scores` is
+/// scratch space, resized as needed. The rows must all have `q.len()` values.
+pub fn attend_row(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    check(q, keys, values, out);
+    scores.clear();
+    scores.resize(keys.len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU has AVX2 (checked just above).
+        unsafe { attend_row_avx2(q, keys, values, scale, scores, out) };
+        return;
+    }
+    attend_row_body(q, keys, values, scale, scores, out);
+}
+
+/// The module's steps one value at a time: the definition [`attend_row`] is held to.
+pub fn attend_row_reference(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    scale: f32,
+    out: &mut [f32],
+) {
+    check(q, keys, values, out);
+    let mut scores: Vec<f32> = keys.iter().map(|k| super::dot(q, k) * scale).collect();
+    super::softmax_in_place(&mut scores);
+    out.fill(0.0);
+    for (&p, v) in scores.iter().zip(values) {
+        for (o, &x) in out.iter_mut().zip(v.iter()) {
+            *o += p * x;
+        }
+    }
+}
+
+fn check(q: &[f32], keys: &[&[f32]], values: &[&[f32]], out: &[f32]) {
+    let d = q.len();
+    assert_eq!(keys.len(), values.len(), "as many keys as values");
+    assert_eq!(out.len(), d, "one output per query value");
+    assert!(
+        keys.iter().chain(values).all(|r| r.len() == d),
+        "every key and value row has the query's length"
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn attend_row_avx2(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    if keys.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    x86::scores(q, keys, scale, scores);
+    softmax(scores, |chunks, max| x86::exp_chunks(chunks, max));
+    weighted_sum(scores, values, out);
+}
+
+#[inline(always)]
+fn attend_row_body(
+    q: &[f32],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    if keys.is_empty() {
+        out.fill(0.0);
+        return;
+    }
+    scores_into(q, keys, scale, scores);
+    softmax(scores, |chunks, max| {
+        for c in chunks.chunks_exact_mut(LANES) {
+            let mut x = [0f32; LANES];
+            for j in 0..LANES {
+                x[j] = c[j] - max;
+            }
+            c.copy_from_slice(&expf8(x));
+        }
+    });
+    weighted_sum(scores, values, out);
+}
+
+/// score_j = dot(q, key_j) * scale, four keys at a time.
+#[inline(always)]
+fn scores_into(q: &[f32], keys: &[&[f32]], scale: f32, scores: &mut [f32]) {
+    let mut key_quads = keys.chunks_exact(4);
+    let mut score_quads = scores.chunks_exact_mut(4);
+    for (k, s) in (&mut key_quads).zip(&mut score_quads) {
+        let dots = dot4(q, [k[0], k[1], k[2], k[3]]);
+        for (s, d) in s.iter_mut().zip(dots) {
+            *s = d * scale;
+        }
+    }
+    for (k, s) in key_quads
+        .remainder()
+        .iter()
+        .zip(score_quads.into_remainder())
+    {
+        *s = dot4(q, [k, k, k, k])[0] * scale;
+    }
+}
+
+/// [`super::dot`] of `q` with four rows, each with its own lane sums, tree and tail.
+#[inline(always)]
+fn dot4(q: &[f32], rows: [&[f32]; 4]) -> [f32; 4] {
+    let body = q.len() / LANES * LANES;
+    let mut lanes = [[0f32; LANES]; 4];
+    for (c, x) in q[..body].chunks_exact(LANES).enumerate() {
+        let at = c * LANES;
+        for (lane, row) in lanes.iter_mut().zip(rows) {
+            let y = &row[at..at + LANES];
+            for j in 0..LANES {
+                lane[j] += x[j] * y[j];
+            }
+        }
+    }
+    let mut out = [0f32; 4];
+    for ((o, l), row) in out.iter_mut().zip(&lanes).zip(rows) {
+        let mut sum = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+        for (x, y) in q[body..].iter().zip(&row[body..]) {
+            sum += x * y;
+        }
+        *o = sum;
+    }
+    out
+}
+
+/// [`super::softmax_in_place`]'s values: the maximum over eight lanes, `exp_chunks(whole
+/// chunks of eight, max)` ([`expf8`]'s values of `score - max`), `libm::expf` for the rest, the
+/// sum in order, the divisions.
+#[inline(always)]
+fn softmax(scores: &mut [f32], exp_chunks: impl FnOnce(&mut [f32], f32)) {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = scores.chunks_exact(LANES);
+    for c in &mut chunks {
+        for j in 0..LANES {
+            lanes[j] = lanes[j].max(c[j]);
+        }
+    }
+    let max = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let body = scores.len() / LANES * LANES;
+    exp_chunks(&mut scores[..body], max);
+    for v in &mut scores[body..] {
+        *v = libm::expf(*v - max);
+    }
+    let sum = scores.iter().fold(0f32, |s, &e| s + e);
+    for v in scores.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// out\[c\] = 0 + p_0 * value_0\[c\] + ... in order, [`COLUMNS`] columns at a time.
+#[inline(always)]
+fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
+    let d = out.len();
+    let mut start = 0;
+    while start + COLUMNS <= d {
+        columns::<COLUMNS>(p, values, start, &mut out[start..start + COLUMNS]);
+        start += COLUMNS;
+    }
+    while start + LANES <= d {
+        columns::<LANES>(p, values, start, &mut out[start..start + LANES]);
+        start += LANES;
+    }
+    for (c, o) in (start..d).zip(&mut out[start..]) {
+        let mut acc = 0f32;
+        for (&pj, v) in p.iter().zip(values) {
+            acc += pj * v[c];
+        }
+        *o = acc;
+    }
+}
+
+#[inline(always)]
+fn columns<const N: usize>(p: &[f32], values: &[&[f32]], start: usize, out: &mut [f32]) {
+    let mut acc = [0f32; N];
+    for (&pj, v) in p.iter().zip(values) {
+        let v = &v[start..start + N];
+        for c in 0..N {
+            acc[c] += pj * v[c];
+        }
+    }
+    out.copy_from_slice(&acc);
+}
+
+// libm 0.2's `expf` (FreeBSD's e_expf.c), whose constants and steps `expf8` repeats.
+const HALF: [f32; 2] = [0.5, -0.5];
+// (The same values as libm's decimal literals, written by their bits.)
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+const INV_LN2: f32 = f32::from_bits(0x3fb8_aa3b);
+const P1: f32 = f32::from_bits(0x3e2a_aa8f);
+const P2: f32 = f32::from_bits(0xbb35_5215);
+
+/// `libm::expf` of eight values, bit for bit. Where every |x| lies in (2^-14, 87.33655) (the
+/// `|x|` bits strictly between 0x39000000 and 0x42aeac50), this is libm's main path written
+/// without branches: k = trunc(x / ln 2 +- 1/2) beyond 1.5 ln 2, +-1 beyond 0.5 ln 2, else 0;
+/// the reduction r = (x - k ln2_hi) - k ln2_lo (exact for k = 0), the rational approximation
+/// y = 1 + (r c / (2 - c) - lo + hi), and y * 2^k, which is libm's `scalbnf` for the k this
+/// range gives (-126 to 126: one multiply). Any other lane sends all eight to `libm::expf`.
+#[inline(always)]
+pub fn expf8(x: [f32; 8]) -> [f32; 8] {
+    let main = x.iter().all(|v| {
+        let h = v.to_bits() & 0x7fff_ffff;
+        h > 0x3900_0000 && h < 0x42ae_ac50
+    });
+    if !main {
+        return x.map(libm::expf);
+    }
+    let mut out = [0f32; 8];
+    for (o, &v) in out.iter_mut().zip(&x) {
+        let bits = v.to_bits();
+        let h = bits & 0x7fff_ffff;
+        let sign = (bits >> 31) as i32;
+        let half = if sign == 0 { HALF[0] } else { HALF[1] };
+        let k = if h > 0x3f85_1592 {
+            (INV_LN2 * v + half) as i32
+        } else if h > 0x3eb1_7218 {
+            1 - sign - sign
+        } else {
+            0
+        };
+        let kf = k as f32;
+        let hi = v - kf * LN2_HI;
+        let lo = kf * LN2_LO;
+        let r = hi - lo;
+        let rr = r * r;
+        let c = r - rr * (P1 + rr * P2);
+        let y = 1. + (r * c / (2. - c) - lo + hi);
+        *o = y * f32::from_bits(((0x7f + k) as u32) << 23);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::tests::Lcg;
+
+    /// Every 61st f32 bit pattern (all signs, both ranges and the special values), eight at a
+    /// time, against `libm::expf`.
+    #[test]
+    fn expf8_is_libms_expf_bit_for_bit() {
+        check_expf_bits(61);
+    }
+
+    /// Every f32 (about a minute in release): `cargo test --release -p models expf8_every -- --ignored`.
+    #[test]
+    #[ignore]
+    fn expf8_every_f32_is_libms_expf() {
+        check_expf_bits(1);
+    }
+
+    fn check_expf_bits(step: usize) {
+        let mut batch = [0f32; 8];
+        let mut bits = (0..=u32::MAX).step_by(step).peekable();
+        while bits.peek().is_some() {
+            for b in batch.iter_mut() {
+                *b = f32::from_bits(bits.next().unwrap_or(0));
+            }
+            // A batch of one range only, so the main path is taken where it applies.
+            for x in batch {
+                let got = expf8([x; 8])[0];
+                let want = libm::expf(x);
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "expf({x:e} = {:#010x}): {got:e} against libm's {want:e}",
+                    x.to_bits()
+                );
+            }
+            let mixed = expf8(batch);
+            for (x, got) in batch.iter().zip(mixed) {
+                let want = libm::expf(*x);
+                assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()));
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                for lanes in [[batch[0]; 8], batch] {
+                    let mut got = lanes;
+                    // SAFETY: this CPU has AVX2 (checked).
+                    unsafe { x86::exp_chunks(&mut got, 0.0) };
+                    for (x, got) in lanes.iter().zip(got) {
+                        let want = libm::expf(*x - 0.0);
+                        assert!(
+                            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                            "AVX2 expf({x:e}): {got:e} against libm's {want:e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rows of `d` values from `fill(position, column)`.
+    fn rows(n: usize, d: usize, mut fill: impl FnMut(usize, usize) -> f32) -> Vec<Vec<f32>> {
+        (0..n)
+            .map(|i| (0..d).map(|c| fill(i, c)).collect())
+            .collect()
+    }
+
+    fn same_bits(q: &[f32], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32, what: &str) {
+        let keys: Vec<&[f32]> = k.iter().map(Vec::as_slice).collect();
+        let values: Vec<&[f32]> = v.iter().map(Vec::as_slice).collect();
+        let mut want = vec![f32::NAN; q.len()];
+        attend_row_reference(q, &keys, &values, scale, &mut want);
+        let mut got = vec![f32::NAN; q.len()];
+        let mut scores = Vec::new();
+        attend_row(q, &keys, &values, scale, &mut scores, &mut got);
+        let plain = {
+            let mut out = vec![f32::NAN; q.len()];
+            let mut s = vec![0f32; keys.len()];
+            attend_row_body(q, &keys, &values, scale, &mut s, &mut out);
+            out
+        };
+        for (c, ((g, w), p)) in got.iter().zip(&want).zip(&plain).enumerate() {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{what}: column {c}: {g:e} against the reference's {w:e}"
+            );
+            assert_eq!(
+                p.to_bits(),
+                g.to_bits(),
+                "{what}: the portable body differs"
+            );
+        }
+    }
+
+    #[test]
+    fn attend_row_is_the_reference_bit_for_bit() {
+        let mut rng = Lcg(20261205);
+        // Head dimensions of both models (64, 256) and odd ones; odd numbers of positions.
+        for d in [1, 7, 8, 13, 64, 72, 130, 256] {
+            for n in [1, 2, 3, 5, 8, 9, 31, 64, 129] {
+                let scale = 1.0 / (d as f32).sqrt();
+                let q: Vec<f32> = (0..d).map(|_| rng.unit() * 3.0).collect();
+                let k = rows(n, d, |_, _| rng.unit() * 3.0);
+                let v = rows(n, d, |_, _| rng.unit() * 3.0);
+                same_bits(&q, &k, &v, scale, &format!("random d={d} n={n}"));
+                // Patterned, tie-heavy (equal keys: equal scores), all at the largest finite
+                // value, and spread so that most weights underflow or sit near expf's edges.
+                let pattern = rows(n, d, |i, c| ((i * 7 + c * 3) % 11) as f32 - 5.0);
+                same_bits(&q, &pattern, &pattern, scale, "patterned");
+                let ties = rows(n, d, |_, c| (c % 3) as f32);
+                same_bits(&q, &ties, &v, scale, "ties");
+                let big = rows(n, d, |_, _| f32::MAX);
+                same_bits(&vec![1e-30; d], &big, &big, scale, "largest");
+                let spread = rows(n, d, |i, _| i as f32 * 9.0 - 300.0);
+                same_bits(&vec![1.0; d], &spread, &v, 1.0, "spread");
+                let zero = rows(n, d, |_, _| 0.0);
+                same_bits(&q, &zero, &zero, scale, "zeros");
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_to_read_gives_zeros() {
+        let mut out = [1f32; 4];
+        attend_row(&[1.0; 4], &[], &[], 0.5, &mut Vec::new(), &mut out);
+        assert_eq!(out, [0.0; 4]);
+    }
+}

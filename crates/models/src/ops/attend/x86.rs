@@ -1,0 +1,123 @@
+//! [`super::attend_row`]'s scores and exponentials in AVX2 intrinsics (the compiler keeps the
+//! portable versions' arrays on the stack): the same operations, lane for lane.
+//!
+//! - A dot product's eight lane sums are one register; four keys' registers are reduced at
+//!   once: `lo + hi` gives (l0 + l4, l1 + l5, l2 + l6, l3 + l7) and two horizontal adds give
+//!   ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), [`crate::ops::dot`]'s tree.
+//! - [`super::expf8`]'s steps with compares and blends for its branches.
+
+use std::arch::x86_64::*;
+
+use super::{HALF, INV_LN2, LANES, LN2_HI, LN2_LO, P1, P2};
+
+/// score_j = dot(q, key_j) * scale for every key (module docs).
+#[target_feature(enable = "avx2")]
+pub(super) fn scores(q: &[f32], keys: &[&[f32]], scale: f32, scores: &mut [f32]) {
+    let body = q.len() / LANES * LANES;
+    let mut key_quads = keys.chunks_exact(4);
+    let mut score_quads = scores.chunks_exact_mut(4);
+    for (k, s) in (&mut key_quads).zip(&mut score_quads) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for at in (0..body).step_by(LANES) {
+            let x = load(&q[at..at + LANES]);
+            for (a, row) in acc.iter_mut().zip(k) {
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(x, load(&row[at..at + LANES])));
+            }
+        }
+        let half = |a: __m256| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        let trees = _mm_hadd_ps(
+            _mm_hadd_ps(half(acc[0]), half(acc[1])),
+            _mm_hadd_ps(half(acc[2]), half(acc[3])),
+        );
+        let mut sums = [0f32; 4];
+        // SAFETY: `sums` holds four floats.
+        unsafe { _mm_storeu_ps(sums.as_mut_ptr(), trees) };
+        for ((s, sum), row) in s.iter_mut().zip(sums).zip(k) {
+            let mut sum = sum;
+            for (x, y) in q[body..].iter().zip(&row[body..]) {
+                sum += x * y;
+            }
+            *s = sum * scale;
+        }
+    }
+    for (k, s) in key_quads
+        .remainder()
+        .iter()
+        .zip(score_quads.into_remainder())
+    {
+        *s = crate::ops::dot(q, k) * scale;
+    }
+}
+
+/// Eight floats from a slice of at least eight.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn load(x: &[f32]) -> __m256 {
+    assert!(x.len() >= LANES);
+    // SAFETY: eight floats are readable at `x` (checked).
+    unsafe { _mm256_loadu_ps(x.as_ptr()) }
+}
+
+/// `values[i] = libm::expf(values[i] - max)` over whole chunks of eight ([`super::expf8`]'s
+/// arithmetic); `values.len()` must be a multiple of eight.
+#[target_feature(enable = "avx2")]
+pub(super) fn exp_chunks(values: &mut [f32], max: f32) {
+    for chunk in values.chunks_exact_mut(LANES) {
+        expf8(chunk, max);
+    }
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+fn expf8(values: &mut [f32], max: f32) {
+    let x = _mm256_sub_ps(load(values), _mm256_set1_ps(max));
+    let bits = _mm256_castps_si256(x);
+    let h = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fff_ffff));
+    let main = _mm256_and_si256(
+        _mm256_cmpgt_epi32(h, _mm256_set1_epi32(0x3900_0000)),
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(0x42ae_ac50), h),
+    );
+    if _mm256_movemask_ps(_mm256_castsi256_ps(main)) != 0xff {
+        for v in &mut values[..LANES] {
+            *v = libm::expf(*v - max);
+        }
+        return;
+    }
+    let negative = _mm256_cmpgt_epi32(_mm256_setzero_si256(), bits);
+    let half = _mm256_blendv_ps(
+        _mm256_set1_ps(HALF[0]),
+        _mm256_set1_ps(HALF[1]),
+        _mm256_castsi256_ps(negative),
+    );
+    let k_far = _mm256_cvttps_epi32(_mm256_add_ps(
+        _mm256_mul_ps(_mm256_set1_ps(INV_LN2), x),
+        half,
+    ));
+    let k_near = _mm256_blendv_epi8(_mm256_set1_epi32(1), _mm256_set1_epi32(-1), negative);
+    let far = _mm256_cmpgt_epi32(h, _mm256_set1_epi32(0x3f85_1592));
+    let near = _mm256_cmpgt_epi32(h, _mm256_set1_epi32(0x3eb1_7218));
+    let k = _mm256_blendv_epi8(_mm256_and_si256(near, k_near), k_far, far);
+    let kf = _mm256_cvtepi32_ps(k);
+    let hi = _mm256_sub_ps(x, _mm256_mul_ps(kf, _mm256_set1_ps(LN2_HI)));
+    let lo = _mm256_mul_ps(kf, _mm256_set1_ps(LN2_LO));
+    let r = _mm256_sub_ps(hi, lo);
+    let rr = _mm256_mul_ps(r, r);
+    let c = _mm256_sub_ps(
+        r,
+        _mm256_mul_ps(
+            rr,
+            _mm256_add_ps(_mm256_set1_ps(P1), _mm256_mul_ps(rr, _mm256_set1_ps(P2))),
+        ),
+    );
+    let quotient = _mm256_div_ps(_mm256_mul_ps(r, c), _mm256_sub_ps(_mm256_set1_ps(2.0), c));
+    let y = _mm256_add_ps(
+        _mm256_set1_ps(1.0),
+        _mm256_add_ps(_mm256_sub_ps(quotient, lo), hi),
+    );
+    let two_k = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(k, _mm256_set1_epi32(0x7f)),
+        23,
+    ));
+    // SAFETY: eight floats are writable at `values` (`load` checked the length).
+    unsafe { _mm256_storeu_ps(values.as_mut_ptr(), _mm256_mul_ps(y, two_k)) };
+}
