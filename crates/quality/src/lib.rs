@@ -47,6 +47,7 @@ pub mod generate;
 pub mod mechanisms;
 pub mod metrics;
 pub mod one_text;
+pub mod reference;
 pub mod report;
 pub mod scheme;
 pub mod sensitivity;

@@ -10,7 +10,8 @@
 //! - `texts`: 1 to 64, unique names of 1 to 32 characters of `[A-Za-z0-9-_.]`; each text is
 //!   encoded with the model's tokenizer (SmolLM2's BPE, no BOS; Gemma 3's SentencePiece, BOS
 //!   first) and cut to its first `max_tokens` ids
-//!   (2 <= `max_tokens` <= 2048); a shorter text is used whole, but needs at least 2 ids;
+//!   (2 <= `max_tokens` <= 8192, SmolLM2's context); a shorter text is used whole, but needs at
+//!   least 2 ids;
 //! - `runs`: 1 to 64, unique, each a `schedule` (`prefill`, `streaming`, `causal`) with either a
 //!   `setting` (`g<GROUP>_b<BITS>[_asym][_swap]`) and a `policy` (`uniform`, `recent_f32:W`,
 //!   `recent8:W`, `early8:W`), exactly what `quality::setting` parses and `CacheSpec::new`
@@ -76,7 +77,8 @@ use crate::attention_error::{
 };
 use crate::bootstrap::{BootstrapSpec, BootstrapSummary, MAX_RESAMPLES, MIN_RESAMPLES};
 use crate::mechanisms::{HeadMeasures, MechanismSummary};
-use crate::metrics::{self, kl, log_softmax};
+use crate::metrics::{self, kl};
+use crate::reference::{Reference, Scored};
 use crate::scheme::{Cache, SchemeSpec};
 use crate::sensitivity::{SensitivitySpec, SensitivitySummary};
 use crate::{CacheSpec, KvSetting, Policy, QualityError, Schedule};
@@ -87,7 +89,7 @@ use kvschemes::Scheme;
 use kvschemes::kvquant::{Calibration, KvQuantScheme};
 use models::CausalLm;
 use models::ModelName;
-use models::llama::{LayerKv, ModelError, OwnKv, argmax};
+use models::llama::{LayerKv, ModelError, OwnKv};
 use models::tokenizer::bpe::BpeError;
 use ndarray::Array2;
 use rayon::prelude::*;
@@ -114,7 +116,7 @@ pub const MAX_TEXT_NAME_CHARS: usize = 32;
 /// Most runs in a protocol.
 pub const MAX_RUNS: usize = 64;
 /// Largest `max_tokens`.
-pub const MAX_TOKENS: usize = 2048;
+pub const MAX_TOKENS: usize = 8192;
 /// Most generated tokens.
 pub const MAX_GENERATED: usize = 64;
 /// Ids of the calibration text kept (its first).
@@ -886,7 +888,6 @@ pub fn run_study_with(
     let mut attention_texts = Vec::new();
     let mut sensitivity = Vec::new();
     for (t, ids) in all_ids.into_iter().enumerate() {
-        let positions = ids.len() - 1;
         let float32_bytes = crate::cache::f32_held_bytes_per_token(
             &windows,
             model.kv_heads(),
@@ -900,22 +901,11 @@ pub fn run_study_with(
         if let Some(errors) = errors {
             attention_texts.push(errors);
         }
-        let logits = model.logits(hidden.view());
-        drop(hidden);
-        let mut f32_rows = Vec::with_capacity(positions);
-        let mut f32_logp = Vec::with_capacity(positions);
-        let mut f32_argmax = Vec::with_capacity(positions);
-        for j in 0..positions {
-            let row = logits.row(j);
-            let row = row
-                .as_slice()
-                .ok_or(QualityError::TooFewTokens(ids.len()))?;
-            let ls = log_softmax(row);
-            f32_logp.push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
-            f32_argmax.push(argmax(row));
-            f32_rows.push(ls);
-        }
-        drop(logits);
+        let Scored {
+            reference,
+            logp: f32_logp,
+            argmax: f32_argmax,
+        } = Reference::score(model, &ids, hidden, crate::reference::ROWS_BUDGET_BYTES)?;
         let prompt = protocol.generate.map(|g| &ids[..g.prompt_tokens]);
         let f32_generated = match (prompt, protocol.generate) {
             (Some(prompt), Some(g)) => Some(model.generate_greedy(prompt, g.tokens)?),
@@ -938,7 +928,7 @@ pub fn run_study_with(
                             ids: &ids,
                             spec: spec.clone(),
                             run,
-                            f32_rows: &f32_rows,
+                            reference: &reference,
                             f32_logp: &f32_logp,
                             f32_argmax: &f32_argmax,
                             prompt,
@@ -970,7 +960,7 @@ pub fn run_study_with(
                             (&specs[r], layer),
                             (k, spec.perturbations[k]),
                             &protocol.runs[r].row_id(t),
-                            (&f32_rows, &f32_logp, &f32_argmax),
+                            (&reference, &f32_logp, &f32_argmax),
                         );
                         step();
                         row
@@ -1088,7 +1078,7 @@ fn float32_pass(
     ))
 }
 
-/// Scores a pass whose stream is `packed` against the float32 pass's log-softmax rows: per
+/// Scores a pass whose stream is `packed` against the float32 pass's distributions: per
 /// position, the log-prob of the next id, the KL and the argmax. The LM head runs a block of
 /// positions at a time (Gemma 3's rows are 1 MiB each).
 type Scores = (Vec<f64>, Vec<f64>, Vec<u32>);
@@ -1096,24 +1086,21 @@ fn score(
     model: &dyn CausalLm,
     ids: &[u32],
     packed: &Array2<f32>,
-    f32_rows: &[Vec<f64>],
+    reference: &Reference,
 ) -> Result<Scores, QualityError> {
     let positions = ids.len() - 1;
     let mut logp = Vec::with_capacity(positions);
     let mut kls = Vec::with_capacity(positions);
     let mut maxes = Vec::with_capacity(positions);
-    for start in (0..positions).step_by(crate::LOGIT_BLOCK) {
-        let rows = start..(start + crate::LOGIT_BLOCK).min(positions);
-        let logits = model.logits(packed.slice(ndarray::s![rows.clone(), ..]));
-        for (r, j) in rows.enumerate() {
-            let row = logits.row(r);
-            let row = row
-                .as_slice()
-                .ok_or(QualityError::TooFewTokens(ids.len()))?;
-            let ls = log_softmax(row);
+    for block in crate::reference::blocks(positions) {
+        let f32_rows = reference.rows(model, block.clone())?;
+        for ((j, ls, max), f32_row) in crate::reference::block_rows(model, packed, block)?
+            .into_iter()
+            .zip(f32_rows.iter())
+        {
             logp.push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
-            kls.push(kl(&f32_rows[j], &ls));
-            maxes.push(argmax(row));
+            kls.push(kl(f32_row, &ls));
+            maxes.push(max);
         }
     }
     Ok((logp, kls, maxes))
@@ -1127,7 +1114,7 @@ fn perturbed_row(
     (spec, layer): (&Cache, &LayerBuilder),
     (k, perturbation): (usize, crate::sensitivity::Perturbation),
     row_id: &str,
-    (f32_rows, f32_logp, f32_argmax): (&[Vec<f64>], &[f64], &[u32]),
+    (reference, f32_logp, f32_argmax): (&Reference, &[f64], &[u32]),
 ) -> Result<PerturbedRow, QualityStudyError> {
     let layers = model.layers();
     let mut rng = perturbation.generator();
@@ -1136,7 +1123,7 @@ fn perturbed_row(
         let moved = kv.positions_from(0, (&k, &v, &k_pre))?;
         Ok(layer(spec, (l, layers), model.window(l), &moved)?.0)
     })?;
-    let (logp, kl, argmax) = score(model, ids, &packed, f32_rows)?;
+    let (logp, kl, argmax) = score(model, ids, &packed, reference)?;
     let n = (ids.len() - 1) as f64;
     let sum = |xs: &[f64]| xs.iter().fold(0f64, |a, &x| a + x);
     let agree = argmax
@@ -1164,7 +1151,7 @@ struct RowInput<'a> {
     ids: &'a [u32],
     spec: Cache,
     run: &'a RunSpec,
-    f32_rows: &'a [Vec<f64>],
+    reference: &'a Reference,
     f32_logp: &'a [f64],
     f32_argmax: &'a [u32],
     prompt: Option<&'a [u32]>,
@@ -1184,7 +1171,7 @@ fn one_row(
         ids,
         spec,
         run,
-        f32_rows,
+        reference,
         f32_logp,
         f32_argmax,
         prompt,
@@ -1205,7 +1192,7 @@ fn one_row(
         outliers.push(cost.outliers);
         Ok(source)
     })?;
-    let (logp, kls, maxes) = score(model, ids, &packed, f32_rows)?;
+    let (logp, kls, maxes) = score(model, ids, &packed, reference)?;
     drop(packed);
     let generated = match (prompt, generate) {
         (Some(prompt), Some(g)) => Some(crate::generate::greedy(

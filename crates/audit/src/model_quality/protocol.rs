@@ -34,7 +34,7 @@ pub const MAX_RUNS: usize = 64;
 /// Longest text name.
 pub const MAX_TEXT_NAME: usize = 32;
 /// Fewest and most ids scored per text.
-pub const TOKEN_RANGE: std::ops::RangeInclusive<usize> = 2..=2048;
+pub const TOKEN_RANGE: std::ops::RangeInclusive<usize> = 2..=8192;
 /// The most tokens a cache holds (SmolLM2's context): a group size or a policy's window is at
 /// most this, as the quality crate requires.
 pub const MAX_CACHE_TOKENS: usize = 8192;
@@ -582,7 +582,7 @@ impl QualityProtocol {
             }
         }
         if !TOKEN_RANGE.contains(&self.max_tokens) {
-            return Err(refuse("max_tokens", "2 to 2048"));
+            return Err(refuse("max_tokens", "2 to 8192"));
         }
         if !(1..=MAX_RUNS).contains(&self.runs.len()) {
             return Err(refuse("runs", "1 to 64 runs"));

@@ -92,49 +92,102 @@ fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
 /// Positions whose logits a re-run holds at once (Gemma 3's rows are 1 MiB each).
 const LOGIT_BLOCK: usize = 64;
 
+/// Most bytes of the float32 pass's log-softmax rows kept per text (8,192 positions of SmolLM2
+/// take 3.2 GB). Past it the float32 stream is kept instead and each block's rows are
+/// recomputed as a run is scored: a logit is one fixed sum whatever the block, so the rows are
+/// the same bits.
+const ROWS_BUDGET_BYTES: usize = 2 << 30;
+
+/// What a run's KL is taken against.
+enum Reference {
+    /// A run's own pass: nothing.
+    None,
+    /// The float32 pass's log-softmax rows.
+    Rows(Vec<Vec<f64>>),
+    /// The float32 pass's stream, whose rows are recomputed a block at a time.
+    Stream(Array2<f32>),
+}
+
 /// The per-position values of one pass.
 struct Scored {
     logp: Vec<f64>,
     argmax: Vec<i64>,
-    /// Log-softmax rows, kept for the float32 pass (each run's KL reads them).
-    rows: Vec<Vec<f64>>,
+    /// For the float32 pass, what each run's KL reads.
+    reference: Reference,
     /// KL(p_f32 || p) per position, for a pass scored against the float32 one.
     kl: Vec<f64>,
 }
 
+/// The log-softmax rows and argmaxes of positions `block` of the stream `hidden`.
+fn block_rows(
+    lm: &dyn CausalLm,
+    hidden: &Array2<f32>,
+    block: std::ops::Range<usize>,
+) -> Vec<(Vec<f64>, i64)> {
+    let logits = lm.logits(hidden.slice(s![block, ..]));
+    logits
+        .rows()
+        .into_iter()
+        .map(|row| {
+            let row = row.as_slice().unwrap_or(&[]);
+            (log_softmax(row), i64::from(argmax(row)))
+        })
+        .collect()
+}
+
 /// Scores the pass whose stream is `hidden`, its LM head [`LOGIT_BLOCK`] positions at a time:
-/// the float32 pass (`reference` None) keeps its log-softmax rows; a run's pass takes each
-/// position's KL against `reference`'s.
+/// the float32 pass (`reference` None) keeps what its runs' KL reads; a run's pass takes each
+/// position's KL against `reference`'s rows.
 fn score_blocks(
     lm: &dyn CausalLm,
     ids: &[u32],
-    hidden: &Array2<f32>,
+    hidden: Array2<f32>,
     reference: Option<&Scored>,
 ) -> Scored {
     let positions = ids.len().saturating_sub(1);
+    let keep_rows = reference.is_none()
+        && positions
+            .checked_mul(lm.vocab())
+            .and_then(|n| n.checked_mul(8))
+            .is_some_and(|bytes| bytes <= ROWS_BUDGET_BYTES);
     let mut out = Scored {
         logp: Vec::with_capacity(positions),
         argmax: Vec::with_capacity(positions),
-        rows: Vec::new(),
+        reference: Reference::None,
         kl: Vec::new(),
     };
+    let mut kept = Vec::new();
     for start in (0..positions).step_by(LOGIT_BLOCK) {
         let block = start..(start + LOGIT_BLOCK).min(positions);
-        let logits = lm.logits(hidden.slice(s![block.clone(), ..]));
-        for (r, j) in block.enumerate() {
-            let row = logits.row(r);
-            let row = row.as_slice().unwrap_or(&[]);
-            let ls = log_softmax(row);
+        let recomputed = match reference.map(|r| &r.reference) {
+            Some(Reference::Stream(f32_hidden)) => block_rows(lm, f32_hidden, block.clone()),
+            _ => Vec::new(),
+        };
+        for ((ls, max), j) in block_rows(lm, &hidden, block.clone())
+            .into_iter()
+            .zip(block)
+        {
             out.logp
                 .push(ls.get(ids[j + 1] as usize).copied().unwrap_or(f64::NAN));
-            out.argmax.push(i64::from(argmax(row)));
+            out.argmax.push(max);
+            let f32_row = match reference.map(|r| &r.reference) {
+                Some(Reference::Rows(rows)) => rows.get(j),
+                Some(Reference::Stream(_)) => recomputed.get(j - start).map(|(row, _)| row),
+                _ => None,
+            };
             match reference {
-                Some(f32) => out
-                    .kl
-                    .push(f32.rows.get(j).map_or(f64::NAN, |a| kl(a, &ls))),
-                None => out.rows.push(ls),
+                Some(_) => out.kl.push(f32_row.map_or(f64::NAN, |a| kl(a, &ls))),
+                None if keep_rows => kept.push(ls),
+                None => {}
             }
         }
+    }
+    if reference.is_none() {
+        out.reference = if keep_rows {
+            Reference::Rows(kept)
+        } else {
+            Reference::Stream(hidden)
+        };
     }
     out
 }
@@ -509,8 +562,7 @@ fn passes(
                 });
             }
         };
-        let f32_scored = score_blocks(lm, recorded, &plain, None);
-        drop(plain);
+        let f32_scored = score_blocks(lm, recorded, plain, None);
         let prompt = p
             .generate
             .map(|g| &recorded[..g.prompt_tokens.min(recorded.len())]);
@@ -624,8 +676,7 @@ fn check_perturbed(
             });
         }
     };
-    let scored = score_blocks(lm, recorded, &packed, Some(f32_scored));
-    drop(packed);
+    let scored = score_blocks(lm, recorded, packed, Some(f32_scored));
     report.count(Checked::PassesRerun, 1);
     require(archive, id, &format!("{id}_logp"), &scored.logp, report);
     require(archive, id, &format!("{id}_kl"), &scored.kl, report);
@@ -728,8 +779,7 @@ fn check_run(
             });
         }
     };
-    let scored = score_blocks(lm, recorded, &packed, Some(f32_scored));
-    drop(packed);
+    let scored = score_blocks(lm, recorded, packed, Some(f32_scored));
     report.count(Checked::PassesRerun, 1);
     require(archive, &id, &format!("{id}_logp"), &scored.logp, report);
     require(archive, &id, &format!("{id}_kl"), &scored.kl, report);

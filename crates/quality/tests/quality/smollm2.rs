@@ -125,3 +125,31 @@ fn a_second_text_matches_an_independent_numpy_computation() {
     assert!((m.nll - nll).abs() < 2e-3, "{} vs {nll}", m.nll);
     assert!((m.kl_mean - kl).abs() < 2e-3, "{} vs {kl}", m.kl_mean);
 }
+
+#[test]
+fn the_float32_distributions_recomputed_from_the_hidden_stream_are_the_kept_rows() {
+    use models::CausalLm;
+    use quality::reference::{Reference, blocks};
+    let (model, bpe) = model();
+    // 150 ids: two whole blocks of logits and a partial one.
+    let text = "The cache holds every key and value a layer has seen. ".repeat(20);
+    let mut ids = bpe.encode(&text).unwrap();
+    ids.truncate(150);
+    let lm: &dyn CausalLm = model;
+    let hidden = || lm.hidden_with(&ids, &mut |_, _, _| Ok(())).unwrap().0;
+    let kept = Reference::score(model, &ids, hidden(), usize::MAX).unwrap();
+    let recomputed = Reference::score(model, &ids, hidden(), 0).unwrap();
+    assert!(matches!(kept.reference, Reference::Rows(_)));
+    assert!(matches!(recomputed.reference, Reference::Hidden(_)));
+    assert_eq!(kept.argmax, recomputed.argmax);
+    let bits = |x: &[f64]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&kept.logp), bits(&recomputed.logp));
+    for block in blocks(ids.len() - 1) {
+        let a = kept.reference.rows(model, block.clone()).unwrap();
+        let b = recomputed.reference.rows(model, block.clone()).unwrap();
+        assert_eq!(a.len(), block.len());
+        for (a, b) in a.iter().zip(b.iter()) {
+            assert_eq!(bits(a), bits(b), "block {block:?}");
+        }
+    }
+}
