@@ -1609,7 +1609,7 @@ mod tests {
         assert_eq!(refused(|v| v["model"] = "minilm".into()), "model");
         assert_eq!(refused(|v| v["model"] = "gpt".into()), "model");
         assert_eq!(refused(|v| v["max_tokens"] = 1.into()), "max_tokens");
-        assert_eq!(refused(|v| v["max_tokens"] = 4096.into()), "max_tokens");
+        assert_eq!(refused(|v| v["max_tokens"] = 8193.into()), "max_tokens");
         assert_eq!(refused(|v| v["texts"] = serde_json::json!([])), "texts");
         assert_eq!(
             refused(|v| v["texts"][0]["name"] = "a b".into()),
