@@ -9,7 +9,7 @@ crates/kvschemes holds them.
 
 - ``names() -> list[str]``: the schemes (kivi2, kivi4, hf-quanto2, hf-quanto4, llamacpp-TYPE[+rot]
   for TYPE q4_0, q4_1, q5_0, q8_0, iq4_nl, and this project's codec as kvpack-k4v4, kvpack-k8v4,
-  ...; any ``kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8]`` parses).
+  ...; any ``kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8][-layer<L>]`` parses).
 - ``cache(k, v, scheme) -> SchemeCache``: K (after RoPE) and V, float32, [kv_heads, tokens,
   head_dim] or one head's [tokens, head_dim], as the cache the whole text leaves holds them (the
   ``prefill`` schedule of ``runner quality --scheme``). A scheme treats K and V differently (KIVI

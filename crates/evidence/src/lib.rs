@@ -8,10 +8,11 @@
 //! ([`chart`]: panels, log axes, legend, drawn with plotters) and the tables one renderer
 //! ([`table`]). The root manifest pins archived directories by their files' hashes ([`pin`]),
 //! after a check the caller passes in (the runner passes the audit; this crate depends on no
-//! study and on no checker).
+//! study and on no checker). A study cut into shards slices its work and records a merge the
+//! same way ([`shard`]).
 //!
 //! Modules, each depending only on those listed before it: [`format`](mod@format), [`hashing`], [`error`],
-//! [`staging`], [`writer`], [`provenance`], [`table`], [`chart`], [`pin`].
+//! [`staging`], [`writer`], [`provenance`], [`table`], [`chart`], [`pin`], [`shard`].
 
 pub mod chart;
 pub mod error;
@@ -20,6 +21,7 @@ pub mod hashing;
 pub mod npy;
 pub mod pin;
 pub mod provenance;
+pub mod shard;
 pub mod staging;
 pub mod table;
 pub mod writer;

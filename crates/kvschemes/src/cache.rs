@@ -214,6 +214,12 @@ impl LayerCache {
                 quanto_side(v, schedule, bits.bits()),
             ),
             Scheme::Codec(codec) => {
+                if let Some(only) = codec.layer.filter(|&l| l >= layers) {
+                    return Err(SchemeError::Layer {
+                        layer: only,
+                        layers,
+                    });
+                }
                 let (k_bits, v_bits) = codec.widths(layer, layers);
                 let (k, k_whole) = codec_side(k, schedule, codec, k_bits, GroupAxis::Token)?;
                 let (v, v_whole) = codec_side(v, schedule, codec, v_bits, GroupAxis::Feature)?;
@@ -587,15 +593,29 @@ fn kivi_side(raw: Array3<f32>, quantized: usize, bits: u32, axis: KiviAxis) -> S
 /// tokens, V along features), decoded; stored, what the schedule's end state holds quantized
 /// (prefill: every token; decoding: K's whole groups) as codec tensors, the rest f32. With the
 /// side, under `prefill` without sinks, each head's tensor (every query reads all of it), and
-/// nothing otherwise.
+/// nothing otherwise. A side of no width (`None`) is held float32: read as it is, 4 bytes a value.
 fn codec_side(
     raw: Array3<f32>,
     schedule: Schedule,
     scheme: CodecScheme,
-    bits: u32,
+    bits: Option<u32>,
     axis: GroupAxis,
 ) -> Result<(Side, Vec<PackedTensor>), SchemeError> {
     let (heads, tokens, head_dim) = raw.dim();
+    let Some(bits) = bits else {
+        let stored = Stored {
+            full_precision: raw.len() * 4,
+            ..Stored::default()
+        };
+        let side = Side {
+            decoded: raw.clone(),
+            raw,
+            later: Vec::new(),
+            sinks: tokens,
+            stored,
+        };
+        return Ok((side, Vec::new()));
+    };
     let sinks = scheme.sinks.min(tokens);
     let layout = Layout::with_mode(axis, scheme.mode, bits, codec::GROUP)
         .map_err(|e| SchemeError::Codec(e.to_string()))?;

@@ -2,8 +2,11 @@
 //! frontier as the literature's: separate K and V widths, symmetric or asymmetric codes, attention
 //! sinks kept in full precision, and 8-bit first and last layers.
 //!
-//! Name: `kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8]`, for example `kvpack-k4v4`,
-//! `kvpack-k8v4-asym`, `kvpack-k4v2-sink4`, `kvpack-k4v4-edge8`.
+//! Name: `kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8][-layer<L>]`, for example `kvpack-k4v4`,
+//! `kvpack-k8v4-asym`, `kvpack-k4v2-sink4`, `kvpack-k4v4-edge8`, and, to find where a cache's
+//! error comes from, `kvpack-k4v32` (K only: a width of 32 keeps that side float32, not both),
+//! `kvpack-k2v2-layer7` (layer 7 only; every other layer holds float32 K and V). `-edge8`
+//! combines with neither.
 //!
 //! Spec:
 //! - Codes: `kvcodec` with groups of 32 (`docs/formats.md`): K grouped along tokens (one group =
@@ -14,6 +17,8 @@
 //!   real SmolLM2 layers lean on); the codec tensors cover tokens S and on, groups counted from S.
 //! - `-edge8`: the first and the last layer hold K and V at 8 bits (symmetric, or asymmetric with
 //!   `-asym`), the others at KB and VB.
+//! - A side of width 32, and every layer but L under `-layer<L>`, stores float32 values as the
+//!   float32 cache does (4 bytes each; attention reads them as they are).
 //! - Schedules, this project's (`quality::cache`): `prefill` encodes each layer's text at once (a
 //!   partial last K group zero-padded); while decoding, a K group is quantized when it fills and
 //!   the tokens of the group still filling stay f32, and V tokens are quantized on arrival.
@@ -40,21 +45,34 @@ pub struct CodecScheme {
     pub sinks: usize,
     /// First and last layers at 8 bits.
     pub edge8: bool,
+    /// The one layer quantized, when only one is.
+    pub layer: Option<usize>,
 }
 
 /// Values per group.
 pub const GROUP: usize = 32;
 
+/// The width that keeps a side float32.
+pub const FLOAT32: u32 = 32;
+
+/// The largest layer index a name may give (a model's own count is checked when its cache is
+/// built).
+pub const MAX_LAYER: usize = 255;
+
 /// The largest sink count a name may ask for (SmolLM2's context).
 pub const MAX_SINKS: usize = 8192;
 
 impl CodecScheme {
-    /// The widths of layer `layer` of `layers`: 8 and 8 at the edges under `-edge8`.
-    pub fn widths(&self, layer: usize, layers: usize) -> (u32, u32) {
-        if self.edge8 && (layer == 0 || layer + 1 == layers) {
-            (8, 8)
+    /// The code widths of layer `layer` of `layers`, `None` for a side held float32: 8 and 8 at
+    /// the edges under `-edge8`; float32 at every layer but L under `-layer<L>`.
+    pub fn widths(&self, layer: usize, layers: usize) -> (Option<u32>, Option<u32>) {
+        let quantized = |bits: u32| (bits != FLOAT32).then_some(bits);
+        if self.layer.is_some_and(|l| l != layer) {
+            (None, None)
+        } else if self.edge8 && (layer == 0 || layer + 1 == layers) {
+            (Some(8), Some(8))
         } else {
-            (self.k_bits, self.v_bits)
+            (quantized(self.k_bits), quantized(self.v_bits))
         }
     }
 
@@ -75,6 +93,7 @@ impl CodecScheme {
             mode: Mode::Symmetric,
             sinks: 0,
             edge8: false,
+            layer: None,
         };
         // Suffixes in the order the name writes them, each at most once.
         let mut stage = 0;
@@ -88,11 +107,21 @@ impl CodecScheme {
                     scheme.edge8 = true;
                     true
                 }),
-                _ => match part.strip_prefix("sink").and_then(number) {
-                    Some(s) if (s as usize) <= MAX_SINKS => (2, {
+                _ => match (
+                    part.strip_prefix("sink").and_then(number),
+                    part.strip_prefix("layer"),
+                ) {
+                    (Some(s), _) if (s as usize) <= MAX_SINKS => (2, {
                         scheme.sinks = s as usize;
                         true
                     }),
+                    (_, Some(l)) => match (l == "0").then_some(0).or_else(|| number(l)) {
+                        Some(l) if (l as usize) <= MAX_LAYER => (4, {
+                            scheme.layer = Some(l as usize);
+                            true
+                        }),
+                        _ => (0, false),
+                    },
                     _ => (0, false),
                 },
             };
@@ -105,8 +134,12 @@ impl CodecScheme {
             Mode::Symmetric => 2,
             Mode::Asymmetric => 1,
         };
-        let valid = |b: u32| (lowest..=8).contains(&b);
-        (valid(scheme.k_bits) && valid(scheme.v_bits)).then_some(scheme)
+        let valid = |b: u32| (lowest..=8).contains(&b) || b == FLOAT32;
+        let float = scheme.k_bits == FLOAT32 || scheme.v_bits == FLOAT32;
+        let both_float = scheme.k_bits == FLOAT32 && scheme.v_bits == FLOAT32;
+        let edge8_alone = !scheme.edge8 || (!float && scheme.layer.is_none());
+        (valid(scheme.k_bits) && valid(scheme.v_bits) && !both_float && edge8_alone)
+            .then_some(scheme)
     }
 }
 
@@ -121,6 +154,9 @@ impl fmt::Display for CodecScheme {
         }
         if self.edge8 {
             f.write_str("-edge8")?;
+        }
+        if let Some(layer) = self.layer {
+            write!(f, "-layer{layer}")?;
         }
         Ok(())
     }
@@ -137,6 +173,10 @@ mod tests {
             "kvpack-k8v4-asym",
             "kvpack-k4v2-sink4",
             "kvpack-k1v1-asym-sink16-edge8",
+            "kvpack-k4v32",
+            "kvpack-k32v2-asym",
+            "kvpack-k2v2-layer0",
+            "kvpack-k4v32-sink4-layer29",
         ] {
             let scheme = CodecScheme::parse(name).unwrap();
             assert_eq!(scheme.to_string(), name);
@@ -150,6 +190,14 @@ mod tests {
             "kvpack-k4v4-sink8193",
             "kvpack-k4v4-asym-asym",
             "kvpack-k4",
+            "kvpack-k32v32",      // quantizes nothing: the float32 cache
+            "kvpack-k16v4",       // 9 to 31 bits are no width
+            "kvpack-k4v32-edge8", // -edge8 would quantize the float side
+            "kvpack-k4v4-edge8-layer3",
+            "kvpack-k4v4-layer03",
+            "kvpack-k4v4-layer256",
+            "kvpack-k4v4-layer",
+            "kvpack-k4v4-layer2-sink4", // out of order
         ] {
             assert_eq!(CodecScheme::parse(name), None, "{name}");
         }
@@ -158,9 +206,20 @@ mod tests {
     #[test]
     fn edge_layers_hold_eight_bits() {
         let s = CodecScheme::parse("kvpack-k4v2-edge8").unwrap();
+        let q = |k, v| (Some(k), Some(v));
         assert_eq!(
             (s.widths(0, 30), s.widths(1, 30), s.widths(29, 30)),
-            ((8, 8), (4, 2), (8, 8))
+            (q(8, 8), q(4, 2), q(8, 8))
         );
+    }
+
+    #[test]
+    fn a_float_side_and_the_other_layers_are_not_quantized() {
+        let k_only = CodecScheme::parse("kvpack-k4v32").unwrap();
+        assert_eq!(k_only.widths(3, 30), (Some(4), None));
+        let one_layer = CodecScheme::parse("kvpack-k2v2-layer3").unwrap();
+        assert_eq!(one_layer.widths(3, 30), (Some(2), Some(2)));
+        assert_eq!(one_layer.widths(2, 30), (None, None));
+        assert_eq!(one_layer.widths(4, 30), (None, None));
     }
 }

@@ -78,6 +78,7 @@
 
 use half::f16;
 use ndarray::{Array3, ArrayView3};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// The percentile above which (and its mirror below which) a value is an outlier: `t = 1 - (1 -
@@ -92,7 +93,7 @@ pub const MAX_STEPS: usize = 50;
 pub const MAX_FIRST: usize = 64;
 
 /// A KVQuant scheme: its code width and its first-token option.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct KvQuantScheme {
     /// Code width, 2 to 5 (the source's `--abits`).
     pub bits: u32,
@@ -163,7 +164,7 @@ pub enum CalibrationError {
 }
 
 /// One layer's calibration.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LayerCalibration {
     /// Per key channel (W of them), its upper threshold.
     pub key_upper: Vec<f16>,
@@ -176,7 +177,7 @@ pub struct LayerCalibration {
 }
 
 /// A model's calibration: per layer, the key thresholds and both level tables.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
     /// Code width.
     pub bits: u32,

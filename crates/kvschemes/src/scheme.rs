@@ -117,7 +117,8 @@ pub const CODEC_SCHEMES: [&str; 7] = [
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error(
     "unknown scheme {name:?}; the schemes are {}, kvquant<B>[-first<N>] (B 2 to 5, N 1 to 64), \
-     and kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] (widths 2 to 8, or 1 to 8 with -asym)",
+     and kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8][-layer<L>] (widths 2 to 8, or 1 to 8 \
+     with -asym; 32 keeps one side float32)",
     Scheme::all().iter().filter(|s| !matches!(s, Scheme::Codec(_) | Scheme::KvQuant(_))).map(|s| s.name()).collect::<Vec<_>>().join(", ")
 )]
 pub struct UnknownScheme {

@@ -60,15 +60,7 @@ pub struct ShardRecord {
     pub protocol_sha256: String,
 }
 
-/// One shard a merged run was made from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MergedShard {
-    /// 1 to N.
-    pub index: usize,
-    /// SHA-256 of that shard's manifest.json, as it was merged.
-    pub manifest_sha256: String,
-}
+pub use evidence::shard::MergedShard;
 
 /// SHA-256 of a protocol as compact JSON with its object keys sorted (serde_json's own order),
 /// so that anyone can recompute it from the `protocol` object of a manifest.

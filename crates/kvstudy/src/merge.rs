@@ -25,7 +25,7 @@ use crate::archive;
 use evidence::EvidenceError;
 
 use crate::manifest::{Counts, Manifest, MergedShard, protocol_sha256};
-use crate::plan::{Plan, Shard, plans};
+use crate::plan::{Plan, Shard, plans, shard_inputs};
 use crate::protocol::Protocol;
 use crate::study::ResultRow;
 use crate::summary::{self, Summary};
@@ -33,6 +33,7 @@ use crate::timing::Timings;
 use crate::write::{self, MemberSink};
 use evidence::hashing::{sha256_file, sha256_hex};
 use evidence::provenance::source_hashes;
+use evidence::shard::{SetError, in_index_order};
 
 /// Largest manifest, results or timings file a merge reads (an honest one is far smaller).
 const MAX_JSON_BYTES: u64 = 1 << 30;
@@ -41,9 +42,6 @@ const MAX_JSON_BYTES: u64 = 1 << 30;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum MergeError {
-    /// No shard directory given.
-    #[error("no shard directories given")]
-    NoShards,
     /// A file that cannot be read.
     #[error("reading {}", path.display())]
     Read {
@@ -108,26 +106,9 @@ pub enum MergeError {
         /// The shard directory.
         dir: PathBuf,
     },
-    /// The same slice given twice.
-    #[error("shard {index} of {count} is given twice ({} and {})", first.display(), second.display())]
-    Duplicate {
-        /// The slice.
-        index: usize,
-        /// N.
-        count: usize,
-        /// One directory.
-        first: PathBuf,
-        /// The other.
-        second: PathBuf,
-    },
-    /// Slices missing from the set.
-    #[error("shards {missing:?} of {count} are missing")]
-    Missing {
-        /// The missing indices.
-        missing: Vec<usize>,
-        /// N.
-        count: usize,
-    },
+    /// Not slices 1 to N, each once.
+    #[error(transparent)]
+    Set(#[from] SetError),
     /// A shard whose rows are not its slice's.
     #[error("{}: its results are not the rows of shard {shard}", dir.display())]
     Rows {
@@ -271,7 +252,7 @@ fn check_set(dirs: &[PathBuf]) -> Result<Vec<ShardRun>, MergeError> {
         .iter()
         .map(|d| read_shard(d))
         .collect::<Result<Vec<_>, _>>()?;
-    let first = shards.first().ok_or(MergeError::NoShards)?;
+    let first = shards.first().ok_or(SetError::Empty)?;
     let own_sources = source_hashes();
     for s in &shards {
         let same =
@@ -286,24 +267,7 @@ fn check_set(dirs: &[PathBuf]) -> Result<Vec<ShardRun>, MergeError> {
             return Err(MergeError::DifferentSources { dir: s.dir.clone() });
         }
     }
-    let count = first.shard.count;
-    let mut by_index: BTreeMap<usize, ShardRun> = BTreeMap::new();
-    for s in shards {
-        if let Some(other) = by_index.get(&s.shard.index) {
-            return Err(MergeError::Duplicate {
-                index: s.shard.index,
-                count,
-                first: other.dir.clone(),
-                second: s.dir,
-            });
-        }
-        by_index.insert(s.shard.index, s);
-    }
-    let missing: Vec<usize> = (1..=count).filter(|i| !by_index.contains_key(i)).collect();
-    if !missing.is_empty() {
-        return Err(MergeError::Missing { missing, count });
-    }
-    Ok(by_index.into_values().collect())
+    Ok(in_index_order(shards, |s| (s.shard, s.dir.as_path()))?)
 }
 
 /// Refuses an output inside (or equal to) a shard directory, comparing real paths (links and
@@ -365,7 +329,7 @@ pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
     for (position, s) in shards.iter().enumerate() {
         let bytes = read_capped(&s.dir.join(write::RESULTS))?;
         let shard_rows: Vec<ResultRow> = parse(&s.dir, write::RESULTS, &bytes)?;
-        let inputs = s.shard.inputs(&protocol).map_err(|_| MergeError::Rows {
+        let inputs = shard_inputs(s.shard, &protocol).map_err(|_| MergeError::Rows {
             dir: s.dir.clone(),
             shard: s.shard,
         })?;
@@ -498,8 +462,7 @@ pub fn merge(out: &Path, dirs: &[PathBuf]) -> Result<Merged, MergeError> {
 
 /// The archive members one shard writes (without `.npy`).
 fn shard_members(protocol: &Protocol, shard: Shard) -> Result<BTreeSet<String>, String> {
-    let ids: BTreeSet<String> = shard
-        .inputs(protocol)
+    let ids: BTreeSet<String> = shard_inputs(shard, protocol)
         .map_err(|e| e.to_string())?
         .iter()
         .map(|i| i.id())

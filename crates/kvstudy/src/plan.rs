@@ -287,87 +287,14 @@ pub fn float32_kv_bytes(tokens: usize, features: usize) -> usize {
     2 * tokens * features * std::mem::size_of::<f32>()
 }
 
-/// One of N disjoint, deterministic slices of a protocol's work: shard `index` (1 to `count`)
-/// runs the inputs at positions `floor((index - 1) * U / count)` up to, not including,
-/// `floor(index * U / count)` of the U inputs in run order, each with all its comparisons. The
-/// slices are contiguous and as even as whole inputs allow; concatenated in order they are the
-/// whole run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Shard {
-    /// Which slice, 1 to `count`.
-    pub index: usize,
-    /// How many slices.
-    pub count: usize,
-}
+/// One of N disjoint, deterministic slices of a protocol's work: the unit is an input, with all
+/// its comparisons ([`evidence::shard`] for how the slices fall).
+pub use evidence::shard::{Shard, ShardError};
 
-/// Why a shard cannot be one of a protocol's.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ShardError {
-    /// Not `I/N` with whole numbers.
-    #[error("--shard {given:?} is not I/N (for example 2/3)")]
-    Form {
-        /// What was given.
-        given: String,
-    },
-    /// I outside 1..=N.
-    #[error("shard {index}/{count}: the index runs from 1 to {count}")]
-    Index {
-        /// I.
-        index: usize,
-        /// N.
-        count: usize,
-    },
-    /// More shards than inputs: some would be empty.
-    #[error("{count} shards of {inputs} inputs: each shard needs at least one input")]
-    TooMany {
-        /// N.
-        count: usize,
-        /// Inputs in the protocol.
-        inputs: usize,
-    },
-}
-
-impl std::str::FromStr for Shard {
-    type Err = ShardError;
-    fn from_str(s: &str) -> Result<Shard, ShardError> {
-        let form = || ShardError::Form { given: s.into() };
-        let (index, count) = s.split_once('/').ok_or_else(form)?;
-        let (index, count) = (
-            index.parse::<usize>().map_err(|_| form())?,
-            count.parse::<usize>().map_err(|_| form())?,
-        );
-        if count == 0 || !(1..=count).contains(&index) {
-            return Err(ShardError::Index { index, count });
-        }
-        Ok(Shard { index, count })
-    }
-}
-
-impl std::fmt::Display for Shard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
-    }
-}
-
-impl Shard {
-    /// The positions, in run order, of the inputs this shard runs out of `inputs`.
-    pub fn range(&self, inputs: usize) -> std::ops::Range<usize> {
-        (self.index - 1) * inputs / self.count..self.index * inputs / self.count
-    }
-
-    /// This shard's inputs of `protocol`, in run order; refuses more shards than inputs.
-    pub fn inputs(&self, protocol: &Protocol) -> Result<Vec<InputSpec>, ShardError> {
-        let all = protocol.inputs();
-        if self.count > all.len() {
-            return Err(ShardError::TooMany {
-                count: self.count,
-                inputs: all.len(),
-            });
-        }
-        Ok(all[self.range(all.len())].to_vec())
-    }
+/// `shard`'s inputs of `protocol`, in run order; refuses more shards than inputs.
+pub fn shard_inputs(shard: Shard, protocol: &Protocol) -> Result<Vec<InputSpec>, ShardError> {
+    let all = protocol.inputs();
+    Ok(all[shard.slice(all.len(), "inputs")?].to_vec())
 }
 
 #[cfg(test)]
@@ -399,31 +326,5 @@ mod tests {
         );
         // A window as long as the cache leaves no low-precision segment.
         assert_eq!(Policy::Recent8.segments(32, 32, 4).len(), 1);
-    }
-
-    #[test]
-    fn shards_are_contiguous_even_and_cover_every_input_once() {
-        for (inputs, count) in [(18, 3), (18, 4), (8, 8), (7, 2), (1, 1)] {
-            let mut covered = Vec::new();
-            for index in 1..=count {
-                let range = Shard { index, count }.range(inputs);
-                assert!(range.len() >= inputs / count && range.len() <= inputs.div_ceil(count));
-                covered.extend(range);
-            }
-            assert_eq!(covered, (0..inputs).collect::<Vec<_>>());
-        }
-        assert_eq!("2/3".parse(), Ok(Shard { index: 2, count: 3 }));
-        assert_eq!(
-            "0/3".parse::<Shard>(),
-            Err(ShardError::Index { index: 0, count: 3 })
-        );
-        assert_eq!(
-            "4/3".parse::<Shard>(),
-            Err(ShardError::Index { index: 4, count: 3 })
-        );
-        assert!(matches!(
-            "2-3".parse::<Shard>(),
-            Err(ShardError::Form { .. })
-        ));
     }
 }

@@ -32,7 +32,7 @@ impl Run<'_> {
     /// The inputs this run covers, in run order.
     pub fn inputs(&self) -> Result<Vec<crate::plan::InputSpec>, ShardError> {
         match self.shard {
-            Some(shard) => shard.inputs(self.protocol),
+            Some(shard) => crate::plan::shard_inputs(shard, self.protocol),
             None => Ok(self.protocol.inputs()),
         }
     }

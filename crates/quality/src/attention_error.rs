@@ -186,7 +186,8 @@ pub fn gaussian(
 }
 
 /// Every run's errors: per text, then per Gaussian seed, per run in protocol order.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AttentionResult {
     /// Per text, per run: each layer's error on the text's float32 K/V.
     pub texts: Vec<Vec<Vec<LayerError>>>,
@@ -196,7 +197,8 @@ pub struct AttentionResult {
 }
 
 /// One run on one Gaussian draw.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GaussianRun {
     /// Each layer's error.
     pub layers: Vec<LayerError>,

@@ -26,7 +26,8 @@
 //! - [`one_text`]: `runner quality`, one text under one configuration, with greedy text;
 //! - [`study`]: `runner quality --protocol`, an archived study (protocol, runs, summary), with
 //!   its summary.md ([`report`]), chart ([`chart`]) and frontier and matched-budget ranking
-//!   ([`frontier`]), written as an evidence directory by [`write`](mod@write).
+//!   ([`frontier`]), written as an evidence directory by [`write`](mod@write); [`shard`]
+//!   runs it in slices of texts and merges them back, byte-identical to a single run.
 //!
 //! [`measure`] runs one text under one [`CacheSpec`]: one plain pass (the float32 cache) and
 //! one pass on the packed cache (`CausalLm::hidden_with_layer_source`). With a float32 "packed" cache
@@ -52,6 +53,7 @@ pub mod report;
 pub mod scheme;
 pub mod sensitivity;
 pub mod setting;
+pub mod shard;
 pub mod study;
 pub mod write;
 

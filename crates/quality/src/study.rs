@@ -98,6 +98,7 @@ use thiserror::Error;
 
 use evidence::EvidenceError;
 use evidence::MAX_STUDY_NAME_CHARS;
+use evidence::shard::{Shard, ShardError};
 
 /// Identifies this manifest layout.
 pub const QUALITY_MANIFEST_FORMAT: &str = "model-quality-evidence/2";
@@ -628,6 +629,9 @@ pub enum QualityStudyError {
     /// Writing the directory failed.
     #[error(transparent)]
     Evidence(#[from] EvidenceError),
+    /// The shard is not one of the protocol's.
+    #[error(transparent)]
+    Shard(#[from] ShardError),
 }
 
 /// Encodes each text and cuts it to `max_tokens` ids; refuses a text with fewer than 2 ids or
@@ -654,7 +658,8 @@ pub fn encode_texts(
 }
 
 /// The float32 pass of one text.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TextResult {
     /// The ids scored (after the cut).
     pub ids: Vec<u32>,
@@ -671,7 +676,8 @@ pub struct TextResult {
 }
 
 /// One row: a run on a text, with its per-position arrays.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Row {
     /// What results.json holds.
     pub result: ResultRow,
@@ -781,7 +787,8 @@ where
 }
 
 /// A finished study in memory.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Study {
     /// Per text, in order.
     pub texts: Vec<TextResult>,
@@ -796,7 +803,8 @@ pub struct Study {
 }
 
 /// A named run's pass with perturbed cache inputs ([`crate::sensitivity`]).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PerturbedRow {
     /// `s{k}_{row id}`.
     pub id: String,
@@ -811,7 +819,8 @@ pub struct PerturbedRow {
 }
 
 /// The calibration text's ids and each KVQuant scheme's calibration fitted on them.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CalibrationRun {
     /// Its first [`CALIBRATION_TOKENS`] ids.
     pub ids: Vec<u32>,
@@ -819,15 +828,18 @@ pub struct CalibrationRun {
     pub fitted: Vec<(KvQuantScheme, Arc<Calibration>)>,
 }
 
-/// Progress steps of a protocol: the calibration pass, when there is one; per text, its float32
-/// pass, then one per run.
-pub fn steps(protocol: &QualityProtocol) -> usize {
+/// Progress steps of a protocol, or of one shard of it: the calibration pass, when there is
+/// one; per text of the run, its float32 pass, then one per run and per perturbed pass.
+pub fn steps(protocol: &QualityProtocol, shard: Option<Shard>) -> usize {
     let perturbed = protocol
         .sensitivity
         .as_ref()
         .map_or(0, |s| s.perturbations.len() * s.runs.len());
-    usize::from(protocol.calibration.is_some())
-        + protocol.texts.len() * (1 + protocol.runs.len() + perturbed)
+    let texts = match shard {
+        Some(shard) => shard.range(protocol.texts.len()).len(),
+        None => protocol.texts.len(),
+    };
+    usize::from(protocol.calibration.is_some()) + texts * (1 + protocol.runs.len() + perturbed)
 }
 
 pub use crate::scheme::LayerBuilder;
@@ -857,7 +869,39 @@ pub fn run_study_with(
     progress: &(dyn Fn(usize) + Sync),
     layer: &LayerBuilder,
 ) -> Result<Study, QualityStudyError> {
+    run_part(protocol, decoder, (threads, progress), layer, None)
+}
+
+/// One shard of the study ([`crate::shard`]): the texts of its slice, each with everything a
+/// whole run computes for it; shard 1 also keeps the calibration and the Gaussian draws' errors.
+pub fn run_study_shard(
+    protocol: &QualityProtocol,
+    decoder: &Decoder,
+    threads: usize,
+    progress: &(dyn Fn(usize) + Sync),
+    shard: Shard,
+) -> Result<Study, QualityStudyError> {
+    let layer = |cache: &Cache, at: (usize, usize), window: Option<usize>, kv: &LayerKv<'_>| {
+        cache.layer(at, window, kv)
+    };
+    run_part(protocol, decoder, (threads, progress), &layer, Some(shard))
+}
+
+/// The study, or one shard of it.
+fn run_part(
+    protocol: &QualityProtocol,
+    decoder: &Decoder,
+    (threads, progress): (usize, &(dyn Fn(usize) + Sync)),
+    layer: &LayerBuilder,
+    shard: Option<Shard>,
+) -> Result<Study, QualityStudyError> {
     protocol.validate()?;
+    let texts_run = match shard {
+        Some(shard) => shard.slice(protocol.texts.len(), "texts")?,
+        None => 0..protocol.texts.len(),
+    };
+    // What belongs to the protocol rather than to a text: kept by a whole run and by shard 1.
+    let keeps_shared = shard.is_none_or(|s| s.index == 1);
     if decoder.model().name() != protocol.model {
         return Err(QualityError::NotDecoder(protocol.model).into());
     }
@@ -887,7 +931,12 @@ pub fn run_study_with(
     let mut rows = Vec::with_capacity(all_ids.len() * specs.len());
     let mut attention_texts = Vec::new();
     let mut sensitivity = Vec::new();
-    for (t, ids) in all_ids.into_iter().enumerate() {
+    let slice = all_ids
+        .into_iter()
+        .enumerate()
+        .skip(texts_run.start)
+        .take(texts_run.len());
+    for (t, ids) in slice {
         let float32_bytes = crate::cache::f32_held_bytes_per_token(
             &windows,
             model.kv_heads(),
@@ -981,6 +1030,10 @@ pub fn run_study_with(
         });
     }
     let attention = match &protocol.attention {
+        Some(_) if !keeps_shared => Some(AttentionResult {
+            texts: attention_texts,
+            gaussian: Vec::new(),
+        }),
         Some(a) => {
             let shape = protocol.model.shape();
             let calibrations = match a.calibration_seed {
@@ -1018,7 +1071,7 @@ pub fn run_study_with(
     Ok(Study {
         texts,
         rows,
-        calibration,
+        calibration: calibration.filter(|_| keeps_shared),
         attention,
         sensitivity,
     })
@@ -1745,7 +1798,10 @@ mod tests {
         kvquant(&mut v);
         v["calibration"] = serde_json::json!({ "name": "c", "text": "Other words, elsewhere." });
         let p = QualityProtocol::from_json(&v.to_string()).unwrap();
-        assert_eq!(steps(&p), 1 + 2);
+        assert_eq!(steps(&p, None), 1 + 2);
+        // Every shard fits the calibration (its KVQuant runs need it).
+        let shard = |index, count| Some(Shard { index, count });
+        assert_eq!(steps(&p, shard(1, 1)), 1 + 2);
         for (calibration, field) in [
             (
                 serde_json::json!({ "name": "a", "text": "Other." }),

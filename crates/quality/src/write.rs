@@ -12,6 +12,7 @@ use ndarray::{Array1, Array2, Array3};
 use serde::{Deserialize, Serialize};
 
 use evidence::provenance::{Git, Platform, Tool, git_info, source_hashes, source_roots};
+use evidence::shard::MergedShard;
 use evidence::{EvidenceError, Writer};
 use models::ModelRecord;
 
@@ -36,8 +37,12 @@ pub struct QualityManifest {
     pub protocol: QualityProtocol,
     /// The model file and, per text (`t{i}`), the ids scored.
     pub model: ModelRecord,
-    /// Worker threads (the outputs do not depend on it).
+    /// Worker threads (the outputs do not depend on it); for a merged run, shard 1's (each
+    /// shard's manifest has its own).
     pub threads: usize,
+    /// For a run merged from shards ([`crate::shard`]): each shard's index and manifest hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged_from: Option<Vec<MergedShard>>,
     /// The commit, when built in a repository.
     pub git: Option<Git>,
     /// Files and directories whose contents produce a run.
@@ -59,6 +64,17 @@ pub fn write(
     protocol_source: String,
     study: &Study,
     threads: usize,
+) -> Result<QualityManifest, QualityStudyError> {
+    write_with(out, protocol, protocol_source, study, (threads, None))
+}
+
+/// [`write`], recording the shards a merged study came from.
+pub(crate) fn write_with(
+    out: &Path,
+    protocol: &QualityProtocol,
+    protocol_source: String,
+    study: &Study,
+    (threads, merged_from): (usize, Option<Vec<MergedShard>>),
 ) -> Result<QualityManifest, QualityStudyError> {
     let mut writer = Writer::create(out)?;
     if let Some(calibration) = &study.calibration {
@@ -161,6 +177,7 @@ pub fn write(
         protocol: protocol.clone(),
         model: ModelRecord::new(protocol.model, ids),
         threads,
+        merged_from,
         git: git_info(),
         source_roots: source_roots(),
         sources: source_hashes(),

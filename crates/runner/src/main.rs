@@ -47,8 +47,9 @@ struct RunArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Merge the N shards of one protocol into one evidence directory, byte-identical in its
-    /// arrays and results to a single run.
+    /// Merge the N shards of one protocol (a packed-KV sweep's, or a model-quality study's from
+    /// `quality --shard`) into one evidence directory, byte-identical in its arrays and results
+    /// to a single run.
     Merge {
         /// Output directory; must not exist.
         #[arg(long, value_name = "DIR")]
@@ -102,6 +103,10 @@ enum Command {
         #[arg(long, value_name = "N", requires = "protocol",
               value_parser = clap::value_parser!(u16).range(1..=1024))]
         threads: Option<u16>,
+        /// Run only the I-th of N slices of the protocol's texts (1 <= I <= N) into a shard
+        /// directory, for `runner merge`.
+        #[arg(long, value_name = "I/N", requires = "protocol")]
+        shard: Option<Shard>,
         /// The text.
         #[arg(
             long,
@@ -130,7 +135,7 @@ enum Command {
             help = "A named scheme instead of --setting and --policy: kivi2, kivi4, hf-quanto2, \
                     hf-quanto4, llamacpp-TYPE[+rot] with TYPE q4_0, q4_1, q5_0, q8_0 or iq4_nl, \
                     kvquant<B>[-first<N>] (B 2 to 5), or this project's codec as \
-                    kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] (docs/schemes.md)"
+                    kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8][-layer<L>] (docs/schemes.md)"
         )]
         scheme: Option<String>,
         /// A UTF-8 file of calibration text for a KVQuant scheme (default: the built-in one,
@@ -247,6 +252,22 @@ fn real_main() -> Result<()> {
             manifest,
             replace_all,
         }) => pin(&manifest, &dirs, replace_all),
+        Some(Command::Merge { out, shards })
+            if shards
+                .first()
+                .is_some_and(|dir| quality::shard::is_quality_shard(dir)) =>
+        {
+            let (_, protocol, study) = quality::shard::merge(&out, &shards)?;
+            let summary = quality::study::summarize(&protocol, &study);
+            let text = format!(
+                "{}\nmerged {} shards into {}\n",
+                quality::report::quality_table(&summary).to_text(),
+                shards.len(),
+                out.display()
+            );
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(())
+        }
         Some(Command::Merge { out, shards }) => {
             let merged = kvstudy::merge::merge(&out, &shards)?;
             let text = format!(
@@ -324,8 +345,9 @@ fn real_main() -> Result<()> {
             protocol: Some(protocol),
             out,
             threads,
+            shard,
             ..
-        }) => quality_study(&protocol, out, threads),
+        }) => quality_study(&protocol, out, threads, shard),
         Some(Command::Quality {
             model,
             text,
@@ -438,11 +460,12 @@ fn pin(manifest: &std::path::Path, dirs: &[PathBuf], replace_all: bool) -> Resul
     Ok(())
 }
 
-/// `runner quality --protocol FILE --out DIR`.
+/// `runner quality --protocol FILE --out DIR [--shard I/N]`.
 fn quality_study(
     protocol_path: &std::path::Path,
     out: Option<PathBuf>,
     threads: Option<u16>,
+    shard: Option<Shard>,
 ) -> Result<()> {
     use quality::study::{self as quality_study, QualityProtocol};
     use quality::write as quality_evidence;
@@ -453,16 +476,44 @@ fn quality_study(
         .with_context(|| format!("protocol {}", protocol_path.display()))?;
     let threads = threads_or_cores(threads);
     clean_up_dead_runs(&out);
+    let texts = match shard {
+        Some(shard) => shard.slice(protocol.texts.len(), "texts")?.len(),
+        None => protocol.texts.len(),
+    };
+    let slice = shard.map_or_else(String::new, |s| format!(", shard {s}"));
     eprintln!(
-        "runner: {} ({}): {} texts x {} runs on {threads} threads",
+        "runner: {} ({}{slice}): {texts} texts x {} runs on {threads} threads",
         protocol.study,
         protocol_path.display(),
-        protocol.texts.len(),
         protocol.runs.len()
     );
-    let bar = progress_bar(quality_study::steps(&protocol) as u64, "passes");
+    let bar = progress_bar(quality_study::steps(&protocol, shard) as u64, "passes");
     let start = std::time::Instant::now();
     let progress = |done: usize| bar.set_position(done as u64);
+    if let Some(shard) = shard {
+        let files = models::ModelFiles::locate(protocol.model)?;
+        let decoder = quality::decoder::Decoder::load(&files)?;
+        let part = quality_study::run_study_shard(&protocol, &decoder, threads, &progress, shard)?;
+        bar.finish_and_clear();
+        quality::shard::write_shard(
+            &out,
+            &protocol,
+            protocol_path.display().to_string(),
+            (shard, &part),
+            threads,
+        )?;
+        let text = format!(
+            "wrote shard {shard} ({texts} texts) into {}; merge the {} shards with `runner merge`\n",
+            out.display(),
+            shard.count
+        );
+        let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        eprintln!(
+            "runner: model-quality shard took {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let (_, study) = quality_evidence::run(
         &protocol,
         protocol_path.display().to_string(),

@@ -10,6 +10,7 @@ use super::protocol::QualityProtocol;
 use crate::common::files::{self, MAX_TEXT_BYTES};
 use crate::common::manifest::{Git, Platform, Tool};
 use crate::common::report::{Problem, Report};
+use crate::packed_kv::manifest::{MergedShard, merged_from_is_well_formed};
 
 /// A model-quality manifest.json.
 #[derive(Debug, Clone, Deserialize)]
@@ -29,6 +30,10 @@ pub struct QualityManifest {
     pub model: QualityModel,
     /// Worker threads.
     pub threads: usize,
+    /// For a run merged from shards: each shard's index and manifest hash (recorded; the
+    /// shards are not here to check).
+    #[serde(default)]
+    pub merged_from: Option<Vec<MergedShard>>,
     /// The commit the runner was built from.
     pub git: Option<Git>,
     /// Source roots.
@@ -70,6 +75,20 @@ pub(super) fn check_fields(tree: &Path, manifest: &QualityManifest, report: &mut
             found: "0".into(),
             expected: "the worker thread count, at least 1".into(),
         });
+    }
+    if let Some(shards) = &manifest.merged_from {
+        let texts = manifest.protocol.texts.len();
+        if !merged_from_is_well_formed(shards, texts) {
+            let indices: Vec<usize> = shards.iter().map(|s| s.index).collect();
+            report.fail(Problem::Manifest {
+                field: "merged_from",
+                found: format!("shards {indices:?}"),
+                expected: format!(
+                    "shards 1 to N (N at most the {texts} texts), each once, in order, with \
+                     their manifests' SHA-256"
+                ),
+            });
+        }
     }
     let source = manifest.protocol_source.as_str();
     let path = source.strip_prefix("embedded ").unwrap_or(source);

@@ -8,12 +8,14 @@
 //! - [`real_models`]: `runner kv` against the models' public references, and model shards
 //!   against their archives;
 //! - [`model_quality`]: `runner quality --protocol` on a tiny study;
+//! - [`quality_shards`]: a model-quality study's shards merge into its single run, byte for byte;
 //! - [`paths`]: inputs and paths refused by name (FIFOs, `pin` outside the tree, `merge --out`
 //!   inside a shard) and the Slurm merge script's path handling.
 
 mod crash_safety;
 mod model_quality;
 mod paths;
+mod quality_shards;
 mod real_models;
 mod reproduce;
 mod shards;

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use evidence::shard::SetError;
 use kvstudy::merge::{MergeError, merge};
 use sha2::{Digest, Sha256};
 
@@ -84,7 +85,7 @@ fn sets_that_are_not_the_slices_of_one_protocol_are_refused() {
     // Incomplete.
     let err = merge(&out, &dirs[..2]).unwrap_err();
     assert!(
-        matches!(err, MergeError::Missing { ref missing, count: 3 } if missing == &[3]),
+        matches!(err, MergeError::Set(SetError::Missing { ref missing, count: 3 }) if missing == &[3]),
         "{err:?}"
     );
     // One shard twice.
@@ -101,11 +102,11 @@ fn sets_that_are_not_the_slices_of_one_protocol_are_refused() {
     assert!(
         matches!(
             err,
-            MergeError::Duplicate {
+            MergeError::Set(SetError::Duplicate {
                 index: 2,
                 count: 3,
                 ..
-            }
+            })
         ),
         "{err:?}"
     );

@@ -1,11 +1,16 @@
-//! This project's codec as named schemes (`kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8]`) as the
-//! audit reads them, with the audit's own quantization rule ([`crate::packed_kv::rules`], written
-//! from the evidence format's spec).
+//! This project's codec as named schemes
+//! (`kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8][-layer<L>]`) as the audit reads them, with the
+//! audit's own quantization rule ([`crate::packed_kv::rules`], written from the evidence format's
+//! spec).
 //!
 //! Spec, from kvschemes' `codec.rs` and the codec's docs/formats.md:
 //! - The name: `kvpack-k` KB `v` VB, then optionally, in this order and each at most once,
-//!   `-asym`, `-sink` S and `-edge8`; KB, VB and S are decimal without a leading zero; S is
-//!   1 to 8,192; widths 2 to 8, or 1 to 8 with `-asym`.
+//!   `-asym`, `-sink` S, `-edge8` and `-layer` L; KB, VB and S are decimal without a leading
+//!   zero, L too except `0`; S is 1 to 8,192 and L 0 to 255; widths 2 to 8, or 1 to 8 with
+//!   `-asym`, or 32 for one side (not both): that side is held float32. `-edge8` is refused
+//!   with a float32 side or `-layer`.
+//! - `-layer` L: layer L is held as the rest of the name says, every other layer float32 (K and
+//!   V as they are, 4 bytes a value); an L past the model's layers is refused.
 //! - Each KV head's tokens S.. (the first S, or all if fewer, stay f32 in K and V: attention
 //!   sinks) form one codec tensor per side: K in groups of 32 consecutive tokens of one channel
 //!   (counted from token S), V in groups of 32 consecutive channels of one token (a partial last
@@ -55,7 +60,14 @@ pub struct CodecScheme {
     pub sinks: usize,
     /// First and last layers at 8 bits.
     pub edge8: bool,
+    /// The one layer quantized, when only one is.
+    pub layer: Option<usize>,
 }
+
+/// The width that holds a side float32.
+const FLOAT32: u32 = 32;
+/// The largest layer a name may give.
+const MAX_LAYER: usize = 255;
 
 /// A decimal number without a leading zero.
 fn number(s: &str) -> Option<usize> {
@@ -77,6 +89,7 @@ impl CodecScheme {
             mode: Mode::Symmetric,
             sinks: 0,
             edge8: false,
+            layer: None,
         };
         let mut rest = parts.peekable();
         if rest.next_if_eq(&"asym").is_some() {
@@ -92,9 +105,26 @@ impl CodecScheme {
         if rest.next_if_eq(&"edge8").is_some() {
             scheme.edge8 = true;
         }
+        if let Some(layer) = rest.next_if(|p| p.starts_with("layer")) {
+            let l = match &layer["layer".len()..] {
+                "0" => 0,
+                digits => number(digits)?,
+            };
+            if l > MAX_LAYER {
+                return None;
+            }
+            scheme.layer = Some(l);
+        }
+        let width = |bits: u32| scheme.mode.supports(bits) || bits == FLOAT32;
+        let floats = [scheme.k_bits, scheme.v_bits]
+            .iter()
+            .filter(|&&b| b == FLOAT32)
+            .count();
         let valid = rest.next().is_none()
-            && scheme.mode.supports(scheme.k_bits)
-            && scheme.mode.supports(scheme.v_bits);
+            && width(scheme.k_bits)
+            && width(scheme.v_bits)
+            && floats < 2
+            && !(scheme.edge8 && (floats > 0 || scheme.layer.is_some()));
         valid.then_some(scheme)
     }
 
@@ -110,16 +140,20 @@ impl CodecScheme {
         if self.edge8 {
             name.push_str("-edge8");
         }
+        if let Some(layer) = self.layer {
+            name.push_str(&format!("-layer{layer}"));
+        }
         name
     }
 
-    /// K's and V's widths at layer `layer` of `layers`.
-    pub fn widths(&self, layer: usize, layers: usize) -> (u32, u32) {
+    /// K's and V's widths at layer `layer` of `layers`; `None` for a side held float32.
+    pub fn widths(&self, layer: usize, layers: usize) -> (Option<u32>, Option<u32>) {
         let edge = layer == 0 || layer + 1 == layers;
-        if self.edge8 && edge {
-            (8, 8)
-        } else {
-            (self.k_bits, self.v_bits)
+        let coded = |bits: u32| (bits != FLOAT32).then_some(bits);
+        match self.layer {
+            Some(only) if only != layer => (None, None),
+            _ if self.edge8 && edge => (Some(8), Some(8)),
+            _ => (coded(self.k_bits), coded(self.v_bits)),
         }
     }
 }
@@ -150,9 +184,13 @@ fn round_trip_group(
     Ok(())
 }
 
-/// K: each head's tokens `sinks..` quantized per channel in groups of 32 tokens from `sinks`.
-fn keys(x: &Rows, sinks: usize, mode: Mode, bits: u32) -> Result<Rows, String> {
+/// K: each head's tokens `sinks..` quantized per channel in groups of 32 tokens from `sinks`
+/// (float32 as it is without a width).
+fn keys(x: &Rows, sinks: usize, mode: Mode, bits: Option<u32>) -> Result<Rows, String> {
     let mut read = x.clone();
+    let Some(bits) = bits else {
+        return Ok(read);
+    };
     let mut indices = Vec::with_capacity(GROUP);
     for head in 0..x.heads {
         for channel in 0..x.dim {
@@ -167,9 +205,13 @@ fn keys(x: &Rows, sinks: usize, mode: Mode, bits: u32) -> Result<Rows, String> {
     Ok(read)
 }
 
-/// V: each head's tokens `sinks..` quantized per token in groups of 32 channels.
-fn values(x: &Rows, sinks: usize, mode: Mode, bits: u32) -> Result<Rows, String> {
+/// V: each head's tokens `sinks..` quantized per token in groups of 32 channels (float32 as it
+/// is without a width).
+fn values(x: &Rows, sinks: usize, mode: Mode, bits: Option<u32>) -> Result<Rows, String> {
     let mut read = x.clone();
+    let Some(bits) = bits else {
+        return Ok(read);
+    };
     let mut indices = Vec::with_capacity(GROUP);
     for head in 0..x.heads {
         for token in sinks..x.tokens {
@@ -205,6 +247,12 @@ impl CodecLayer {
         k: &Rows,
         v: &Rows,
     ) -> Result<CodecLayer, String> {
+        if let Some(only) = scheme.layer.filter(|&l| l >= layers) {
+            return Err(format!(
+                "{}: layer {only} of a model with {layers} layers",
+                scheme.name()
+            ));
+        }
         let (k_bits, v_bits) = scheme.widths(layer, layers);
         let sinks = scheme.sinks.min(k.tokens);
         let in_k = |e: String| format!("{} K: {e}", scheme.name());
@@ -212,17 +260,18 @@ impl CodecLayer {
         let read_k = keys(k, sinks, scheme.mode, k_bits).map_err(in_k)?;
         let read_v = values(v, sinks, scheme.mode, v_bits).map_err(in_v)?;
         let in_place = schedule == ReadSchedule::Prefill && sinks == 0 && k.dim.is_multiple_of(8);
-        let coded = if in_place {
-            let dims = (k.heads, k.tokens, k.dim);
-            coded_heads(
-                (&k.values, &v.values),
-                dims,
-                scheme.mode,
-                (k_bits, v_bits),
-                GROUP,
-            )?
-        } else {
-            Vec::new()
+        let coded = match (in_place, k_bits, v_bits) {
+            (true, Some(k_bits), Some(v_bits)) => {
+                let dims = (k.heads, k.tokens, k.dim);
+                coded_heads(
+                    (&k.values, &v.values),
+                    dims,
+                    scheme.mode,
+                    (k_bits, v_bits),
+                    GROUP,
+                )?
+            }
+            _ => Vec::new(),
         };
         Ok(CodecLayer {
             schedule,
@@ -308,17 +357,26 @@ pub fn stored_bytes(
     };
     // One head: K along tokens (head_dim rows of the quantized tokens), V along channels (a row
     // per quantized token), and the f32 values.
-    let k_tokens = k_quantized_end - sinks;
-    let v_tokens = tokens - sinks;
-    let k_payload = match k_tokens {
-        0 => 0,
-        n => payload(scheme.mode, k_bits, head_dim, n)?,
+    // A float32 side: every token's values, 4 bytes each.
+    let (k_quantized_end, k_sinks) = match k_bits {
+        Some(_) => (k_quantized_end, sinks),
+        None => (0, 0),
     };
-    let v_payload = match v_tokens {
-        0 => 0,
-        n => payload(scheme.mode, v_bits, n, head_dim)?,
+    let (v_end, v_sinks) = match v_bits {
+        Some(_) => (tokens, sinks),
+        None => (0, 0),
     };
-    let f32_tokens = (tokens - k_quantized_end).checked_add(2 * sinks)?;
+    let k_tokens = k_quantized_end - k_sinks;
+    let v_tokens = v_end - v_sinks;
+    let k_payload = match (k_tokens, k_bits) {
+        (0, _) | (_, None) => 0,
+        (n, Some(bits)) => payload(scheme.mode, bits, head_dim, n)?,
+    };
+    let v_payload = match (v_tokens, v_bits) {
+        (0, _) | (_, None) => 0,
+        (n, Some(bits)) => payload(scheme.mode, bits, n, head_dim)?,
+    };
+    let f32_tokens = (tokens - k_quantized_end + k_sinks).checked_add(tokens - v_end + v_sinks)?;
     let f32_bytes = f32_tokens.checked_mul(head_dim)?.checked_mul(4)?;
     let head = k_payload.checked_add(v_payload)?.checked_add(f32_bytes)?;
     head.checked_mul(heads)
@@ -335,6 +393,10 @@ mod tests {
             "kvpack-k8v4-asym",
             "kvpack-k4v2-sink4",
             "kvpack-k1v1-asym-sink16-edge8",
+            "kvpack-k4v32",
+            "kvpack-k32v2-asym",
+            "kvpack-k2v2-layer0",
+            "kvpack-k4v32-sink4-layer29",
         ] {
             assert_eq!(
                 CodecScheme::parse(name).map(|s| s.name()).as_deref(),
@@ -351,6 +413,14 @@ mod tests {
             "kvpack-k4v4-asym-asym",
             "kvpack-k4",
             "kvpack-k4v4-",
+            "kvpack-k32v32",
+            "kvpack-k16v4",
+            "kvpack-k4v32-edge8",
+            "kvpack-k4v4-edge8-layer3",
+            "kvpack-k4v4-layer03",
+            "kvpack-k4v4-layer256",
+            "kvpack-k4v4-layer",
+            "kvpack-k4v4-layer2-sink4",
         ] {
             assert_eq!(CodecScheme::parse(name), None, "{name}");
         }
@@ -393,6 +463,25 @@ mod tests {
         assert_eq!(bytes(&edge, ReadSchedule::Prefill, 0, 64), Some(2 * 4_616));
         // Asymmetric 2 bits, 64 tokens: 4,096 codes = 1,024 bytes, 128 scales = 512, 128 zero
         // points = 32 bytes, + 8 = 1,576 per side.
+        // K only at 4 bits, 5 tokens, prefill: K's 1,288 as above, V float32: 5 x 64 x 4.
+        let k_only = CodecScheme::parse("kvpack-k4v32").unwrap();
+        assert_eq!(
+            bytes(&k_only, ReadSchedule::Prefill, 5, 5),
+            Some(1_288 + 1_280)
+        );
+        // V only, streaming: K float32 (1,280), V's 208.
+        let v_only = CodecScheme::parse("kvpack-k32v4").unwrap();
+        assert_eq!(
+            bytes(&v_only, ReadSchedule::Streaming, 5, 5),
+            Some(1_280 + 208)
+        );
+        // One layer: the others hold float32 K and V.
+        let layer7 = CodecScheme::parse("kvpack-k4v4-layer7").unwrap();
+        assert_eq!(
+            bytes(&layer7, ReadSchedule::Prefill, 7, 5),
+            Some(1_288 + 208)
+        );
+        assert_eq!(bytes(&layer7, ReadSchedule::Prefill, 6, 5), Some(2 * 1_280));
         let asym = CodecScheme::parse("kvpack-k2v2-asym").unwrap();
         assert_eq!(bytes(&asym, ReadSchedule::Prefill, 5, 64), Some(2 * 1_576));
         assert_eq!(

@@ -11,7 +11,7 @@
 //! | `kivi2`, `kivi4` | [`kivi`] | per channel, groups of 32 tokens, fp16 scale and min | per token, groups of 32 channels | keys: the last T mod 128; values: the last 128 |
 //! | `hf-quanto2`, `hf-quanto4` | [`quanto`] | per token, groups of 64 channels, f32 scale and shift | the same | prefill: none; streaming: the residual, and each flush re-quantizes |
 //! | `llamacpp-TYPE[+rot]` | [`ggml`], [`hadamard`] | ggml's blocks of 32 channels per token (rotated first with `+rot`) | the same | none |
-//! | `kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8]` | [`codec`] | the codec, groups of 32 tokens | groups of 32 channels | the sinks; streaming: K's filling group |
+//! | `kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8][-layer<L>]` | [`codec`] | the codec, groups of 32 tokens (width 32: float32) | groups of 32 channels (width 32: float32) | the sinks; streaming: K's filling group; every layer but L |
 //! | `kvquant<B>[-first<N>]` | [`kvquant`] | before RoPE, per channel against calibrated thresholds, non-uniform levels, fp16 outliers | per token, the same levels' kind | the first N tokens, in fp16 |
 //!
 //! K and V are [kv_heads, tokens, head_dim], K after RoPE (KVQuant's before it: it needs its
@@ -116,7 +116,8 @@ impl AuditScheme {
             format!(
                 "unknown scheme {name:?}: the schemes are kivi2, kivi4, hf-quanto2, hf-quanto4, \
                  llamacpp-TYPE and llamacpp-TYPE+rot for TYPE in {}, and \
-                 kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8] (widths 2 to 8, or 1 to 8 with -asym), \
+                 kvpack-k<KB>v<VB>[-asym][-sink<S>][-edge8][-layer<L>] (widths 2 to 8, or 1 to 8 \
+                 with -asym; 32 keeps one side float32), \
                  and kvquant<B>[-first<N>] (B 2 to 5, N 1 to 64)",
                 types.join(", ")
             )
@@ -510,6 +511,10 @@ mod tests {
                 "kvpack-k1v1-asym-edge8",
                 "kvpack-k2v8-sink40-edge8",
                 "kvpack-k4v4-sink300",
+                "kvpack-k4v32",
+                "kvpack-k32v2-asym-sink3",
+                "kvpack-k2v2-layer0",
+                "kvpack-k3v32-layer29",
             ],
             &[],
         );
@@ -573,7 +578,7 @@ mod tests {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let widths = ["0", "1", "2", "3", "8", "9", "10", "04", ""];
+        let widths = ["0", "1", "2", "3", "8", "9", "10", "04", "32", ""];
         let suffixes = [
             "",
             "-asym",
@@ -594,6 +599,16 @@ mod tests {
             "-asym-asym",
             "-edge8-edge8",
             "-sink1-sink2",
+            "-layer0",
+            "-layer7",
+            "-layer07",
+            "-layer255",
+            "-layer256",
+            "-layer",
+            "-sink2-layer1",
+            "-layer1-sink2",
+            "-edge8-layer1",
+            "-layer1-layer2",
         ];
         for k in widths {
             for v in widths {
