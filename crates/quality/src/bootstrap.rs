@@ -5,14 +5,16 @@
 //! every two runs. The texts are the unit resampled: positions within a text are not
 //! independent, texts are. The spec, which the audit re-derives with its own code:
 //!
+//! - The pairs: those the block's optional `pairs` names, each `[a, b]` measured as a - b, in
+//!   its order (1 to [`MAX_PAIRS`], two different runs each, no pair twice in either order);
+//!   without it, every pair, a before b in protocol order.
 //! - Per text t (n texts) and run r, three values from results.json's row: the NLL change
 //!   `nll - nll_f32` (nats), `kl_mean` and `top1_agreement`.
 //! - Resample b (0 to B - 1) draws n text indexes, row b of NumPy's
 //!   `default_rng(seed).integers(0, n, size=(B, n))` (`nprand`, the draws in row-major order).
 //!   The same draws serve every run, pair and metric: the comparison is paired.
 //! - A statistic is the drawn texts' values summed in draw order in f64, over n. For a pair
-//!   (a, b), a before b in protocol order, each text's value is `v_a - v_b`, taken per text
-//!   before the sum.
+//!   (a, b), each text's value is `v_a - v_b`, taken per text before the sum.
 //! - The estimate is the same mean over the texts in order (no resampling). The interval is the
 //!   2.5th and 97.5th percentiles of the B statistics sorted (`metrics::percentile`: linear
 //!   between neighbours, as NumPy's default).
@@ -36,14 +38,33 @@ pub const LOW: f64 = 0.025;
 /// The interval's upper percentile, as a fraction.
 pub const HIGH: f64 = 0.975;
 
+/// Most pairs a `pairs` list may name.
+pub const MAX_PAIRS: usize = 256;
+
 /// The protocol's `bootstrap` block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BootstrapSpec {
     /// B, from [`MIN_RESAMPLES`] to [`MAX_RESAMPLES`].
     pub resamples: usize,
     /// NumPy's `default_rng` seed.
     pub seed: u64,
+    /// The pairs of runs compared, `[a, b]` for a - b, in this order; absent: every pair (a
+    /// study of many runs names the few comparisons it is for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pairs: Option<Vec<[usize; 2]>>,
+}
+
+impl BootstrapSpec {
+    /// The pairs compared among `runs` runs (module docs).
+    pub fn pairs(&self, runs: usize) -> Vec<(usize, usize)> {
+        match &self.pairs {
+            Some(named) => named.iter().map(|&[a, b]| (a, b)).collect(),
+            None => (0..runs)
+                .flat_map(|a| (a + 1..runs).map(move |b| (a, b)))
+                .collect(),
+        }
+    }
 }
 
 /// One metric's estimate and interval.
@@ -201,10 +222,12 @@ pub fn summarize(
             }
         })
         .collect();
-    let mut pairs = Vec::new();
-    for (a, va) in per_run.iter().enumerate() {
-        for (b, vb) in per_run.iter().enumerate().skip(a + 1) {
-            pairs.push(PairIntervals {
+    let pairs = spec
+        .pairs(per_run.len())
+        .into_iter()
+        .map(|(a, b)| {
+            let (va, vb) = (&per_run[a], &per_run[b]);
+            PairIntervals {
                 a,
                 b,
                 nll_change: interval(&difference(&va.nll_change, &vb.nll_change), &draws),
@@ -213,9 +236,9 @@ pub fn summarize(
                     &difference(&va.top1_agreement, &vb.top1_agreement),
                     &draws,
                 ),
-            });
-        }
-    }
+            }
+        })
+        .collect();
     BootstrapSummary {
         resamples: spec.resamples,
         seed: spec.seed,
@@ -239,6 +262,7 @@ mod tests {
         let spec = BootstrapSpec {
             resamples: 1000,
             seed: 3,
+            pairs: None,
         };
         let i = interval(&v, &draws(&spec, v.len()));
         assert_eq!(i.estimate, v.iter().sum::<f64>() / 5.0);
@@ -252,9 +276,10 @@ mod tests {
 
     #[test]
     fn equal_texts_give_a_point_and_pairs_are_paired() {
-        let spec = BootstrapSpec {
+        let mut spec = BootstrapSpec {
             resamples: 200,
             seed: 9,
+            pairs: None,
         };
         let flat = PerText {
             nll_change: vec![0.25; 4],
@@ -280,11 +305,9 @@ mod tests {
                 "prefill".into(),
             )
         };
-        let s = summarize(
-            &spec,
-            &[label("a"), label("b"), label("c")],
-            &[flat, base, shifted],
-        );
+        let labels = [label("a"), label("b"), label("c")];
+        let per_run = [flat, base, shifted];
+        let s = summarize(&spec, &labels, &per_run);
         assert_eq!(s.texts, 4);
         let flat = &s.runs[0];
         assert_eq!((flat.nll_change.low, flat.nll_change.high), (0.25, 0.25));
@@ -299,5 +322,17 @@ mod tests {
         assert!(pair.excludes_zero());
         assert_eq!(s.pairs[2].kl_mean.low, 0.0);
         assert!(!s.pairs[2].kl_mean.excludes_zero());
+
+        // Named pairs: only those, in their order and direction, on the same draws.
+        spec.pairs = Some(vec![[2, 1], [0, 2]]);
+        let named = summarize(&spec, &labels, &per_run);
+        assert_eq!(named.runs, s.runs);
+        assert_eq!(
+            named.pairs.iter().map(|p| (p.a, p.b)).collect::<Vec<_>>(),
+            [(2, 1), (0, 2)]
+        );
+        let reversed = &named.pairs[0].nll_change;
+        assert!((reversed.low - 0.5).abs() < 1e-12 && (reversed.high - 0.5).abs() < 1e-12);
+        assert_eq!(named.pairs[1], s.pairs[1]);
     }
 }

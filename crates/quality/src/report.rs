@@ -622,10 +622,13 @@ pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Sum
              difference whose interval includes zero is not a finding.",
         );
         line(&interval_table(b).to_markdown());
-        line(
-            "Each pair of runs, the first minus the second, with the metrics whose interval \
-             excludes zero.",
-        );
+        let which = match protocol.bootstrap.as_ref().and_then(|b| b.pairs.as_ref()) {
+            Some(_) => "Each pair of runs the protocol names",
+            None => "Each pair of runs",
+        };
+        line(&format!(
+            "{which}, the first minus the second, with the metrics whose interval excludes zero."
+        ));
         line(&pair_table(b).to_markdown());
     }
     if let Some(sensitivity) = &summary.sensitivity {

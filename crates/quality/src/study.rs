@@ -26,7 +26,9 @@
 //!   most [`MAX_GAUSSIAN_SEEDS`], distinct) and, when a KVQuant run has Gaussian draws to
 //!   quantize, a `calibration_seed` that is none of them;
 //! - `bootstrap` (optional, at least two texts): `resamples` ([`MIN_RESAMPLES`] to
-//!   [`MAX_RESAMPLES`]) and a `seed`: a paired bootstrap over the texts ([`crate::bootstrap`]);
+//!   [`MAX_RESAMPLES`]), a `seed` and, optionally, `pairs` (1 to [`MAX_PAIRS`] `[a, b]` run
+//!   indices, two different runs each, no pair twice; absent: every pair): a paired bootstrap
+//!   over the texts ([`crate::bootstrap`]);
 //! - `mechanisms` (optional, `false` when absent): `true` to measure the float32 cache's outlier
 //!   key channels, per-channel offsets and first-token attention ([`crate::mechanisms`]);
 //! - `sensitivity` (optional): `perturbations` (1 to 4 `{relative, seed}`) and `runs` (indices,
@@ -75,7 +77,7 @@ use crate::attention_error::{
     AttentionResult, AttentionRow, AttentionSpec, AttentionSummary, GaussianRun, LayerError,
     MAX_GAUSSIAN_SEEDS,
 };
-use crate::bootstrap::{BootstrapSpec, BootstrapSummary, MAX_RESAMPLES, MIN_RESAMPLES};
+use crate::bootstrap::{BootstrapSpec, BootstrapSummary, MAX_PAIRS, MAX_RESAMPLES, MIN_RESAMPLES};
 use crate::mechanisms::{HeadMeasures, MechanismSummary};
 use crate::metrics::{self, kl};
 use crate::reference::{Reference, Scored};
@@ -114,8 +116,9 @@ pub const PLOT: &str = "quality-vs-bytes.svg";
 pub const MAX_TEXTS: usize = 64;
 /// Longest text name.
 pub const MAX_TEXT_NAME_CHARS: usize = 32;
-/// Most runs in a protocol.
-pub const MAX_RUNS: usize = 64;
+/// Most runs in a protocol (a layer-by-layer study of a 30-layer model at two widths, with its
+/// whole, K-only and V-only caches, is 66).
+pub const MAX_RUNS: usize = 72;
 /// Largest `max_tokens`.
 pub const MAX_TOKENS: usize = 8192;
 /// Most generated tokens.
@@ -524,6 +527,27 @@ impl QualityProtocol {
                     b.resamples
                 ),
             ));
+        }
+        if let Some(pairs) = &b.pairs {
+            if !(1..=MAX_PAIRS).contains(&pairs.len()) {
+                return Err(field(
+                    "bootstrap.pairs",
+                    format!("must name 1 to {MAX_PAIRS} pairs, got {}", pairs.len()),
+                ));
+            }
+            let mut seen = BTreeSet::new();
+            for (i, &[a, b]) in pairs.iter().enumerate() {
+                let problem = if a.max(b) >= self.runs.len() {
+                    format!("names run {}, past the {} runs", a.max(b), self.runs.len())
+                } else if a == b {
+                    format!("compares run {a} with itself")
+                } else if !seen.insert((a.min(b), a.max(b))) {
+                    format!("repeats the pair of runs {a} and {b}")
+                } else {
+                    continue;
+                };
+                return Err(field(format!("bootstrap.pairs[{i}]"), problem));
+            }
         }
         if self.texts.len() < 2 {
             return Err(field(
@@ -1460,8 +1484,9 @@ pub fn summarize(protocol: &QualityProtocol, study: &Study) -> Summary {
             .map(|(spec, result)| summarize_attention(protocol, spec, result)),
         bootstrap: protocol
             .bootstrap
+            .as_ref()
             .filter(|_| rows.len() == texts * runs)
-            .map(|spec| summarize_bootstrap(&spec, protocol, rows)),
+            .map(|spec| summarize_bootstrap(spec, protocol, rows)),
         mechanisms: study
             .texts
             .iter()
@@ -1636,6 +1661,33 @@ mod tests {
         };
         assert_eq!(field_of(with(1, 1000)), "bootstrap");
         assert_eq!(field_of(with(3, 99)), "bootstrap.resamples");
+        let runs = 2;
+        let pairs = |pairs: serde_json::Value| {
+            let mut v = protocol();
+            v["texts"] = json!([
+                { "name": "a", "text": "One text." },
+                { "name": "b", "text": "Another text." }
+            ]);
+            let run = v["runs"][0].clone();
+            v["runs"] = json!([run.clone(), run]);
+            v["runs"][1]["schedule"] = json!("streaming");
+            v["bootstrap"] = json!({ "resamples": 100, "seed": 5, "pairs": pairs });
+            QualityProtocol::from_json(&v.to_string())
+        };
+        assert_eq!(
+            pairs(json!([[1, 0]])).unwrap().bootstrap.unwrap().pairs,
+            Some(vec![[1, 0]])
+        );
+        assert_eq!(field_of(pairs(json!([]))), "bootstrap.pairs");
+        assert_eq!(field_of(pairs(json!([[0, runs]]))), "bootstrap.pairs[0]");
+        assert_eq!(
+            field_of(pairs(json!([[1, 0], [1, 1]]))),
+            "bootstrap.pairs[1]"
+        );
+        assert_eq!(
+            field_of(pairs(json!([[1, 0], [0, 1]]))),
+            "bootstrap.pairs[1]"
+        );
         assert_eq!(field_of(with(3, 100_001)), "bootstrap.resamples");
         assert_eq!(
             refused(|v| v["bootstrap"] = json!({ "resamples": 200, "seed": 1, "level": 0.9 })),

@@ -7,7 +7,8 @@
 //! the audit's own derivation of the arrays; resample b takes row b of NumPy's
 //! `default_rng(seed).integers(0, texts, size=(resamples, texts))` (drawn through `nprand`,
 //! which is pinned to NumPy's own outputs); a statistic is the drawn values summed in draw order
-//! over the count of texts; a pair's per-text value is the first run's minus the second's; the
+//! over the count of texts; the pairs are those the block names (`[a, b]`, in its order), else
+//! every pair a before b; a pair's per-text value is the first run's minus the second's; the
 //! estimate is the plain mean in text order; the bounds are the 2.5th and 97.5th percentiles of
 //! the sorted statistics, linear between neighbours (NumPy's default); the perplexity change
 //! is `expm1` (`libm`) of the NLL change's three numbers. Written here again from that rule.
@@ -176,25 +177,23 @@ pub fn expected(
         })
         .collect();
     let mut pairs = Vec::new();
-    for a in 0..runs {
-        for b in a + 1..runs {
-            let diff = |m: usize| -> Vec<f64> {
-                values[a][m]
-                    .iter()
-                    .zip(&values[b][m])
-                    .map(|(x, y)| x - y)
-                    .collect()
-            };
-            pairs.push((
-                a,
-                b,
-                [
-                    bounds(&diff(0), &draws),
-                    bounds(&diff(1), &draws),
-                    bounds(&diff(2), &draws),
-                ],
-            ));
-        }
+    for (a, b) in block.pairs(runs) {
+        let diff = |m: usize| -> Vec<f64> {
+            values[a][m]
+                .iter()
+                .zip(&values[b][m])
+                .map(|(x, y)| x - y)
+                .collect()
+        };
+        pairs.push((
+            a,
+            b,
+            [
+                bounds(&diff(0), &draws),
+                bounds(&diff(1), &draws),
+                bounds(&diff(2), &draws),
+            ],
+        ));
     }
     Some(Expected {
         runs: run_bounds,
@@ -255,7 +254,7 @@ pub fn check_summary(
         (
             "bootstrap pairs",
             found.pairs.len(),
-            runs.len() * runs.len().saturating_sub(1) / 2,
+            block.pairs(runs.len()).len(),
         ),
     ] {
         if f != e {

@@ -30,7 +30,7 @@ use crate::packed_kv::protocol::Mode;
 /// Most texts a protocol lists.
 pub const MAX_TEXTS: usize = 64;
 /// Most runs a protocol lists.
-pub const MAX_RUNS: usize = 64;
+pub const MAX_RUNS: usize = 72;
 /// Longest text name.
 pub const MAX_TEXT_NAME: usize = 32;
 /// Fewest and most ids scored per text.
@@ -135,20 +135,41 @@ pub const MIN_RESAMPLES: usize = 100;
 pub const MAX_RESAMPLES: usize = 100_000;
 
 /// The protocol's `bootstrap` block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BootstrapBlock {
     /// Resamples drawn.
     pub resamples: usize,
     /// NumPy's `default_rng` seed.
     pub seed: u64,
+    /// The pairs compared, `[a, b]` for a - b; absent: every pair, a before b.
+    #[serde(default)]
+    pub pairs: Option<Vec<[usize; 2]>>,
 }
 
+/// Most pairs a `pairs` list may name.
+pub const MAX_PAIRS: usize = 256;
+
 impl BootstrapBlock {
-    /// 100 to 100,000 resamples over at least two texts.
-    pub fn validate(&self, texts: usize) -> Result<(), ProtocolError> {
+    /// 100 to 100,000 resamples over at least two texts; named pairs: 1 to 256, each of two
+    /// different runs of the `runs`, no pair twice in either order.
+    pub fn validate(&self, texts: usize, runs: usize) -> Result<(), ProtocolError> {
         if !(MIN_RESAMPLES..=MAX_RESAMPLES).contains(&self.resamples) {
             return Err(refuse("bootstrap.resamples", "100 to 100,000"));
+        }
+        if let Some(pairs) = &self.pairs {
+            if !(1..=MAX_PAIRS).contains(&pairs.len()) {
+                return Err(refuse("bootstrap.pairs", "1 to 256 pairs"));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for (i, &[a, b]) in pairs.iter().enumerate() {
+                if a >= runs || b >= runs || a == b || !seen.insert((a.min(b), a.max(b))) {
+                    return Err(refuse(
+                        format!("bootstrap.pairs[{i}]"),
+                        "two different runs of the protocol, a pair not named before",
+                    ));
+                }
+            }
         }
         if texts < 2 {
             return Err(refuse(
@@ -157,6 +178,16 @@ impl BootstrapBlock {
             ));
         }
         Ok(())
+    }
+
+    /// The pairs compared among `runs` runs.
+    pub fn pairs(&self, runs: usize) -> Vec<(usize, usize)> {
+        match &self.pairs {
+            Some(named) => named.iter().map(|&[a, b]| (a, b)).collect(),
+            None => (0..runs)
+                .flat_map(|a| (a + 1..runs).map(move |b| (a, b)))
+                .collect(),
+        }
     }
 }
 
@@ -585,7 +616,7 @@ impl QualityProtocol {
             return Err(refuse("max_tokens", "2 to 8192"));
         }
         if !(1..=MAX_RUNS).contains(&self.runs.len()) {
-            return Err(refuse("runs", "1 to 64 runs"));
+            return Err(refuse("runs", "1 to 72 runs"));
         }
         let mut runs = Vec::new();
         let mut ids = BTreeSet::new();
@@ -645,7 +676,7 @@ impl QualityProtocol {
             block.validate(self.max_tokens, &runs)?;
         }
         if let Some(block) = &self.bootstrap {
-            block.validate(self.texts.len())?;
+            block.validate(self.texts.len(), runs.len())?;
         }
         if let Some(block) = &self.sensitivity {
             block.validate(runs.len())?;

@@ -700,6 +700,22 @@ fn protocols_outside_the_format_are_refused() {
             |p| matches!(p, Problem::Protocol(e) if e.field == field),
         );
     }
+    // Named pairs that are not two different runs of the protocol (it has two), or repeated.
+    for (pairs, field) in [
+        (json!([]), "bootstrap.pairs"),
+        (json!([[0, 2]]), "bootstrap.pairs[0]"),
+        (json!([[1, 1]]), "bootstrap.pairs[0]"),
+        (json!([[1, 0], [0, 1]]), "bootstrap.pairs[1]"),
+    ] {
+        let mut e = Evidence::new();
+        e.manifest["protocol"]["bootstrap"] =
+            json!({ "resamples": 500, "seed": 1, "pairs": pairs });
+        assert_problem(
+            &e.audit(),
+            field,
+            |p| matches!(p, Problem::Protocol(e) if e.field == field),
+        );
+    }
     // Sensitivity blocks out of bounds (the hand-built protocol has two runs).
     let p = |relative: f64| json!({ "relative": relative, "seed": 1 });
     for (block, field) in [
@@ -1151,6 +1167,56 @@ fn bootstrap_intervals_are_re_derived_and_a_moved_bound_fails() {
         &no_models(&copy),
         "dropped",
         |p| matches!(p, Problem::Summary { place, .. } if place == "bootstrap"),
+    );
+}
+
+/// The bootstrap study with a third run and the one pair it is for.
+fn named_pairs_study() -> &'static Path {
+    static STUDY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let protocol = RUNNER_BOOTSTRAP
+        .replace(
+            r#"{ "setting": "g4_b2", "policy": "uniform", "schedule": "prefill" }"#,
+            r#"{ "setting": "g4_b2", "policy": "uniform", "schedule": "prefill" },
+    { "scheme": "kvpack-k4v32", "schedule": "prefill" }"#,
+        )
+        .replace(r#""seed": 11 }"#, r#""seed": 11, "pairs": [[2, 0]] }"#);
+    written_once(&STUDY, Box::leak(protocol.into_boxed_str()))
+}
+
+#[test]
+fn named_bootstrap_pairs_are_re_derived_in_their_order_and_direction() {
+    let dir = named_pairs_study();
+    let report = no_models(dir);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    // Three runs and the one pair, besides the three quality rows.
+    assert_eq!(
+        report.counted(audit::common::report::Checked::SummaryRows),
+        3 + 3 + 1
+    );
+    let md = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(md.contains("Each pair of runs the protocol names, the first minus the second"));
+
+    // The pair turned around in summary.json (its figures negated to match, hashes rewritten).
+    let (_t, copy) = crate::support::copy_of(dir);
+    crate::support::edit_json(&copy, "summary.json", |s| {
+        let pair = &mut s["bootstrap"]["pairs"][0];
+        pair["a"] = json!(0);
+        pair["b"] = json!(2);
+        for metric in ["nll_change", "kl_mean", "top1_agreement"] {
+            let m = &mut pair[metric];
+            let (estimate, low, high) = (
+                m["estimate"].as_f64().unwrap(),
+                m["low"].as_f64().unwrap(),
+                m["high"].as_f64().unwrap(),
+            );
+            *m = json!({ "estimate": -estimate, "low": -high, "high": -low });
+        }
+    });
+    crate::support::rehash(&copy);
+    assert_problem(
+        &no_models(&copy),
+        "pair order",
+        |p| matches!(p, Problem::Summary { place, .. } if place == "bootstrap pair 2-0 order"),
     );
 }
 
