@@ -108,13 +108,88 @@ pub fn git_info() -> Option<Git> {
     status_args.extend(build_info::SOURCE_ROOTS);
     let status = git(&status_args)?;
     // The build-time hashes must also match the tree, or the binary is older than the checkout.
-    let tree_matches_build = build_info::SOURCES.iter().all(|(path, hash)| {
-        std::fs::read(Path::new(root).join(path))
-            .map(|bytes| source_hash(&bytes) == *hash)
-            .unwrap_or(false)
-    });
     Some(Git {
         commit,
-        sources_match_commit: status.is_empty() && tree_matches_build,
+        sources_match_commit: status.is_empty() && build_differs_from_checkout().is_none(),
     })
+}
+
+/// How the checkout this binary was built in differs from what it was built from, if it does:
+/// the first source file (under the source roots) added, removed or changed since the build.
+/// A binary older than its checkout writes evidence whose recorded sources are not its commit's,
+/// which the audit refuses; the runner warns before it runs.
+pub fn build_differs_from_checkout() -> Option<String> {
+    let root = Path::new(build_info::WORKSPACE_ROOT);
+    if !root.is_dir() {
+        return None; // installed elsewhere: there is no checkout to compare
+    }
+    differs(root, build_info::SOURCE_ROOTS, build_info::SOURCES)
+}
+
+/// [`build_differs_from_checkout`] for `built` (path, hash) files under `roots` of `root`.
+fn differs(root: &Path, roots: &[&str], built: &[(&str, &str)]) -> Option<String> {
+    let built: BTreeMap<&str, &str> = built.iter().copied().collect();
+    for source_root in roots {
+        for entry in walkdir::WalkDir::new(root.join(source_root))
+            .into_iter()
+            .flatten()
+        {
+            if !entry.file_type().is_file() {
+                continue;
+            }
+            let Ok(relative) = entry.path().strip_prefix(root) else {
+                continue;
+            };
+            let parts: Vec<_> = relative.iter().map(|p| p.to_string_lossy()).collect();
+            let path = parts.join("/");
+            if !built.contains_key(path.as_str()) {
+                return Some(format!("{path} was added since the build"));
+            }
+        }
+    }
+    for (path, hash) in built {
+        match std::fs::read(root.join(path)) {
+            Err(_) => return Some(format!("{path} was removed since the build")),
+            Ok(bytes) if source_hash(&bytes) != hash => {
+                return Some(format!("{path} changed since the build"));
+            }
+            Ok(_) => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkout_that_is_not_what_was_built_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("src")).unwrap();
+        std::fs::write(root.join("src/a.rs"), "fn a() {}\n").unwrap();
+        let hash = source_hash(b"fn a() {}\n");
+        let built = [("src/a.rs", hash.as_str())];
+        assert_eq!(differs(root, &["src"], &built), None);
+        // The same file with Windows line endings is the same source.
+        std::fs::write(root.join("src/a.rs"), "fn a() {}\r\n").unwrap();
+        assert_eq!(differs(root, &["src"], &built), None);
+        std::fs::write(root.join("src/b.rs"), "").unwrap();
+        assert_eq!(
+            differs(root, &["src"], &built).as_deref(),
+            Some("src/b.rs was added since the build")
+        );
+        std::fs::remove_file(root.join("src/b.rs")).unwrap();
+        std::fs::write(root.join("src/a.rs"), "fn b() {}\n").unwrap();
+        assert_eq!(
+            differs(root, &["src"], &built).as_deref(),
+            Some("src/a.rs changed since the build")
+        );
+        std::fs::remove_file(root.join("src/a.rs")).unwrap();
+        assert_eq!(
+            differs(root, &["src"], &built).as_deref(),
+            Some("src/a.rs was removed since the build")
+        );
+    }
 }

@@ -45,6 +45,9 @@ struct RunArgs {
     threads: Option<u16>,
 }
 
+// Parsed once per process, so the size of its largest variant (`quality`'s many flags) costs
+// nothing; boxing fields to shrink it would only obscure the flags.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Merge the N shards of one protocol (a packed-KV sweep's, or a model-quality study's from
@@ -475,6 +478,7 @@ fn quality_study(
     let protocol = QualityProtocol::from_json(&text)
         .with_context(|| format!("protocol {}", protocol_path.display()))?;
     let threads = threads_or_cores(threads);
+    warn_if_stale();
     clean_up_dead_runs(&out);
     let texts = match shard {
         Some(shard) => shard.slice(protocol.texts.len(), "texts")?.len(),
@@ -575,6 +579,7 @@ fn run(args: RunArgs) -> Result<()> {
             (protocol, path.display().to_string())
         }
     };
+    warn_if_stale();
     clean_up_dead_runs(&out);
     // A model's run needs its files: say how to fetch them before anything is computed.
     if let Some(model) = &protocol.model {
@@ -610,6 +615,18 @@ fn run(args: RunArgs) -> Result<()> {
     // The run is complete on disk; a closed stdout pipe must not turn it into a panic.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(())
+}
+
+/// Warns when this binary is older than the checkout it was built in: what it writes would
+/// record sources that are not the commit's, and the audit would refuse it.
+fn warn_if_stale() {
+    if let Some(difference) = evidence::provenance::build_differs_from_checkout() {
+        eprintln!(
+            "runner: warning: this runner was built from other sources than its checkout \
+             ({difference}); what it writes will not pass the audit. Rebuild it first \
+             (cargo build --release -p runner)."
+        );
+    }
 }
 
 /// The worker threads asked for, or one per core.

@@ -15,6 +15,8 @@
 mod crash_safety;
 mod model_quality;
 mod paths;
+// The shards run through the Slurm job scripts, which are sh.
+#[cfg(unix)]
 mod quality_shards;
 mod real_models;
 mod reproduce;

@@ -110,7 +110,6 @@ fn forged_part(shard: &Path, into: &Path, edit: impl FnOnce(&mut serde_json::Val
 
 /// Runs a Slurm job script as Slurm would (`sh`, its environment), with the real runner and a
 /// stand-in audit that records its arguments in `calls`.
-#[cfg(unix)]
 fn job(script: &str, env: &[(&str, &std::ffi::OsStr)], calls: &Path) -> String {
     let stand_in = calls.with_extension("audit");
     if !stand_in.exists() {
@@ -135,7 +134,6 @@ fn job(script: &str, env: &[(&str, &std::ffi::OsStr)], calls: &Path) -> String {
     succeeds(command.output().unwrap())
 }
 
-#[cfg(unix)]
 #[test]
 fn three_shards_merge_into_the_single_runs_files_and_pass_the_audit() {
     let tmp = tempfile::tempdir().unwrap();
