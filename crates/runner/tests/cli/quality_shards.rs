@@ -43,6 +43,16 @@ const SAME_BYTES: [&str; 5] = [
     "quality-vs-bytes.svg",
 ];
 
+/// `merged` holds the single run's files byte for byte.
+fn assert_same_files(whole: &Path, merged: &Path) {
+    for file in SAME_BYTES {
+        assert!(
+            std::fs::read(whole.join(file)).unwrap() == std::fs::read(merged.join(file)).unwrap(),
+            "{file} differs from the single run's"
+        );
+    }
+}
+
 fn runner(args: &[&OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_runner"))
         .args(args)
@@ -176,21 +186,11 @@ fn three_shards_merge_into_the_single_runs_files_and_pass_the_audit() {
         format!("audit\n--sample\n2\n{}\n", merged.display())
     );
     let shards: Vec<PathBuf> = (1..=3).map(|i| sweep.join(format!("shard-{i}"))).collect();
-    for file in SAME_BYTES {
-        assert!(
-            std::fs::read(whole.join(file)).unwrap() == std::fs::read(merged.join(file)).unwrap(),
-            "{file} differs from the single run's"
-        );
-    }
+    assert_same_files(&whole, &merged);
     // Any order on the command line: the merge sorts the shards by index.
     let again = tmp.path().join("again");
     succeeds(merge(&again, &[&shards[2], &shards[0], &shards[1]]));
-    for file in SAME_BYTES {
-        assert!(
-            std::fs::read(whole.join(file)).unwrap() == std::fs::read(again.join(file)).unwrap(),
-            "{file} differs from the single run's"
-        );
-    }
+    assert_same_files(&whole, &again);
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(merged.join("manifest.json")).unwrap()).unwrap();
     let indices: Vec<u64> = manifest["merged_from"]
@@ -246,14 +246,9 @@ fn three_shards_merge_into_the_single_runs_files_and_pass_the_audit() {
     );
     std::fs::remove_dir_all(&copy).unwrap();
     let copy = forged_part(&shards[1], &forged, |part| {
-        part["calibration"] = serde_json::to_value(
-            serde_json::from_slice::<serde_json::Value>(
-                &std::fs::read(shards[0].join("part.json")).unwrap(),
-            )
-            .unwrap()["calibration"]
-                .clone(),
-        )
-        .unwrap();
+        let first: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(shards[0].join("part.json")).unwrap()).unwrap();
+        part["calibration"] = first["calibration"].clone();
     });
     let stderr = refused(merge(
         &tmp.path().join("m6"),
