@@ -25,6 +25,19 @@
 //! them as drawn (its "before RoPE" is the draw) and calibrates on the draw of
 //! [`AttentionSpec::calibration_seed`]. Gaussian caches are billed as the model's are (sliding
 //! layers too), from what they store.
+//!
+//! Matched draws ([`AttentionSpec::matched`]): i.i.d. keys have no outlier channels and no
+//! per-channel offset, so they cannot show what a cache's layout does to the model's keys. With
+//! `matched`, each seed also gives a draw with the first text's per-channel mean and spread:
+//! per layer, head and channel c of its float32 pass's `q` (as attention reads it, after RoPE),
+//! stored `k` (after RoPE) and `v`, over its T0 positions, `mean_c` = (the sum over positions in
+//! order of x, in f64) / T0 and `std_c` = sqrt((the sum over positions in order of (x -
+//! mean_c)^2) / T0) ([`channel_stats`]); the matched draw takes the seed's standard normals
+//! `z` (the same float32 values as its i.i.d. draw, so the two are paired) and stores
+//! `(mean_c + std_c * z) as f32`, computed in f64 ([`matched_draw`]). Positions stay
+//! independent and channels uncorrelated: only each channel's first two moments are the
+//! model's. KVQuant quantizes matched keys as drawn too and is calibrated on the matched draw of
+//! the calibration seed.
 
 use std::sync::Arc;
 
@@ -56,6 +69,10 @@ pub struct AttentionSpec {
     /// KVQuant and there are Gaussian seeds; not one of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration_seed: Option<u64>,
+    /// Whether each seed also gives a draw matched to the first text's per-channel mean and
+    /// spread (module docs; needs Gaussian seeds).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub matched: bool,
 }
 
 /// One layer's `[sum of squared errors, sum of squared reference outputs]`.
@@ -185,6 +202,82 @@ pub fn gaussian(
         .collect()
 }
 
+/// Per head, per channel `[mean, std]` of one tensor of a layer ([`channel_stats`]).
+pub type ChannelStats = Vec<Vec<[f64; 2]>>;
+
+/// One layer's per-channel statistics of q, k and v.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerStats {
+    /// Of the queries (query heads).
+    pub q: ChannelStats,
+    /// Of the stored keys (KV heads).
+    pub k: ChannelStats,
+    /// Of the values (KV heads).
+    pub v: ChannelStats,
+}
+
+/// Per head and channel of `x` (`[heads, T, head_dim]`, T > 0), `[mean, std]` (module docs).
+pub fn channel_stats(x: &Array3<f32>) -> ChannelStats {
+    let (heads, tokens, dim) = x.dim();
+    let n = tokens as f64;
+    (0..heads)
+        .map(|h| {
+            (0..dim)
+                .map(|c| {
+                    let mean = (0..tokens).fold(0f64, |a, t| a + f64::from(x[[h, t, c]])) / n;
+                    let square = (0..tokens).fold(0f64, |a, t| {
+                        let d = f64::from(x[[h, t, c]]) - mean;
+                        a + d * d
+                    });
+                    [mean, (square / n).sqrt()]
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// One layer's [`LayerStats`] from the layer's float32 pass.
+pub fn layer_stats(kv: &LayerKv<'_>) -> LayerStats {
+    LayerStats {
+        q: channel_stats(kv.q),
+        k: channel_stats(kv.k),
+        v: channel_stats(kv.v),
+    }
+}
+
+/// `z` moved to each channel's mean and spread: `(mean + std * z) as f32` in f64.
+fn matched(z: &Array3<f32>, stats: &ChannelStats) -> Result<Array3<f32>, QualityError> {
+    let (heads, _, dim) = z.dim();
+    if stats.len() != heads || stats.iter().any(|h| h.len() != dim) {
+        return Err(QualityError::Gaussian(format!(
+            "statistics of {} heads for a draw of {heads} heads of {dim} channels",
+            stats.len()
+        )));
+    }
+    let mut out = z.clone();
+    for ((h, _, c), x) in out.indexed_iter_mut() {
+        let [mean, std] = stats[h][c];
+        *x = (mean + std * f64::from(*x)) as f32;
+    }
+    Ok(out)
+}
+
+/// The matched draw of `seed` (module docs): the Gaussian draw moved, layer by layer, to
+/// `stats`' means and spreads.
+pub fn matched_draw(
+    seed: u64,
+    (heads, kv_heads, head_dim): (usize, usize, usize),
+    tokens: usize,
+    stats: &[LayerStats],
+) -> Result<Vec<GaussianLayer>, QualityError> {
+    gaussian(seed, stats.len(), (heads, kv_heads, head_dim), tokens)
+        .iter()
+        .zip(stats)
+        .map(|((q, k, v), s)| Ok((matched(q, &s.q)?, matched(k, &s.k)?, matched(v, &s.v)?)))
+        .collect()
+}
+
 /// Every run's errors: per text, then per Gaussian seed, per run in protocol order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -194,6 +287,12 @@ pub struct AttentionResult {
     /// Per Gaussian seed, per run: each layer's error, and the bytes the run's cache stores
     /// for the draw (every layer).
     pub gaussian: Vec<Vec<GaussianRun>>,
+    /// The first text's per-layer statistics the matched draws follow, when matched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<Vec<LayerStats>>,
+    /// Per Gaussian seed, per run, as `gaussian`: on the matched draw.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matched: Vec<Vec<GaussianRun>>,
 }
 
 /// One run on one Gaussian draw.
@@ -228,12 +327,44 @@ pub(crate) fn layer_errors(
     })
 }
 
-/// Every run on the Gaussian draw of `seed` (module docs), `tokens` positions of a model of
-/// `shape`. KVQuant runs read the calibration `calibrations` holds for their scheme (fitted by
-/// [`gaussian_calibrations`]).
+/// Which draw of a seed: i.i.d. standard normal, or matched to a text's statistics.
+#[derive(Debug, Clone, Copy)]
+pub enum Draw<'a> {
+    /// [`gaussian`].
+    Iid,
+    /// [`matched_draw`] with these statistics (one entry per layer).
+    Matched(&'a [LayerStats]),
+}
+
+impl Draw<'_> {
+    /// This draw of `seed`, `tokens` positions of a model of `shape`.
+    pub fn of(
+        self,
+        seed: u64,
+        shape: &ModelShape,
+        tokens: usize,
+    ) -> Result<Vec<GaussianLayer>, QualityError> {
+        let heads = (shape.query_heads, shape.kv_heads, shape.head_dim);
+        match self {
+            Draw::Iid => Ok(gaussian(seed, shape.layers, heads, tokens)),
+            Draw::Matched(stats) if stats.len() == shape.layers => {
+                matched_draw(seed, heads, tokens, stats)
+            }
+            Draw::Matched(stats) => Err(QualityError::Gaussian(format!(
+                "statistics of {} layers for a model of {}",
+                stats.len(),
+                shape.layers
+            ))),
+        }
+    }
+}
+
+/// Every run on `draw` of `seed` (module docs), `tokens` positions of a model of `shape`.
+/// KVQuant runs read the calibration `calibrations` holds for their scheme (fitted by
+/// [`gaussian_calibrations`] on the same kind of draw).
 #[allow(clippy::too_many_arguments)]
 pub fn gaussian_runs(
-    seed: u64,
+    (seed, draw): (u64, Draw<'_>),
     shape: &ModelShape,
     tokens: usize,
     specs: &[Cache],
@@ -243,12 +374,7 @@ pub fn gaussian_runs(
     pool: &ThreadPool,
 ) -> Result<Vec<GaussianRun>, QualityError> {
     let specs = crate::scheme::with_calibrations(specs, calibrations)?;
-    let draw = gaussian(
-        seed,
-        shape.layers,
-        (shape.query_heads, shape.kv_heads, shape.head_dim),
-        tokens,
-    );
+    let draw = draw.of(seed, shape, tokens)?;
     let mut runs = vec![
         GaussianRun {
             layers: Vec::with_capacity(shape.layers),
@@ -269,9 +395,9 @@ pub fn gaussian_runs(
     Ok(runs)
 }
 
-/// Each KVQuant scheme of `specs` fitted on the Gaussian draw of `seed` (keys as drawn).
+/// Each KVQuant scheme of `specs` fitted on `draw` of `seed` (keys as drawn).
 pub fn gaussian_calibrations(
-    seed: u64,
+    (seed, draw): (u64, Draw<'_>),
     shape: &ModelShape,
     tokens: usize,
     specs: &[Cache],
@@ -280,15 +406,11 @@ pub fn gaussian_calibrations(
     if schemes.is_empty() {
         return Ok(Vec::new());
     }
-    let layers: Vec<(Array3<f32>, Array3<f32>)> = gaussian(
-        seed,
-        shape.layers,
-        (shape.query_heads, shape.kv_heads, shape.head_dim),
-        tokens,
-    )
-    .into_iter()
-    .map(|(_, k, v)| (k, v))
-    .collect();
+    let layers: Vec<(Array3<f32>, Array3<f32>)> = draw
+        .of(seed, shape, tokens)?
+        .into_iter()
+        .map(|(_, k, v)| (k, v))
+        .collect();
     crate::scheme::fit_calibrations(&schemes, &layers)
 }
 
@@ -340,6 +462,22 @@ pub struct AttentionFigures {
     /// Bits per element of the Gaussian caches: their mean bytes per token over the float32
     /// cache's, times 32 (KVQuant's outliers make it differ from the texts').
     pub gaussian_bits_per_element: Option<f64>,
+    /// The same four over the matched draws; absent unless the protocol asks for them.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub matched: Option<MatchedFigures>,
+}
+
+/// A run's figures over the matched draws.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MatchedFigures {
+    /// Pooled over the matched draws.
+    pub matched_relative_l2: f64,
+    /// The smallest draw's.
+    pub matched_relative_l2_min: f64,
+    /// The largest.
+    pub matched_relative_l2_max: f64,
+    /// Bits per element of the matched caches, as for the Gaussian ones.
+    pub matched_bits_per_element: f64,
 }
 
 /// The smallest and largest of `xs` (NaN-free: errors of finite caches).
@@ -350,31 +488,49 @@ fn extremes(xs: &[f64]) -> (f64, f64) {
         })
 }
 
-/// One run's figures from its errors on each text and each Gaussian draw of `tokens` positions,
-/// whose float32 cache stores `float32_bytes_per_token`.
+/// Over `draws` of `tokens` positions: pooled, least and most relative L2 error, and bits per
+/// element against a float32 cache of `float32_bytes_per_token`.
+fn draw_figures(draws: &[&GaussianRun], tokens: usize, float32_bytes_per_token: f64) -> [f64; 4] {
+    let per_draw: Vec<f64> = draws.iter().map(|g| relative_l2(&g.layers)).collect();
+    let (lo, hi) = extremes(&per_draw);
+    let bytes = draws.iter().fold(0f64, |a, g| a + g.bytes as f64) / draws.len() as f64;
+    [
+        relative_l2(draws.iter().flat_map(|g| &g.layers)),
+        lo,
+        hi,
+        crate::cache::bits_per_element(bytes / tokens as f64, float32_bytes_per_token),
+    ]
+}
+
+/// One run's figures from its errors on each text, each Gaussian draw and each matched draw
+/// (none when not matched) of `tokens` positions, whose float32 cache stores
+/// `float32_bytes_per_token`.
 pub fn figures(
     texts: &[&[LayerError]],
-    draws: &[&GaussianRun],
+    (draws, matched): (&[&GaussianRun], &[&GaussianRun]),
     tokens: usize,
     float32_bytes_per_token: f64,
 ) -> AttentionFigures {
     let per_text: Vec<f64> = texts.iter().map(|l| relative_l2(l.iter())).collect();
     let (lo, hi) = extremes(&per_text);
-    let per_draw: Vec<f64> = draws.iter().map(|g| relative_l2(&g.layers)).collect();
-    let (g_lo, g_hi) = extremes(&per_draw);
-    let some = |x: f64| (!draws.is_empty()).then_some(x);
-    let bytes = draws.iter().fold(0f64, |a, g| a + g.bytes as f64) / draws.len() as f64;
+    let g = (!draws.is_empty()).then(|| draw_figures(draws, tokens, float32_bytes_per_token));
     AttentionFigures {
         relative_l2: relative_l2(texts.iter().flat_map(|l| l.iter())),
         relative_l2_min: lo,
         relative_l2_max: hi,
-        gaussian_relative_l2: some(relative_l2(draws.iter().flat_map(|g| &g.layers))),
-        gaussian_relative_l2_min: some(g_lo),
-        gaussian_relative_l2_max: some(g_hi),
-        gaussian_bits_per_element: some(crate::cache::bits_per_element(
-            bytes / tokens as f64,
-            float32_bytes_per_token,
-        )),
+        gaussian_relative_l2: g.map(|g| g[0]),
+        gaussian_relative_l2_min: g.map(|g| g[1]),
+        gaussian_relative_l2_max: g.map(|g| g[2]),
+        gaussian_bits_per_element: g.map(|g| g[3]),
+        matched: (!matched.is_empty()).then(|| {
+            let [l2, lo, hi, bits] = draw_figures(matched, tokens, float32_bytes_per_token);
+            MatchedFigures {
+                matched_relative_l2: l2,
+                matched_relative_l2_min: lo,
+                matched_relative_l2_max: hi,
+                matched_bits_per_element: bits,
+            }
+        }),
     }
 }
 
@@ -476,12 +632,84 @@ mod tests {
             .unwrap();
         let layer =
             |c: &Cache, at: (usize, usize), w: Option<usize>, kv: &LayerKv<'_>| c.layer(at, w, kv);
-        let runs =
-            gaussian_runs(3, &shape, 10, &[Cache::Scheme(spec)], &[], &layer, 2, &pool).unwrap();
+        let runs = gaussian_runs(
+            (3, Draw::Iid),
+            &shape,
+            10,
+            &[Cache::Scheme(spec)],
+            &[],
+            &layer,
+            2,
+            &pool,
+        )
+        .unwrap();
         assert_eq!(runs[0].bytes, 14 * 68);
         for [err, reference] in &runs[0].layers {
             assert!(*err > 0.0 && err < reference);
         }
+    }
+
+    #[test]
+    fn channel_stats_are_each_channels_mean_and_spread_over_positions() {
+        // Head 0: channel 0 takes 1 and 3 (mean 2, spread 1), channel 1 is constant at -4.
+        // Head 1: channel 0 takes 0 and 10, channel 1 takes 2 and 2.
+        let x = Array3::from_shape_vec((2, 2, 2), vec![1., -4., 3., -4., 0., 2., 10., 2.]).unwrap();
+        let stats = channel_stats(&x);
+        assert_eq!(
+            stats,
+            vec![vec![[2.0, 1.0], [-4.0, 0.0]], vec![[5.0, 5.0], [2.0, 0.0]]]
+        );
+    }
+
+    #[test]
+    fn a_matched_draw_moves_the_iid_draw_to_each_channels_mean_and_spread() {
+        let (heads, kv_heads, dim) = (4, 2, 8);
+        let iid = gaussian(9, 2, (heads, kv_heads, dim), 6);
+        let unit = |h: usize| vec![vec![[0.0, 1.0]; dim]; h];
+        let same = LayerStats {
+            q: unit(heads),
+            k: unit(kv_heads),
+            v: unit(kv_heads),
+        };
+        let drawn = matched_draw(9, (heads, kv_heads, dim), 6, &[same.clone(), same]).unwrap();
+        assert_eq!(drawn, iid);
+        // Channel 3 of KV head 1's keys centred on 100 with spread 0.5; the rest as drawn.
+        let mut moved = LayerStats {
+            q: unit(heads),
+            k: unit(kv_heads),
+            v: unit(kv_heads),
+        };
+        moved.k[1][3] = [100.0, 0.5];
+        let drawn = matched_draw(9, (heads, kv_heads, dim), 6, &[moved.clone(), moved]).unwrap();
+        for t in 0..6 {
+            let z = f64::from(iid[0].1[[1, t, 3]]);
+            assert_eq!(drawn[0].1[[1, t, 3]], (100.0 + 0.5 * z) as f32);
+            assert_eq!(drawn[0].1[[0, t, 3]], iid[0].1[[0, t, 3]]);
+        }
+    }
+
+    #[test]
+    fn matched_statistics_of_another_shape_are_refused() {
+        let shape = ModelShape {
+            layers: 2,
+            query_heads: 2,
+            kv_heads: 1,
+            head_dim: 4,
+            causal: true,
+            max_tokens: 8,
+            sliding: None,
+        };
+        let layer = LayerStats {
+            q: vec![vec![[0.0, 1.0]; 4]; 2],
+            k: vec![vec![[0.0, 1.0]; 4]; 1],
+            v: vec![vec![[0.0, 1.0]; 3]; 1],
+        };
+        let one = std::slice::from_ref(&layer);
+        let err = Draw::Matched(one).of(1, &shape, 8).unwrap_err();
+        assert!(err.to_string().contains("statistics of 1 layers"), "{err}");
+        let two = [layer.clone(), layer];
+        let err = Draw::Matched(&two).of(1, &shape, 8).unwrap_err();
+        assert!(err.to_string().contains("4 channels"), "{err}");
     }
 
     #[test]

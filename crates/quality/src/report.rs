@@ -387,9 +387,10 @@ pub fn generation_table(study: &Study, t: usize) -> Table {
 
 /// The attention-error table: per run, its relative L2 error on the texts' K/V (pooled, least
 /// and most) and on the Gaussian draws, in percent with 3 decimals, and the Gaussian caches'
-/// bits per element with 3 (dashes without draws).
+/// bits per element with 3 (dashes without draws); with matched draws, the same four for them.
 pub fn attention_table(attention: &AttentionSummary) -> Table {
-    let headers = [
+    let matched = attention.rows.iter().any(|r| r.figures.matched.is_some());
+    let mut headers = vec![
         "cache",
         "schedule",
         "model K/V error",
@@ -400,14 +401,18 @@ pub fn attention_table(attention: &AttentionSummary) -> Table {
         "most",
         "Gaussian bits/element",
     ];
+    if matched {
+        headers.extend(["matched error", "least", "most", "matched bits/element"]);
+    }
     let percent = |x: f64| format!("{:.3}%", x * 100.0);
+    let bits = |x: f64| format!("{x:.3}");
     let maybe = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("-".to_string(), f);
     let rows = attention
         .rows
         .iter()
         .map(|r| {
             let f = &r.figures;
-            vec![
+            let mut row = vec![
                 crate::study::run_label(
                     r.setting.as_deref(),
                     r.policy.as_deref(),
@@ -420,8 +425,18 @@ pub fn attention_table(attention: &AttentionSummary) -> Table {
                 maybe(f.gaussian_relative_l2, &percent),
                 maybe(f.gaussian_relative_l2_min, &percent),
                 maybe(f.gaussian_relative_l2_max, &percent),
-                maybe(f.gaussian_bits_per_element, &|x| format!("{x:.3}")),
-            ]
+                maybe(f.gaussian_bits_per_element, &bits),
+            ];
+            if matched {
+                let m = f.matched.as_ref();
+                row.extend([
+                    maybe(m.map(|m| m.matched_relative_l2), &percent),
+                    maybe(m.map(|m| m.matched_relative_l2_min), &percent),
+                    maybe(m.map(|m| m.matched_relative_l2_max), &percent),
+                    maybe(m.map(|m| m.matched_bits_per_element), &bits),
+                ]);
+            }
+            row
         })
         .collect();
     Table {
@@ -610,6 +625,14 @@ pub fn summary_markdown(protocol: &QualityProtocol, study: &Study, summary: &Sum
              normal in the model's shape, pooled over the draws, with their bits per element \
              (the outliers KVQuant keeps depend on the values).",
         );
+        if attention.rows.iter().any(|r| r.figures.matched.is_some()) {
+            line(
+                "The matched draws take the same standard normals and give every channel of \
+                 every head and layer the mean and spread of the first text's queries, stored \
+                 keys and values: positions stay independent and channels uncorrelated, but \
+                 outlier channels and per-channel offsets are the model's.",
+            );
+        }
         line(&attention_table(attention).to_markdown());
     }
     if let Some(b) = &summary.bootstrap {

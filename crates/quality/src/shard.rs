@@ -38,7 +38,7 @@ use evidence::provenance::{Git, Platform, Tool, git_info, source_hashes, source_
 use evidence::shard::{MergedShard, SetError, Shard, ShardError, in_index_order};
 use evidence::{EvidenceError, MANIFEST, Writer};
 
-use crate::attention_error::AttentionResult;
+use crate::attention_error::{AttentionResult, LayerStats};
 use crate::study::{QualityProtocol, QualityStudyError, Study};
 use crate::write::QualityManifest;
 
@@ -374,17 +374,48 @@ fn part_problem(protocol: &QualityProtocol, shard: Shard, part: &Study) -> Optio
     }
     match (&protocol.attention, &part.attention) {
         (None, None) => None,
-        (Some(spec), Some(AttentionResult { texts: t, gaussian })) => {
+        (
+            Some(spec),
+            Some(AttentionResult {
+                texts: t,
+                gaussian,
+                stats,
+                matched,
+            }),
+        ) => {
             let draws = if keeps_shared {
                 spec.gaussian_seeds.len()
             } else {
                 0
             };
-            (t.len() != texts.len() || gaussian.len() != draws)
+            let matched_draws = if spec.matched { draws } else { 0 };
+            let stats_ok = match stats {
+                None => !(spec.matched && keeps_shared),
+                Some(stats) => {
+                    spec.matched && keeps_shared && stats_fit(stats, &protocol.model.shape())
+                }
+            };
+            (t.len() != texts.len()
+                || gaussian.len() != draws
+                || matched.len() != matched_draws
+                || !stats_ok)
                 .then(|| "its attention errors are not the slice's".into())
         }
         _ => Some("its attention errors do not follow the protocol".into()),
     }
+}
+
+/// Whether `stats` hold a `[mean, std]` per channel of every head of every layer of `shape`.
+fn stats_fit(stats: &[LayerStats], shape: &models::ModelShape) -> bool {
+    let fits = |side: &[Vec<[f64; 2]>], heads: usize| {
+        side.len() == heads && side.iter().all(|h| h.len() == shape.head_dim)
+    };
+    stats.len() == shape.layers
+        && stats.iter().all(|l| {
+            fits(&l.q, shape.query_heads)
+                && fits(&l.k, shape.kv_heads)
+                && fits(&l.v, shape.kv_heads)
+        })
 }
 
 /// Merges the shards in `dirs` (any order) into the new evidence directory `out`; returns its
@@ -403,6 +434,8 @@ pub fn merge(
         attention: protocol.attention.as_ref().map(|_| AttentionResult {
             texts: Vec::new(),
             gaussian: Vec::new(),
+            stats: None,
+            matched: Vec::new(),
         }),
         sensitivity: Vec::new(),
     };
@@ -431,6 +464,10 @@ pub fn merge(
         if let (Some(merged), Some(attention)) = (&mut study.attention, part.attention) {
             merged.texts.extend(attention.texts);
             merged.gaussian.extend(attention.gaussian);
+            merged.matched.extend(attention.matched);
+            if attention.stats.is_some() {
+                merged.stats = attention.stats;
+            }
         }
     }
     let merged_from = shards

@@ -23,8 +23,10 @@
 //!   [`CALIBRATION_TOKENS`] ids are the calibration pass (`crate::scheme::calibrate`);
 //! - `attention` (optional): each run's attention error ([`crate::attention_error`]): a
 //!   `stride` (1 to `max_tokens`: every stride-th position is a query), `gaussian_seeds` (at
-//!   most [`MAX_GAUSSIAN_SEEDS`], distinct) and, when a KVQuant run has Gaussian draws to
-//!   quantize, a `calibration_seed` that is none of them;
+//!   most [`MAX_GAUSSIAN_SEEDS`], distinct), when a KVQuant run has Gaussian draws to
+//!   quantize, a `calibration_seed` that is none of them, and `matched` (optional, `false`
+//!   when absent; needs seeds): `true` to draw each seed again matched to the first text's
+//!   per-channel mean and spread;
 //! - `bootstrap` (optional, at least two texts): `resamples` ([`MIN_RESAMPLES`] to
 //!   [`MAX_RESAMPLES`]), a `seed` and, optionally, `pairs` (1 to [`MAX_PAIRS`] `[a, b]` run
 //!   indices, two different runs each, no pair twice; absent: every pair): a paired bootstrap
@@ -51,7 +53,10 @@
 //!   `[layers]`: the outlier values each layer's cache stores, K and V together, which with the
 //!   shape decide its bytes) and, when generating, `<id>_generated`; then, with `attention`,
 //!   per text and run `<id>_attention` and per Gaussian draw and run `g{draw}_..._attention`
-//!   (float64 `[layers, 2]`: each layer's summed squared error and squared reference output);
+//!   (float64 `[layers, 2]`: each layer's summed squared error and squared reference output)
+//!   and, when matched, `matched_q_stats`, `matched_k_stats` and `matched_v_stats` (float64
+//!   `[layers, heads, head_dim, 2]`, query or KV heads: the first text's per-channel mean and
+//!   spread) and per draw and run `m{draw}_..._attention`;
 //!   then, with `sensitivity`, per text, perturbation and named run `s{k}_<id>_logp`, `_kl` and
 //!   `_argmax` (as a row's);
 //! - `results.json`: one object per row ([`ResultRow`]), its aggregates computed from the arrays
@@ -74,8 +79,8 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::attention_error::{
-    AttentionResult, AttentionRow, AttentionSpec, AttentionSummary, GaussianRun, LayerError,
-    MAX_GAUSSIAN_SEEDS,
+    AttentionResult, AttentionRow, AttentionSpec, AttentionSummary, Draw, GaussianRun, LayerError,
+    LayerStats, MAX_GAUSSIAN_SEEDS,
 };
 use crate::bootstrap::{BootstrapSpec, BootstrapSummary, MAX_PAIRS, MAX_RESAMPLES, MIN_RESAMPLES};
 use crate::mechanisms::{HeadMeasures, MechanismSummary};
@@ -329,6 +334,11 @@ impl RunSpec {
         self.id_on(&format!("g{draw}"))
     }
 
+    /// The same on the matched draw of seed `draw`: `m{draw}_...`.
+    pub fn matched_id(&self, draw: usize) -> String {
+        self.id_on(&format!("m{draw}"))
+    }
+
     fn id_on(&self, input: &str) -> String {
         let cache = match (&self.scheme, &self.setting, &self.policy) {
             (Some(scheme), _, _) => scheme.clone(),
@@ -559,8 +569,8 @@ impl QualityProtocol {
     }
 
     /// The attention block: a stride of 1 to `max_tokens`; distinct Gaussian seeds, at most
-    /// [`MAX_GAUSSIAN_SEEDS`]; a calibration seed, not one of them, exactly when a KVQuant run
-    /// has Gaussian draws to quantize.
+    /// [`MAX_GAUSSIAN_SEEDS`]; matched draws only with seeds; a calibration seed, not one of
+    /// them, exactly when a KVQuant run has Gaussian draws to quantize.
     fn validate_attention(&self) -> Result<(), QualityProtocolError> {
         let Some(a) = &self.attention else {
             return Ok(());
@@ -590,6 +600,12 @@ impl QualityProtocol {
                     format!("{seed} is listed twice"),
                 ));
             }
+        }
+        if a.matched && a.gaussian_seeds.is_empty() {
+            return Err(field(
+                "attention.matched",
+                "matched draws are drawn from the Gaussian seeds, and there are none",
+            ));
         }
         let kvquant = self
             .specs()?
@@ -954,6 +970,7 @@ fn run_part(
     let mut texts = Vec::with_capacity(all_ids.len());
     let mut rows = Vec::with_capacity(all_ids.len() * specs.len());
     let mut attention_texts = Vec::new();
+    let mut text0_stats = None;
     let mut sensitivity = Vec::new();
     let slice = all_ids
         .into_iter()
@@ -969,10 +986,18 @@ fn run_part(
         );
         // The float32 pass, shared by every run of this text (and where each run's attention
         // error and the mechanisms are measured, when asked for).
-        let (hidden, errors, mechanisms) =
-            float32_pass(protocol, model, &ids, &specs, layer, &pool)?;
+        let measure_stats = t == 0 && protocol.attention.as_ref().is_some_and(|a| a.matched);
+        let Float32Pass {
+            hidden,
+            errors,
+            mechanisms,
+            stats,
+        } = float32_pass(protocol, model, &ids, (&specs, layer), measure_stats, &pool)?;
         if let Some(errors) = errors {
             attention_texts.push(errors);
+        }
+        if stats.is_some() {
+            text0_stats = stats;
         }
         let Scored {
             reference,
@@ -1057,37 +1082,47 @@ fn run_part(
         Some(_) if !keeps_shared => Some(AttentionResult {
             texts: attention_texts,
             gaussian: Vec::new(),
+            stats: None,
+            matched: Vec::new(),
         }),
         Some(a) => {
             let shape = protocol.model.shape();
-            let calibrations = match a.calibration_seed {
-                Some(seed) => crate::attention_error::gaussian_calibrations(
-                    seed,
-                    &shape,
-                    protocol.max_tokens,
-                    &specs,
-                )?,
-                None => Vec::new(),
-            };
-            let gaussian = a
-                .gaussian_seeds
-                .iter()
-                .map(|&seed| {
-                    crate::attention_error::gaussian_runs(
-                        seed,
+            let draws = |draw: Draw<'_>| -> Result<Vec<Vec<GaussianRun>>, QualityError> {
+                let calibrations = match a.calibration_seed {
+                    Some(seed) => crate::attention_error::gaussian_calibrations(
+                        (seed, draw),
                         &shape,
                         protocol.max_tokens,
                         &specs,
-                        &calibrations,
-                        layer,
-                        a.stride,
-                        &pool,
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+                    )?,
+                    None => Vec::new(),
+                };
+                a.gaussian_seeds
+                    .iter()
+                    .map(|&seed| {
+                        crate::attention_error::gaussian_runs(
+                            (seed, draw),
+                            &shape,
+                            protocol.max_tokens,
+                            &specs,
+                            &calibrations,
+                            layer,
+                            a.stride,
+                            &pool,
+                        )
+                    })
+                    .collect()
+            };
+            let gaussian = draws(Draw::Iid)?;
+            let matched = match &text0_stats {
+                Some(stats) => draws(Draw::Matched(stats))?,
+                None => Vec::new(),
+            };
             Some(AttentionResult {
                 texts: attention_texts,
                 gaussian,
+                stats: text0_stats,
+                matched,
             })
         }
         None => None,
@@ -1105,28 +1140,41 @@ fn run_part(
 type TextErrors = Vec<Vec<LayerError>>;
 /// Each layer's mechanisms per KV head, from a text's float32 pass.
 type TextMechanisms = Vec<Vec<HeadMeasures>>;
+
 /// A text's float32 pass: the stream the LM head reads, and what it measured when asked.
-type Float32Pass = (Array2<f32>, Option<TextErrors>, Option<TextMechanisms>);
+struct Float32Pass {
+    hidden: Array2<f32>,
+    errors: Option<TextErrors>,
+    mechanisms: Option<TextMechanisms>,
+    /// Each layer's per-channel statistics ([`crate::attention_error::layer_stats`]).
+    stats: Option<Vec<LayerStats>>,
+}
 
 /// A text's float32 pass: the stream the LM head reads and, when the protocol asks, every run's
-/// attention error at each layer ([`crate::attention_error`]) and each layer's mechanisms
-/// ([`crate::mechanisms`]). A source that hands attention the layer's own rows gives the plain
-/// pass's bits.
+/// attention error at each layer ([`crate::attention_error`]), each layer's mechanisms
+/// ([`crate::mechanisms`]) and, with `stats`, each layer's per-channel statistics. A source that
+/// hands attention the layer's own rows gives the plain pass's bits.
 fn float32_pass(
     protocol: &QualityProtocol,
     model: &dyn CausalLm,
     ids: &[u32],
-    specs: &[Cache],
-    layer: &LayerBuilder,
+    (specs, layer): (&[Cache], &LayerBuilder),
+    stats: bool,
     pool: &rayon::ThreadPool,
 ) -> Result<Float32Pass, ModelError> {
     if protocol.attention.is_none() && !protocol.mechanisms {
         let hidden = model.hidden_with(ids, &mut |_, _, _| Ok(()))?.0;
-        return Ok((hidden, None, None));
+        return Ok(Float32Pass {
+            hidden,
+            errors: None,
+            mechanisms: None,
+            stats: None,
+        });
     }
     let layers = model.layers();
     let mut errors = vec![Vec::with_capacity(layers); specs.len()];
     let mut mechanisms = Vec::with_capacity(layers);
+    let mut layer_stats = Vec::with_capacity(layers);
     let (hidden, _) = model.hidden_with_layer_source(ids, &mut |l, kv| {
         let window = model.window(l);
         if let Some(a) = &protocol.attention {
@@ -1146,13 +1194,17 @@ fn float32_pass(
         if protocol.mechanisms {
             mechanisms.push(crate::mechanisms::layer(kv, window, pool));
         }
+        if stats {
+            layer_stats.push(crate::attention_error::layer_stats(kv));
+        }
         Ok(Box::new(OwnKv::new(kv.k, kv.v)))
     })?;
-    Ok((
+    Ok(Float32Pass {
         hidden,
-        protocol.attention.is_some().then_some(errors),
-        protocol.mechanisms.then_some(mechanisms),
-    ))
+        errors: protocol.attention.is_some().then_some(errors),
+        mechanisms: protocol.mechanisms.then_some(mechanisms),
+        stats: stats.then_some(layer_stats),
+    })
 }
 
 /// Scores a pass whose stream is `packed` against the float32 pass's distributions: per
@@ -1598,6 +1650,7 @@ fn summarize_attention(
         .map(|(r, run)| {
             let texts: Vec<&[LayerError]> = result.texts.iter().map(|t| t[r].as_slice()).collect();
             let draws: Vec<&GaussianRun> = result.gaussian.iter().map(|g| &g[r]).collect();
+            let matched: Vec<&GaussianRun> = result.matched.iter().map(|g| &g[r]).collect();
             AttentionRow {
                 setting: run.setting.clone(),
                 policy: run.policy.clone(),
@@ -1605,7 +1658,7 @@ fn summarize_attention(
                 schedule: run.schedule.clone(),
                 figures: crate::attention_error::figures(
                     &texts,
-                    &draws,
+                    (&draws, &matched),
                     protocol.max_tokens,
                     float32,
                 ),
@@ -1757,10 +1810,14 @@ mod tests {
     fn the_attention_block_is_checked_field_by_field() {
         use serde_json::json;
         let attention = |a: serde_json::Value| move |v: &mut serde_json::Value| v["attention"] = a;
-        let ok = serde_json::json!({ "stride": 8, "gaussian_seeds": [1, 2] });
-        let mut v = protocol();
-        attention(ok)(&mut v);
-        assert!(QualityProtocol::from_json(&v.to_string()).is_ok());
+        for ok in [
+            json!({ "stride": 8, "gaussian_seeds": [1, 2] }),
+            json!({ "stride": 8, "gaussian_seeds": [1], "matched": true }),
+        ] {
+            let mut v = protocol();
+            attention(ok)(&mut v);
+            assert!(QualityProtocol::from_json(&v.to_string()).is_ok());
+        }
         for (block, at) in [
             (
                 json!({ "stride": 0, "gaussian_seeds": [] }),
@@ -1785,6 +1842,10 @@ mod tests {
             (
                 json!({ "stride": 8, "gaussian_seeds": [1], "colour": 2 }),
                 "attention.colour",
+            ),
+            (
+                json!({ "stride": 8, "gaussian_seeds": [], "matched": true }),
+                "attention.matched",
             ),
         ] {
             assert_eq!(refused(attention(block)), at);

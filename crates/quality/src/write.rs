@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use models::ModelFiles;
-use ndarray::{Array1, Array2, Array3};
+use ndarray::{Array1, Array2, Array3, Array4};
 use serde::{Deserialize, Serialize};
 
 use evidence::provenance::{Git, Platform, Tool, git_info, source_hashes, source_roots};
@@ -16,6 +16,7 @@ use evidence::shard::MergedShard;
 use evidence::{EvidenceError, Writer};
 use models::ModelRecord;
 
+use crate::attention_error::{ChannelStats, LayerStats};
 use crate::study::{
     PLOT, QUALITY_MANIFEST_FORMAT, QualityProtocol, QualityStudyError, RESULTS, ResultRow, SUMMARY,
     SUMMARY_MD, Study, run_study, summarize,
@@ -140,6 +141,30 @@ pub(crate) fn write_with(
         for (g, runs) in attention.gaussian.iter().enumerate() {
             for (run, measured) in protocol.runs.iter().zip(runs) {
                 writer.add_array(&run.gaussian_id(g), "attention", &table(&measured.layers))?;
+            }
+        }
+        if let Some(stats) = &attention.stats {
+            type Side = fn(&LayerStats) -> &ChannelStats;
+            let sides: [(&str, Side); 3] = [
+                ("q_stats", |s| &s.q),
+                ("k_stats", |s| &s.k),
+                ("v_stats", |s| &s.v),
+            ];
+            for (name, side) in sides {
+                let heads = stats.first().map_or(0, |s| side(s).len());
+                let dim = stats
+                    .first()
+                    .and_then(|s| side(s).first())
+                    .map_or(0, Vec::len);
+                let array = Array4::from_shape_fn((stats.len(), heads, dim, 2), |(l, h, c, i)| {
+                    side(&stats[l])[h][c][i]
+                });
+                writer.add_array("matched", name, &array)?;
+            }
+        }
+        for (g, runs) in attention.matched.iter().enumerate() {
+            for (run, measured) in protocol.runs.iter().zip(runs) {
+                writer.add_array(&run.matched_id(g), "attention", &table(&measured.layers))?;
             }
         }
     }

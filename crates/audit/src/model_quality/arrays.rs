@@ -108,8 +108,8 @@ pub fn members(
             }
         }
     }
-    for name in super::attention::members(p, runs, tokens.len()) {
-        out.push((name, F64, vec![layers, 2]));
+    for (name, shape) in super::attention::members(p, runs, tokens.len()) {
+        out.push((name, F64, shape));
     }
     for (name, float, t) in super::protocol::sensitivity_members(p, runs, tokens.len()) {
         let n = tokens.get(t).map_or(0, |t| t - 1);

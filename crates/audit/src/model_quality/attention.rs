@@ -17,6 +17,16 @@
 //! calibrated on the draw of `calibration_seed`). Their bytes per token follow each cache's
 //! rule at T ([`super::bytes`]); KVQuant's from the outliers the audit's own caches keep.
 //!
+//! Matched draws (`matched`): the same standard normals z, each value stored as `(mean + std *
+//! z) as f32` computed in f64, where mean and std are the first text's, per layer, head and
+//! channel of its float32 pass's q (after RoPE), stored k and v: mean = (the f64 sum over
+//! positions in order) / T0, std = sqrt((the f64 sum over positions in order of (x - mean)^2)
+//! / T0). The archive holds them (`matched_q_stats`, `_k_stats`, `_v_stats`, `[layers, heads,
+//! head_dim, 2]`); the audit re-derives the matched entries from the archived statistics
+//! (finite, spreads not negative), and the statistics themselves bit for bit whenever it
+//! re-runs the first text's float32 pass ([`stats`]). KVQuant is calibrated on the matched
+//! draw of `calibration_seed`.
+//!
 //! Summaries: a run's relative L2 error over a set of inputs is sqrt(sum of every layer's first
 //! entry / sum of the second); summary.json holds it pooled over the texts with the least and
 //! most text's, the same over the draws, and the draws' bits per element.
@@ -55,17 +65,115 @@ pub fn gaussian_member(run: &Run, draw: usize) -> String {
     format!("g{draw}{rest}_attention")
 }
 
-/// Every member the block adds, in order: per text then run, per draw then run.
-pub fn members(p: &QualityProtocol, runs: &[Run], texts: usize) -> Vec<String> {
+/// The archive member of run `run`'s error on matched draw `draw`: `m{draw}...`.
+pub fn matched_member(run: &Run, draw: usize) -> String {
+    let id = run.id(0);
+    let rest = id.strip_prefix("t0").unwrap_or(&id);
+    format!("m{draw}{rest}_attention")
+}
+
+/// The matched statistics' members, q, k, v, with their shapes.
+pub fn stats_members(g: &Geometry) -> [(String, Vec<usize>); 3] {
+    let heads = g.model.shape().query_heads;
+    ["q", "k", "v"].map(|side| {
+        let h = if side == "q" { heads } else { g.kv_heads };
+        (
+            format!("matched_{side}_stats"),
+            vec![g.layers, h, g.head_dim, 2],
+        )
+    })
+}
+
+/// Every member the block adds, in order, with its shape: per text then run, per draw then
+/// run, and when matched the statistics and per matched draw then run.
+pub fn members(p: &QualityProtocol, runs: &[Run], texts: usize) -> Vec<(String, Vec<usize>)> {
     let Some(block) = &p.attention else {
         return Vec::new();
     };
+    let g = p.geometry();
+    let entry = |name: String| (name, vec![g.layers, 2]);
     let mut out = Vec::new();
     for t in 0..texts {
-        out.extend(runs.iter().map(|r| text_member(r, t)));
+        out.extend(runs.iter().map(|r| entry(text_member(r, t))));
     }
     for d in 0..block.gaussian_seeds.len() {
-        out.extend(runs.iter().map(|r| gaussian_member(r, d)));
+        out.extend(runs.iter().map(|r| entry(gaussian_member(r, d))));
+    }
+    if block.matched {
+        out.extend(stats_members(&g));
+        for d in 0..block.gaussian_seeds.len() {
+            out.extend(runs.iter().map(|r| entry(matched_member(r, d))));
+        }
+    }
+    out
+}
+
+/// Per head and channel of `x` (`[heads, T, head_dim]`), its mean and spread (module docs),
+/// flattened `[heads, head_dim, 2]`.
+pub fn stats(x: &Array3<f32>) -> Vec<f64> {
+    let (heads, tokens, head_dim) = x.dim();
+    let mut out = Vec::with_capacity(heads * head_dim * 2);
+    for h in 0..heads {
+        for c in 0..head_dim {
+            let mut sum = 0f64;
+            for t in 0..tokens {
+                sum += f64::from(x[[h, t, c]]);
+            }
+            let mean = sum / tokens as f64;
+            let mut squares = 0f64;
+            for t in 0..tokens {
+                let d = f64::from(x[[h, t, c]]) - mean;
+                squares += d * d;
+            }
+            out.push(mean);
+            out.push((squares / tokens as f64).sqrt());
+        }
+    }
+    out
+}
+
+/// The archived statistics, per layer (q, k, v), each flattened `[heads, head_dim, 2]`; `None`
+/// (reported) when one cannot be read or holds a non-finite value or a negative spread.
+fn read_stats(g: &Geometry, archive: &Archive, report: &mut Report) -> Option<Vec<[Vec<f64>; 3]>> {
+    let mut sides = Vec::with_capacity(3);
+    for (name, shape) in stats_members(g) {
+        // An unreadable member is reported with the arrays.
+        let values = archive.values::<f64>(&name, &shape).ok()?;
+        if let Some(i) = values
+            .iter()
+            .enumerate()
+            .position(|(i, x)| !x.is_finite() || (i % 2 == 1 && *x < 0.0))
+        {
+            report.fail(Problem::Value {
+                array: name,
+                index: i,
+                found: values[i].to_string(),
+                expected: "a finite mean, and a finite spread of at least 0".into(),
+            });
+            return None;
+        }
+        sides.push(values);
+    }
+    let per_layer = |side: &Vec<f64>| side.len() / g.layers.max(1);
+    Some(
+        (0..g.layers)
+            .map(|l| {
+                [0, 1, 2].map(|s| {
+                    let n = per_layer(&sides[s]);
+                    sides[s][l * n..(l + 1) * n].to_vec()
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `z` moved to `stats` (flattened `[heads, head_dim, 2]`): `(mean + std * z) as f32`.
+fn moved(z: &Array3<f32>, stats: &[f64]) -> Array3<f32> {
+    let head_dim = z.dim().2;
+    let mut out = z.clone();
+    for ((h, _, c), x) in out.indexed_iter_mut() {
+        let at = 2 * (h * head_dim + c);
+        *x = (stats[at] + stats[at + 1] * f64::from(*x)) as f32;
     }
     out
 }
@@ -183,13 +291,74 @@ pub struct GaussianCheck {
     pub entries: Vec<Vec<Vec<LayerError>>>,
     /// Per run.
     pub bytes_per_token: Vec<Option<f64>>,
+    /// The same for the matched draws, when the protocol asks for them and the statistics
+    /// could be read.
+    pub matched: Option<Box<GaussianCheck>>,
 }
 
-/// Re-derives every run's Gaussian entries with the audit's caches and requires the archive's
-/// bit for bit; needs no model.
+/// Which draws: i.i.d., or matched to per-layer statistics.
+#[derive(Clone, Copy)]
+enum Kind<'a> {
+    Iid,
+    Matched(&'a [[Vec<f64>; 3]]),
+}
+
+impl Kind<'_> {
+    fn draw(
+        self,
+        seed: u64,
+        g: &Geometry,
+        tokens: usize,
+    ) -> Vec<(Array3<f32>, Array3<f32>, Array3<f32>)> {
+        let layers = draw(seed, g, tokens);
+        match self {
+            Kind::Iid => layers,
+            Kind::Matched(stats) => layers
+                .iter()
+                .zip(stats)
+                .map(|((q, k, v), [sq, sk, sv])| (moved(q, sq), moved(k, sk), moved(v, sv)))
+                .collect(),
+        }
+    }
+
+    fn member(self, run: &Run, d: usize) -> String {
+        match self {
+            Kind::Iid => gaussian_member(run, d),
+            Kind::Matched(_) => matched_member(run, d),
+        }
+    }
+
+    fn calibration_pass(self, seed: u64) -> String {
+        match self {
+            Kind::Iid => format!("gaussian calibration draw {seed}"),
+            Kind::Matched(_) => format!("matched calibration draw {seed}"),
+        }
+    }
+}
+
+/// Re-derives every run's Gaussian entries (and matched ones, when asked for) with the audit's
+/// caches and requires the archive's bit for bit; needs no model.
 pub fn check_gaussian(
     p: &QualityProtocol,
     runs: &[Run],
+    archive: &Archive,
+    report: &mut Report,
+) -> GaussianCheck {
+    let mut out = check_draws(p, runs, Kind::Iid, archive, report);
+    if p.attention.as_ref().is_some_and(|b| b.matched)
+        && let Some(stats) = read_stats(&p.geometry(), archive, report)
+    {
+        let matched = check_draws(p, runs, Kind::Matched(&stats), archive, report);
+        out.matched = Some(Box::new(matched));
+    }
+    out
+}
+
+/// [`check_gaussian`] for one kind of draw.
+fn check_draws(
+    p: &QualityProtocol,
+    runs: &[Run],
+    kind: Kind<'_>,
     archive: &Archive,
     report: &mut Report,
 ) -> GaussianCheck {
@@ -197,6 +366,7 @@ pub fn check_gaussian(
     let mut out = GaussianCheck {
         entries: Vec::new(),
         bytes_per_token: vec![Some(0.0); runs.len()],
+        matched: None,
     };
     let Some(block) = &p.attention else {
         return out;
@@ -205,7 +375,8 @@ pub fn check_gaussian(
     let tokens = p.max_tokens;
     let mut calibrations: Vec<((u32, usize), Calibration)> = Vec::new();
     if let Some(seed) = block.calibration_seed {
-        let layers: Vec<(Array3<f32>, Array3<f32>)> = draw(seed, &g, tokens)
+        let layers: Vec<(Array3<f32>, Array3<f32>)> = kind
+            .draw(seed, &g, tokens)
             .into_iter()
             .map(|(_, k, v)| (k, v))
             .collect();
@@ -213,7 +384,7 @@ pub fn check_gaussian(
             match Calibration::fit(scheme.0, scheme.1, &layers) {
                 Ok(c) => calibrations.push((scheme, c)),
                 Err(reason) => report.fail(Problem::RerunFailed {
-                    pass: format!("gaussian calibration draw {seed}"),
+                    pass: kind.calibration_pass(seed),
                     reason,
                 }),
             }
@@ -221,7 +392,7 @@ pub fn check_gaussian(
     }
     let draws = block.gaussian_seeds.len() as f64;
     for (d, &seed) in block.gaussian_seeds.iter().enumerate() {
-        let layers = draw(seed, &g, tokens);
+        let layers = kind.draw(seed, &g, tokens);
         let mut entries = vec![Vec::with_capacity(g.layers); runs.len()];
         let mut outliers = vec![Vec::with_capacity(g.layers); runs.len()];
         let mut failed: BTreeMap<usize, String> = BTreeMap::new();
@@ -254,7 +425,7 @@ pub fn check_gaussian(
             }
         }
         for (r, run) in runs.iter().enumerate() {
-            let name = gaussian_member(run, d);
+            let name = kind.member(run, d);
             if let Some(reason) = failed.get(&r) {
                 report.fail(Problem::RerunFailed {
                     pass: name,
@@ -321,6 +492,18 @@ pub struct AttentionSummaryRow {
     pub gaussian_relative_l2_max: Option<f64>,
     /// The draws' bits per element.
     pub gaussian_bits_per_element: Option<f64>,
+    /// Pooled over the matched draws (absent unless matched).
+    #[serde(default)]
+    pub matched_relative_l2: Option<f64>,
+    /// The least matched draw's.
+    #[serde(default)]
+    pub matched_relative_l2_min: Option<f64>,
+    /// The most matched draw's.
+    #[serde(default)]
+    pub matched_relative_l2_max: Option<f64>,
+    /// The matched draws' bits per element.
+    #[serde(default)]
+    pub matched_bits_per_element: Option<f64>,
 }
 
 /// A run's figures as the audit derives them, in summary.json's order.
@@ -330,6 +513,8 @@ pub struct Expected {
     pub texts: [f64; 3],
     /// The same over the draws, and the draws' bits per element; `None` without draws.
     pub gaussian: Option<[f64; 4]>,
+    /// The same over the matched draws; `None` unless matched.
+    pub matched: Option<[f64; 4]>,
 }
 
 /// Each run's expected figures from the archived text entries (read here, shape-checked; a
@@ -363,16 +548,19 @@ pub fn expected(
                     Some(flat.chunks_exact(2).map(|c| [c[0], c[1]]).collect())
                 })
                 .collect();
-            let draws: Vec<Vec<LayerError>> =
-                gaussian.entries.iter().map(|d| d[r].clone()).collect();
-            let gaussian = (!draws.is_empty()).then(|| {
-                let [pooled, least, most] = spread(&draws);
-                let bits = gaussian.bytes_per_token[r].map_or(f64::NAN, |b| b * 32.0 / float32);
-                [pooled, least, most, bits]
-            });
+            let over = |check: &GaussianCheck| {
+                let draws: Vec<Vec<LayerError>> =
+                    check.entries.iter().map(|d| d[r].clone()).collect();
+                (!draws.is_empty()).then(|| {
+                    let [pooled, least, most] = spread(&draws);
+                    let bits = check.bytes_per_token[r].map_or(f64::NAN, |b| b * 32.0 / float32);
+                    [pooled, least, most, bits]
+                })
+            };
             Some(Expected {
                 texts: spread(&each?),
-                gaussian,
+                gaussian: over(gaussian),
+                matched: gaussian.matched.as_deref().and_then(over),
             })
         })
         .collect()
@@ -469,6 +657,17 @@ pub fn check_summary(
                 g[3],
             ),
         ]);
+        let m = e.matched.map(|m| m.map(Some)).unwrap_or([None; 4]);
+        figures.extend([
+            ("matched_relative_l2", row.matched_relative_l2, m[0]),
+            ("matched_relative_l2_min", row.matched_relative_l2_min, m[1]),
+            ("matched_relative_l2_max", row.matched_relative_l2_max, m[2]),
+            (
+                "matched_bits_per_element",
+                row.matched_bits_per_element,
+                m[3],
+            ),
+        ]);
         for (field, f, x) in figures {
             let same = match (f, x) {
                 (Some(f), Some(x)) => close(f, x),
@@ -489,34 +688,38 @@ pub fn check_summary(
 }
 
 /// summary.md's attention table as the audit renders it (percent with 3 decimals, bits with 3,
-/// dashes without draws).
-pub fn table(runs: &[Run], expected: &[Expected]) -> Vec<Vec<String>> {
-    let mut table = vec![
-        [
-            "cache",
-            "schedule",
-            "model K/V error",
-            "least",
-            "most",
-            "Gaussian error",
-            "least",
-            "most",
-            "Gaussian bits/element",
-        ]
-        .iter()
-        .map(|h| h.to_string())
-        .collect::<Vec<_>>(),
+/// dashes without draws; four more columns when `matched`).
+pub fn table(runs: &[Run], expected: &[Expected], matched: bool) -> Vec<Vec<String>> {
+    let mut headers = vec![
+        "cache",
+        "schedule",
+        "model K/V error",
+        "least",
+        "most",
+        "Gaussian error",
+        "least",
+        "most",
+        "Gaussian bits/element",
     ];
+    if matched {
+        headers.extend(["matched error", "least", "most", "matched bits/element"]);
+    }
+    let mut table = vec![headers.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     let percent = |x: f64| format!("{:.3}%", 100.0 * x);
+    let cells = |figures: Option<[f64; 4]>| match figures {
+        Some([pooled, least, most, bits]) => {
+            let mut cells: Vec<String> = [pooled, least, most].map(percent).to_vec();
+            cells.push(format!("{bits:.3}"));
+            cells
+        }
+        None => vec!["-".to_string(); 4],
+    };
     for (run, e) in runs.iter().zip(expected) {
         let mut row = vec![run.label(), run.schedule.to_string()];
         row.extend(e.texts.iter().map(|&x| percent(x)));
-        match e.gaussian {
-            Some([pooled, least, most, bits]) => {
-                row.extend([pooled, least, most].map(percent));
-                row.push(format!("{bits:.3}"));
-            }
-            None => row.extend(std::iter::repeat_n("-".to_string(), 4)),
+        row.extend(cells(e.gaussian));
+        if matched {
+            row.extend(cells(e.matched));
         }
         table.push(row);
     }
@@ -558,8 +761,9 @@ mod tests {
         }))
         .unwrap();
         let runs = p.validate().unwrap();
+        let names: Vec<String> = members(&p, &runs, 1).into_iter().map(|m| m.0).collect();
         assert_eq!(
-            members(&p, &runs, 1),
+            names,
             [
                 "t0_llamacpp-q4_0-rot_prefill_attention",
                 "g0_llamacpp-q4_0-rot_prefill_attention"

@@ -31,8 +31,9 @@
 //! With an `attention` block ([`attention`]) the float32 pass of each text also measures every
 //! (sampled) run's attention error at each layer with the audit's cache of the run and its own
 //! attention arithmetic, and every run's error on Gaussian K/V (drawn again through `nprand`,
-//! with the audit's caches and KVQuant re-fitted on the calibration draw) is re-derived without
-//! the model; both are required bit for bit, and summary.json's `attention` rows and summary.md's
+//! with the audit's caches and KVQuant re-fitted on the calibration draw), and with `matched` on
+//! the draws moved to the archived per-channel statistics of the first text (which its float32
+//! pass measures again), is re-derived without the model; all are required bit for bit, and summary.json's `attention` rows and summary.md's
 //! attention table are derived from them, the Gaussian bits per element from the audit's own
 //! byte rules (KVQuant's from its own outlier counts).
 //!

@@ -92,11 +92,15 @@ pub struct AttentionBlock {
     /// The draw KVQuant is calibrated on.
     #[serde(default)]
     pub calibration_seed: Option<u64>,
+    /// Whether each seed is drawn again matched to the first text's per-channel statistics.
+    #[serde(default)]
+    pub matched: bool,
 }
 
 impl AttentionBlock {
     /// The block's bounds: stride 1 to `max_tokens`; at most [`MAX_GAUSSIAN_SEEDS`] distinct
-    /// seeds; a calibration seed, none of them, exactly when a KVQuant run has draws.
+    /// seeds; matched draws only with seeds; a calibration seed, none of them, exactly when a
+    /// KVQuant run has draws.
     pub fn validate(&self, max_tokens: usize, runs: &[Run]) -> Result<(), ProtocolError> {
         if !(1..=max_tokens).contains(&self.stride) {
             return Err(refuse("attention.stride", "1 to max_tokens"));
@@ -108,6 +112,12 @@ impl AttentionBlock {
             return Err(refuse(
                 "attention.gaussian_seeds",
                 "at most 8 distinct seeds",
+            ));
+        }
+        if self.matched && seeds.is_empty() {
+            return Err(refuse(
+                "attention.matched",
+                "matched draws need Gaussian seeds",
             ));
         }
         let needs = !seeds.is_empty() && runs.iter().any(|r| r.kvquant().is_some());
@@ -846,6 +856,23 @@ mod tests {
             schedule: Schedule::Prefill,
         };
         assert_eq!(run.id(2), "t2_llamacpp-q8_0-rot_prefill");
+    }
+
+    #[test]
+    fn matched_draws_are_drawn_from_the_gaussian_seeds() {
+        let protocol = |seeds: serde_json::Value| -> QualityProtocol {
+            serde_json::from_value(serde_json::json!({
+                "study": "s", "model": "smollm2",
+                "texts": [ { "name": "a", "text": "Some words." } ],
+                "max_tokens": 8,
+                "runs": [ { "scheme": "kivi2", "schedule": "prefill" } ],
+                "attention": { "stride": 2, "gaussian_seeds": seeds, "matched": true }
+            }))
+            .unwrap()
+        };
+        assert!(protocol(serde_json::json!([3])).validate().is_ok());
+        let err = protocol(serde_json::json!([])).validate().unwrap_err();
+        assert_eq!(err.field, "attention.matched");
     }
 
     #[test]

@@ -687,7 +687,9 @@ fn check_perturbed(
 /// its source handing back the layer's own rows), with an `attention` block each run of
 /// `rows`' attention error at every layer, re-derived with the audit's cache of the run and
 /// required bit for bit ([`attention`]), and with `mechanisms`, when the float32 pass itself is
-/// chosen (`measure`), every layer's mechanisms, required bit for bit ([`mechanisms`]).
+/// chosen (`measure`), every layer's mechanisms, required bit for bit ([`mechanisms`]); the
+/// first text's chosen pass under matched draws also gives every layer's per-channel
+/// statistics, required bit for bit ([`attention::stats`]).
 #[allow(clippy::too_many_arguments)]
 fn float32_pass(
     p: &QualityProtocol,
@@ -699,6 +701,7 @@ fn float32_pass(
     archive: &Archive,
     report: &mut Report,
 ) -> Result<Array2<f32>, models::llama::ModelError> {
+    let matched = measure && t == 0 && p.attention.as_ref().is_some_and(|b| b.matched);
     let measure = measure && p.mechanisms;
     if p.attention.is_none() && !measure {
         return lm
@@ -708,6 +711,7 @@ fn float32_pass(
     let layers = lm.layers();
     let mut entries: Vec<Vec<f64>> = vec![Vec::with_capacity(2 * layers); rows.len()];
     let mut measured_mechanisms: Vec<f64> = Vec::new();
+    let mut measured_stats: [Vec<f64>; 3] = Default::default();
     let (hidden, _) = lm.hidden_with_layer_source(recorded, &mut |l, kv| {
         let window = lm.window(l);
         if let Some(block) = &p.attention {
@@ -726,12 +730,23 @@ fn float32_pass(
         if measure {
             measured_mechanisms.extend(mechanisms::layer(kv, window).into_iter().flatten());
         }
+        if matched {
+            for (out, x) in measured_stats.iter_mut().zip([kv.q, kv.k, kv.v]) {
+                out.extend(attention::stats(x));
+            }
+        }
         Ok(Box::new(OwnKv::new(kv.k, kv.v)))
     })?;
     if p.attention.is_some() {
         for (run, derived) in rows.iter().zip(&entries) {
             let name = attention::text_member(run, t);
             require_shaped(archive, &run.id(t), &name, &[layers, 2], derived, report);
+        }
+    }
+    if matched {
+        let members = attention::stats_members(&p.geometry());
+        for ((name, shape), derived) in members.iter().zip(&measured_stats) {
+            require_shaped(archive, &format!("t{t}_f32"), name, shape, derived, report);
         }
     }
     if measure {

@@ -215,11 +215,12 @@ pub fn expected_tables(
         }
         tables.push(("ranked", ranked));
     }
-    if p.attention.is_some() {
+    if let Some(block) = &p.attention {
         // Without the archived entries there is nothing to render; the table is then
         // expected with its header only, and the arrays' problem is reported with them.
         let expected = attention.unwrap_or(&[]);
-        tables.push(("attention", super::attention::table(runs, expected)));
+        let table = super::attention::table(runs, expected, block.matched);
+        tables.push(("attention", table));
     }
     if p.bootstrap.is_some() {
         // Without every run's derived rows there is nothing to render: headers only, the

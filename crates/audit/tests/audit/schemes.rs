@@ -3,7 +3,8 @@
 //! re-fitted on the protocol's calibration text) with its own implementation and requires every
 //! value bit for bit, so a study whose scheme's codes were changed FAILs, for each family, even
 //! with every downstream figure recomputed by the study's own code and every hash rewritten.
-//! The same holds for each run's attention error, on the text's K/V and on a Gaussian draw.
+//! The same holds for each run's attention error, on the text's K/V, on a Gaussian draw and on
+//! the draw matched to the text's per-channel statistics.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -35,7 +36,7 @@ const SCHEMES: &str = r#"{
     { "scheme": "kvpack-k4v32", "schedule": "prefill" },
     { "scheme": "kvpack-k2v2-layer3", "schedule": "streaming" }
   ],
-  "attention": { "stride": 20, "gaussian_seeds": [7], "calibration_seed": 8 },
+  "attention": { "stride": 20, "gaussian_seeds": [7], "calibration_seed": 8, "matched": true },
   "calibration": { "name": "harbour", "text": "The harbour town woke slowly in winter. Before dawn the bakers lit their ovens, and the smell of bread drifted down the narrow streets towards the water, where the fishing boats rocked against the stone quay. Old men in heavy coats gathered by the harbour wall to argue about the weather, the price of diesel and the football results, as their fathers had argued before them. By eight o'clock the children were running to school along the sea front, their bags bouncing, stopping only to throw pebbles at the gulls that sat on the railings. The ferry to the islands left at nine, twice a week in the cold months, carrying post, groceries, a doctor on Tuesdays and whatever visitors had come to walk the cliffs. Most of the shops on the high street kept short hours until Easter: the bookshop opened at eleven, the chandlery when its owner remembered, and the cafe only on days when the sun came out. In the afternoons the light turned silver over the bay and the tide went out across the sands, leaving pools where herons stood without moving for an hour at a time. Walkers came down from the hills with muddy boots and red faces, asking for tea and directions to the bus. When the lamps came on along the promenade the town grew quiet again; a few windows glowed above the harbour, a radio played somewhere behind a curtain, and the boats knocked gently against their moorings until morning." }
 }"#;
 
@@ -130,10 +131,11 @@ fn audit(dir: &Path) -> audit::Report {
 fn a_study_of_every_scheme_family_passes_with_every_pass_re_run() {
     let report = audit(&studies().1);
     assert_pass(&report);
-    // The float32 pass, each run's, the calibration pass and the Gaussian draw.
+    // The float32 pass, each run's, the calibration pass, the Gaussian draw and its matched
+    // twin.
     assert_eq!(
         report.counted(audit::common::report::Checked::PassesRerun),
-        1 + IDS.len() + 1 + 1
+        1 + IDS.len() + 1 + 2
     );
     assert_eq!(
         report.counted(audit::common::report::Checked::OutlierCounts),
@@ -151,10 +153,11 @@ fn a_changed_code_fails_the_re_run_for_each_scheme_family() {
             id,
             |p| matches!(p, Problem::Rerun { pass, array, .. } if pass == id && *array == logp),
         );
-        // The attention error at layer 0 (the forged one), on the text and on the draw.
+        // The attention error at layer 0 (the forged one), on the text and on both draws.
         for member in [
             format!("{id}_attention"),
             format!("g0{}_attention", &id[2..]),
+            format!("m0{}_attention", &id[2..]),
         ] {
             assert_problem(
                 &report,
@@ -322,4 +325,68 @@ fn an_edited_attention_error_is_named_where_it_was_edited() {
             })
         )
     });
+}
+
+/// The matched draw follows the first text's per-channel statistics, which the archive holds: a
+/// forger who edits one (and rewrites the hashes) is caught twice, by the matched entries
+/// re-derived from the edited statistics (without the model), and by the float32 pass that
+/// measures them again; an edited matched entry is named. Refused before anything is drawn: a
+/// negative spread.
+#[test]
+fn an_edited_matched_statistic_or_entry_is_named() {
+    let matched = "m0_llamacpp-q4_0-rot_prefill_attention";
+    let (_tmp, dir) = copy_of(&studies().1);
+    edit_arrays(&dir, |arrays| {
+        let AnyArray::F64(stats) = array(arrays, "matched_k_stats") else {
+            panic!("float64 statistics")
+        };
+        // Layer 2, KV head 1, channel 5: its mean moved by one part in a thousand.
+        stats[[2, 1, 5, 0]] *= 1.001;
+    });
+    rehash(&dir);
+    let report = audit(&dir);
+    // Flattened [layers, kv_heads, head_dim, 2] of SmolLM2 (3 KV heads of 64).
+    let index = ((2 * 3 + 1) * 64 + 5) * 2;
+    assert_problem(&report, "matched_k_stats", |p| {
+        matches!(p, Problem::Rerun { pass, array, index: i, .. }
+            if pass == "t0_f32" && array == "matched_k_stats" && *i == index)
+    });
+    let without_model =
+        audit::audit_dir_with(&dir, &workspace(), &audit::Options::without_models());
+    // Layer 2's entry of every run moves (layers 0 and 1 do not).
+    assert_problem(
+        &without_model,
+        matched,
+        |p| matches!(p, Problem::Rerun { array, index, .. } if array == matched && *index >= 4),
+    );
+
+    let (_tmp, dir) = copy_of(&studies().1);
+    edit_arrays(&dir, |arrays| {
+        let AnyArray::F64(entries) = array(arrays, matched) else {
+            panic!("float64 entries")
+        };
+        entries[[7, 0]] = f64::from_bits(entries[[7, 0]].to_bits() ^ 1);
+    });
+    rehash(&dir);
+    let report = audit::audit_dir_with(&dir, &workspace(), &audit::Options::without_models());
+    assert_problem(
+        &report,
+        matched,
+        |p| matches!(p, Problem::Rerun { array, index: 14, .. } if array == matched),
+    );
+
+    let (_tmp, dir) = copy_of(&studies().1);
+    edit_arrays(&dir, |arrays| {
+        let AnyArray::F64(stats) = array(arrays, "matched_v_stats") else {
+            panic!("float64 statistics")
+        };
+        stats[[0, 0, 3, 1]] = -0.5;
+    });
+    rehash(&dir);
+    let report = audit::audit_dir_with(&dir, &workspace(), &audit::Options::without_models());
+    assert_problem(
+        &report,
+        "matched_v_stats",
+        |p| matches!(p, Problem::Value { array, index: 7, .. } if array == "matched_v_stats"),
+    );
 }

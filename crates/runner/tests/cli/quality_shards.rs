@@ -24,7 +24,7 @@ const SHARDED: &str = r#"{
     { "scheme": "kvquant2", "schedule": "prefill" }
   ],
   "generate": { "prompt_tokens": 4, "tokens": 3 },
-  "attention": { "stride": 5, "gaussian_seeds": [7], "calibration_seed": 8 },
+  "attention": { "stride": 5, "gaussian_seeds": [7], "calibration_seed": 8, "matched": true },
   "calibration": { "name": "harbour", "text": "The harbour town woke slowly in winter. Before dawn the bakers lit their ovens, and the smell of bread drifted down the narrow streets towards the water, where the fishing boats rocked against the stone quay. Old men in heavy coats gathered by the harbour wall to argue about the weather, the price of diesel and the football results, as their fathers had argued before them." },
   "bootstrap": { "resamples": 100, "seed": 3 },
   "mechanisms": true,
