@@ -50,6 +50,7 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
         "UNVERIFIED evidence/model-quality-gemma3",
         "UNVERIFIED evidence/model-quality-corpus",
         "UNVERIFIED evidence/model-quality-code",
+        "UNVERIFIED evidence/model-quality-2048",
         "pinned file hashes",
     ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
@@ -158,6 +159,7 @@ fn a_crlf_checkout_audits_the_archived_evidence_pass() {
         "model-quality-gemma3",
         "model-quality-corpus",
         "model-quality-code",
+        "model-quality-2048",
     ] {
         assert!(
             stdout.contains(&format!("PASS evidence/{dir}\n")),
