@@ -14,7 +14,9 @@
 //! appearance; series i gets [`evidence::chart`]'s colour and shape i, hollow for a budget
 //! policy and filled otherwise, and the legend lists them under "settings (uniform policy)",
 //! "with a budget policy (hollow)" and "named schemes (--scheme)" (a heading only when it has
-//! series). One marker per summary row whose mean KL is positive (a log scale cannot place 0),
+//! series). One marker per summary row whose mean KL is positive (a log scale cannot place 0)
+//! and whose cache is not a one-layer probe ([`crate::frontier::is_probe`]: sixty of them at one
+//! size would hide each other, and they are no cache to choose; a probe has no series either),
 //! carrying its data (`data-setting` and `data-policy` for a setting, `data-scheme` for a
 //! scheme):
 //!
@@ -45,7 +47,7 @@
 
 use std::fmt::Write as _;
 
-use crate::frontier::{members, schedules};
+use crate::frontier::{is_probe, members, schedules};
 use crate::study::{QualityProtocol, Summary, SummaryRow};
 use evidence::chart::{Layout, Panel, Series, bytes_label, fitted, series_shape, significant};
 
@@ -81,7 +83,7 @@ impl Group {
 fn series(summary: &Summary) -> Vec<(String, Group)> {
     let mut out: Vec<(String, Group)> = Vec::new();
     for group in Group::ALL {
-        for row in &summary.rows {
+        for row in summary.rows.iter().filter(|r| !is_probe(r)) {
             let entry = (row.label(), group);
             if Group::of(row) == group && !out.contains(&entry) {
                 out.push(entry);
@@ -124,7 +126,7 @@ pub fn quality_vs_bytes(protocol: &QualityProtocol, summary: &Summary) -> Result
         .rows
         .iter()
         .zip(on_frontier)
-        .filter(|(r, _)| r.kl_mean > 0.0)
+        .filter(|(r, _)| r.kl_mean > 0.0 && !is_probe(r))
         .collect();
     let series = series(summary);
     let schedules = schedules(summary);

@@ -1,12 +1,18 @@
 //! Which caches are worth their bytes: each schedule's Pareto frontier, and the runs ranked at
 //! matched budgets.
 //!
+//! **Probes.** A scheme that quantizes one layer and holds every other float32
+//! (`kvpack-k4v4-layer7`, [`is_probe`]) says where a cache's error comes from, not what a cache
+//! of its size can do: it is on no frontier, dominates nothing and is left out of the chart (a
+//! layer-by-layer study puts sixty of them at one size). The budgets need no rule for it: at
+//! nearly 32 bits per element it lies in none.
+//!
 //! **Frontier.** Runs are compared only with runs of their own schedule (a schedule changes what
-//! a cache holds when). Run r is on its schedule's frontier unless another run s of that
-//! schedule, or the float32 cache (its bytes per token, mean KL 0), dominates it: bytes_s <=
-//! bytes_r and kl_s <= kl_r, with one of the two strict. Runs at the same point do not dominate
-//! each other, so both are on it. A run that stores as much as the float32 cache and loses
-//! anything is dominated by it.
+//! a cache holds when). Run r, not a probe, is on its schedule's frontier unless another such run
+//! s of that schedule, or the float32 cache (its bytes per token, mean KL 0), dominates it:
+//! bytes_s <= bytes_r and kl_s <= kl_r, with one of the two strict. Runs at the same point do not
+//! dominate each other, so both are on it. A run that stores as much as the float32 cache and
+//! loses anything is dominated by it.
 //!
 //! **Budgets.** [`BUDGETS`] are about 2.5, 4.5 and 8.5 bits per element (the widths where the
 //! literature's 2-, 4- and 8-bit formats land once their metadata is billed). A run belongs to a
@@ -15,12 +21,22 @@
 //! schedule (in order of first appearance) and ranked by mean KL, lowest first, ties in run
 //! order; ranks count from 1 in each (budget, schedule).
 
-use crate::study::Summary;
+use kvschemes::codec::CodecScheme;
+
+use crate::study::{Summary, SummaryRow};
 
 /// The budgets, in bits per element.
 pub const BUDGETS: [f64; 3] = [2.5, 4.5, 8.5];
 /// How far from a budget a run may lie, in bits per element.
 pub const WITHIN: f64 = 1.0;
+
+/// Whether a row's cache is a probe: a codec scheme with `-layer<L>` (module docs).
+pub fn is_probe(row: &SummaryRow) -> bool {
+    row.scheme
+        .as_deref()
+        .and_then(CodecScheme::parse)
+        .is_some_and(|s| s.layer.is_some())
+}
 
 /// Whether each summary row is on its schedule's frontier (module docs).
 pub fn members(summary: &Summary) -> Vec<bool> {
@@ -32,11 +48,12 @@ pub fn members(summary: &Summary) -> Vec<bool> {
         .iter()
         .map(|r| {
             let point = (r.bytes_per_token, r.kl_mean);
-            !dominates((float32, 0.0), point)
+            !is_probe(r)
+                && !dominates((float32, 0.0), point)
                 && !summary
                     .rows
                     .iter()
-                    .filter(|s| s.schedule == r.schedule)
+                    .filter(|s| s.schedule == r.schedule && !is_probe(s))
                     .any(|s| dominates((s.bytes_per_token, s.kl_mean), point))
         })
         .collect()
@@ -146,6 +163,23 @@ mod tests {
             row("prefill", 1000.0, 0.001), // as large as float32, and lossy
         ]);
         assert_eq!(members(&s), [true, true, false, true, true, false]);
+    }
+
+    #[test]
+    fn a_one_layer_probe_is_on_no_frontier_and_dominates_nothing() {
+        let named = |scheme: &str, bytes: f64, kl: f64| SummaryRow {
+            scheme: Some(scheme.into()),
+            ..row("prefill", bytes, kl)
+        };
+        let s = summary(vec![
+            named("kvpack-k4v4", 150.0, 0.02),
+            named("kvpack-k4v4-layer3", 970.0, 0.0001), // would be on it, were it a cache
+            named("kvpack-k8v8", 980.0, 0.001),         // dominated only by the probe
+            named("kvpack-k2v2-layer0", 940.0, 0.5),
+        ]);
+        assert_eq!(members(&s), [true, false, true, false]);
+        assert!(is_probe(&s.rows[1]) && is_probe(&s.rows[3]));
+        assert!(!is_probe(&s.rows[0]) && !is_probe(&row("prefill", 1.0, 0.0)));
     }
 
     #[test]

@@ -4,13 +4,14 @@
 //! data-bytes-per-token data-kl-mean transform="translate(X,Y)">` (`data-scheme` in place of
 //! `data-setting` and `data-policy` for a scheme). The audit requires what
 //! [`crate::common::panels`] requires of a chart of panels (the figures, not the style): exactly
-//! the runs with a positive mean KL, in run order, in their schedule's panel, with the audit's
+//! the runs with a positive mean KL that are not one-layer probes ([`super::frontier`]: sixty at
+//! one size would hide each other), in run order, in their schedule's panel, with the audit's
 //! recomputed bytes per token and mean KL, within a pixel of the panel's mapping, each drawn as a
 //! point there; each panel titled `schedule: prefill`, one y range for all, its float32 line at
 //! 46,080 B/token labelled `float32 46,080 B/token`; tick labels at their pixel; and the
 //! staircase through the markers on their schedule's Pareto frontier ([`super::frontier`]), in
 //! order of bytes per token (ties in run order). A series is a cache label (`g32_b4`, `g32_b4 +
-//! recent_f32:64`, `kivi4`): the settings under `uniform` first, then those under a budget
+//! recent_f32:64`, `kivi4`; a probe has none): the settings under `uniform` first, then those under a budget
 //! policy, then the schemes, each in order of first appearance; the legend lists them in that
 //! order under `settings (uniform policy)`, `with a budget policy (hollow)` and `schemes of the
 //! literature` (a heading only when it has series).
@@ -38,7 +39,7 @@ pub(super) fn check_chart(
 ) {
     let mut series: Vec<(String, SeriesGroup)> = Vec::new();
     for (group, _) in GROUPS {
-        for run in runs {
+        for run in runs.iter().filter(|r| !r.is_probe()) {
             let entry = (run.label(), group);
             if run.group() == group && !series.contains(&entry) {
                 series.push(entry);
@@ -61,7 +62,9 @@ pub(super) fn check_chart(
         .map(|(column, schedule)| {
             let placed: Vec<usize> = (0..runs.len().min(aggregates.len()))
                 .filter(|&r| {
-                    runs[r].schedule.to_string() == *schedule && aggregates[r].kl_mean > 0.0
+                    runs[r].schedule.to_string() == *schedule
+                        && aggregates[r].kl_mean > 0.0
+                        && !runs[r].is_probe()
                 })
                 .collect();
             let markers = placed

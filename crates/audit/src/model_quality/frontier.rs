@@ -2,8 +2,11 @@
 //! derived again from the audit's aggregates (the format's rule, the quality crate's
 //! `frontier.rs`):
 //!
-//! - run r is off the frontier when the float32 cache (46,080 B/token, KL 0) or another run of
-//!   r's schedule has bytes per token <= r's and mean KL <= r's, one of them strictly;
+//! - a one-layer probe (`kvpack-...-layer<L>`, every other layer float32) is on no frontier and
+//!   dominates nothing: it says where error comes from, it is no cache to choose;
+//! - any other run r is off the frontier when the float32 cache (46,080 B/token, KL 0) or another
+//!   run of r's schedule, not a probe, has bytes per token <= r's and mean KL <= r's, one of them
+//!   strictly;
 //! - the budgets are 2.5, 4.5 and 8.5 bits per element; a run belongs to a budget when its bits
 //!   per element (bytes per token * 32 / 46,080) are within 1 of it, both ends included; per
 //!   budget, per schedule (in order of first appearance), runs are ranked by mean KL, lowest
@@ -29,9 +32,9 @@ pub fn on_frontier(runs: &[Run], aggregates: &[Aggregate]) -> Vec<bool> {
             let others = runs
                 .iter()
                 .zip(aggregates)
-                .filter(|(other, _)| other.schedule == run.schedule)
+                .filter(|(other, _)| other.schedule == run.schedule && !other.is_probe())
                 .any(|(_, b)| beats((b.bytes_per_token, b.kl_mean), me));
-            !others && !beats((float32, 0.0), me)
+            !run.is_probe() && !others && !beats((float32, 0.0), me)
         })
         .collect()
 }

@@ -22,6 +22,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
+use super::schemes::codec::CodecScheme;
 use super::schemes::{AuditScheme, kvquant};
 use crate::common::problem::ProtocolError;
 use crate::packed_kv::bounds::MAX_STUDY_NAME;
@@ -474,6 +475,14 @@ impl Run {
             RunCache::Codec(_) => None,
             RunCache::Scheme(name) => Some(name),
         }
+    }
+
+    /// Whether the run is a one-layer probe: a codec scheme with `-layer<L>`, every other layer
+    /// float32. It is on no frontier and not in the chart ([`super::frontier`]).
+    pub fn is_probe(&self) -> bool {
+        self.scheme()
+            .and_then(CodecScheme::parse)
+            .is_some_and(|s| s.layer.is_some())
     }
 
     /// The (bits, first tokens) of a KVQuant run's scheme (None for any other run).

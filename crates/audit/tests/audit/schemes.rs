@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use audit::Problem;
+use audit::common::problem::ChartProblem;
 use models::llama::{HookError, KvSource, LayerKv};
 use quality::scheme::{Cache, LayerCost};
 use quality::study::{QualityProtocol, run_study_with};
@@ -141,6 +142,30 @@ fn a_study_of_every_scheme_family_passes_with_every_pass_re_run() {
         report.counted(audit::common::report::Checked::OutlierCounts),
         30
     );
+    // The one-layer probe is scored and tabled but not charted; the float32-value run is.
+    let chart = std::fs::read_to_string(studies().1.join("quality-vs-bytes.svg")).unwrap();
+    assert!(!chart.contains("kvpack-k2v2-layer3"));
+    assert!(chart.contains(r#"data-scheme="kvpack-k4v32""#));
+}
+
+#[test]
+fn a_probe_drawn_into_the_chart_fails() {
+    let (_tmp, dir) = copy_of(&studies().1);
+    let path = dir.join("quality-vs-bytes.svg");
+    let chart = std::fs::read_to_string(&path).unwrap();
+    // The k4v32 marker, its scheme renamed to the probe's: a marker the chart must not hold.
+    let start = chart
+        .find(r#"<g class="marker" data-scheme="kvpack-k4v32""#)
+        .unwrap();
+    let end = start + chart[start..].find("</g>").unwrap() + "</g>".len();
+    let probe = chart[start..end].replace("kvpack-k4v32", "kvpack-k2v2-layer3");
+    std::fs::write(&path, format!("{}{probe}{}", &chart[..end], &chart[end..])).unwrap();
+    rehash(&dir);
+    let report = audit(&dir);
+    // One marker too many in the prefill panel.
+    assert_problem(&report, "probe marker", |p| {
+        matches!(p, Problem::QualityChart(ChartProblem::Marker { .. }))
+    });
 }
 
 #[test]
