@@ -51,6 +51,7 @@ fn plain_audit_checks_what_the_root_manifest_pins() {
         "UNVERIFIED evidence/model-quality-corpus",
         "UNVERIFIED evidence/model-quality-code",
         "UNVERIFIED evidence/model-quality-2048",
+        "UNVERIFIED evidence/model-quality-layers",
         "pinned file hashes",
     ] {
         assert!(stdout.contains(line), "{line} missing:\n{stdout}");
@@ -160,6 +161,7 @@ fn a_crlf_checkout_audits_the_archived_evidence_pass() {
         "model-quality-corpus",
         "model-quality-code",
         "model-quality-2048",
+        "model-quality-layers",
     ] {
         assert!(
             stdout.contains(&format!("PASS evidence/{dir}\n")),
