@@ -3,9 +3,10 @@
 //! kernel computes for its token or feature, with the same operations in the same order (each
 //! multiply-add fused, as [`super::fma::fma`] is), so both give the same bits.
 //!
-//! Codes become f32 `c - o` without rounding: 4-bit codes are split from their nibbles, the
-//! offset subtracted in bytes (|c - o| < 16) and the bytes sign-extended; 8-bit codes are
-//! widened and the offset subtracted in i32; other widths go through [`Unpack`].
+//! Codes become f32 `c - o` without rounding: 4-bit codes are split from their nibbles and
+//! 2-bit codes from their four bit planes, the offset subtracted in bytes (|c - o| < 16) and the
+//! bytes sign-extended; 8-bit codes are widened and the offset subtracted in i32; other widths
+//! go through [`Unpack`].
 
 use core::arch::x86_64::*;
 
@@ -65,6 +66,26 @@ macro_rules! values32 {
             let o = _mm_set1_epi8(offset as i8);
             let first = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), o);
             let second = _mm_sub_epi8(_mm_unpackhi_epi8(low, high), o);
+            [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(first))),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(second))),
+            ]
+        } else if $bits == 2 {
+            let run: &[u8; 8] = codes[at..at + 8].try_into().expect("8 bytes");
+            // SAFETY: reads the 8 bytes of `run`.
+            let x = unsafe { _mm_loadl_epi64(run.as_ptr().cast()) };
+            // Byte j holds codes 4j..4j+3 from its low bits up (a 16-bit shift keeps each
+            // byte's bits apart once masked); interleaving the four planes' bytes, then their
+            // byte pairs, puts codes 0..15, then 16..31, in order. |c - o| < 4 fits a byte.
+            let plane = |x: __m128i| _mm_and_si128(x, _mm_set1_epi8(0x03));
+            let c01 = _mm_unpacklo_epi8(plane(x), plane(_mm_srli_epi16::<2>(x)));
+            let c23 =
+                _mm_unpacklo_epi8(plane(_mm_srli_epi16::<4>(x)), plane(_mm_srli_epi16::<6>(x)));
+            let o = _mm_set1_epi8(offset as i8);
+            let first = _mm_sub_epi8(_mm_unpacklo_epi16(c01, c23), o);
+            let second = _mm_sub_epi8(_mm_unpackhi_epi16(c01, c23), o);
             [
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)),
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(first))),

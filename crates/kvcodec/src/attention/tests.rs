@@ -109,6 +109,7 @@ fn real_head_dimensions_over_several_passes_match_the_oracle_and_every_kernel_ag
     let tokens = PASS_TOKENS + 300;
     let cases = [
         (128, Mode::Symmetric, 4, 32, 32),
+        (128, Mode::Asymmetric, 2, 32, 32),
         (128, Mode::Asymmetric, 8, 96, 128),
         (256, Mode::Asymmetric, 4, 64, 32),
         (256, Mode::Symmetric, 8, 96, 32),
