@@ -50,42 +50,40 @@ fn values8<const B: u32>(unpack: &Unpack, codes: &[u8], at: usize, offset: __m25
 /// macro, not a function, so that it is inlined into every kernel (a `#[target_feature]`
 /// function cannot be `#[inline(always)]`, and a call passes the four vectors through memory).
 macro_rules! values32 {
-    ($bits:ident, $unpack:expr, $codes:expr, $at:expr, $offset:expr) => {{
-        let (codes, at, offset): (&[u8], usize, i32) = ($codes, $at, $offset);
-        // A run of 32 codes lies inside its row, so the 4- and 8-bit paths index (a failed
-        // check panics, out of line) rather than fall back to a call, which would make the
-        // compiler keep the callers' accumulators in memory.
+    // A run of 2- or 4-bit codes as bytes: (codes 0..15, codes 16..31), in order.
+    (@bytes $bits:ident, $codes:expr, $at:expr) => {{
+        let (codes, at): (&[u8], usize) = ($codes, $at);
         if $bits == 4 {
+            // Even codes sit in the low nibbles: interleaving the nibbles puts them in order.
             let run: &[u8; 16] = codes[at..at + 16].try_into().expect("16 bytes");
             // SAFETY: reads the 16 bytes of `run`.
             let x = unsafe { _mm_loadu_si128(run.as_ptr().cast()) };
             let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
             let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
-            // Even codes sit in the low nibbles: interleaving puts codes 0..15, then 16..31,
-            // in order; a 4-bit offset is below 16, so c - o fits a signed byte.
-            let o = _mm_set1_epi8(offset as i8);
-            let first = _mm_sub_epi8(_mm_unpacklo_epi8(low, high), o);
-            let second = _mm_sub_epi8(_mm_unpackhi_epi8(low, high), o);
-            [
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)),
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(first))),
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(second)),
-                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(second))),
-            ]
-        } else if $bits == 2 {
+            (_mm_unpacklo_epi8(low, high), _mm_unpackhi_epi8(low, high))
+        } else {
+            // 2-bit codes: byte j holds codes 4j..4j+3 from its low bits up (a 16-bit shift
+            // keeps each byte's bits apart once masked); interleaving the four planes' bytes,
+            // then their byte pairs, puts the codes in order.
             let run: &[u8; 8] = codes[at..at + 8].try_into().expect("8 bytes");
             // SAFETY: reads the 8 bytes of `run`.
             let x = unsafe { _mm_loadl_epi64(run.as_ptr().cast()) };
-            // Byte j holds codes 4j..4j+3 from its low bits up (a 16-bit shift keeps each
-            // byte's bits apart once masked); interleaving the four planes' bytes, then their
-            // byte pairs, puts codes 0..15, then 16..31, in order. |c - o| < 4 fits a byte.
             let plane = |x: __m128i| _mm_and_si128(x, _mm_set1_epi8(0x03));
             let c01 = _mm_unpacklo_epi8(plane(x), plane(_mm_srli_epi16::<2>(x)));
             let c23 =
                 _mm_unpacklo_epi8(plane(_mm_srli_epi16::<4>(x)), plane(_mm_srli_epi16::<6>(x)));
-            let o = _mm_set1_epi8(offset as i8);
-            let first = _mm_sub_epi8(_mm_unpacklo_epi16(c01, c23), o);
-            let second = _mm_sub_epi8(_mm_unpackhi_epi16(c01, c23), o);
+            (_mm_unpacklo_epi16(c01, c23), _mm_unpackhi_epi16(c01, c23))
+        }
+    }};
+    ($bits:ident, $unpack:expr, $codes:expr, $at:expr, $offset:expr) => {{
+        let (codes, at, offset): (&[u8], usize, i32) = ($codes, $at, $offset);
+        // A run of 32 codes lies inside its row, so the 2-, 4- and 8-bit paths index (a failed
+        // check panics, out of line) rather than fall back to a call, which would make the
+        // compiler keep the callers' accumulators in memory.
+        if $bits == 4 || $bits == 2 {
+            // Codes 0..15 and 16..31 as bytes `c - o`: |c - o| < 16 fits a signed byte.
+            let (ordered, o) = (values32!(@bytes $bits, codes, at), _mm_set1_epi8(offset as i8));
+            let (first, second) = (_mm_sub_epi8(ordered.0, o), _mm_sub_epi8(ordered.1, o));
             [
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(first)),
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(first))),
