@@ -1,4 +1,4 @@
-//! The 4- and 8-bit attention kernels with AVX-512F: sixteen tokens (scores) or features
+//! The 2-, 4- and 8-bit attention kernels with AVX-512F: sixteen tokens (scores) or features
 //! (values) to a vector, the same operations in the same order as the portable kernel, so the
 //! same bits. Other widths, and the steps that are not per code, run the AVX2 kernels.
 //!
@@ -10,6 +10,11 @@
 //! high one (the odd code), so one run of 32 codes comes out as its even and its odd codes. The
 //! kernels keep scores and value accumulators in that order while they add, and put them back
 //! in token or feature order with two permutes per 32 values.
+//!
+//! A run of 32 2-bit codes (8 bytes) is first spread to sixteen bytes, one nibble each (byte j
+//! holds nibble j: codes 2j and 2j + 1); widened to sixteen lanes, the lookup in the table
+//! `(i & 3) - o` reads code 2j from the low two bits and, after a shift by two, code 2j + 1: the
+//! same even and odd order as 4-bit codes.
 
 use core::arch::x86_64::*;
 
@@ -56,22 +61,57 @@ fn even_odd(codes: &[u8], at: usize, table: __m512) -> (__m512, __m512) {
     )
 }
 
-/// How a run's codes become `c - o`: the table for 4-bit codes, the offset (as bits) for 8-bit.
+/// `[(i & 3) - o]` for i in 0..16: a 2-bit code's `c - o`, whatever the index's upper bits.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn table2(offset: i32) -> __m512 {
+    let codes = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(offset)))
+}
+
+/// `c - o` of the 32 2-bit codes in `codes[at..at + 8]`: (even codes, odd codes).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn even_odd2(codes: &[u8], at: usize, table: __m512) -> (__m512, __m512) {
+    let run: &[u8; 8] = codes[at..at + 8].try_into().expect("8 bytes");
+    // SAFETY: reads the 8 bytes of `run`.
+    let x = unsafe { _mm_loadl_epi64(run.as_ptr().cast()) };
+    let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
+    let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
+    let pairs = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high));
+    (
+        _mm512_permutexvar_ps(pairs, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<2>(pairs), table),
+    )
+}
+
+/// Whether B-bit runs come out as (even, odd) codes rather than in order.
+const fn even_odd_order(bits: u32) -> bool {
+    bits == 2 || bits == 4
+}
+
+/// How a run's codes become `c - o`: a table for 2- and 4-bit codes, the offset (as bits) for
+/// 8-bit.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn decoder<const B: u32>(offset: i32) -> __m512 {
-    if B == 4 {
+    if B == 2 {
+        table2(offset)
+    } else if B == 4 {
         table(offset)
     } else {
         _mm512_castsi512_ps(_mm512_set1_epi32(offset))
     }
 }
 
-/// `c - o` of the 32 B-bit codes from byte `at`: (even, odd) codes at 4 bits, (first 16, last
-/// 16) at 8.
+/// `c - o` of the 32 B-bit codes from byte `at`: (even, odd) codes at 2 and 4 bits, (first 16,
+/// last 16) at 8.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn run32<const B: u32>(codes: &[u8], at: usize, decoder: __m512) -> (__m512, __m512) {
+    if B == 2 {
+        return even_odd2(codes, at, decoder);
+    }
     if B == 4 {
         return even_odd(codes, at, decoder);
     }
@@ -116,7 +156,7 @@ fn deinterleave(first: __m512, second: __m512) -> (__m512, __m512) {
 #[target_feature(enable = "avx512f")]
 fn load_run<const B: u32>(run: &[f32]) -> (__m512, __m512) {
     let (first, second) = (load16(run), load16(&run[16..]));
-    if B == 4 {
+    if even_odd_order(B) {
         deinterleave(first, second)
     } else {
         (first, second)
@@ -127,7 +167,7 @@ fn load_run<const B: u32>(run: &[f32]) -> (__m512, __m512) {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn store_run<const B: u32>(run: &mut [f32], (even, odd): (__m512, __m512)) {
-    let (first, second) = if B == 4 {
+    let (first, second) = if even_odd_order(B) {
         interleave(even, odd)
     } else {
         (even, odd)
@@ -152,7 +192,7 @@ fn store16(values: &mut [f32], x: __m512) {
     unsafe { _mm512_storeu_ps(values.as_mut_ptr(), x) }
 }
 
-/// Step 3 over a 4- or 8-bit packed K for a pass (see the AVX2 kernel, which it computes bit
+/// Step 3 over a 2-, 4- or 8-bit packed K for a pass (see the AVX2 kernel, which it computes bit
 /// for bit): channel by channel, each run of 32 tokens' scores held in [`run32`]'s order while
 /// the channels add in, put back in token order at the end of the pass.
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -243,7 +283,7 @@ pub(crate) fn packed_scores<const B: u32>(
             }
         }
     }
-    if B != 4 {
+    if !even_odd_order(B) {
         return;
     }
     for i in 0..q {
@@ -318,7 +358,7 @@ fn channel_scores<const B: u32, const Q: usize, const SYMMETRIC: bool>(
     }
 }
 
-/// Step 6 over a 4- or 8-bit packed V whose rows and groups are whole 32-feature runs (see the
+/// Step 6 over a 2-, 4- or 8-bit packed V whose rows and groups are whole 32-feature runs (see the
 /// AVX2 kernel, which it computes bit for bit): for each query and run of 32 features, the
 /// block's tokens in order into accumulators held in registers, in [`run32`]'s order.
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -376,7 +416,7 @@ pub(crate) fn packed_accumulate<const B: u32>(
 /// Whether this module's [`packed_accumulate`] reads a V of this width, group size and head
 /// dimension.
 pub(crate) fn reads_values(head: &PackedHead) -> bool {
-    matches!(head.v.bits, 4 | 8)
+    matches!(head.v.bits, 2 | 4 | 8)
         && head.v.group_size.is_multiple_of(K_GROUP_MULTIPLE)
         && head.features.is_multiple_of(K_GROUP_MULTIPLE)
 }

@@ -38,8 +38,8 @@
 //! [`attend_dense`] is the same computation over an unpacked f32 cache (N x D, row-major), the
 //! baseline a packed cache is measured against: step 3 is `lane = fma(qs[i][d], K[t][d],
 //! lane)` into lane d mod 8, lanes added as in step 5, and step 6 is `acc[d] = fma(V[t][d],
-//! p[t], acc[d])`. The [`Kernel`]s: portable (everywhere), AVX2 with FMA, and AVX-512F for 4-
-//! and 8-bit codes ([`available`] says which this CPU runs); all give the same bits.
+//! p[t], acc[d])`. The [`Kernel`]s: portable (everywhere), AVX2 with FMA, and AVX-512F for 2-,
+//! 4- and 8-bit codes ([`available`] says which this CPU runs); all give the same bits.
 //! [`attend_reference`] decodes the cache exactly (f64) and attends in f64 with the row maximum
 //! subtracted and the platform's `exp`: the oracle the kernels are held to (1e-5 relative).
 //!
@@ -522,8 +522,8 @@ pub enum Kernel {
     Portable,
     /// AVX2 and FMA (x86_64).
     Avx2,
-    /// AVX-512F for 4-bit codes (a table lookup in place of each conversion) and 8-bit ones,
-    /// AVX2 and FMA for the rest (x86_64).
+    /// AVX-512F for 2- and 4-bit codes (a table lookup in place of each conversion) and 8-bit
+    /// ones, AVX2 and FMA for the rest (x86_64).
     Avx512,
 }
 
@@ -884,12 +884,13 @@ mod dispatch {
     ) {
         match kernel {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 if matches!(head.k.bits, 4 | 8) => {
+            Kernel::Avx512 if matches!(head.k.bits, 2 | 4 | 8) => {
                 use avx512::packed_scores;
                 let k = proof512();
                 // SAFETY: `k` proves the CPU has AVX-512F, AVX2 and FMA.
                 unsafe {
                     match head.k.bits {
+                        2 => packed_scores::<2>(k, head, scaled, q, t0, len, s),
                         4 => packed_scores::<4>(k, head, scaled, q, t0, len, s),
                         _ => packed_scores::<8>(k, head, scaled, q, t0, len, s),
                     }
@@ -939,6 +940,7 @@ mod dispatch {
                 // SAFETY: `k` proves the CPU has AVX-512F, AVX2 and FMA.
                 unsafe {
                     match head.v.bits {
+                        2 => packed_accumulate::<2>(k, head, q, t0, len, s, acc),
                         4 => packed_accumulate::<4>(k, head, q, t0, len, s, acc),
                         _ => packed_accumulate::<8>(k, head, q, t0, len, s, acc),
                     }
