@@ -40,48 +40,39 @@ const CHANNELS: usize = 4;
 /// The largest query group whose accumulators the kernels hold in registers.
 const MAX_GROUP: usize = 8;
 
-/// `[0 - o, 1 - o, .., 15 - o]`, every value exact.
+/// The `c - o` of a B-bit code (B 2 or 4) for every index i in 0..16: `(i mod 2^B) - o`, every
+/// value exact, so that a lookup reads a code from an index's low B bits whatever lies above.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn table(offset: i32) -> __m512 {
-    let codes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+fn table<const B: u32>(offset: i32) -> __m512 {
+    let indices = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    let codes = _mm512_and_si512(indices, _mm512_set1_epi32((1 << B) - 1));
     _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(offset)))
 }
 
-/// `c - o` of the 32 codes in `codes[at..at + 16]`: (even codes, odd codes).
+/// `c - o` of the 32 B-bit codes (B 2 or 4) from byte `at`: (even codes, odd codes). Sixteen
+/// lanes each hold one code pair: a 4-bit run's sixteen bytes as they are, a 2-bit run's eight
+/// bytes spread to one nibble each; the lookup reads the even code from the low B bits and,
+/// after a shift by B, the odd one.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn even_odd(codes: &[u8], at: usize, table: __m512) -> (__m512, __m512) {
-    let run: &[u8; 16] = codes[at..at + 16].try_into().expect("16 bytes");
-    // SAFETY: reads the 16 bytes of `run`.
-    let pairs = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(run.as_ptr().cast()) });
+fn even_odd<const B: u32>(codes: &[u8], at: usize, table: __m512) -> (__m512, __m512) {
+    let bytes = if B == 4 {
+        let run: &[u8; 16] = codes[at..at + 16].try_into().expect("16 bytes");
+        // SAFETY: reads the 16 bytes of `run`.
+        unsafe { _mm_loadu_si128(run.as_ptr().cast()) }
+    } else {
+        let run: &[u8; 8] = codes[at..at + 8].try_into().expect("8 bytes");
+        // SAFETY: reads the 8 bytes of `run`.
+        let x = unsafe { _mm_loadl_epi64(run.as_ptr().cast()) };
+        let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
+        let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
+        _mm_unpacklo_epi8(low, high)
+    };
+    let pairs = _mm512_cvtepu8_epi32(bytes);
     (
         _mm512_permutexvar_ps(pairs, table),
-        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(pairs), table),
-    )
-}
-
-/// `[(i & 3) - o]` for i in 0..16: a 2-bit code's `c - o`, whatever the index's upper bits.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn table2(offset: i32) -> __m512 {
-    let codes = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
-    _mm512_cvtepi32_ps(_mm512_sub_epi32(codes, _mm512_set1_epi32(offset)))
-}
-
-/// `c - o` of the 32 2-bit codes in `codes[at..at + 8]`: (even codes, odd codes).
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn even_odd2(codes: &[u8], at: usize, table: __m512) -> (__m512, __m512) {
-    let run: &[u8; 8] = codes[at..at + 8].try_into().expect("8 bytes");
-    // SAFETY: reads the 8 bytes of `run`.
-    let x = unsafe { _mm_loadl_epi64(run.as_ptr().cast()) };
-    let low = _mm_and_si128(x, _mm_set1_epi8(0x0F));
-    let high = _mm_and_si128(_mm_srli_epi16::<4>(x), _mm_set1_epi8(0x0F));
-    let pairs = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high));
-    (
-        _mm512_permutexvar_ps(pairs, table),
-        _mm512_permutexvar_ps(_mm512_srli_epi32::<2>(pairs), table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<B>(pairs), table),
     )
 }
 
@@ -95,10 +86,8 @@ const fn even_odd_order(bits: u32) -> bool {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn decoder<const B: u32>(offset: i32) -> __m512 {
-    if B == 2 {
-        table2(offset)
-    } else if B == 4 {
-        table(offset)
+    if even_odd_order(B) {
+        table::<B>(offset)
     } else {
         _mm512_castsi512_ps(_mm512_set1_epi32(offset))
     }
@@ -109,11 +98,8 @@ fn decoder<const B: u32>(offset: i32) -> __m512 {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn run32<const B: u32>(codes: &[u8], at: usize, decoder: __m512) -> (__m512, __m512) {
-    if B == 2 {
-        return even_odd2(codes, at, decoder);
-    }
-    if B == 4 {
-        return even_odd(codes, at, decoder);
+    if even_odd_order(B) {
+        return even_odd::<B>(codes, at, decoder);
     }
     let run: &[u8; 32] = codes[at..at + 32].try_into().expect("32 bytes");
     let offset = _mm512_castps_si512(decoder);
