@@ -27,39 +27,6 @@ fn the_small_run_passes() {
 }
 
 #[test]
-fn plain_audit_checks_what_the_root_manifest_pins() {
-    // Without the models (CI audits everything with them, in release: .ci/run): the generated
-    // evidence PASSes, the model evidence is UNVERIFIED, and so is the whole (exit status 3).
-    let out = Command::new(env!("CARGO_BIN_EXE_audit"))
-        .arg("--no-models")
-        .current_dir(workspace())
-        .output()
-        .expect("audit starts");
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(out.status.code(), Some(3), "{stdout}");
-    assert!(out.stderr.is_empty());
-    assert!(stdout.ends_with("\nUNVERIFIED\n"), "{stdout}");
-    for line in [
-        "PASS evidence/packed-kv",
-        "PASS evidence/widths-and-modes",
-        "UNVERIFIED evidence/real-minilm",
-        "UNVERIFIED evidence/real-smollm2",
-        "UNVERIFIED evidence/real-gemma3",
-        "UNVERIFIED evidence/model-quality",
-        "UNVERIFIED evidence/kv-methods",
-        "UNVERIFIED evidence/model-quality-gemma3",
-        "UNVERIFIED evidence/model-quality-corpus",
-        "UNVERIFIED evidence/model-quality-code",
-        "UNVERIFIED evidence/model-quality-2048",
-        "UNVERIFIED evidence/model-quality-layers",
-        "pinned file hashes",
-    ] {
-        assert!(stdout.contains(line), "{line} missing:\n{stdout}");
-    }
-    assert!(!stdout.contains("FAIL"), "{stdout}");
-}
-
-#[test]
 fn plain_audit_finds_the_root_manifest_above_the_current_directory_or_says_how() {
     let tmp = tempfile::tempdir().unwrap();
     let nested = tmp.path().join("evidence/some-run");
@@ -103,10 +70,13 @@ fn plain_audit_finds_the_root_manifest_above_the_current_directory_or_says_how()
 
 /// A checkout whose text files have CRLF line endings (`core.autocrlf=true`, as Git for Windows
 /// sets it) audits the archive as the LF one does: sources are hashed LF-normalised, and
-/// `.gitattributes` keeps evidence, the root manifest and fixtures byte for byte. A sampled
-/// audit re-runs one model pass per directory, so every verdict can be PASS.
+/// `.gitattributes` keeps evidence, the root manifest and fixtures byte for byte. Without the
+/// models, for time: what line endings can change (source hashes, the files the passes read) is
+/// checked here, and CI's audit step re-runs the passes on this workspace, whose evidence bytes
+/// are these. So the generated evidence PASSes, the model evidence is UNVERIFIED, and so is the
+/// whole (exit status 3), with no FAIL.
 #[test]
-fn a_crlf_checkout_audits_the_archived_evidence_pass() {
+fn a_crlf_checkout_audits_the_archived_evidence_as_the_lf_one_does() {
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let clone = tmp.path().join("crlf");
     let cloned = Command::new("git")
@@ -129,32 +99,31 @@ fn a_crlf_checkout_audits_the_archived_evidence_pass() {
     ] {
         assert!(!read(path).contains(&b'\r'), "{path}");
     }
-    let smollm2 = models::files::locate_or_fetch(models::ModelName::SmolLm2).unwrap();
-    models::files::locate_or_fetch(models::ModelName::MiniLm).unwrap();
-    let cache = smollm2
-        .weights()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_owned();
     let out = Command::new(env!("CARGO_BIN_EXE_audit"))
-        .args(["--sample", "1", "--models"])
-        .arg(&cache)
+        .arg("--no-models")
         .current_dir(&clone)
         .output()
         .expect("audit starts");
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(out.status.code(), Some(0), "{stdout}");
-    assert!(stdout.ends_with("\nPASS\n"), "{stdout}");
+    assert_eq!(out.status.code(), Some(3), "{stdout}");
+    assert!(out.stderr.is_empty());
+    assert!(stdout.ends_with("\nUNVERIFIED\n"), "{stdout}");
+    assert!(!stdout.contains("FAIL"), "{stdout}");
     for dir in [
         "packed-kv",
         "widths-and-modes",
+        "gaussian-d32",
+        "gaussian-d64",
+    ] {
+        assert!(
+            stdout.contains(&format!("PASS evidence/{dir}\n")),
+            "{dir}:\n{stdout}"
+        );
+    }
+    for dir in [
         "real-minilm",
         "real-smollm2",
         "real-gemma3",
-        "gaussian-d32",
-        "gaussian-d64",
         "model-quality",
         "kv-methods",
         "model-quality-gemma3",
@@ -164,8 +133,9 @@ fn a_crlf_checkout_audits_the_archived_evidence_pass() {
         "model-quality-layers",
     ] {
         assert!(
-            stdout.contains(&format!("PASS evidence/{dir}\n")),
+            stdout.contains(&format!("UNVERIFIED evidence/{dir}\n")),
             "{dir}:\n{stdout}"
         );
     }
+    assert!(stdout.contains("pinned file hashes"), "{stdout}");
 }
