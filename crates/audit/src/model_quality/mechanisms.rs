@@ -106,27 +106,51 @@ fn mean_share(keys: &Array3<f32>, h: usize) -> f64 {
 }
 
 /// Query head `qh`'s weights on position 0 over query positions 1 .. T, summed in order.
+/// Each score is its own sum over the features in order; keys are scored four at a time from
+/// f64 copies of the rows (independent sums side by side, so the same bits as one at a time,
+/// [`sink_one_key_at_a_time`] in the tests).
 fn sink(kv: &LayerKv<'_>, qh: usize, h: usize, window: Option<usize>) -> f64 {
     let (_, t, d) = kv.q.dim();
     let scale = 1.0 / (d as f64).sqrt();
+    let queries: Vec<f64> =
+        kv.q.slice(ndarray::s![qh, .., ..])
+            .iter()
+            .map(|&x| x.into())
+            .collect();
+    let keys: Vec<f64> =
+        kv.k.slice(ndarray::s![h, .., ..])
+            .iter()
+            .map(|&x| x.into())
+            .collect();
     let mut sum = 0f64;
+    let mut scores: Vec<f64> = Vec::with_capacity(t);
     for i in 1..t {
         if let Some(w) = window
             && i >= w
         {
             continue;
         }
-        let q = kv.q.slice(ndarray::s![qh, i, ..]);
-        let scores: Vec<f64> = (0..=i)
-            .map(|j| {
-                let k = kv.k.slice(ndarray::s![h, j, ..]);
-                let dot = q
-                    .iter()
-                    .zip(k.iter())
-                    .fold(0f64, |a, (&x, &y)| a + f64::from(x) * f64::from(y));
-                dot * scale
-            })
-            .collect();
+        let q = &queries[i * d..(i + 1) * d];
+        scores.clear();
+        let mut j = 0;
+        while j + 4 <= i + 1 {
+            let (k0, k1) = keys[j * d..(j + 2) * d].split_at(d);
+            let (k2, k3) = keys[(j + 2) * d..(j + 4) * d].split_at(d);
+            let mut dots = [0f64; 4];
+            for ((((&x, &a), &b), &c), &e) in q.iter().zip(k0).zip(k1).zip(k2).zip(k3) {
+                dots[0] += x * a;
+                dots[1] += x * b;
+                dots[2] += x * c;
+                dots[3] += x * e;
+            }
+            scores.extend(dots.iter().map(|dot| dot * scale));
+            j += 4;
+        }
+        for j in j..=i {
+            let k = &keys[j * d..(j + 1) * d];
+            let dot = q.iter().zip(k).fold(0f64, |a, (&x, &y)| a + x * y);
+            scores.push(dot * scale);
+        }
         let top = scores.iter().fold(f64::NEG_INFINITY, |a, &s| a.max(s));
         let mut z = 0f64;
         for s in &scores {
@@ -323,6 +347,71 @@ pub fn table(expected: &[Vec<Measures>]) -> Vec<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The measure one key at a time, as the module docs state it.
+    fn sink_one_key_at_a_time(kv: &LayerKv<'_>, qh: usize, h: usize, window: Option<usize>) -> f64 {
+        let (_, t, d) = kv.q.dim();
+        let scale = 1.0 / (d as f64).sqrt();
+        let mut sum = 0f64;
+        for i in 1..t {
+            if let Some(w) = window
+                && i >= w
+            {
+                continue;
+            }
+            let q = kv.q.slice(ndarray::s![qh, i, ..]);
+            let scores: Vec<f64> = (0..=i)
+                .map(|j| {
+                    let k = kv.k.slice(ndarray::s![h, j, ..]);
+                    let dot = q
+                        .iter()
+                        .zip(k.iter())
+                        .fold(0f64, |a, (&x, &y)| a + f64::from(x) * f64::from(y));
+                    dot * scale
+                })
+                .collect();
+            let top = scores.iter().fold(f64::NEG_INFINITY, |a, &s| a.max(s));
+            let mut z = 0f64;
+            for s in &scores {
+                z += libm::exp(s - top);
+            }
+            sum += libm::exp(scores[0] - top) / z;
+        }
+        sum
+    }
+
+    #[test]
+    fn four_keys_at_a_time_give_one_at_a_times_bits() {
+        // Random, three-level (tie-heavy), all-maximum and patterned rows; every remainder of
+        // four; a window; queries in column-major order.
+        let mut rng = nprand::NumpyRng::default_rng(611u128);
+        for t in [2, 3, 4, 5, 6, 7, 8, 29] {
+            for kind in 0..4 {
+                let mut value = |(a, b, c): (usize, usize, usize)| match kind {
+                    0 => (rng.standard_normal() * 2.5) as f32,
+                    1 => rng.integers(3) as f32 - 1.0,
+                    2 => 1.0e17f32,
+                    _ => ((a * 5 + b * 11 + c) % 7) as f32 - 3.0,
+                };
+                let k = Array3::from_shape_fn((2, t, 10), &mut value);
+                let q = Array3::from_shape_fn((4, t, 10), &mut value);
+                let mut q_columns = Array3::<f32>::zeros(ndarray::ShapeBuilder::f((4, t, 10)));
+                q_columns.assign(&q);
+                for queries in [&q, &q_columns] {
+                    let kv = LayerKv::unrotated(queries, &k, &k);
+                    for qh in 0..4 {
+                        for window in [None, Some(4)] {
+                            assert_eq!(
+                                sink(&kv, qh, qh / 2, window).to_bits(),
+                                sink_one_key_at_a_time(&kv, qh, qh / 2, window).to_bits(),
+                                "kind {kind}, {t} tokens, head {qh}, {window:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn the_measures_follow_the_spec_on_small_keys() {
