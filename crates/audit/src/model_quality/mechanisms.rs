@@ -151,14 +151,19 @@ fn sink(kv: &LayerKv<'_>, qh: usize, h: usize, window: Option<usize>) -> f64 {
             let dot = q.iter().zip(k).fold(0f64, |a, (&x, &y)| a + x * y);
             scores.push(dot * scale);
         }
-        let top = scores.iter().fold(f64::NEG_INFINITY, |a, &s| a.max(s));
-        let mut z = 0f64;
-        for s in &scores {
-            z += libm::exp(s - top);
-        }
-        sum += libm::exp(scores[0] - top) / z;
+        sum += first_share(&scores);
     }
     sum
+}
+
+/// The softmax weight of the first of `scores`: `exp(s - max)` over their sum in order.
+fn first_share(scores: &[f64]) -> f64 {
+    let top = scores.iter().fold(f64::NEG_INFINITY, |a, &s| a.max(s));
+    let mut z = 0f64;
+    for s in scores {
+        z += libm::exp(s - top);
+    }
+    libm::exp(scores[0] - top) / z
 }
 
 /// One layer's measures per KV head, from its float32 pass (module docs).
@@ -370,12 +375,7 @@ mod tests {
                     dot * scale
                 })
                 .collect();
-            let top = scores.iter().fold(f64::NEG_INFINITY, |a, &s| a.max(s));
-            let mut z = 0f64;
-            for s in &scores {
-                z += libm::exp(s - top);
-            }
-            sum += libm::exp(scores[0] - top) / z;
+            sum += first_share(&scores);
         }
         sum
     }
