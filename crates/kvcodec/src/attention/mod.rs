@@ -504,7 +504,8 @@ pub(crate) struct Scratch {
     pub pass_scores: Vec<f32>,
     /// Packed K: a pass's offsets at [d * groups in the pass + g - first group].
     pub k_offsets: Vec<i32>,
-    /// Packed K, one query: `qs[d] * sK[d][g]` of a pass's groups for a few channels.
+    /// Packed K, one query: `qs[d] * sK[d][g]` of a pass's groups for a few channels (AVX-512).
+    #[cfg(target_arch = "x86_64")]
     pub k_weights: Vec<f32>,
     /// Packed V: `p[i][t] * sV[t][h]` at [(i * BLOCK + t - t0) * groups + h].
     pub v_weights: Vec<f32>,
@@ -625,6 +626,7 @@ fn split_state(
     let mut scratch = Scratch {
         scores: vec![0.0; q * BLOCK_TOKENS],
         pass_scores: Vec::new(),
+        #[cfg(target_arch = "x86_64")]
         k_weights: Vec::new(),
         k_offsets: Vec::new(),
         v_weights: Vec::new(),
@@ -721,7 +723,9 @@ fn block(
 }
 
 /// The runs of 32 tokens (counted from t0, `runs` in all) that lie in the g-th K group of a
-/// pass from t0 (counted from the group holding t0, which may have begun before t0).
+/// pass from t0 (counted from the group holding t0, which may have begun before t0). Only the
+/// x86_64 kernels read a pass run by run.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn group_runs(
     group_size: usize,
     t0: usize,
