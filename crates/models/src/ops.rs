@@ -11,7 +11,9 @@
 //!   element, never how.
 //! - [`attend_row`]: one query's softmax attention over its key and value rows, every score a
 //!   [`dot`], the softmax [`softmax_in_place`]'s, every output a sum over the rows in order
-//!   (checked bit for bit against [`attend_row_reference`], the same steps one value at a time).
+//!   (checked bit for bit against [`attend_row_reference`], the same steps one value at a time);
+//!   [`attend_rows`] gives several queries over the same rows (a KV head's query heads) the
+//!   same bits each, reading the rows once for all of them.
 //! - [`layer_norm`], [`rms_norm`], [`softmax_in_place`], [`gelu`], [`gelu_tanh`], [`silu`]: the textbook
 //!   formulas, sums taken in order, `exp`/`erf`/`tanh` from `libm` (the platform's libm may differ
 //!   between machines; `libm` is the same code everywhere).
@@ -23,7 +25,7 @@ mod attend;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use attend::{attend_row, attend_row_reference};
+pub use attend::{attend_row, attend_row_reference, attend_rows};
 
 /// Sum of `a[i] * b[i]` in the fixed order described in the module docs. The slices must have
 /// the same length.

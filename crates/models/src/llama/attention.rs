@@ -47,9 +47,16 @@ pub(super) fn rope(x: &mut Array3<f32>, cos: &Array2<f32>, sin: &Array2<f32>) {
     }
 }
 
+/// Positions of one attention task: a KV head's query heads at this many consecutive
+/// positions. Small enough that two cores share the late, costly positions evenly; large
+/// enough that a task's list of rows is cheap beside its work.
+const POSITIONS_PER_TASK: usize = 64;
+
 /// Causal grouped-query attention: q [heads, T, d] for positions start..start + T, k and v
-/// [kv_heads, start + T, d] (standard layout) -> [T, heads * d]. Heads run in parallel; each
-/// output is computed in one fixed order.
+/// [kv_heads, start + T, d] (standard layout) -> [T, heads * d]. The query heads that share a
+/// KV head are attended together ([`ops::attend_rows`]: its rows are read once for all of
+/// them), in tasks of [`POSITIONS_PER_TASK`] positions run in parallel; each output is
+/// computed in one fixed order, whatever the threads.
 pub(super) fn attention(
     q: &Array3<f32>,
     k: &Array3<f32>,
@@ -57,29 +64,29 @@ pub(super) fn attention(
     start: usize,
 ) -> Array2<f32> {
     let (heads, t, d) = q.dim();
-    let group = heads / k.dim().0;
+    let kv_heads = k.dim().0;
+    let group = heads / kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
-    let per_head: Vec<Array2<f32>> = (0..heads)
+    let q = q.as_standard_layout();
+    let q = q.as_slice().expect("standard layout");
+    let parts: Vec<Vec<f32>> = tasks(kv_heads, t)
         .into_par_iter()
-        .map(|h| {
-            let q = q.index_axis(Axis(0), h);
-            let k = k.index_axis(Axis(0), h / group);
-            let v = v.index_axis(Axis(0), h / group);
+        .map(|(kv, positions)| {
+            let k = k.index_axis(Axis(0), kv);
+            let v = v.index_axis(Axis(0), kv);
             let k = k.to_slice().expect("standard layout");
             let v = v.to_slice().expect("standard layout");
-            let mut out = Array2::<f32>::zeros((t, d));
-            let k_rows: Vec<&[f32]> = k.chunks_exact(d).collect();
-            let v_rows: Vec<&[f32]> = v.chunks_exact(d).collect();
-            let mut scores = Vec::with_capacity(start + t);
-            for (i, mut row) in out.outer_iter_mut().enumerate() {
-                let qi = q.row(i);
-                let qi = qi.as_slice().expect("standard layout");
+            let keys: Vec<&[f32]> = k.chunks_exact(d).collect();
+            let values: Vec<&[f32]> = v.chunks_exact(d).collect();
+            let mut out = vec![0f32; positions.len() * group * d];
+            let mut scores = Vec::with_capacity(group * (start + positions.end));
+            for (i, row) in positions.zip(out.chunks_exact_mut(group * d)) {
+                let queries = query_rows(q, (t, d), kv * group..(kv + 1) * group, i);
                 let seen = start + i + 1;
-                let row = row.as_slice_mut().expect("standard layout");
-                ops::attend_row(
-                    qi,
-                    &k_rows[..seen],
-                    &v_rows[..seen],
+                ops::attend_rows(
+                    &queries,
+                    &keys[..seen],
+                    &values[..seen],
                     scale,
                     &mut scores,
                     row,
@@ -88,9 +95,61 @@ pub(super) fn attention(
             out
         })
         .collect();
-    let mut out = Array2::<f32>::zeros((t, heads * d));
-    for (h, part) in per_head.iter().enumerate() {
-        out.slice_mut(s![.., h * d..(h + 1) * d]).assign(part);
+    assemble(parts, (kv_heads, group, t, d), |_| None)
+}
+
+/// The tasks of [`attention`]: (KV head, positions), every KV head's positions 0..t in runs of
+/// [`POSITIONS_PER_TASK`].
+fn tasks(kv_heads: usize, t: usize) -> Vec<(usize, std::ops::Range<usize>)> {
+    (0..kv_heads)
+        .flat_map(|kv| {
+            (0..t)
+                .step_by(POSITIONS_PER_TASK)
+                .map(move |i| (kv, i..(i + POSITIONS_PER_TASK).min(t)))
+        })
+        .collect()
+}
+
+/// The rows of query heads `heads` at position `i`, from q's [heads, t, d] values.
+fn query_rows(
+    q: &[f32],
+    (t, d): (usize, usize),
+    heads: std::ops::Range<usize>,
+    i: usize,
+) -> Vec<&[f32]> {
+    heads.map(|h| &q[(h * t + i) * d..][..d]).collect()
+}
+
+/// [T, heads * d] from the tasks' outputs, in [`tasks`] order, skipping KV heads that
+/// `whole(kv)` gives whole ([group * T, d], query head by query head). A task's output holds,
+/// position by position, its KV head's query heads side by side: the columns they take in the
+/// result.
+fn assemble<'a>(
+    parts: Vec<Vec<f32>>,
+    (kv_heads, group, t, d): (usize, usize, usize, usize),
+    whole: impl Fn(usize) -> Option<&'a Array2<f32>>,
+) -> Array2<f32> {
+    let width = group * d;
+    let mut out = Array2::<f32>::zeros((t, kv_heads * width));
+    let mut parts = parts.into_iter();
+    for kv in 0..kv_heads {
+        let columns = kv * width..(kv + 1) * width;
+        if let Some(rows) = whole(kv) {
+            for g in 0..group {
+                out.slice_mut(s![.., columns.start + g * d..columns.start + (g + 1) * d])
+                    .assign(&rows.slice(s![g * t..(g + 1) * t, ..]));
+            }
+            continue;
+        }
+        let mut i = 0;
+        while i < t {
+            let part = parts.next().expect("one output per task");
+            for row in part.chunks_exact(width) {
+                out.slice_mut(s![i, columns.clone()])
+                    .assign(&ndarray::ArrayView1::from(row));
+                i += 1;
+            }
+        }
     }
     out
 }
@@ -134,21 +193,26 @@ pub(crate) fn attention_from(
     } else {
         vec![None; kv_heads]
     };
-    let per_head: Vec<Result<Array2<f32>, String>> = (0..heads)
+    let q_standard = q.as_standard_layout();
+    let q_values = q_standard.as_slice().expect("standard layout");
+    let parts: Vec<Result<Vec<f32>, String>> = tasks(kv_heads, t)
         .into_par_iter()
-        .map(|h| match &attended[h / group] {
-            Some(rows) => {
-                let first = (h % group) * t;
-                Ok(rows.slice(s![first..first + t, ..]).to_owned())
-            }
-            None => head_from_rows(q, source, (h, h / group), scale, first_visible),
+        .filter(|(kv, _)| attended[*kv].is_none())
+        .map(|(kv, positions)| {
+            let ask = RowsAsked {
+                source,
+                kv,
+                heads: kv * group..(kv + 1) * group,
+                d,
+            };
+            ask.attend(q_values, t, positions, scale, first_visible)
         })
         .collect();
-    let mut out = Array2::<f32>::zeros((t, heads * d));
-    for (h, part) in per_head.into_iter().enumerate() {
-        out.slice_mut(s![.., h * d..(h + 1) * d]).assign(&part?);
-    }
-    Ok(out)
+    // The first refusal in task order, whatever the threads.
+    let parts = parts.into_iter().collect::<Result<_, _>>()?;
+    Ok(assemble(parts, (kv_heads, group, t, d), |kv| {
+        attended[kv].as_ref()
+    }))
 }
 
 /// What `source` computes for KV head `kv` ([`KvSource::attend`]): the rows of its `group`
@@ -175,48 +239,62 @@ fn attended_by_source(
     }
 }
 
-/// Query head `h` (reading KV head `kv`) over key and value rows from `source`.
-fn head_from_rows(
-    q: &Array3<f32>,
-    source: &dyn KvSource,
-    (h, kv): (usize, usize),
-    scale: f32,
-    first_visible: &(dyn Fn(usize) -> usize + Sync),
-) -> Result<Array2<f32>, String> {
-    let (_, t, d) = q.dim();
-    let q = q.index_axis(Axis(0), h);
-    let mut out = Array2::<f32>::zeros((t, d));
-    let mut scores = Vec::with_capacity(t);
-    let (mut keys, mut values) = (Vec::with_capacity(t), Vec::with_capacity(t));
-    for (i, mut row) in out.outer_iter_mut().enumerate() {
-        let qi = q.row(i);
-        let qi = qi.as_slice().expect("standard layout");
-        let first = first_visible(i).min(i);
-        keys.clear();
-        values.clear();
-        for j in first..=i {
-            let k = source.key(kv, i, j);
-            if k.len() != d {
-                return Err(format!(
-                    "the key of head {kv} at position {j} for query {i} has {} values, not {d}",
-                    k.len()
-                ));
+/// The query heads `heads` that read KV head `kv` of `source`, with rows of `d` values.
+struct RowsAsked<'a> {
+    source: &'a dyn KvSource,
+    kv: usize,
+    heads: std::ops::Range<usize>,
+    d: usize,
+}
+
+impl RowsAsked<'_> {
+    /// The query heads at `positions` over the key and value rows the source gives each
+    /// position (the rows are asked once per position, for every query head), side by side per
+    /// position as [`assemble`] takes them.
+    fn attend(
+        &self,
+        q: &[f32],
+        t: usize,
+        positions: std::ops::Range<usize>,
+        scale: f32,
+        first_visible: &(dyn Fn(usize) -> usize + Sync),
+    ) -> Result<Vec<f32>, String> {
+        let (kv, d) = (self.kv, self.d);
+        let width = self.heads.len() * d;
+        let mut out = vec![0f32; positions.len() * width];
+        let mut scores = Vec::new();
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for (i, row) in positions.zip(out.chunks_exact_mut(width)) {
+            let first = first_visible(i).min(i);
+            keys.clear();
+            values.clear();
+            for j in first..=i {
+                keys.push(self.row(self.source.key(kv, i, j), "key", (i, j))?);
             }
-            keys.push(k);
-        }
-        for j in first..=i {
-            let v = source.value(kv, i, j);
-            if v.len() != d {
-                return Err(format!(
-                    "the value of head {kv} at position {j} for query {i} has {} values, not \
-                     {d}",
-                    v.len()
-                ));
+            for j in first..=i {
+                values.push(self.row(self.source.value(kv, i, j), "value", (i, j))?);
             }
-            values.push(v);
+            let queries = query_rows(q, (t, d), self.heads.clone(), i);
+            ops::attend_rows(&queries, &keys, &values, scale, &mut scores, row);
         }
-        let row = row.as_slice_mut().expect("standard layout");
-        ops::attend_row(qi, &keys, &values, scale, &mut scores, row);
+        Ok(out)
     }
-    Ok(out)
+
+    /// `row`, if it has `d` values.
+    fn row<'r>(
+        &self,
+        row: &'r [f32],
+        what: &str,
+        (i, j): (usize, usize),
+    ) -> Result<&'r [f32], String> {
+        if row.len() == self.d {
+            return Ok(row);
+        }
+        Err(format!(
+            "the {what} of head {} at position {j} for query {i} has {} values, not {}",
+            self.kv,
+            row.len(),
+            self.d
+        ))
+    }
 }

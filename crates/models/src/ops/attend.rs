@@ -13,8 +13,11 @@
 //! taken in; a score of -0 or +0 as the maximum changes no `score_j - m` that `expf` sees
 //! differently, since `expf(+0) = expf(-0) = 1` and `x - 0 = x - (-0)` for every other x),
 //! [`expf8`] (`libm::expf`'s own operations, lane by lane), and the weighted sum with a
-//! block of 64 output columns held in registers over every row. Only the order of work that is
-//! independent changes, never an operation. On x86_64 it is compiled for AVX2 where the CPU has
+//! block of 64 output columns held in registers over every row. [`attend_rows`] does this for
+//! several queries over the same rows: each quad of keys is scored against up to three queries
+//! while it is loaded (twelve independent sums), and the value rows are taken in blocks of 16 KiB
+//! by every query in turn, a query's running sums carried from block to block in its output.
+//! Only the order of work that is independent changes, never an operation. On x86_64 it is compiled for AVX2 where the CPU has
 //! it (a run-time check; safe Rust, the target feature lets the compiler use 256-bit
 //! registers), else as plain Rust. The tests hold it to the reference bit for bit.
 
@@ -25,6 +28,9 @@ mod x86;
 const LANES: usize = 8;
 /// Output columns of the weighted sum held at once (eight registers of eight).
 const COLUMNS: usize = 64;
+/// Bytes of value rows the weighted sums of several queries take in turn (they stay in the
+/// first-level cache while every query adds them).
+const VALUE_BLOCK_BYTES: usize = 16 * 1024;
 
 /// One query's attention over `keys` and `values` (one row each per position, `q.len()` values
 /// each) into `out` (`q.len()` values), exactly as [`attend_row_reference`]; `scores` is
@@ -37,16 +43,32 @@ pub fn attend_row(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    check(q, keys, values, out);
+    attend_rows(&[q], keys, values, scale, scores, out);
+}
+
+/// [`attend_row`] for several queries over the same rows (the query heads that share a KV
+/// head, at one position): query g's output is `out[g * d..(g + 1) * d]`, bit for bit what
+/// [`attend_row`] gives it alone. The keys and values are read once for all of them: each key
+/// is scored against every query while it is loaded, and the weighted sums take the value rows
+/// in blocks that stay in cache. `scores` is scratch space, resized as needed.
+pub fn attend_rows(
+    queries: &[&[f32]],
+    keys: &[&[f32]],
+    values: &[&[f32]],
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    check(queries, keys, values, out);
     scores.clear();
-    scores.resize(keys.len(), 0.0);
+    scores.resize(queries.len() * keys.len(), 0.0);
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: this CPU has AVX2 (checked just above).
-        unsafe { attend_row_avx2(q, keys, values, scale, scores, out) };
+        unsafe { attend_rows_avx2(queries, keys, values, scale, scores, out) };
         return;
     }
-    attend_row_body(q, keys, values, scale, scores, out);
+    attend_rows_body(queries, keys, values, scale, scores, out);
 }
 
 /// The module's steps one value at a time: the definition [`attend_row`] is held to.
@@ -57,7 +79,7 @@ pub fn attend_row_reference(
     scale: f32,
     out: &mut [f32],
 ) {
-    check(q, keys, values, out);
+    check(&[q], keys, values, out);
     let mut scores: Vec<f32> = keys.iter().map(|k| super::dot(q, k) * scale).collect();
     super::softmax_in_place(&mut scores);
     out.fill(0.0);
@@ -68,10 +90,14 @@ pub fn attend_row_reference(
     }
 }
 
-fn check(q: &[f32], keys: &[&[f32]], values: &[&[f32]], out: &[f32]) {
-    let d = q.len();
+fn check(queries: &[&[f32]], keys: &[&[f32]], values: &[&[f32]], out: &[f32]) {
+    let d = queries.first().map_or(0, |q| q.len());
+    assert!(
+        queries.iter().all(|q| q.len() == d),
+        "queries of one length"
+    );
     assert_eq!(keys.len(), values.len(), "as many keys as values");
-    assert_eq!(out.len(), d, "one output per query value");
+    assert_eq!(out.len(), queries.len() * d, "one output per query value");
     assert!(
         keys.iter().chain(values).all(|r| r.len() == d),
         "every key and value row has the query's length"
@@ -80,8 +106,8 @@ fn check(q: &[f32], keys: &[&[f32]], values: &[&[f32]], out: &[f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn attend_row_avx2(
-    q: &[f32],
+unsafe fn attend_rows_avx2(
+    queries: &[&[f32]],
     keys: &[&[f32]],
     values: &[&[f32]],
     scale: f32,
@@ -92,14 +118,16 @@ unsafe fn attend_row_avx2(
         out.fill(0.0);
         return;
     }
-    x86::scores(q, keys, scale, scores);
-    softmax(scores, |chunks, max| x86::exp_chunks(chunks, max));
-    weighted_sum(scores, values, out);
+    x86::scores(queries, keys, scale, scores);
+    for row in scores.chunks_exact_mut(keys.len()) {
+        softmax(row, |chunks, max| x86::exp_chunks(chunks, max));
+    }
+    weighted_sums(scores, values, out);
 }
 
 #[inline(always)]
-fn attend_row_body(
-    q: &[f32],
+fn attend_rows_body(
+    queries: &[&[f32]],
     keys: &[&[f32]],
     values: &[&[f32]],
     scale: f32,
@@ -110,36 +138,39 @@ fn attend_row_body(
         out.fill(0.0);
         return;
     }
-    scores_into(q, keys, scale, scores);
-    softmax(scores, |chunks, max| {
-        for c in chunks.chunks_exact_mut(LANES) {
-            let mut x = [0f32; LANES];
-            for j in 0..LANES {
-                x[j] = c[j] - max;
+    scores_into(queries, keys, scale, scores);
+    for row in scores.chunks_exact_mut(keys.len()) {
+        softmax(row, |chunks, max| {
+            for c in chunks.chunks_exact_mut(LANES) {
+                let mut x = [0f32; LANES];
+                for j in 0..LANES {
+                    x[j] = c[j] - max;
+                }
+                c.copy_from_slice(&expf8(x));
             }
-            c.copy_from_slice(&expf8(x));
-        }
-    });
-    weighted_sum(scores, values, out);
+        });
+    }
+    weighted_sums(scores, values, out);
 }
 
-/// score_j = dot(q, key_j) * scale, four keys at a time.
+/// score\[g * n + j\] = dot(query_g, key_j) * scale, four keys at a time, each quad of keys
+/// against every query while it is in cache.
 #[inline(always)]
-fn scores_into(q: &[f32], keys: &[&[f32]], scale: f32, scores: &mut [f32]) {
-    let mut key_quads = keys.chunks_exact(4);
-    let mut score_quads = scores.chunks_exact_mut(4);
-    for (k, s) in (&mut key_quads).zip(&mut score_quads) {
-        let dots = dot4(q, [k[0], k[1], k[2], k[3]]);
-        for (s, d) in s.iter_mut().zip(dots) {
-            *s = d * scale;
+fn scores_into(queries: &[&[f32]], keys: &[&[f32]], scale: f32, scores: &mut [f32]) {
+    let n = keys.len();
+    let body = n / 4 * 4;
+    for (quad, k) in keys[..body].chunks_exact(4).enumerate() {
+        for (g, q) in queries.iter().enumerate() {
+            let dots = dot4(q, [k[0], k[1], k[2], k[3]]);
+            for (s, d) in scores[g * n + quad * 4..][..4].iter_mut().zip(dots) {
+                *s = d * scale;
+            }
         }
     }
-    for (k, s) in key_quads
-        .remainder()
-        .iter()
-        .zip(score_quads.into_remainder())
-    {
-        *s = dot4(q, [k, k, k, k])[0] * scale;
+    for (j, k) in keys.iter().enumerate().skip(body) {
+        for (g, q) in queries.iter().enumerate() {
+            scores[g * n + j] = dot4(q, [k, k, k, k])[0] * scale;
+        }
     }
 }
 
@@ -196,9 +227,34 @@ fn softmax(scores: &mut [f32], exp_chunks: impl FnOnce(&mut [f32], f32)) {
     }
 }
 
-/// out\[c\] = 0 + p_0 * value_0\[c\] + ... in order, [`COLUMNS`] columns at a time.
+/// Each query's weighted sum (its `n` probabilities in `p`, one row of `out` of `d` values):
+/// out\[c\] = 0 + p_0 * value_0\[c\] + ... in order. The value rows are taken in blocks of
+/// [`VALUE_BLOCK_BYTES`], each block by every query in turn; a query's sums carry over from one
+/// block to the next through `out`, so each is still one running sum in position order.
 #[inline(always)]
-fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
+fn weighted_sums(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
+    let n = values.len();
+    let queries = p.len() / n;
+    if queries == 0 {
+        return;
+    }
+    let d = out.len() / queries;
+    out.fill(0.0);
+    let block = (VALUE_BLOCK_BYTES / (4 * d.max(1))).max(1);
+    let mut first = 0;
+    while first < n {
+        let last = (first + block).min(n);
+        for (p, out) in p.chunks_exact(n).zip(out.chunks_exact_mut(d)) {
+            weighted_sum_onto(&p[first..last], &values[first..last], out);
+        }
+        first = last;
+    }
+}
+
+/// out\[c\] += p_0 * value_0\[c\] + ..., one sum per column in order, [`COLUMNS`] columns at a
+/// time.
+#[inline(always)]
+fn weighted_sum_onto(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
     let d = out.len();
     let mut start = 0;
     while start + COLUMNS <= d {
@@ -210,7 +266,7 @@ fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
         start += LANES;
     }
     for (c, o) in (start..d).zip(&mut out[start..]) {
-        let mut acc = 0f32;
+        let mut acc = *o;
         for (&pj, v) in p.iter().zip(values) {
             acc += pj * v[c];
         }
@@ -221,6 +277,7 @@ fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
 #[inline(always)]
 fn columns<const N: usize>(p: &[f32], values: &[&[f32]], start: usize, out: &mut [f32]) {
     let mut acc = [0f32; N];
+    acc.copy_from_slice(out);
     for (&pj, v) in p.iter().zip(values) {
         let v = &v[start..start + N];
         for c in 0..N {
@@ -356,7 +413,7 @@ mod tests {
         let plain = {
             let mut out = vec![f32::NAN; q.len()];
             let mut s = vec![0f32; keys.len()];
-            attend_row_body(q, &keys, &values, scale, &mut s, &mut out);
+            attend_rows_body(&[q], &keys, &values, scale, &mut s, &mut out);
             out
         };
         for (c, ((g, w), p)) in got.iter().zip(&want).zip(&plain).enumerate() {
@@ -395,6 +452,61 @@ mod tests {
                 same_bits(&vec![1.0; d], &spread, &v, 1.0, "spread");
                 let zero = rows(n, d, |_, _| 0.0);
                 same_bits(&q, &zero, &zero, scale, "zeros");
+            }
+        }
+    }
+
+    /// Several queries over the same rows (a KV head's query heads; SmolLM2 has three, Gemma 3
+    /// four): each output is what [`attend_row`] gives that query alone, bit for bit, on the
+    /// fast path and the portable one. Lengths cross the value blocks (64 rows of 64 values).
+    #[test]
+    fn attend_rows_is_each_row_alone() {
+        let mut rng = Lcg(20261206);
+        for d in [1, 7, 64, 72, 256] {
+            for n in [1, 3, 4, 5, 63, 64, 65, 129, 300] {
+                for queries in 1..=5 {
+                    let scale = 1.0 / (d as f32).sqrt();
+                    let random = rows(n, d, |_, _| rng.unit() * 3.0);
+                    let values = rows(n, d, |_, _| rng.unit() * 3.0);
+                    let ties = rows(n, d, |_, c| (c % 3) as f32);
+                    let big = rows(n, d, |_, _| f32::MAX);
+                    let qs = rows(queries, d, |_, _| rng.unit() * 3.0);
+                    let tiny = rows(queries, d, |g, _| 1e-30 * (g + 1) as f32);
+                    let cases = [
+                        ("random", &qs, &random, &values),
+                        ("ties", &qs, &ties, &values),
+                        ("largest", &tiny, &big, &big),
+                    ];
+                    for (what, qs, k, v) in cases {
+                        let what = format!("{what} d={d} n={n} queries={queries}");
+                        same_bits_rows(qs, k, v, scale, &what);
+                    }
+                }
+            }
+        }
+    }
+
+    fn same_bits_rows(qs: &[Vec<f32>], k: &[Vec<f32>], v: &[Vec<f32>], scale: f32, what: &str) {
+        let d = k[0].len();
+        let queries: Vec<&[f32]> = qs.iter().map(Vec::as_slice).collect();
+        let keys: Vec<&[f32]> = k.iter().map(Vec::as_slice).collect();
+        let values: Vec<&[f32]> = v.iter().map(Vec::as_slice).collect();
+        let mut got = vec![f32::NAN; qs.len() * d];
+        attend_rows(&queries, &keys, &values, scale, &mut Vec::new(), &mut got);
+        let mut plain = vec![f32::NAN; qs.len() * d];
+        let mut s = vec![0f32; qs.len() * keys.len()];
+        attend_rows_body(&queries, &keys, &values, scale, &mut s, &mut plain);
+        for (g, q) in queries.iter().enumerate() {
+            let mut alone = vec![f32::NAN; d];
+            attend_row_reference(q, &keys, &values, scale, &mut alone);
+            for (c, w) in alone.iter().enumerate() {
+                for (path, out) in [("fast", &got), ("portable", &plain)] {
+                    let x = out[g * d + c];
+                    assert!(
+                        x.to_bits() == w.to_bits() || (x.is_nan() && w.is_nan()),
+                        "{what}: {path} path, query {g} column {c}: {x:e} against {w:e}"
+                    );
+                }
             }
         }
     }

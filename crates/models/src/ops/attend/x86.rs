@@ -1,4 +1,4 @@
-//! [`super::attend_row`]'s scores and exponentials in AVX2 intrinsics (the compiler keeps the
+//! [`super::attend_rows`]'s scores and exponentials in AVX2 intrinsics (the compiler keeps the
 //! portable versions' arrays on the stack): the same operations, lane for lane.
 //!
 //! - A dot product's eight lane sums are one register; four keys' registers are reduced at
@@ -10,42 +10,77 @@ use std::arch::x86_64::*;
 
 use super::{HALF, INV_LN2, LANES, LN2_HI, LN2_LO, P1, P2};
 
-/// score_j = dot(q, key_j) * scale for every key (module docs).
+/// score\[g * n + j\] = dot(query_g, key_j) * scale for every query and key (module docs):
+/// up to three queries at a time against each quad of keys, so a key is loaded once for them and
+/// twelve independent sums are in flight.
 #[target_feature(enable = "avx2")]
-pub(super) fn scores(q: &[f32], keys: &[&[f32]], scale: f32, scores: &mut [f32]) {
-    let body = q.len() / LANES * LANES;
-    let mut key_quads = keys.chunks_exact(4);
-    let mut score_quads = scores.chunks_exact_mut(4);
-    for (k, s) in (&mut key_quads).zip(&mut score_quads) {
-        let mut acc = [_mm256_setzero_ps(); 4];
+pub(super) fn scores(queries: &[&[f32]], keys: &[&[f32]], scale: f32, scores: &mut [f32]) {
+    let n = keys.len();
+    let mut first = 0;
+    for group in queries.chunks(3) {
+        let out = &mut scores[first * n..(first + group.len()) * n];
+        match group {
+            [a] => scores_of::<1>([a], keys, scale, out),
+            [a, b] => scores_of::<2>([a, b], keys, scale, out),
+            [a, b, c] => scores_of::<3>([a, b, c], keys, scale, out),
+            _ => unreachable!("chunks of one to three"),
+        }
+        first += group.len();
+    }
+}
+
+/// [`scores`] for `Q` queries; `scores` holds `Q` rows of `keys.len()`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn scores_of<const Q: usize>(
+    queries: [&[f32]; Q],
+    keys: &[&[f32]],
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let n = keys.len();
+    let d = queries[0].len();
+    let body = d / LANES * LANES;
+    let quads = n / 4 * 4;
+    for (quad, k) in keys[..quads].chunks_exact(4).enumerate() {
+        let mut acc = [[_mm256_setzero_ps(); 4]; Q];
         for at in (0..body).step_by(LANES) {
-            let x = load(&q[at..at + LANES]);
-            for (a, row) in acc.iter_mut().zip(k) {
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(x, load(&row[at..at + LANES])));
+            let rows = [
+                load(&k[0][at..at + LANES]),
+                load(&k[1][at..at + LANES]),
+                load(&k[2][at..at + LANES]),
+                load(&k[3][at..at + LANES]),
+            ];
+            for (acc, q) in acc.iter_mut().zip(queries) {
+                let x = load(&q[at..at + LANES]);
+                for (a, row) in acc.iter_mut().zip(rows) {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(x, row));
+                }
             }
         }
         let half = |a: __m256| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        let trees = _mm_hadd_ps(
-            _mm_hadd_ps(half(acc[0]), half(acc[1])),
-            _mm_hadd_ps(half(acc[2]), half(acc[3])),
-        );
-        let mut sums = [0f32; 4];
-        // SAFETY: `sums` holds four floats.
-        unsafe { _mm_storeu_ps(sums.as_mut_ptr(), trees) };
-        for ((s, sum), row) in s.iter_mut().zip(sums).zip(k) {
-            let mut sum = sum;
-            for (x, y) in q[body..].iter().zip(&row[body..]) {
-                sum += x * y;
+        for (g, (acc, q)) in acc.iter().zip(queries).enumerate() {
+            let trees = _mm_hadd_ps(
+                _mm_hadd_ps(half(acc[0]), half(acc[1])),
+                _mm_hadd_ps(half(acc[2]), half(acc[3])),
+            );
+            let mut sums = [0f32; 4];
+            // SAFETY: `sums` holds four floats.
+            unsafe { _mm_storeu_ps(sums.as_mut_ptr(), trees) };
+            let out = &mut scores[g * n + quad * 4..][..4];
+            for ((s, sum), row) in out.iter_mut().zip(sums).zip(k) {
+                let mut sum = sum;
+                for (x, y) in q[body..].iter().zip(&row[body..]) {
+                    sum += x * y;
+                }
+                *s = sum * scale;
             }
-            *s = sum * scale;
         }
     }
-    for (k, s) in key_quads
-        .remainder()
-        .iter()
-        .zip(score_quads.into_remainder())
-    {
-        *s = crate::ops::dot(q, k) * scale;
+    for (j, k) in keys.iter().enumerate().skip(quads) {
+        for (g, q) in queries.iter().enumerate() {
+            scores[g * n + j] = crate::ops::dot(q, k) * scale;
+        }
     }
 }
 
