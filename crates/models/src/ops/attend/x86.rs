@@ -84,6 +84,150 @@ fn scores_of<const Q: usize>(
     }
 }
 
+/// [`scores`] with AVX-512F: two queries share a 512-bit register (query a's eight lanes in the
+/// low half, query b's in the high one) against a key loaded into both halves, so a pair of
+/// queries costs the operations one query costs with AVX2. Each half keeps its query's own eight
+/// lane sums, reduced by [`crate::ops::dot`]'s tree as above. An odd query is paired with itself
+/// and its high half is not read.
+#[target_feature(enable = "avx2,avx512f")]
+pub(super) fn scores_avx512(queries: &[&[f32]], keys: &[&[f32]], scale: f32, scores: &mut [f32]) {
+    let n = keys.len();
+    let mut first = 0;
+    for group in queries.chunks(4) {
+        let out = &mut scores[first * n..(first + group.len()) * n];
+        match group {
+            [a] => scores_of::<1>([a], keys, scale, out),
+            [a, b] => pairs_of::<1>([[a, b]], 2, keys, scale, out),
+            [a, b, c] => pairs_of::<2>([[a, b], [c, c]], 3, keys, scale, out),
+            [a, b, c, d] => pairs_of::<2>([[a, b], [c, d]], 4, keys, scale, out),
+            _ => unreachable!("chunks of one to four"),
+        }
+        first += group.len();
+    }
+}
+
+/// [`scores_avx512`] for `P` pairs of queries, the first `used` of their `2 P` queries written
+/// (`scores` holds `used` rows of `keys.len()`).
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn pairs_of<const P: usize>(
+    pairs: [[&[f32]; 2]; P],
+    used: usize,
+    keys: &[&[f32]],
+    scale: f32,
+    scores: &mut [f32],
+) {
+    let n = keys.len();
+    let d = pairs[0][0].len();
+    let body = d / LANES * LANES;
+    // Each pair's chunks of eight side by side, once per call: [pair][chunk][a's 8, b's 8].
+    let mut paired = vec![0f32; P * body * 2];
+    for (pair, out) in pairs.iter().zip(paired.chunks_exact_mut((body * 2).max(1))) {
+        for (at, out) in (0..body)
+            .step_by(LANES)
+            .zip(out.chunks_exact_mut(2 * LANES))
+        {
+            out[..LANES].copy_from_slice(&pair[0][at..at + LANES]);
+            out[LANES..].copy_from_slice(&pair[1][at..at + LANES]);
+        }
+    }
+    let quads = n / 4 * 4;
+    for (quad, k) in keys[..quads].chunks_exact(4).enumerate() {
+        let mut acc = [[_mm512_setzero_ps(); 4]; P];
+        for (c, at) in (0..body).step_by(LANES).enumerate() {
+            let rows = [
+                both_halves(&k[0][at..at + LANES]),
+                both_halves(&k[1][at..at + LANES]),
+                both_halves(&k[2][at..at + LANES]),
+                both_halves(&k[3][at..at + LANES]),
+            ];
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let x = load16(&paired[(p * body + c * LANES) * 2..]);
+                for (a, row) in acc.iter_mut().zip(rows) {
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(x, row));
+                }
+            }
+        }
+        let quarter =
+            |a: __m256| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        for g in 0..used {
+            let half = |a: __m512| {
+                let a = _mm512_castps_pd(a);
+                let h = if g % 2 == 0 {
+                    _mm512_castpd512_pd256(a)
+                } else {
+                    _mm512_extractf64x4_pd(a, 1)
+                };
+                quarter(_mm256_castpd_ps(h))
+            };
+            let acc = &acc[g / 2];
+            let trees = _mm_hadd_ps(
+                _mm_hadd_ps(half(acc[0]), half(acc[1])),
+                _mm_hadd_ps(half(acc[2]), half(acc[3])),
+            );
+            let mut sums = [0f32; 4];
+            // SAFETY: `sums` holds four floats.
+            unsafe { _mm_storeu_ps(sums.as_mut_ptr(), trees) };
+            let q = pairs[g / 2][g % 2];
+            let out = &mut scores[g * n + quad * 4..][..4];
+            for ((s, sum), row) in out.iter_mut().zip(sums).zip(k) {
+                let mut sum = sum;
+                for (x, y) in q[body..].iter().zip(&row[body..]) {
+                    sum += x * y;
+                }
+                *s = sum * scale;
+            }
+        }
+    }
+    for (j, k) in keys.iter().enumerate().skip(quads) {
+        for g in 0..used {
+            scores[g * n + j] = crate::ops::dot(pairs[g / 2][g % 2], k) * scale;
+        }
+    }
+}
+
+/// The eight floats at the start of `x` in both halves of a 512-bit register.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn both_halves(x: &[f32]) -> __m512 {
+    _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(load(x))))
+}
+
+/// Sixteen floats from a slice of at least sixteen.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load16(x: &[f32]) -> __m512 {
+    assert!(x.len() >= 2 * LANES);
+    // SAFETY: sixteen floats are readable at `x` (checked).
+    unsafe { _mm512_loadu_ps(x.as_ptr()) }
+}
+
+/// [`super::columns`] of [`super::COLUMNS`] columns, sixteen to a register: out\[start + c\]
+/// += p_0 * value_0\[start + c\] + ..., each column its own running sum in order.
+#[target_feature(enable = "avx2,avx512f")]
+pub(super) fn columns_avx512(p: &[f32], values: &[&[f32]], start: usize, out: &mut [f32]) {
+    const N: usize = super::COLUMNS;
+    const _: () = assert!(N == 64, "four registers of sixteen");
+    let out = &mut out[..N];
+    let mut acc = [
+        load16(&out[0..]),
+        load16(&out[16..]),
+        load16(&out[32..]),
+        load16(&out[48..]),
+    ];
+    for (&pj, v) in p.iter().zip(values) {
+        let v = &v[start..start + N];
+        let pj = _mm512_set1_ps(pj);
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_add_ps(*a, _mm512_mul_ps(pj, load16(&v[16 * i..])));
+        }
+    }
+    for (i, a) in acc.iter().enumerate() {
+        // SAFETY: `out` holds N = 64 floats, so sixteen are writable at 16 i.
+        unsafe { _mm512_storeu_ps(out[16 * i..].as_mut_ptr(), *a) };
+    }
+}
+
 /// Eight floats from a slice of at least eight.
 #[target_feature(enable = "avx2")]
 #[inline]
