@@ -97,7 +97,7 @@ use std::path::{Path, PathBuf};
 
 use common::files::{ConfinedDir, MAX_TEXT_BYTES};
 pub use common::manifest::ROOT_MANIFEST_FORMAT;
-pub use common::options::{Models, Options};
+pub use common::options::{Models, Options, SampleDir, sample_size};
 pub use common::outputs::MANIFEST;
 pub use common::pins::find_root_manifest;
 pub use common::report::{Checked, Note, Problem, Report, Verdict};

@@ -34,12 +34,13 @@ struct Cli {
     no_models: bool,
     /// Re-run only K model passes per directory, chosen from the hash of its arrays.npz; the
     /// report names them, and a PASS covers only those passes.
-    #[arg(long, value_name = "K", conflicts_with = "no_models")]
+    #[arg(long, value_name = "K", conflicts_with = "no_models", value_parser = audit::sample_size)]
     sample: Option<usize>,
-    /// With --sample and no DIR: sample only this pinned directory (repeatable; a path as from
-    /// the current directory); every other pinned directory re-runs every pass.
-    #[arg(long, value_name = "DIR", requires = "sample", conflicts_with = "dir")]
-    sample_only: Vec<PathBuf>,
+    /// With no DIR: re-run K model passes of the pinned directory DIR (repeatable; a path as
+    /// from the current directory), whatever --sample says for the others; 0 re-runs none.
+    /// Without --sample, the other directories re-run every pass.
+    #[arg(long, value_name = "DIR=K", conflicts_with_all = ["dir", "no_models"])]
+    sample_dir: Vec<audit::SampleDir>,
 }
 
 fn main() {
@@ -54,7 +55,7 @@ fn main() {
         options.models = audit::Models::Cache(dir);
     }
     options.sample = cli.sample;
-    options.sample_only = cli.sample_only;
+    options.sample_dirs = cli.sample_dir;
     let reports = match &cli.dir {
         Some(dir) => vec![audit::audit_dir_with(dir, &tree, &options)],
         None => {

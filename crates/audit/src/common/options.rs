@@ -11,9 +11,48 @@ pub struct Options {
     /// Re-run only this many model passes per directory, chosen from the evidence's own hash
     /// ([`crate::common::sample`]); None: every pass.
     pub sample: Option<usize>,
-    /// When not empty, the sample applies only to these pinned directories (as the root
-    /// manifest names them, relative to it); every other directory re-runs every pass.
-    pub sample_only: Vec<PathBuf>,
+    /// Pinned directories that re-run another number of passes than `sample` (each path as the
+    /// audit opens it, the root manifest's directory joined with its pin, or any path to the
+    /// same directory).
+    pub sample_dirs: Vec<SampleDir>,
+}
+
+/// `audit --sample-dir DIR=K`: re-run K model passes of the pinned directory DIR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleDir {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Passes to re-run, at least 1 (`--no-models` is the audit that re-runs none).
+    pub passes: usize,
+}
+
+impl std::str::FromStr for SampleDir {
+    type Err = String;
+
+    /// `DIR=K`, K a count of passes.
+    fn from_str(text: &str) -> Result<SampleDir, String> {
+        let (dir, passes) = text.rsplit_once('=').ok_or_else(|| {
+            format!("`{text}` is not DIR=K (a directory, `=`, a count of passes)")
+        })?;
+        if dir.is_empty() {
+            return Err(format!("`{text}` names no directory before `=`"));
+        }
+        let passes = sample_size(passes).map_err(|e| format!("{e} (in `{text}`)"))?;
+        Ok(SampleDir {
+            dir: PathBuf::from(dir),
+            passes,
+        })
+    }
+}
+
+/// A count of model passes to re-run (`--sample K`), at least 1: a sample of none would PASS
+/// without re-running a model, which is `--no-models`' UNVERIFIED.
+pub fn sample_size(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("a sample of 0 passes re-runs no model; --no-models is that audit".into()),
+        Ok(k) => Ok(k),
+        Err(_) => Err(format!("`{text}` is not a count of passes")),
+    }
 }
 
 /// Where the audit finds the models it re-runs.
@@ -33,28 +72,23 @@ impl Default for Options {
         Options {
             models: Models::Cache(models::files::default_cache()),
             sample: None,
-            sample_only: Vec::new(),
+            sample_dirs: Vec::new(),
         }
     }
 }
 
 impl Options {
     /// The options for the pinned directory `dir` (its path as the audit opened it, the root
-    /// manifest's directory joined with its pin): without the sample when `sample_only` names
-    /// other directories.
+    /// manifest's directory joined with its pin): its own sample where `sample_dirs` names it.
     pub fn for_pinned(&self, dir: &std::path::Path) -> Options {
-        let mut options = self.clone();
-        if !self.sample_only.is_empty() {
-            let same = |a: &std::path::Path, b: &std::path::Path| match (
-                a.canonicalize(),
-                b.canonicalize(),
-            ) {
+        let same =
+            |a: &std::path::Path, b: &std::path::Path| match (a.canonicalize(), b.canonicalize()) {
                 (Ok(a), Ok(b)) => a == b,
                 _ => a == b,
             };
-            if !self.sample_only.iter().any(|named| same(named, dir)) {
-                options.sample = None;
-            }
+        let mut options = self.clone();
+        if let Some(named) = self.sample_dirs.iter().find(|named| same(&named.dir, dir)) {
+            options.sample = Some(named.passes);
         }
         options
     }
@@ -64,7 +98,7 @@ impl Options {
         Options {
             models: Models::Skip,
             sample: None,
-            sample_only: Vec::new(),
+            sample_dirs: Vec::new(),
         }
     }
 }
@@ -74,23 +108,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sample_limited_to_one_directory_leaves_the_others_whole() {
+    fn a_directory_named_with_its_own_sample_takes_it() {
         let tmp = tempfile::tempdir().unwrap();
         let (big, small) = (tmp.path().join("big"), tmp.path().join("small"));
         std::fs::create_dir_all(&big).unwrap();
         std::fs::create_dir_all(&small).unwrap();
+        let named = format!("{}=1", big.display()).parse::<SampleDir>().unwrap();
         let options = Options {
-            sample: Some(4),
-            sample_only: vec![big.clone()],
+            sample: Some(2),
+            sample_dirs: vec![named.clone()],
             ..Options::without_models()
         };
-        assert_eq!(options.for_pinned(&big.join("../big")).sample, Some(4));
-        assert_eq!(options.for_pinned(&small).sample, None);
-        // Without a list, the sample applies everywhere.
-        let everywhere = Options {
-            sample: Some(4),
+        // Any path to the named directory.
+        assert_eq!(options.for_pinned(&big.join("../big")).sample, Some(1));
+        assert_eq!(options.for_pinned(&small).sample, Some(2));
+        // Without --sample, the others re-run every pass.
+        let only_big = Options {
+            sample_dirs: vec![named],
             ..Options::without_models()
         };
-        assert_eq!(everywhere.for_pinned(&small).sample, Some(4));
+        assert_eq!(only_big.for_pinned(&big).sample, Some(1));
+        assert_eq!(only_big.for_pinned(&small).sample, None);
+    }
+
+    #[test]
+    fn a_sample_dir_is_a_directory_and_a_count() {
+        let parsed: SampleDir = "evidence/a=b=3".parse().unwrap();
+        assert_eq!(
+            (parsed.dir, parsed.passes),
+            (PathBuf::from("evidence/a=b"), 3)
+        );
+        for bad in [
+            "evidence/a",
+            "=2",
+            "evidence/a=",
+            "evidence/a=-1",
+            "evidence/a=two",
+            "evidence/a=0",
+        ] {
+            let err = bad.parse::<SampleDir>().unwrap_err();
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
     }
 }

@@ -106,7 +106,7 @@ fn with_models(dir: &Path, models: &Path) -> audit::Report {
     let options = Options {
         models: Models::Cache(models.to_path_buf()),
         sample: None,
-        sample_only: Vec::new(),
+        sample_dirs: Vec::new(),
     };
     audit::audit_dir_with(dir, &workspace(), &options)
 }
@@ -561,4 +561,25 @@ fn the_command_line_takes_a_model_cache_with_models() {
             "{stdout}"
         );
     }
+}
+
+#[test]
+fn a_sample_of_no_pass_and_a_directory_sample_beside_a_directory_are_refused() {
+    let audit_cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_audit"))
+            .args(args)
+            .output()
+            .expect("audit starts");
+        (out.status.code(), String::from_utf8(out.stderr).unwrap())
+    };
+    let (code, stderr) = audit_cli(&["--sample", "0"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--no-models is that audit"), "{stderr}");
+    let (code, stderr) = audit_cli(&["--sample-dir", "evidence/real-minilm=0"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("`evidence/real-minilm=0`"), "{stderr}");
+    // --sample-dir names pinned directories; with one directory given, --sample says it all.
+    let (code, stderr) = audit_cli(&["--sample-dir", "evidence/a=1", "evidence/a"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
 }

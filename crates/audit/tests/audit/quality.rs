@@ -839,7 +839,7 @@ fn with_the_model_hand_built_values_fail_and_another_file_is_refused() {
     let options = audit::Options {
         models: audit::Models::Cache(fake.clone()),
         sample: None,
-        sample_only: Vec::new(),
+        sample_dirs: Vec::new(),
     };
     let report = audit::audit_dir_with(&dir, &workspace(), &options);
     assert_problem(
