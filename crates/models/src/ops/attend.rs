@@ -126,15 +126,12 @@ unsafe fn attend_rows_avx2(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    if keys.is_empty() {
-        out.fill(0.0);
-        return;
-    }
-    x86::scores(queries, keys, scale, scores);
-    softmax_rows(scores, keys.len(), |chunks, max| {
-        x86::exp_chunks(chunks, max)
-    });
-    weighted_sums(scores, values, out, columns::<COLUMNS>);
+    let kernels = (
+        |q: &[&[f32]], k: &[&[f32]], scale, s: &mut [f32]| x86::scores(q, k, scale, s),
+        columns::<COLUMNS>,
+    );
+    // SAFETY: this function runs only where the CPU has AVX2.
+    unsafe { attend_rows_x86(queries, (keys, values), scale, scores, out, kernels) };
 }
 
 /// [`attend_rows_avx2`] with two queries to a 512-bit register in the scores and sixteen columns
@@ -149,17 +146,39 @@ unsafe fn attend_rows_avx512(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
+    let kernels = (
+        |q: &[&[f32]], k: &[&[f32]], scale, s: &mut [f32]| x86::scores_avx512(q, k, scale, s),
+        |p: &[f32], v: &[&[f32]], start, out: &mut [f32]| x86::columns_avx512(p, v, start, out),
+    );
+    // SAFETY: this function runs only where the CPU has AVX2.
+    unsafe { attend_rows_x86(queries, (keys, values), scale, scores, out, kernels) };
+}
+
+/// The x86 paths' steps around their scores and column kernels (inlined into each path, so
+/// compiled with its target features; each runs only where the CPU has AVX2).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn attend_rows_x86(
+    queries: &[&[f32]],
+    (keys, values): (&[&[f32]], &[&[f32]]),
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+    (scores_of, columns_of): (
+        impl Fn(&[&[f32]], &[&[f32]], f32, &mut [f32]),
+        impl Fn(&[f32], &[&[f32]], usize, &mut [f32]) + Copy,
+    ),
+) {
     if keys.is_empty() {
         out.fill(0.0);
         return;
     }
-    x86::scores_avx512(queries, keys, scale, scores);
-    softmax_rows(scores, keys.len(), |chunks, max| {
+    scores_of(queries, keys, scale, scores);
+    // SAFETY: the caller runs on a CPU with AVX2.
+    softmax_rows(scores, keys.len(), |chunks, max| unsafe {
         x86::exp_chunks(chunks, max)
     });
-    weighted_sums(scores, values, out, |p, v, start, out| {
-        x86::columns_avx512(p, v, start, out)
-    });
+    weighted_sums(scores, values, out, columns_of);
 }
 
 #[inline(always)]

@@ -58,23 +58,9 @@ fn scores_of<const Q: usize>(
                 }
             }
         }
-        let half = |a: __m256| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
         for (g, (acc, q)) in acc.iter().zip(queries).enumerate() {
-            let trees = _mm_hadd_ps(
-                _mm_hadd_ps(half(acc[0]), half(acc[1])),
-                _mm_hadd_ps(half(acc[2]), half(acc[3])),
-            );
-            let mut sums = [0f32; 4];
-            // SAFETY: `sums` holds four floats.
-            unsafe { _mm_storeu_ps(sums.as_mut_ptr(), trees) };
             let out = &mut scores[g * n + quad * 4..][..4];
-            for ((s, sum), row) in out.iter_mut().zip(sums).zip(k) {
-                let mut sum = sum;
-                for (x, y) in q[body..].iter().zip(&row[body..]) {
-                    sum += x * y;
-                }
-                *s = sum * scale;
-            }
+            finish_quad(acc.map(|a| fold(a)), q, k, scale, out);
         }
     }
     for (j, k) in keys.iter().enumerate().skip(quads) {
@@ -148,35 +134,24 @@ fn pairs_of<const P: usize>(
                 }
             }
         }
-        let quarter =
-            |a: __m256| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
         for g in 0..used {
+            // Query g's lanes: the low half of its pair's registers, or the high one.
             let half = |a: __m512| {
                 let a = _mm512_castps_pd(a);
-                let h = if g % 2 == 0 {
+                _mm256_castpd_ps(if g % 2 == 0 {
                     _mm512_castpd512_pd256(a)
                 } else {
                     _mm512_extractf64x4_pd(a, 1)
-                };
-                quarter(_mm256_castpd_ps(h))
+                })
             };
-            let acc = &acc[g / 2];
-            let trees = _mm_hadd_ps(
-                _mm_hadd_ps(half(acc[0]), half(acc[1])),
-                _mm_hadd_ps(half(acc[2]), half(acc[3])),
-            );
-            let mut sums = [0f32; 4];
-            // SAFETY: `sums` holds four floats.
-            unsafe { _mm_storeu_ps(sums.as_mut_ptr(), trees) };
-            let q = pairs[g / 2][g % 2];
             let out = &mut scores[g * n + quad * 4..][..4];
-            for ((s, sum), row) in out.iter_mut().zip(sums).zip(k) {
-                let mut sum = sum;
-                for (x, y) in q[body..].iter().zip(&row[body..]) {
-                    sum += x * y;
-                }
-                *s = sum * scale;
-            }
+            finish_quad(
+                acc[g / 2].map(|a| fold(half(a))),
+                pairs[g / 2][g % 2],
+                k,
+                scale,
+                out,
+            );
         }
     }
     for (j, k) in keys.iter().enumerate().skip(quads) {
@@ -225,6 +200,39 @@ pub(super) fn columns_avx512(p: &[f32], values: &[&[f32]], start: usize, out: &m
     for (i, a) in acc.iter().enumerate() {
         // SAFETY: `out` holds N = 64 floats, so sixteen are writable at 16 i.
         unsafe { _mm512_storeu_ps(out[16 * i..].as_mut_ptr(), *a) };
+    }
+}
+
+/// A dot product's eight lane sums folded to four: (l0 + l4, l1 + l5, l2 + l6, l3 + l7).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn fold(lanes: __m256) -> __m128 {
+    _mm_add_ps(
+        _mm256_castps256_ps128(lanes),
+        _mm256_extractf128_ps(lanes, 1),
+    )
+}
+
+/// Four keys' scores against `q` from their folded lane sums: two horizontal adds give
+/// [`crate::ops::dot`]'s tree, then the tail past the whole chunks of eight in order, then the
+/// scale.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn finish_quad(folded: [__m128; 4], q: &[f32], keys: &[&[f32]], scale: f32, out: &mut [f32]) {
+    let body = q.len() / LANES * LANES;
+    let trees = _mm_hadd_ps(
+        _mm_hadd_ps(folded[0], folded[1]),
+        _mm_hadd_ps(folded[2], folded[3]),
+    );
+    let mut sums = [0f32; 4];
+    // SAFETY: `sums` holds four floats.
+    unsafe { _mm_storeu_ps(sums.as_mut_ptr(), trees) };
+    for ((s, sum), row) in out.iter_mut().zip(sums).zip(keys) {
+        let mut sum = sum;
+        for (x, y) in q[body..].iter().zip(&row[body..]) {
+            sum += x * y;
+        }
+        *s = sum * scale;
     }
 }
 
