@@ -105,9 +105,13 @@ fn mean_share(keys: &Array3<f32>, h: usize) -> f64 {
     means / total
 }
 
+/// Keys [`sink`] scores side by side.
+const KEYS_AT_ONCE: usize = 32;
+
 /// Query head `qh`'s weights on position 0 over query positions 1 .. T, summed in order.
-/// Each score is its own sum over the features in order; keys are scored four at a time from
-/// f64 copies of the rows (independent sums side by side, so the same bits as one at a time,
+/// Each score is its own sum over the features in order; keys are scored [`KEYS_AT_ONCE`] at a
+/// time from an f64 copy of the keys laid out feature by feature, one running sum per key in
+/// its own vector lane (independent sums side by side, so the same bits as one at a time,
 /// [`sink_one_key_at_a_time`] in the tests).
 fn sink(kv: &LayerKv<'_>, qh: usize, h: usize, window: Option<usize>) -> f64 {
     let (_, t, d) = kv.q.dim();
@@ -117,11 +121,11 @@ fn sink(kv: &LayerKv<'_>, qh: usize, h: usize, window: Option<usize>) -> f64 {
             .iter()
             .map(|&x| x.into())
             .collect();
-    let keys: Vec<f64> =
-        kv.k.slice(ndarray::s![h, .., ..])
-            .iter()
-            .map(|&x| x.into())
-            .collect();
+    // by_feature[c * t + j] is channel c of key j.
+    let mut by_feature = vec![0f64; d * t];
+    for ((j, c), &x) in kv.k.slice(ndarray::s![h, .., ..]).indexed_iter() {
+        by_feature[c * t + j] = x.into();
+    }
     let mut sum = 0f64;
     let mut scores: Vec<f64> = Vec::with_capacity(t);
     for i in 1..t {
@@ -132,28 +136,61 @@ fn sink(kv: &LayerKv<'_>, qh: usize, h: usize, window: Option<usize>) -> f64 {
         }
         let q = &queries[i * d..(i + 1) * d];
         scores.clear();
-        let mut j = 0;
-        while j + 4 <= i + 1 {
-            let (k0, k1) = keys[j * d..(j + 2) * d].split_at(d);
-            let (k2, k3) = keys[(j + 2) * d..(j + 4) * d].split_at(d);
-            let mut dots = [0f64; 4];
-            for ((((&x, &a), &b), &c), &e) in q.iter().zip(k0).zip(k1).zip(k2).zip(k3) {
-                dots[0] += x * a;
-                dots[1] += x * b;
-                dots[2] += x * c;
-                dots[3] += x * e;
-            }
-            scores.extend(dots.iter().map(|dot| dot * scale));
-            j += 4;
-        }
-        for j in j..=i {
-            let k = &keys[j * d..(j + 1) * d];
-            let dot = q.iter().zip(k).fold(0f64, |a, (&x, &y)| a + x * y);
-            scores.push(dot * scale);
+        scores.resize(i + 1, 0.0);
+        dots(q, &by_feature, t, &mut scores);
+        for s in &mut scores {
+            *s *= scale;
         }
         sum += first_share(&scores);
     }
     sum
+}
+
+/// dots\[j\] = q · key j for the first `dots.len()` keys of `by_feature`, each summed over the
+/// features in order; compiled for AVX-512F or AVX2 where the CPU has them (wider registers, the
+/// same operations), else plain.
+fn dots(q: &[f64], by_feature: &[f64], t: usize, out: &mut [f64]) {
+    #[inline(always)]
+    fn plain(q: &[f64], by_feature: &[f64], t: usize, out: &mut [f64]) {
+        let mut j = 0;
+        while j + KEYS_AT_ONCE <= out.len() {
+            let mut acc = [0f64; KEYS_AT_ONCE];
+            for (c, &x) in q.iter().enumerate() {
+                let row = &by_feature[c * t + j..c * t + j + KEYS_AT_ONCE];
+                for (a, &k) in acc.iter_mut().zip(row) {
+                    *a += x * k;
+                }
+            }
+            out[j..j + KEYS_AT_ONCE].copy_from_slice(&acc);
+            j += KEYS_AT_ONCE;
+        }
+        for (j, o) in out.iter_mut().enumerate().skip(j) {
+            *o = q
+                .iter()
+                .enumerate()
+                .fold(0f64, |a, (c, &x)| a + x * by_feature[c * t + j]);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        fn wide(q: &[f64], by_feature: &[f64], t: usize, out: &mut [f64]) {
+            plain(q, by_feature, t, out);
+        }
+        #[target_feature(enable = "avx2")]
+        fn narrow(q: &[f64], by_feature: &[f64], t: usize, out: &mut [f64]) {
+            plain(q, by_feature, t, out);
+        }
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F.
+            return unsafe { wide(q, by_feature, t, out) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { narrow(q, by_feature, t, out) };
+        }
+    }
+    plain(q, by_feature, t, out);
 }
 
 /// The softmax weight of the first of `scores`: `exp(s - max)` over their sum in order.
@@ -381,11 +418,11 @@ mod tests {
     }
 
     #[test]
-    fn four_keys_at_a_time_give_one_at_a_times_bits() {
-        // Random, three-level (tie-heavy), all-maximum and patterned rows; every remainder of
-        // four; a window; queries in column-major order.
+    fn keys_side_by_side_give_one_at_a_times_bits() {
+        // Random, three-level (tie-heavy), all-maximum and patterned rows; token counts on both
+        // sides of a whole block of keys; a window; queries in column-major order.
         let mut rng = nprand::NumpyRng::default_rng(611u128);
-        for t in [2, 3, 4, 5, 6, 7, 8, 29] {
+        for t in [2, 3, 4, 5, 6, 7, 8, 29, 32, 33, 64, 70] {
             for kind in 0..4 {
                 let mut value = |(a, b, c): (usize, usize, usize)| match kind {
                     0 => (rng.standard_normal() * 2.5) as f32,
