@@ -299,6 +299,17 @@ pub(crate) fn prefetch_channel(
     }
 }
 
+/// Asks for the line at `at` into L2 rather than L1.
+#[inline]
+pub(crate) fn prefetch_l2(at: *const u8) {
+    // SAFETY: a prefetch is a hint that never faults, whatever the address. (Newer compilers
+    // call it safe here; Rust 1.89, the workspace's rust-version, needs the block.)
+    #[allow(unused_unsafe)]
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T1>(at.cast::<i8>())
+    };
+}
+
 /// A slice of f32 as its bytes (for prefetching).
 fn bytes_of(values: &[f32]) -> &[u8] {
     // SAFETY: any f32 is four initialised bytes; the length is the same memory's.

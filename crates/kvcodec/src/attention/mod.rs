@@ -928,12 +928,13 @@ mod dispatch {
         s: &mut Scratch,
         acc: &mut [f32],
     ) {
-        #[cfg(target_arch = "x86_64")]
-        let fused = kernel == Kernel::Avx512 && avx512::weighs_values(head, q);
-        #[cfg(not(target_arch = "x86_64"))]
-        let fused = false;
-        if !fused {
-            super::value_weights(head, q, t0, len, s);
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `proof512()` proves the CPU has AVX-512F, AVX2 and FMA.
+            Kernel::Avx512 if avx512::reads_values(head) => unsafe {
+                avx512::value_weights(proof512(), head, q, t0, len, s)
+            },
+            _ => super::value_weights(head, q, t0, len, s),
         }
         let s = &*s;
         match kernel {

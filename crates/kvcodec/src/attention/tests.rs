@@ -104,8 +104,9 @@ fn every_pattern_width_and_mode_matches_the_oracle_and_every_kernel_agrees() {
 
 #[test]
 fn real_head_dimensions_over_several_passes_match_the_oracle_and_every_kernel_agrees() {
-    // Head dimensions 128 and 256 have their own one-query paths in the AVX-512 kernel, and a
-    // K group of 96 tokens straddles the boundary between two passes.
+    // Head dimensions 128 and 256 have their own one-query paths in the AVX-512 kernel, query
+    // groups of 1-2, 3-4 and 5-8 rows their own blocks of scores in registers, and a K group of
+    // 96 tokens straddles the boundary between two passes.
     let tokens = PASS_TOKENS + 300;
     let cases = [
         (128, Mode::Symmetric, 4, 32, 32),
@@ -118,8 +119,8 @@ fn real_head_dimensions_over_several_passes_match_the_oracle_and_every_kernel_ag
         let [kl, vl] = layouts(mode, bits, bits, k_group, v_group);
         let k = encode(noise(tokens, features, 15).mapv(|x| 3.0 * x).view(), kl).unwrap();
         let v = encode(noise(tokens, features, 16).view(), vl).unwrap();
-        let queries = noise(4, features, 17);
-        for rows in [1, 4] {
+        let queries = noise(8, features, 17);
+        for rows in [1, 2, 4, 5, 8] {
             let label = format!("D {features}, {mode} {bits}-bit, K g{k_group}, V g{v_group}");
             let some = queries.slice(ndarray::s![..rows, ..]);
             check(some, &decode_step(rows, tokens), &k, &v, &label);
