@@ -115,12 +115,15 @@ fn real_head_dimensions_over_several_passes_match_the_oracle_and_every_kernel_ag
         (256, Mode::Asymmetric, 4, 64, 32),
         (256, Mode::Symmetric, 8, 96, 32),
     ];
-    for (features, mode, bits, k_group, v_group) in cases {
+    for (case, (features, mode, bits, k_group, v_group)) in cases.into_iter().enumerate() {
         let [kl, vl] = layouts(mode, bits, bits, k_group, v_group);
         let k = encode(noise(tokens, features, 15).mapv(|x| 3.0 * x).view(), kl).unwrap();
         let v = encode(noise(tokens, features, 16).view(), vl).unwrap();
         let queries = noise(8, features, 17);
-        for rows in [1, 2, 4, 5, 8] {
+        // Every query-group block size on the first case only (the portable kernel is slow
+        // under QEMU, where CI runs this).
+        let rows: &[usize] = if case == 0 { &[1, 2, 4, 5, 8] } else { &[1, 4] };
+        for &rows in rows {
             let label = format!("D {features}, {mode} {bits}-bit, K g{k_group}, V g{v_group}");
             let some = queries.slice(ndarray::s![..rows, ..]);
             check(some, &decode_step(rows, tokens), &k, &v, &label);
