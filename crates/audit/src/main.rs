@@ -36,9 +36,9 @@ struct Cli {
     /// report names them, and a PASS covers only those passes.
     #[arg(long, value_name = "K", conflicts_with = "no_models", value_parser = audit::sample_size)]
     sample: Option<usize>,
-    /// With no DIR: re-run K model passes of the pinned directory DIR (repeatable; a path as
-    /// from the current directory), whatever --sample says for the others; 0 re-runs none.
-    /// Without --sample, the other directories re-run every pass.
+    /// With no DIR: re-run K model passes (at least 1) of the pinned directory DIR (repeatable;
+    /// a path as from the current directory), whatever --sample says for the others. Without
+    /// --sample, the other directories re-run every pass.
     #[arg(long, value_name = "DIR=K", conflicts_with_all = ["dir", "no_models"])]
     sample_dir: Vec<audit::SampleDir>,
 }
