@@ -116,11 +116,10 @@ pub fn run(
                 )
                 .expect("tokens x head_dim values")
             };
-            let (k, v) = (make(21), make(22));
             let f32_bytes = 2 * tokens * head_dim * 4;
             let copies = COLD_BYTES.div_ceil(f32_bytes);
-            let caches: Vec<(Array2<f32>, Array2<f32>)> =
-                (0..copies).map(|_| (k.clone(), v.clone())).collect();
+            let caches = vec![(make(21), make(22)); copies];
+            let (k, v) = &caches[0];
             let scale = 1.0 / (head_dim as f32).sqrt();
             for &query_heads in &sweep.query_heads {
                 let q = Array2::from_shape_vec(

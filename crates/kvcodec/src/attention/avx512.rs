@@ -247,8 +247,7 @@ pub(crate) fn packed_scores<const B: u32>(
             let scales = &k.scales[d * k.groups_per_row + first..][..pass_groups];
             for (i, weights) in (0..q).zip(&mut weights) {
                 let qs = scaled[i * d_count + d];
-                // A plain loop, which the compiler vectorizes for this function's features (a
-                // closure would not be compiled for them).
+                // Into slices made once: pushing one value at a time kept this loop scalar.
                 for (w, &scale) in weights.iter_mut().zip(scales) {
                     *w = qs * scale;
                 }
@@ -406,8 +405,8 @@ unsafe fn step_scores<const B: u32, const Q: usize, const RUNS: usize, const SYM
     let offsets = s.k_offsets[step.d0 * pg..][..CHANNELS * pg].as_ptr();
     let symmetric = decoder::<B>(offset);
     let scores = &mut s.pass_scores[..Q * PASS_TOKENS];
-    // Loops, not closures, throughout: a closure is not compiled for this function's
-    // features, and a vector it returns goes through memory.
+    // Loops, not closures, throughout: the `array::from_fn` closures here were not inlined,
+    // and the vectors they returned went through memory.
     let zero = _mm512_setzero_ps();
     let mut acc = [[(zero, zero); RUNS]; Q];
     for (i, acc) in acc.iter_mut().enumerate() {
@@ -506,18 +505,20 @@ pub(crate) fn packed_accumulate<const B: u32>(
 }
 
 /// Whether this module's [`packed_accumulate`] (and [`value_weights`]) read a V of this width,
-/// group size and head dimension.
+/// group size and head dimension: whole 32-feature runs, a number of them that divides sixteen
+/// (head dimensions 32, 64, 128, 256 and 512).
 pub(crate) fn reads_values(head: &PackedHead) -> bool {
     matches!(head.v.bits, 2 | 4 | 8)
         && head.v.group_size.is_multiple_of(K_GROUP_MULTIPLE)
         && head.features.is_multiple_of(K_GROUP_MULTIPLE)
+        && 16usize.is_multiple_of(head.features / K_GROUP_MULTIPLE)
 }
 
 /// Step 6's weights of tokens t0..t0 + len into `s.v_weights`, one per query, token and run of
 /// 32 features: `p[i][t] * sV[t][h]` at [(i * BLOCK_TOKENS + t - t0) * runs + n], h the group
 /// of run n (the products [`super::value_weights`] makes, repeated for each run of a group, so
-/// that a kernel finds a run's weight without looking up its group). Sixteen at a time where
-/// the runs of a row divide sixteen.
+/// that a kernel finds a run's weight without looking up its group), sixteen at a time (the
+/// runs of a row divide sixteen: [`reads_values`]).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) fn value_weights(
     _: Avx512,
@@ -533,22 +534,6 @@ pub(crate) fn value_weights(
     let group_of = |n: usize| n * K_GROUP_MULTIPLE / v.group_size;
     s.v_weights.resize(q * BLOCK_TOKENS * runs, 0.0);
     let scales = &v.scales[t0 * groups..][..len * groups];
-    if !16usize.is_multiple_of(runs) {
-        for i in 0..q {
-            let p = &s.scores[i * BLOCK_TOKENS..][..len];
-            let weights = &mut s.v_weights[i * BLOCK_TOKENS * runs..][..len * runs];
-            for ((w, scales), &p) in weights
-                .chunks_exact_mut(runs)
-                .zip(scales.chunks_exact(groups))
-                .zip(p)
-            {
-                for (n, w) in w.iter_mut().enumerate() {
-                    *w = p * scales[group_of(n)];
-                }
-            }
-        }
-        return;
-    }
     // A vector holds the weights of 16 / runs tokens: lane l is token l / runs, run l % runs,
     // read from 16 / runs probabilities and their tokens' scales.
     let tokens_per_vector = 16 / runs;
