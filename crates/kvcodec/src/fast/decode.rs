@@ -6,7 +6,7 @@
 
 use crate::packed::PackedTensor;
 
-use super::Kernels;
+use super::{ColumnParams, Kernels};
 
 /// Floats decoded before a streaming copy: 16 KiB, well inside L1.
 const STAGING_FLOATS: usize = 4096;
@@ -215,7 +215,8 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     let pass_bytes = tiles_per_pass * group_bytes;
     let mut offsets = vec![0i32; tiles_per_pass * cols];
     let mut scales = vec![0f32; tiles_per_pass * cols];
-    let mut local_codes = vec![0u8; cols * pass_bytes];
+    // Slack of 8 bytes, so that the last column's last 8-byte load is in bounds too.
+    let mut local_codes = vec![0u8; cols * pass_bytes + 8];
     let mut staging = vec![0f32; if streaming { 8 * cols } else { 0 }];
     let zeros: &[u8] = match s.offsets {
         Offsets::Constant(_) => &[],
@@ -227,11 +228,13 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
         let next = first + tiles + PASSES_AHEAD * tiles_per_pass;
         let cols_per_block = cols.div_ceil(part.len().div_ceil(8 * cols));
         for c in 0..cols {
-            let column = c * groups;
-            for j in 0..tiles {
-                offsets[j * cols + c] = s.offsets.get(column + first + j);
-                scales[j * cols + c] = s.scales[column + first + j];
+            // Column c's parameters of the pass, contiguous on both sides.
+            let column = c * groups + first;
+            let local = c * tiles_per_pass;
+            for (j, offset) in offsets[local..local + tiles].iter_mut().enumerate() {
+                *offset = s.offsets.get(column + j);
             }
+            scales[local..local + tiles].copy_from_slice(&s.scales[column..column + tiles]);
             let from = c * row_bytes + first * group_bytes;
             copy_codes(
                 &mut local_codes[c * pass_bytes..c * pass_bytes + tiles * group_bytes],
@@ -239,8 +242,12 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
             );
         }
         for (j, tile) in part.chunks_mut(g * cols).enumerate() {
-            let offsets = &offsets[j * cols..(j + 1) * cols];
-            let scales = &scales[j * cols..(j + 1) * cols];
+            let params = ColumnParams {
+                offsets: &offsets[j..],
+                scales: &scales[j..],
+                stride: tiles_per_pass,
+                cols,
+            };
             for (block_index, block) in tile.chunks_mut(8 * cols).enumerate() {
                 let at = j * group_bytes + block_index * B as usize;
                 // The next pass's lines, a share of the columns per block of 8 rows, so that
@@ -249,8 +256,14 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
                 for c in
                     (share * cols_per_block..(share + 1) * cols_per_block).take_while(|&c| c < cols)
                 {
-                    prefetch(s.scales, c * groups + next);
-                    prefetch(zeros, c * groups + next);
+                    // Whole runs: a column's runs are a stream's length apart, so the
+                    // hardware prefetcher does not follow them past a line.
+                    for ahead in (0..tiles_per_pass).step_by(16) {
+                        prefetch(s.scales, c * groups + next + ahead);
+                    }
+                    for ahead in (0..tiles_per_pass).step_by(64) {
+                        prefetch(zeros, c * groups + next + ahead);
+                    }
                     for ahead in (0..pass_bytes).step_by(64) {
                         prefetch(s.codes, c * row_bytes + next * group_bytes + ahead);
                     }
@@ -258,10 +271,10 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
                 let codes = &local_codes[..];
                 if streaming {
                     let staged = &mut staging[..block.len()];
-                    k.dequantize_columns::<B>(codes, pass_bytes, at, offsets, scales, staged);
+                    k.dequantize_columns::<B>(codes, pass_bytes, at, params, staged);
                     k.stream_copy(staged, block);
                 } else {
-                    k.dequantize_columns::<B>(codes, pass_bytes, at, offsets, scales, block);
+                    k.dequantize_columns::<B>(codes, pass_bytes, at, params, block);
                 }
             }
         }

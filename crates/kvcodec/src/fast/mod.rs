@@ -115,6 +115,36 @@ pub(crate) struct ColumnTileOut<'a> {
     pub at: usize,
 }
 
+/// One tile's parameters for [`Kernels::dequantize_columns`]: column c's offset is
+/// `offsets[c * stride]` and its scale `scales[c * stride]`, so that a pass can gather each
+/// column's run of tiles contiguously (one column after another) and hand the kernel tile j's
+/// as the slices from j on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ColumnParams<'a> {
+    /// See the type's comment.
+    pub offsets: &'a [i32],
+    /// See the type's comment.
+    pub scales: &'a [f32],
+    /// See the type's comment.
+    pub stride: usize,
+    /// Columns of the tile.
+    pub cols: usize,
+}
+
+impl ColumnParams<'_> {
+    /// Column c's offset.
+    #[inline(always)]
+    pub(crate) fn offset(&self, c: usize) -> i32 {
+        self.offsets[c * self.stride]
+    }
+
+    /// Column c's scale.
+    #[inline(always)]
+    pub(crate) fn scale(&self, c: usize) -> f32 {
+        self.scales[c * self.stride]
+    }
+}
+
 /// Per-column working space of [`Kernels::fit_quantize_pack_columns`], `cols` long.
 pub(crate) struct ColumnScratch {
     /// Fitted minima (or max |x|).
@@ -266,15 +296,14 @@ pub(crate) trait Kernels: Copy {
     }
 
     /// Decodes up to 8 consecutive rows of a tile grouped down its columns: column c's codes
-    /// start at `codes[c * row_bytes + at]` (byte aligned), and `out` holds `rows x cols`
-    /// values, `cols = scales.len()`.
+    /// start at `codes[c * row_bytes + at]` (byte aligned), its parameters are `params`'
+    /// column c, and `out` holds `rows x params.cols` values.
     fn dequantize_columns<const B: u32>(
         self,
         codes: &[u8],
         row_bytes: usize,
         at: usize,
-        offsets: &[i32],
-        scales: &[f32],
+        params: ColumnParams,
         out: &mut [f32],
     );
 

@@ -2,9 +2,9 @@
 //! with the exact rounding of [`super::params`]. The AVX2 kernels use the column-range
 //! functions here for the columns left over after their blocks of 8.
 
-use super::Kernels;
 use super::bits::{read_u64, spread, squeeze, write_packed};
 use super::params::{self, ColumnQuant, GroupQuant};
+use super::{ColumnParams, Kernels};
 
 /// The portable kernels.
 #[derive(Debug, Clone, Copy)]
@@ -112,11 +112,10 @@ impl Kernels for Portable {
         codes: &[u8],
         row_bytes: usize,
         at: usize,
-        offsets: &[i32],
-        scales: &[f32],
+        params: ColumnParams,
         out: &mut [f32],
     ) {
-        dequantize_columns::<B>(codes, row_bytes, at, offsets, scales, out, 0..scales.len());
+        dequantize_columns::<B>(codes, row_bytes, at, params, out, 0..params.cols);
     }
 
     fn stream_copy(self, src: &[f32], dst: &mut [f32]) {
@@ -207,16 +206,16 @@ pub(crate) fn dequantize_columns<const B: u32>(
     codes: &[u8],
     row_bytes: usize,
     at: usize,
-    offsets: &[i32],
-    scales: &[f32],
+    column_params: ColumnParams,
     out: &mut [f32],
     range: std::ops::Range<usize>,
 ) {
-    let cols = scales.len();
+    let cols = column_params.cols;
     for c in range {
         let lanes = spread::<B>(read_u64(codes, c * row_bytes + at)).to_le_bytes();
+        let (offset, scale) = (column_params.offset(c), column_params.scale(c));
         for (row, &code) in out.chunks_exact_mut(cols).zip(&lanes) {
-            row[c] = params::dequantize(code, offsets[c], scales[c]);
+            row[c] = params::dequantize(code, offset, scale);
         }
     }
 }

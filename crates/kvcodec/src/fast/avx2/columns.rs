@@ -3,7 +3,7 @@
 
 use core::arch::x86_64::*;
 
-use super::fit::{Quant, asymmetric8, prefetch, symmetric8};
+use super::fit::{Quant, asymmetric8, symmetric8};
 use super::pack::{codes, pack8, squeeze4, transpose_codes};
 use super::vectors::{all_zero, load, load_at, load_i32, magnitude_mask, non_finite_bits, store};
 use crate::fast::bits::write_packed;
@@ -104,9 +104,7 @@ pub(super) fn fit_quantize_pack_columns<const B: u32>(
     // work. Larger tiles (which would push themselves out of L1 that way): a burst ahead of
     // each row, as the separate fitting pass does.
     let small = tile.len() <= AHEAD;
-    if !small {
-        prefetch(tile);
-    }
+    let l1_ahead = tile.len() <= 4096;
     let share = (tile.len() / blocks.max(1)).next_multiple_of(16);
     let ahead = |block: usize| {
         if !small {
@@ -155,9 +153,26 @@ pub(super) fn fit_quantize_pack_columns<const B: u32>(
         let base = 8 * block;
         // Accumulators start at 0, as the zero padding of a partial tile would leave them.
         let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        // The block's own flag, so that the loop's chain stays in a register.
+        let mut block_bad = _mm256_setzero_ps();
         for r in 0..rows {
+            if !small {
+                // The next tile, half a line per row of each block, spread over the fitting.
+                let next = tile
+                    .as_ptr()
+                    .wrapping_add(tile.len() + (block * rows + r) * 8);
+                // SAFETY: a prefetch never faults, whatever the address.
+                #[allow(unused_unsafe)]
+                unsafe {
+                    if l1_ahead {
+                        _mm_prefetch::<_MM_HINT_T0>(next.cast::<i8>())
+                    } else {
+                        _mm_prefetch::<_MM_HINT_T1>(next.cast::<i8>())
+                    }
+                };
+            }
             let x = load_at(tile, r * cols + base);
-            bad = _mm256_or_ps(bad, non_finite_bits(x));
+            block_bad = _mm256_or_ps(block_bad, non_finite_bits(x));
             match fit {
                 Fit::Symmetric(_) => hi = _mm256_max_ps(hi, _mm256_and_ps(x, magnitude)),
                 Fit::Asymmetric(_) => {
@@ -166,6 +181,7 @@ pub(super) fn fit_quantize_pack_columns<const B: u32>(
                 }
             }
         }
+        bad = _mm256_or_ps(bad, block_bad);
         let quant = block_params(fit, lo, hi, &mut fits, base, stride, &mut out);
         for k in 0..group_size / 8 {
             let first = 8 * k;

@@ -31,7 +31,7 @@ use crate::layout::Layout;
 use super::decode::{self, Stored};
 use super::encode;
 use super::params::{ColumnQuant, GroupQuant};
-use super::{ColumnScratch, ColumnTileOut, Dense, Fit, Kernels, Parts, Stop};
+use super::{ColumnParams, ColumnScratch, ColumnTileOut, Dense, Fit, Kernels, Parts, Stop};
 use columns::{fit_quantize_pack_columns, quantize_pack_columns};
 use fit::{
     asymmetric_columns, columns_amax, columns_range, group_amax, group_range, symmetric_columns,
@@ -206,11 +206,10 @@ impl Kernels for Avx2 {
         codes: &[u8],
         row_bytes: usize,
         at: usize,
-        offsets: &[i32],
-        scales: &[f32],
+        params: ColumnParams,
         out: &mut [f32],
     ) {
-        unsafe { dequantize_columns::<B>(codes, row_bytes, at, offsets, scales, out) }
+        unsafe { dequantize_columns::<B>(codes, row_bytes, at, params, out) }
     }
 
     #[inline(always)]

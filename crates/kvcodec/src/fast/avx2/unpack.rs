@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 use super::tables::Tables;
 use super::vectors::{load, store, transpose8};
 use crate::fast::bits::read_u64;
-use crate::fast::{decode, portable};
+use crate::fast::{ColumnParams, decode, portable};
 
 /// Eight B-bit codes from the low B bytes of a u64, as i32 lanes.
 pub(crate) struct Unpack {
@@ -238,6 +238,14 @@ fn groups_with<const B: u32, const MODE: u8>(
     }
 }
 
+/// [`dequantize8`] of packed codes already broadcast to every 64-bit lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dequantize_broadcast(unpack: &Unpack, word: __m256i, offset: i32, scale: f32) -> __m256 {
+    let difference = _mm256_sub_epi32(unpack.spread(word), _mm256_set1_epi32(offset));
+    _mm256_mul_ps(_mm256_cvtepi32_ps(difference), _mm256_set1_ps(scale))
+}
+
 /// The decoded values of eight packed codes: (code - offset) as f32 * scale.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -252,24 +260,43 @@ pub(super) fn dequantize_columns<const B: u32>(
     codes: &[u8],
     row_bytes: usize,
     at: usize,
-    offsets: &[i32],
-    scales: &[f32],
+    params: ColumnParams,
     out: &mut [f32],
 ) {
-    let cols = scales.len();
+    let cols = params.cols;
     let blocks = cols / 8;
     let unpack = Unpack::new::<B>();
+    // Whether the last whole block's last column has 8 bytes from `at`: then every column's
+    // load is a plain one, and each block's 8 columns are 8 straight-line calls that keep `v`
+    // in registers (a loop with the bounds-checked fallback in it went through the stack).
+    let in_bounds = blocks == 0 || (8 * blocks - 1) * row_bytes + at + 8 <= codes.len();
     for block in 0..blocks {
         // Column j's 8 rows, then transposed to row i's 8 columns.
-        let mut v = [_mm256_setzero_ps(); 8];
-        for (j, slot) in v.iter_mut().enumerate() {
+        let column = |j: usize| {
             let c = 8 * block + j;
-            let difference = _mm256_sub_epi32(
-                unpack.spread(broadcast_codes(codes, c * row_bytes + at)),
-                _mm256_set1_epi32(offsets[c]),
-            );
-            *slot = _mm256_mul_ps(_mm256_cvtepi32_ps(difference), _mm256_set1_ps(scales[c]));
-        }
+            let word = if in_bounds {
+                // SAFETY: codes[c * row_bytes + at..][..8] is in bounds, as checked for the
+                // last column of the last whole block.
+                unsafe {
+                    _mm256_broadcastq_epi64(_mm_loadl_epi64(
+                        codes.as_ptr().add(c * row_bytes + at).cast(),
+                    ))
+                }
+            } else {
+                broadcast_codes(codes, c * row_bytes + at)
+            };
+            dequantize_broadcast(&unpack, word, params.offset(c), params.scale(c))
+        };
+        let mut v = [
+            column(0),
+            column(1),
+            column(2),
+            column(3),
+            column(4),
+            column(5),
+            column(6),
+            column(7),
+        ];
         transpose8(&mut v);
         for (row, value) in out.chunks_exact_mut(cols).zip(v) {
             store(
@@ -278,7 +305,7 @@ pub(super) fn dequantize_columns<const B: u32>(
             );
         }
     }
-    portable::dequantize_columns::<B>(codes, row_bytes, at, offsets, scales, out, blocks * 8..cols);
+    portable::dequantize_columns::<B>(codes, row_bytes, at, params, out, blocks * 8..cols);
 }
 
 #[inline]
