@@ -101,8 +101,10 @@ pub(super) fn fit_quantize_pack_columns<const B: u32>(
     let mut fits = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     // Small tiles: the input from `AHEAD` floats past the tile's start on, a tile's length of
     // it, asked for a block's share at a time so that the requests spread over the tile's
-    // work. Larger tiles (which would push themselves out of L1 that way): a burst ahead of
-    // each row, as the separate fitting pass does.
+    // work. Larger tiles: the next tile, half a line per row of each block as the fitting goes
+    // (a burst of the whole tile at its start stalled on the line-fill buffers, and the loads
+    // then waited on memory), into L1 for tiles of up to 16 KiB and into L2 beyond (a 64 KiB
+    // tile does not fit L1 beside the one in hand; either hint the other way measured slower).
     let small = tile.len() <= AHEAD;
     let l1_ahead = tile.len() <= 4096;
     let share = (tile.len() / blocks.max(1)).next_multiple_of(16);
@@ -157,7 +159,6 @@ pub(super) fn fit_quantize_pack_columns<const B: u32>(
         let mut block_bad = _mm256_setzero_ps();
         for r in 0..rows {
             if !small {
-                // The next tile, half a line per row of each block, spread over the fitting.
                 let next = tile
                     .as_ptr()
                     .wrapping_add(tile.len() + (block * rows + r) * 8);
