@@ -555,6 +555,53 @@ fn batched_token_tiles_match_the_oracle() {
     }
 }
 
+/// Token-axis tiles wide enough for AVX-512's 16-column encoder (at least 8,192 floats, whole
+/// blocks of 16 columns): 1 to 16 blocks (fitted 8, 4, 2 and 1 at a time), a partial last
+/// tile both above and below that size (zero padding), every pattern on some shapes, and
+/// errors inside such tiles (the first tile decides, a non-finite value before an overflow).
+#[test]
+fn wide_token_tiles_match_the_oracle() {
+    for (tokens, features, group_size, every) in [
+        (2 * 128 + 100, 256, 128, true),
+        (3 * 64 + 5, 128, 64, true),
+        (2 * 128 + 1, 64, 128, false),
+        (2 * 64 + 33, 192, 64, false),
+        (2 * 256 + 7, 48, 256, false),
+        (3 * 32, 256, 32, false),
+    ] {
+        for (mode, bits) in modes_and_widths() {
+            let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
+            for (name, x) in patterns(tokens, features, layout) {
+                if !every && !matches!(name, "noise" | "ties") {
+                    continue;
+                }
+                let label = format!("{tokens}x{features} {mode} b{bits} g{group_size} {name}");
+                check(x.view(), layout, &label);
+            }
+        }
+    }
+    for mode in [Mode::Symmetric, Mode::Asymmetric] {
+        let layout = Layout::with_mode(GroupAxis::Token, mode, 4, 64).unwrap();
+        let cases: [&[((usize, usize), f32)]; 4] = [
+            &[((100, 77), f32::NAN)],
+            &[((70, 1), 3e38), ((71, 1), -3e38), ((190, 0), f32::INFINITY)],
+            &[
+                ((130, 17), 3e38),
+                ((131, 17), -3e38),
+                ((65, 127), f32::NEG_INFINITY),
+            ],
+            &[((10, 5), 3e38), ((11, 5), -3e38), ((12, 120), f32::NAN)],
+        ];
+        for cells in cases {
+            let mut x = noise(3 * 64 + 5, 128, 9);
+            for &(cell, value) in cells {
+                x[cell] = value;
+            }
+            check(x.view(), layout, &format!("{layout:?} {cells:?}"));
+        }
+    }
+}
+
 /// A token-axis code stream large enough to be written with streaming stores, with columns
 /// that start off 32-byte boundaries (encode only: the oracle is slow at this size).
 #[test]

@@ -254,7 +254,8 @@ fn decode_dense(
     let bits = layout.bits.get();
     match (kernel, orientation) {
         #[cfg(target_arch = "x86_64")]
-        (Kernel::Avx2, orientation) => {
+        // Decoding has no AVX-512 loops: AVX-512 runs AVX2's.
+        (Kernel::Avx2 | Kernel::Avx512, orientation) => {
             use crate::fast::avx2::{Avx2, decode_along_rows, decode_down_columns};
             let k = Avx2::detect().expect("availability is checked");
             // SAFETY: `k` proves the CPU has AVX2.
@@ -303,7 +304,14 @@ fn encode_parts(
     let bits = layout.bits.get();
     match (kernel, orientation) {
         #[cfg(target_arch = "x86_64")]
-        (Kernel::Avx2, orientation) => {
+        (Kernel::Avx512, Orientation::Columns) => {
+            use crate::fast::avx512::{Avx512, encode_down_columns};
+            let k = Avx512::detect().expect("availability is checked");
+            // SAFETY: `k` proves the CPU has AVX2 and AVX-512F.
+            unsafe { with_width!(bits, encode_down_columns, k, m, layout, spare) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Kernel::Avx2 | Kernel::Avx512, orientation) => {
             use crate::fast::avx2::{Avx2, encode_along_rows, encode_down_columns};
             let k = Avx2::detect().expect("availability is checked");
             // SAFETY: `k` proves the CPU has AVX2.

@@ -24,6 +24,8 @@ pub(crate) mod portable;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
 
 use params::{ColumnQuant, GroupQuant};
 

@@ -152,18 +152,18 @@ pub(super) fn symmetric_columns(amax: &[f32], qmax: u8, scale: &mut [f32]) {
 }
 
 /// A group's (or 8 columns') parameters, one per lane.
-pub(super) struct Quant {
-    pub(super) scale: __m256,
-    pub(super) low: __m256,
-    pub(super) high: __m256,
-    pub(super) offset: __m256i,
+pub(crate) struct Quant {
+    pub(crate) scale: __m256,
+    pub(crate) low: __m256,
+    pub(crate) high: __m256,
+    pub(crate) offset: __m256i,
 }
 
 /// Asymmetric parameters of 8 ranges [`lo`, `hi`] (as [`crate::fast::params::asymmetric`]),
 /// and the lanes whose scale is finite (all bits set there).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn asymmetric8(lo: __m256, hi: __m256, levels: u8) -> (Quant, __m256) {
+pub(crate) fn asymmetric8(lo: __m256, hi: __m256, levels: u8) -> (Quant, __m256) {
     let l = _mm256_set1_ps(f32::from(levels));
     let one = _mm256_set1_ps(1.0);
     let zero = _mm256_setzero_ps();
@@ -190,7 +190,7 @@ pub(super) fn asymmetric8(lo: __m256, hi: __m256, levels: u8) -> (Quant, __m256)
 /// [`crate::fast::params::symmetric`]).
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn symmetric8(amax: __m256, qmax: u8) -> Quant {
+pub(crate) fn symmetric8(amax: __m256, qmax: u8) -> Quant {
     let q = _mm256_set1_ps(f32::from(qmax));
     let scale = _mm256_div_ps(amax, q);
     let zero = _mm256_cmp_ps::<_CMP_EQ_OQ>(scale, _mm256_setzero_ps());

@@ -18,7 +18,7 @@
 //! [`Unpack`]: unpack::Unpack
 
 mod columns;
-mod fit;
+pub(crate) mod fit;
 mod pack;
 mod tables;
 pub(crate) mod unpack;
