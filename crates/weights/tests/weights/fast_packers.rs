@@ -98,7 +98,8 @@ const FILLS: [Fill; 4] = [Fill::Random(7), Fill::Ramp, Fill::Max, Fill::Zero];
 fn gptq_fast_matches_the_oracle_on_fixed_shapes() {
     for bits in GPTQ_BITS {
         let step = gptq::alignment(bits);
-        // Aligned, smallest, ragged on either side and past the kernels' 32-column blocks.
+        // Aligned, smallest, ragged on either side and past the kernels' 32-column blocks, and
+        // rows 2,048 codes apart (3 bits packs those through copies of each block).
         let shapes = [
             (step, step),
             (1, 1),
@@ -106,6 +107,7 @@ fn gptq_fast_matches_the_oracle_on_fixed_shapes() {
             (2 * step, 33),
             (3 * step - 5, 67),
             (64, 96),
+            (2 * step + 3, 2048),
         ];
         for (k, n) in shapes {
             for group_size in [1, 16, k.max(1)] {
