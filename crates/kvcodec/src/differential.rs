@@ -559,10 +559,13 @@ fn batched_token_tiles_match_the_oracle() {
 /// blocks of 16 columns): 1 to 16 blocks (fitted 8, 4, 2 and 1 at a time), a partial last
 /// tile both above and below that size (zero padding), every pattern on some shapes, and
 /// errors inside such tiles (the first tile decides, a non-finite value before an overflow).
+/// x86_64 only: elsewhere the portable kernel alone would run, whose tiles of every size the
+/// tests above cover (and QEMU's emulation of CI's other platforms would take minutes here).
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn wide_token_tiles_match_the_oracle() {
     for (tokens, features, group_size, every) in [
-        (2 * 128 + 100, 256, 128, true),
+        (2 * 128 + 100, 256, 128, false),
         (3 * 64 + 5, 128, 64, true),
         (2 * 128 + 1, 64, 128, false),
         (2 * 64 + 33, 192, 64, false),
