@@ -4,10 +4,10 @@
 //!
 //! Along tokens, a tile of at least [`WIDE_TILE`] floats (64 tokens of 128 features) whose
 //! columns are whole blocks of 16 is fitted row by row in memory order, up to 128 columns (8
-//! blocks of 16) at once, their minima and maxima in 16 of the 32 registers: the input is read as one
-//! sequential stream, which the hardware prefetchers follow (AVX2's 16 registers hold one block
-//! of 8 columns, so it fits a block down the tile, 32 bytes a row apart, and prefetches by
-//! hand). Each block's parameters are AVX2's `symmetric8` and `asymmetric8` on each half, so
+//! blocks of 16) at once, their minima and maxima in 16 of the 32 registers: the input is read
+//! as one sequential stream, which the hardware prefetchers follow (AVX2's 16 registers hold
+//! one block of 8 columns, so it fits a block down the tile, 32 bytes a row apart, and
+//! prefetches by hand; prefetching by hand here measured slower). Each block's parameters are AVX2's `symmetric8` and `asymmetric8` on each half, so
 //! they are those functions' bits, which the tests hold to the scalar rule; its rows are then
 //! quantized exactly as AVX2 does (IEEE division, clamp, conversion rounding half to even).
 //! Codes are packed without a transpose: lane j of a block is column j, so row i's codes are
