@@ -37,6 +37,11 @@
 //! the dashes plotters draws (one `<polyline>` each); then the markers (`<g class="marker" ...
 //! transform="translate(X,Y)">` around one shape), at the pixels plotters' mapping gives.
 //!
+//! **Axis titles.** The x axis title's lines are centred under the grid, 16 px apart. A line
+//! wider than the grid (one panel's width holds about 46 characters) overhangs it; where the
+//! legend reaches below the grid, into those rows, such a line is wrapped at spaces to the
+//! grid's width instead, so that it never runs over a swatch or label.
+//!
 //! **Legend.** For each heading (a bold `<text>`), one entry per series: `<g class="swatch"
 //! data-series="LABEL" transform="translate(X,Y)">` around the series' own shape and paint,
 //! followed by its label as a `<text>`. plotters writes a text's content on its own line, between
@@ -102,8 +107,13 @@ const PLOT_HEIGHT: i32 = 200;
 /// Room left of the grid (the y axis title) and above it (the chart's title).
 const GRID_LEFT: i32 = 36;
 const GRID_TOP: i32 = 44;
-/// Room below the grid for the x axis title.
+/// Room below the grid for the x axis title's two lines; a wrapped title adds a line's height
+/// per extra line.
 const GRID_BOTTOM: i32 = 50;
+const X_TITLE_LINE_HEIGHT: i32 = 16;
+/// A generous width of a character of the x axis title (13 px): wider than common faces'
+/// average, so that a line wrapped to the grid's width stays inside it whatever face draws it.
+const X_TITLE_CHAR_WIDTH: f64 = 7.8;
 /// Approximate width of a character of the tick and legend fonts, to keep labels apart.
 const CHAR_WIDTH: f64 = 6.6;
 const GREY: RGBColor = RGBColor(0x5A, 0x5A, 0x5A);
@@ -254,6 +264,22 @@ fn write(area: &Area, label: &str, at: (i32, i32), style: TextStyle) -> Result<(
         .map_err(drawing)
 }
 
+/// `line` broken at spaces into lines of at most `width` characters (a longer word alone on
+/// its line).
+fn wrapped(line: &str, width: usize) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for word in line.split_whitespace() {
+        match out.last_mut() {
+            Some(last) if last.chars().count() + 1 + word.chars().count() <= width => {
+                last.push(' ');
+                last.push_str(word);
+            }
+            _ => out.push(word.to_string()),
+        }
+    }
+    out
+}
+
 /// A text style centred vertically on its pixel, anchored horizontally at `h`.
 fn anchored(font: FontDesc<'static>, colour: &'static RGBColor, h: HPos) -> TextStyle<'static> {
     font.color(colour).pos(Pos::new(h, VPos::Center))
@@ -262,7 +288,8 @@ fn anchored(font: FontDesc<'static>, colour: &'static RGBColor, h: HPos) -> Text
 /// A chart's frame: titles, grid shape, the shared y range and the legend.
 pub struct Layout<'a> {
     pub title: String,
-    /// The x axis title in two lines (what, then how it is scaled), to fit under one panel.
+    /// The x axis title in two lines (what, then how it is scaled), wrapped further where it
+    /// would meet the legend (module docs).
     pub x_title: [&'a str; 2],
     /// The y axis title in two lines, so that it fits beside a single row of panels.
     pub y_title: [&'a str; 2],
@@ -312,6 +339,27 @@ impl Layout<'_> {
         GRID_TOP + 10 + self.legend.len() as i32 * 40 + entries as i32 * 18
     }
 
+    /// The x axis title's lines as drawn, each centred under the grid. A line wider than the
+    /// grid overhangs it on both sides; when the legend reaches below the grid, into the title's
+    /// rows, that line would run into the legend (over its swatches and labels), so it is
+    /// wrapped at spaces to the grid's width instead.
+    fn x_title_lines(&self) -> Vec<String> {
+        let grid_width = f64::from(self.columns as i32 * CELL_WIDTH);
+        let grid_bottom = GRID_TOP + self.rows as i32 * CELL_HEIGHT;
+        let crowded = self.legend_height() > grid_bottom;
+        self.x_title
+            .iter()
+            .flat_map(|line| {
+                let width = line.chars().count() as f64 * X_TITLE_CHAR_WIDTH;
+                if crowded && width > grid_width {
+                    wrapped(line, (grid_width / X_TITLE_CHAR_WIDTH) as usize)
+                } else {
+                    vec![line.to_string()]
+                }
+            })
+            .collect()
+    }
+
     fn grid_right(&self) -> i32 {
         GRID_LEFT + self.columns as i32 * CELL_WIDTH
     }
@@ -319,7 +367,11 @@ impl Layout<'_> {
     /// The document's size in whole pixels, as plotters takes it.
     pub fn size(&self) -> (u32, u32) {
         let width = self.grid_right() as f64 + self.legend_width() + 10.0;
-        let grid = GRID_TOP + self.rows as i32 * CELL_HEIGHT + GRID_BOTTOM;
+        let extra_lines = self.x_title_lines().len().saturating_sub(2) as i32;
+        let grid = GRID_TOP
+            + self.rows as i32 * CELL_HEIGHT
+            + GRID_BOTTOM
+            + extra_lines * X_TITLE_LINE_HEIGHT;
         (width.ceil() as u32, grid.max(self.legend_height()) as u32)
     }
 
@@ -338,8 +390,9 @@ impl Layout<'_> {
                 (GRID_LEFT, 21),
                 anchored(font(18.0), &BLACK, HPos::Left),
             )?;
-            for (line, dy) in self.x_title.iter().zip([19, 35]) {
+            for (i, line) in self.x_title_lines().iter().enumerate() {
                 let style = anchored(font(13.0), &BLACK, HPos::Center);
+                let dy = 19 + i as i32 * X_TITLE_LINE_HEIGHT;
                 write(root, line, (grid_middle, grid_bottom + dy), style)?;
             }
             // Rotated a quarter turn back, the text reads upwards and its 0.5ex drop moves it
@@ -632,6 +685,87 @@ mod tests {
         )));
         // The same panel gives the same bytes.
         assert_eq!(layout.panel(&panel(1), &points).unwrap().0, svg);
+    }
+
+    /// Each root text's (x, y, content), in document order.
+    fn texts(svg: &str) -> Vec<(i32, i32, String)> {
+        svg.split("<text x=\"")
+            .skip(1)
+            .map(|t| {
+                let x = t[..t.find('"').unwrap()].parse().unwrap();
+                let y_at = t.find("y=\"").unwrap() + 3;
+                let y = t[y_at..y_at + t[y_at..].find('"').unwrap()]
+                    .parse()
+                    .unwrap();
+                let body = &t[t.find(">\n").unwrap() + 2..t.find("\n</text>").unwrap()];
+                (x, y, body.to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_long_x_title_wraps_inside_the_grid_only_where_the_legend_reaches_its_rows() {
+        let y_label = |y: f64| significant(y);
+        let long =
+            "one panel per schedule, each on its own scale; the line joins its Pareto frontier";
+        let series = |n: usize| {
+            (0..n)
+                .map(|index| Series {
+                    label: format!("series{index}"),
+                    index,
+                    hollow: false,
+                })
+                .collect::<Vec<_>>()
+        };
+        let one_column = |n| Layout {
+            x_title: ["bytes (log)", long],
+            columns: 1,
+            legend: vec![("schemes", series(n))],
+            ..layout(&y_label)
+        };
+        // A short legend leaves the rows under the grid free: the line stays whole.
+        let short = one_column(3);
+        let svg = short.open().unwrap();
+        assert!(texts(&svg).iter().any(|(_, _, t)| t == long));
+        let grid_bottom = GRID_TOP + CELL_HEIGHT;
+        assert_eq!(short.size().1, (grid_bottom + GRID_BOTTOM) as u32);
+        // Twenty series reach below the grid: the line wraps into lines no wider than the grid,
+        // stacked under the first line, and the legend's entries keep clear of them.
+        let tall = one_column(20);
+        let svg = tall.open().unwrap();
+        let lines: Vec<(i32, i32, String)> = texts(&svg)
+            .into_iter()
+            .filter(|(_, y, _)| *y > grid_bottom && *y < grid_bottom + 120)
+            .filter(|(x, _, _)| *x < tall.grid_right())
+            .collect();
+        let words: Vec<&str> = lines[1..].iter().map(|(_, _, t)| t.as_str()).collect();
+        assert_eq!(lines[0].2, "bytes (log)");
+        assert_eq!(words.join(" "), long);
+        assert!(words.len() >= 2);
+        for (i, (x, y, text)) in lines.iter().enumerate() {
+            let half = text.chars().count() as f64 * X_TITLE_CHAR_WIDTH / 2.0;
+            assert_eq!(*x, (GRID_LEFT + tall.grid_right()) / 2);
+            assert!(f64::from(*x) - half >= f64::from(GRID_LEFT), "{text}");
+            assert!(
+                f64::from(*x) + half <= f64::from(tall.grid_right()),
+                "{text}"
+            );
+            assert_eq!(*y, grid_bottom + 19 + i as i32 * X_TITLE_LINE_HEIGHT);
+        }
+        let bottom = grid_bottom + GRID_BOTTOM + (lines.len() as i32 - 2) * X_TITLE_LINE_HEIGHT;
+        assert_eq!(tall.size().1, bottom.max(tall.legend_height()) as u32);
+        // Wider grids hold the line whole, however tall the legend.
+        let wide = Layout {
+            columns: 2,
+            ..one_column(20)
+        };
+        assert!(
+            texts(&wide.open().unwrap())
+                .iter()
+                .any(|(_, _, t)| t == long)
+        );
+        assert_eq!(wrapped("a bb ccc", 4), ["a bb", "ccc"]);
+        assert_eq!(wrapped("abcdefgh ij", 4), ["abcdefgh", "ij"]);
     }
 
     #[test]

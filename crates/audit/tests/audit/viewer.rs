@@ -549,3 +549,42 @@ fn markers_whose_data_coincide_still_pass() {
     assert_eq!(at("recent8"), at("early8"));
     assert_pass(&audit(&dir));
 }
+
+#[test]
+fn an_axis_title_wrapped_into_lines_passes_and_one_garbled_in_wrapping_fails() {
+    // The runner wraps a long x axis title under a one-panel grid when a tall legend reaches
+    // its rows: the same words, in order, on consecutive lines.
+    let wrap = |pieces: [&str; 2]| {
+        chart_edit(move |lines| {
+            let at = starting(lines, "one column per length N")[0];
+            // The small run's chart has room for one line there: the pieces share it, 16 px
+            // apart, as the runner spaces lines.
+            let opening = lines[at - 1].clone();
+            let y: i32 = attribute(&opening, "y").parse().unwrap();
+            lines[at - 1] = with_attribute(&opening, "y", &(y - 6).to_string());
+            let below = with_attribute(&opening, "y", &(y + 10).to_string());
+            lines.splice(
+                at..at + 1,
+                [
+                    pieces[0].to_string(),
+                    "</text>".into(),
+                    below,
+                    pieces[1].to_string(),
+                ],
+            );
+        })
+    };
+    assert_pass(&wrap(["one column per length N,", "each on its own scale"]));
+    // Lines out of order, or a word dropped in the wrapping, are not the title.
+    let title = "one column per length N, each on its own scale";
+    for pieces in [
+        ["each on its own scale", "one column per length N,"],
+        ["one column per length N,", "each on its scale"],
+    ] {
+        let report = wrap(pieces);
+        assert_chart(&report, "garbled title", |p| match p {
+            ChartProblem::Label { expected } => expected == title,
+            _ => false,
+        });
+    }
+}
