@@ -1,11 +1,9 @@
 //! The block drivers: how many columns each kernel call takes, the non-temporal stores for
-//! large outputs, and the loops that run a [`Kernel`] over whole rows of columns.
+//! large outputs, and the loops that run a [`Pack`] or [`Unpack`] over whole rows of columns.
 
 // Columns per kernel call (the drivers' `L`), per width and direction, by measurement. The
 // kernels work on fixed-size local arrays (no store can alias an input, no bounds checks), so
 // their loops vectorize; the drivers copy blocks in and out.
-pub(super) const PTWO: usize = 32;
-pub(super) const PTHREE: usize = 32;
 pub(super) const PFOUR: usize = 32;
 pub(super) const PEIGHT: usize = 32;
 pub(super) const UTWO: usize = 64;
@@ -36,7 +34,7 @@ pub(super) fn store_fence() {
 /// Copies `from` into `to` (of the same length); with `stream`, and `to` 16-byte aligned and
 /// `from` whole 16-byte pieces, as non-temporal stores (the caller fences after the last).
 #[inline(always)]
-fn put<T: Copy, const N: usize>(to: &mut [T], from: &[T; N], stream: bool) {
+pub(super) fn put<T: Copy, const N: usize>(to: &mut [T], from: &[T; N], stream: bool) {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     if stream
         && std::mem::size_of::<[T; N]>().is_multiple_of(16)
@@ -63,10 +61,14 @@ fn put<T: Copy, const N: usize>(to: &mut [T], from: &[T; N], stream: bool) {
     to.copy_from_slice(from);
 }
 
-/// One unit of the GPTQ stream: R rows of b-bit codes per column fill W words exactly.
-pub(super) trait Kernel<const R: usize, const W: usize> {
+/// Packing one unit of the GPTQ stream: R rows of b-bit codes per column fill W words exactly.
+pub(super) trait Pack<const R: usize, const W: usize> {
     /// Packs LANES columns of R rows into W words each.
     fn pack<const LANES: usize>(rows: &[&[u8; LANES]; R], words: &mut [[u32; LANES]; W]);
+}
+
+/// Unpacking one unit of the GPTQ stream.
+pub(super) trait Unpack<const R: usize, const W: usize> {
     /// Unpacks LANES columns of W words into R rows of codes.
     fn unpack<const LANES: usize>(words: &[[u32; LANES]; W], rows: &mut [[u8; LANES]; R]);
 }
@@ -74,7 +76,7 @@ pub(super) trait Kernel<const R: usize, const W: usize> {
 /// Runs a packing kernel over all columns of R equally long rows, writing W word rows of the
 /// same length; the last partial block goes through zero-filled copies.
 #[inline(always)]
-pub(super) fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, const LANES: usize>(
+pub(super) fn pack_columns<const R: usize, const W: usize, K: Pack<R, W>, const LANES: usize>(
     rows: &[&[u8]; R],
     outs: &mut [&mut [i32]; W],
     stream: bool,
@@ -84,18 +86,13 @@ pub(super) fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, cons
     debug_assert!(outs.iter().all(|o| o.len() == len));
     let full = len - len % LANES;
     let mut words = [[0u32; LANES]; W];
-    let copy = through_copies(rows);
     for start in (0..full).step_by(LANES) {
         let block: [&[u8; LANES]; R] = std::array::from_fn(|j| {
             rows[j][start..start + LANES]
                 .try_into()
                 .expect("LANES codes")
         });
-        if copy {
-            K::pack::<LANES>(&block.map(|row| *row).each_ref(), &mut words);
-        } else {
-            K::pack::<LANES>(&block, &mut words);
-        }
+        K::pack::<LANES>(&block, &mut words);
         for (out, words) in outs.iter_mut().zip(&words) {
             let out = &mut out[start..start + LANES];
             if stream {
@@ -122,27 +119,12 @@ pub(super) fn pack_columns<const R: usize, const W: usize, K: Kernel<R, W>, cons
     }
 }
 
-/// Whether [`pack_columns`] packs each block from a contiguous copy of its rows rather than
-/// from the rows in place: for 32 rows (3 bits) lying a multiple of 2 KiB apart, which fall into
-/// at most two of the 64 sets of a 64-byte-line L1 (as on the x86-64 CPUs this was measured on)
-/// and evict each other while a block is packed. Measured in one process on 2^27 codes, 3-bit
-/// packing with rows 2,048, 4,096, 8,192 and 16,384 bytes apart went from 0.23-0.37x memcpy to
-/// 0.42-0.47x with copies, while at 3,072, 5,120 and 16,448 bytes apart copies were slower
-/// (0.34-0.39x against 0.42-0.55x). The words are the same either way.
-fn through_copies<const R: usize>(rows: &[&[u8]; R]) -> bool {
-    if R < 32 {
-        return false;
-    }
-    let stride = (rows[1].as_ptr() as usize).wrapping_sub(rows[0].as_ptr() as usize);
-    stride.is_multiple_of(2048)
-}
-
 /// Runs an unpacking kernel over all columns of W equally long word rows, writing R rows of
 /// codes; the last partial block goes through copies.
 pub(super) fn unpack_columns<
     const R: usize,
     const W: usize,
-    K: Kernel<R, W>,
+    K: Unpack<R, W>,
     const LANES: usize,
 >(
     words: &[&[i32]; W],
@@ -181,8 +163,9 @@ pub(super) fn unpack_columns<
 
 /// [`pack_columns`] compiled for AVX2 where the CPU has it: the same source and integer
 /// operations, so the same words, in 256-bit vectors (the baseline build's 128-bit ones packed
-/// 2 and 3 bits at a sixth to a third of memcpy on this project's AMD machine).
-pub(super) fn pack_columns_best<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>(
+/// 2 and 3 bits, which went this way then, at a sixth to a third of memcpy on this project's
+/// AMD machine).
+pub(super) fn pack_columns_best<const R: usize, const W: usize, K: Pack<R, W>, const L: usize>(
     rows: &[&[u8]; R],
     outs: &mut [&mut [i32]; W],
     stream: bool,
@@ -197,7 +180,7 @@ pub(super) fn pack_columns_best<const R: usize, const W: usize, K: Kernel<R, W>,
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn pack_columns_avx2<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>(
+fn pack_columns_avx2<const R: usize, const W: usize, K: Pack<R, W>, const L: usize>(
     rows: &[&[u8]; R],
     outs: &mut [&mut [i32]; W],
     stream: bool,

@@ -1,8 +1,9 @@
-//! The per-block kernels, one per width. Codes are in range (the logical matrix guarantees
-//! it), so packing needs no masks. Both directions go through bytes (or, at 3 bits, 12-bit
+//! The per-block kernels, one per width and direction (2 and 3 bits pack a few rows at a time
+//! instead, [`super::rows`]). Codes are in range (the logical matrix guarantees it), so
+//! packing needs no masks. Both directions go through bytes (or, at 3 bits, 12-bit
 //! halves and 6-bit pairs) so that few lanes are ever narrowed from 32 bits.
 
-use super::drivers::Kernel;
+use super::drivers::{Pack, Unpack};
 
 /// 2 bits: 16 rows per word, row 4i + j at bits 8i + 2j.
 pub(super) struct Two;
@@ -13,20 +14,7 @@ pub(super) struct Four;
 /// 8 bits: 4 rows per word, row i at bits 8i.
 pub(super) struct Eight;
 
-impl Kernel<16, 1> for Two {
-    #[inline(always)]
-    fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 16], words: &mut [[u32; LANES]; 1]) {
-        for (c, word) in words[0].iter_mut().enumerate() {
-            let byte = |i: usize| {
-                rows[4 * i][c]
-                    | rows[4 * i + 1][c] << 2
-                    | rows[4 * i + 2][c] << 4
-                    | rows[4 * i + 3][c] << 6
-            };
-            *word = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
-        }
-    }
-
+impl Unpack<16, 1> for Two {
     #[inline(always)]
     fn unpack<const LANES: usize>(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 16]) {
         for i in 0..4 {
@@ -43,7 +31,7 @@ impl Kernel<16, 1> for Two {
     }
 }
 
-impl Kernel<8, 1> for Four {
+impl Pack<8, 1> for Four {
     #[inline(always)]
     fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 8], words: &mut [[u32; LANES]; 1]) {
         for (c, word) in words[0].iter_mut().enumerate() {
@@ -51,7 +39,9 @@ impl Kernel<8, 1> for Four {
             *word = u32::from_le_bytes([byte(0), byte(1), byte(2), byte(3)]);
         }
     }
+}
 
+impl Unpack<8, 1> for Four {
     #[inline(always)]
     fn unpack<const LANES: usize>(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 8]) {
         for i in 0..4 {
@@ -106,7 +96,7 @@ mod sse2 {
     }
 }
 
-impl Kernel<4, 1> for Eight {
+impl Pack<4, 1> for Eight {
     #[inline(always)]
     fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 4], words: &mut [[u32; LANES]; 1]) {
         #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
@@ -119,7 +109,9 @@ impl Kernel<4, 1> for Eight {
             *word = u32::from_le_bytes([rows[0][c], rows[1][c], rows[2][c], rows[3][c]]);
         }
     }
+}
 
+impl Unpack<4, 1> for Eight {
     #[inline(always)]
     fn unpack<const LANES: usize>(words: &[[u32; LANES]; 1], rows: &mut [[u8; LANES]; 4]) {
         for (i, row) in rows.iter_mut().enumerate() {
@@ -132,23 +124,7 @@ impl Kernel<4, 1> for Eight {
 
 /// Each eight rows make a 24-bit piece; the pieces sit at bits 0, 24, 48 and 72 of the
 /// three words, so rows 10 and 21 straddle the word boundaries.
-impl Kernel<32, 3> for Three {
-    #[inline(always)]
-    fn pack<const LANES: usize>(rows: &[&[u8; LANES]; 32], words: &mut [[u32; LANES]; 3]) {
-        for c in 0..LANES {
-            let pair = |r: usize| u16::from(rows[r][c] | rows[r + 1][c] << 3);
-            let piece = |r: usize| {
-                let low = pair(r) | pair(r + 2) << 6;
-                let high = pair(r + 4) | pair(r + 6) << 6;
-                u32::from(low) | u32::from(high) << 12
-            };
-            let t = [piece(0), piece(8), piece(16), piece(24)];
-            words[0][c] = t[0] | t[1] << 24;
-            words[1][c] = t[1] >> 8 | t[2] << 16;
-            words[2][c] = t[2] >> 16 | t[3] << 8;
-        }
-    }
-
+impl Unpack<32, 3> for Three {
     #[inline(always)]
     fn unpack<const LANES: usize>(words: &[[u32; LANES]; 3], rows: &mut [[u8; LANES]; 32]) {
         let [w0, w1, w2] = words;

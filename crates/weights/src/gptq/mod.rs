@@ -37,6 +37,7 @@ mod drivers;
 mod kernels;
 mod pack;
 pub mod reference;
+mod rows;
 mod unpack;
 
 pub(crate) use pack::reusable;

@@ -4,11 +4,9 @@
 use half::f16;
 use ndarray::Array2;
 
-use super::drivers::{
-    Kernel, PEIGHT, PFOUR, PTHREE, PTWO, pack_columns_best as columns, store_fence, streams,
-};
-use super::kernels;
+use super::drivers::{PEIGHT, PFOUR, pack_columns_best as columns, store_fence, streams};
 use super::{GptqLayer, ZeroConvention, alignment, check_bits};
+use super::{kernels, rows};
 use crate::error::Result;
 use crate::logical::LogicalWeights;
 use bitpack::{Bits, stream as bits};
@@ -81,10 +79,10 @@ pub fn pack_into(
         g_idx: &parts.g_idx,
     };
     match bits {
-        2 => pack_qweight::<_, _, kernels::Two, PTWO>(&source, qweight),
-        3 => pack_qweight::<_, _, kernels::Three, PTHREE>(&source, qweight),
-        4 => pack_qweight::<_, _, kernels::Four, PFOUR>(&source, qweight),
-        _ => pack_qweight::<_, _, kernels::Eight, PEIGHT>(&source, qweight),
+        2 => pack_qweight::<16, 1>(&source, qweight, rows::pack),
+        3 => pack_qweight::<32, 3>(&source, qweight, rows::pack),
+        4 => pack_qweight(&source, qweight, columns::<8, 1, kernels::Four, PFOUR>),
+        _ => pack_qweight(&source, qweight, columns::<4, 1, kernels::Eight, PEIGHT>),
     }
     layer.bits = bits;
     layer.group_size = weights.group_size();
@@ -175,10 +173,14 @@ impl<'a> RowSource<'a> {
     }
 }
 
+/// A driver that packs R code rows into W word rows (non-temporal stores when asked).
+type PackUnit<const R: usize, const W: usize> = fn(&[&[u8]; R], &mut [&mut [i32]; W], bool);
+
 /// Fills qweight [padded K * b/32, padded N] unit by unit: R rows of codes into W word rows.
-fn pack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>(
+fn pack_qweight<const R: usize, const W: usize>(
     source: &RowSource<'_>,
     qweight: &mut [i32],
+    columns: PackUnit<R, W>,
 ) {
     let (n, padded_n) = (source.n, source.padded_n);
     // One word row per unit (2, 4 and 8 bits), so whole lines of one row stream; three rows
@@ -191,10 +193,10 @@ fn pack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>
             std::array::from_fn(|_| rows.next().expect("W word rows").split_at_mut(n));
         let main: [&[u8]; R] = std::array::from_fn(|j| source.main(first + j));
         let main_outs = &mut outs.each_mut().map(|(m, _)| &mut **m);
-        columns::<R, W, K, L>(&main, main_outs, stream);
+        columns(&main, main_outs, stream);
         if padded_n > n {
             let tail: [&[u8]; R] = std::array::from_fn(|j| source.tail(first + j));
-            columns::<R, W, K, L>(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t), false);
+            columns(&tail, &mut outs.each_mut().map(|(_, t)| &mut **t), false);
         }
     }
     if stream {

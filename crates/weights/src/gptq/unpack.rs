@@ -3,7 +3,7 @@
 
 use ndarray::Array2;
 
-use super::drivers::{Kernel, UEIGHT, UFOUR, UTHREE, UTWO, unpack_columns};
+use super::drivers::{UEIGHT, UFOUR, UTHREE, UTWO, Unpack, unpack_columns};
 use super::kernels;
 use super::{GptqLayer, ZeroConvention, check_bits, max_code};
 use crate::error::{FormatError, Result};
@@ -143,7 +143,7 @@ struct RowTarget<'a> {
 }
 
 /// Decodes qweight [stored K * b/32, stored N] unit by unit into the cropped codes.
-fn unpack_qweight<const R: usize, const W: usize, K: Kernel<R, W>, const L: usize>(
+fn unpack_qweight<const R: usize, const W: usize, K: Unpack<R, W>, const L: usize>(
     qweight: &[i32],
     target: RowTarget<'_>,
 ) {

@@ -98,8 +98,8 @@ const FILLS: [Fill; 4] = [Fill::Random(7), Fill::Ramp, Fill::Max, Fill::Zero];
 fn gptq_fast_matches_the_oracle_on_fixed_shapes() {
     for bits in GPTQ_BITS {
         let step = gptq::alignment(bits);
-        // Aligned, smallest, ragged on either side and past the kernels' 32-column blocks, and
-        // rows 2,048 codes apart (3 bits packs those through copies of each block).
+        // Aligned, smallest, ragged on either side and past the kernels' 32-column blocks, one
+        // whole 2,048-column chunk of the 2- and 3-bit packer, and two and a part of one.
         let shapes = [
             (step, step),
             (1, 1),
@@ -108,6 +108,7 @@ fn gptq_fast_matches_the_oracle_on_fixed_shapes() {
             (3 * step - 5, 67),
             (64, 96),
             (2 * step + 3, 2048),
+            (step + 3, 2 * 2048 + 37),
         ];
         for (k, n) in shapes {
             for group_size in [1, 16, k.max(1)] {
@@ -345,7 +346,8 @@ fn into_variants_reuse_any_previous_output_and_match_the_allocating_ones() {
 #[test]
 fn large_layers_past_the_streaming_threshold_match_the_oracle() {
     // 8 MiB and more of qweight (pack) and of codes (unpack): the non-temporal stores. N is off
-    // the 32- and 64-column blocks, so each row also ends in a partial block.
+    // the 32- and 64-column blocks and the 2,048-column chunks, so each row also ends in a
+    // partial block or chunk.
     for (bits, k) in [(8, 2048), (4, 4096), (2, 8192)] {
         let w = matrix(bits, k, 4100, 128, Fill::Random(11), false);
         check_gptq(&w);
