@@ -133,6 +133,7 @@ fn a_crlf_checkout_audits_the_archived_evidence_as_the_lf_one_does() {
         "model-quality-layers",
         "model-quality-8192",
         "kv-methods-2048",
+        "kv-methods-8192",
     ] {
         assert!(
             stdout.contains(&format!("UNVERIFIED evidence/{dir}\n")),
