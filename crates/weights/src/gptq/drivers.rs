@@ -121,6 +121,7 @@ pub(super) fn pack_columns<const R: usize, const W: usize, K: Pack<R, W>, const 
 
 /// Runs an unpacking kernel over all columns of W equally long word rows, writing R rows of
 /// codes; the last partial block goes through copies.
+#[inline(always)]
 pub(super) fn unpack_columns<
     const R: usize,
     const W: usize,

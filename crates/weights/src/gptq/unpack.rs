@@ -81,10 +81,10 @@ fn unpack_with(layer: &GptqLayer, buffer: Vec<u8>) -> Result<LogicalWeights> {
         stored_n,
     };
     match bits {
-        2 => unpack_qweight::<_, _, kernels::Two, UTWO>(words, target),
+        2 => unpack_qweight_best::<_, _, kernels::Two, UTWO>(words, target),
         3 => unpack_qweight::<_, _, kernels::Three, UTHREE>(words, target),
-        4 => unpack_qweight::<_, _, kernels::Four, UFOUR>(words, target),
-        _ => unpack_qweight::<_, _, kernels::Eight, UEIGHT>(words, target),
+        4 => unpack_qweight_best::<_, _, kernels::Four, UFOUR>(words, target),
+        _ => unpack_qweight_best::<_, _, kernels::Eight, UEIGHT>(words, target),
     }
     let codes = Array2::from_shape_vec((k, n), codes).expect("k * n codes");
 
@@ -142,7 +142,33 @@ struct RowTarget<'a> {
     stored_n: usize,
 }
 
+/// [`unpack_qweight`] compiled for AVX2 where the CPU has it: the same source and integer
+/// operations, so the same codes, in 256-bit vectors (faster at 2, 4 and 8 bits on this
+/// project's AMD machine; 3 bits, through 12-bit halves and 6-bit pairs, was not, so it keeps
+/// the baseline build: docs/speed.md).
+fn unpack_qweight_best<const R: usize, const W: usize, K: Unpack<R, W>, const L: usize>(
+    qweight: &[i32],
+    target: RowTarget<'_>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, as just checked.
+        return unsafe { unpack_qweight_avx2::<R, W, K, L>(qweight, target) };
+    }
+    unpack_qweight::<R, W, K, L>(qweight, target)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn unpack_qweight_avx2<const R: usize, const W: usize, K: Unpack<R, W>, const L: usize>(
+    qweight: &[i32],
+    target: RowTarget<'_>,
+) {
+    unpack_qweight::<R, W, K, L>(qweight, target)
+}
+
 /// Decodes qweight [stored K * b/32, stored N] unit by unit into the cropped codes.
+#[inline(always)]
 fn unpack_qweight<const R: usize, const W: usize, K: Unpack<R, W>, const L: usize>(
     qweight: &[i32],
     target: RowTarget<'_>,
