@@ -339,16 +339,20 @@ fn errors_inside_batches_are_the_oracles() {
     for group_size in [8, 32] {
         for mode in [Mode::Symmetric, Mode::Asymmetric] {
             let layout = Layout::with_mode(GroupAxis::Feature, mode, 4, group_size).unwrap();
-            let cases: [&[(usize, f32)]; 5] = [
+            // Groups 0-7 fill a batch of 8; at 8 values a group, 0-15 one of 16 (AVX-512).
+            let cases: [&[(usize, f32)]; 8] = [
                 &[(5, f32::NAN)],
                 &[(2, 3e38), (3, -3e38), (5, f32::INFINITY)],
                 &[(1, f32::NEG_INFINITY), (6, 3e38), (7, -3e38)],
                 &[(4, 3e38), (4, -3e38), (4, f32::NAN)],
                 &[(7, -3e38), (7, 3e38)],
+                &[(12, f32::NAN)],
+                &[(9, 3e38), (9, -3e38), (14, f32::INFINITY)],
+                &[(15, -3e38), (15, 3e38)],
             ];
             for cells in cases {
                 for row in [0, 2] {
-                    let mut x = noise(3, 8 * group_size + 5, 9);
+                    let mut x = noise(3, 16 * group_size + 5, 9);
                     for (i, &(group, value)) in cells.iter().enumerate() {
                         x[(row, group * group_size + (3 * i) % group_size)] = value;
                     }
@@ -605,8 +609,9 @@ fn wide_token_tiles_match_the_oracle() {
     }
 }
 
-/// A token-axis code stream large enough to be written with streaming stores, with columns
-/// that start off 32-byte boundaries (encode only: the oracle is slow at this size).
+/// A large token-axis code stream (8-bit codes in groups of 8: runs of 1 KiB per column and
+/// batch of tiles), with columns that start off 32-byte boundaries (encode only: the oracle is
+/// slow at this size).
 #[test]
 fn large_token_streams_match_the_oracle() {
     let x = noise(32771, 129, 17);

@@ -55,7 +55,7 @@ pub fn encode(x: ArrayView2<f32>, layout: Layout) -> Result<PackedTensor> {
 
 /// [`encode`] with the given kernel; every kernel writes the same bytes.
 pub fn encode_with(kernel: Kernel, x: ArrayView2<f32>, layout: Layout) -> Result<PackedTensor> {
-    encode_in(kernel, x, layout, Parts::default(), Vec::new())
+    encode_in(kernel, x, layout, Parts::default())
 }
 
 /// [`encode`] into the memory of `spare`, a tensor no longer needed (of any layout and shape),
@@ -80,18 +80,18 @@ pub fn encode_reusing_with(
     let spare = Parts {
         codes,
         scales,
-        zero_points: Vec::new(),
+        zero_points,
     };
-    encode_in(kernel, x, layout, spare, zero_points)
+    encode_in(kernel, x, layout, spare)
 }
 
-/// Encodes into `spare`'s memory, and packs the zero points into `spare_zero_points`'s.
+/// Encodes into `spare`'s memory. The zero points are fitted one byte each and packed in place,
+/// so their buffer keeps the unpacked length's capacity for the next encoding that reuses it.
 fn encode_in(
     kernel: Kernel,
     x: ArrayView2<f32>,
     layout: Layout,
     spare: Parts,
-    spare_zero_points: Vec<u8>,
 ) -> Result<PackedTensor> {
     check_shape(x.dim())?;
     if !kernel.is_available() {
@@ -117,13 +117,7 @@ fn encode_in(
         .expect("one scale per group");
     let zero_points = match layout.mode {
         Mode::Symmetric => Vec::new(),
-        Mode::Asymmetric => {
-            let mut packed = spare_zero_points;
-            packed.clear();
-            packed.resize(layout.bits.byte_count(parts.zero_points.len()), 0);
-            bits::pack_bytes_into(layout.bits, &parts.zero_points, &mut packed)?;
-            packed
-        }
+        Mode::Asymmetric => pack_in_place(layout.bits, parts.zero_points)?,
     };
     Ok(PackedTensor::new_unchecked(
         layout,
@@ -132,6 +126,28 @@ fn encode_in(
         scales,
         zero_points,
     ))
+}
+
+/// Packs one-byte codes into their `bits`-wide stream in the same memory: chunk k's packed
+/// bytes land before chunk k + 1 starts, and each chunk is copied out before it is overwritten.
+fn pack_in_place(bits: bitpack::Bits, mut codes: Vec<u8>) -> Result<Vec<u8>> {
+    // A multiple of 8 codes, so that every chunk's stream starts on a byte.
+    const CHUNK: usize = 4096;
+    let mut staged = [0u8; CHUNK];
+    let mut packed = [0u8; CHUNK];
+    let count = codes.len();
+    let mut at = 0;
+    while at < count {
+        let len = (count - at).min(CHUNK);
+        staged[..len].copy_from_slice(&codes[at..at + len]);
+        let bytes = bits.byte_count(len);
+        bits::pack_bytes_into(bits, &staged[..len], &mut packed[..bytes])?;
+        let to = bits.byte_count(at);
+        codes[to..to + bytes].copy_from_slice(&packed[..bytes]);
+        at += len;
+    }
+    codes.truncate(bits.byte_count(count));
+    Ok(codes)
 }
 
 /// Reconstructs the N x D matrix in f32.
@@ -311,6 +327,15 @@ fn encode_parts(
             unsafe { with_width!(bits, encode_down_columns, k, m, layout, spare) }
         }
         #[cfg(target_arch = "x86_64")]
+        (Kernel::Avx512, Orientation::Rows)
+            if crate::fast::avx512::Avx512::detect().is_some_and(|k| k.has_bytes()) =>
+        {
+            use crate::fast::avx512::{Avx512, encode_along_rows};
+            let k = Avx512::detect().expect("availability is checked");
+            // SAFETY: `k` proves the CPU has AVX2 and AVX-512F, and BW and VBMI were seen.
+            unsafe { with_width!(bits, encode_along_rows, k, m, layout, spare) }
+        }
+        #[cfg(target_arch = "x86_64")]
         (Kernel::Avx2 | Kernel::Avx512, orientation) => {
             use crate::fast::avx2::{Avx2, encode_along_rows, encode_down_columns};
             let k = Avx2::detect().expect("availability is checked");
@@ -413,5 +438,26 @@ fn first_range_overflow(x: ArrayView2<f32>, layout: Layout) -> KvError {
         low: low[index],
         high: high[index],
         bits: layout.bits.get(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packing_in_place_gives_the_stream_packers_bytes() {
+        for width in bitpack::Bits::ALL {
+            for count in [0, 1, 7, 4095, 4096, 4097, 3 * 4096 + 5] {
+                let codes: Vec<u8> = (0..count)
+                    .map(|i| (i * 37 + i / 11) as u8 & width.max_code())
+                    .collect();
+                let expected = bits::pack_bytes(width, &codes).unwrap();
+                let packed = pack_in_place(width, codes.clone()).unwrap();
+                assert_eq!(packed, expected, "{width}, {count} codes");
+                // The memory keeps room for the unpacked codes, for the next encoding.
+                assert!(packed.capacity() >= count);
+            }
+        }
     }
 }

@@ -83,12 +83,13 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
         mut codes,
         mut scales,
         mut zero_points,
-    } = Parts::zeroed(
-        spare,
-        rows * row_bytes + SCRIBBLE,
-        rows * groups,
-        zero_count,
-    );
+    } = Parts {
+        // Every byte up to the slack is written: each group's codes (a partial group's
+        // padding too), scales and zero points.
+        codes: overwritable(spare.codes, rows * row_bytes + SCRIBBLE),
+        scales: overwritable(spare.scales, rows * groups),
+        zero_points: overwritable(spare.zero_points, zero_count),
+    };
     // The partial last group of each row, zero-padded (the padding stays zero).
     let mut padded = vec![0f32; if row_len % g == 0 { 0 } else { g }];
     let fit = match layout.mode {
@@ -96,34 +97,41 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
         Mode::Asymmetric => Fit::Asymmetric(layout.bits.max_code()),
     };
     let asymmetric = layout.mode == Mode::Asymmetric;
-    // Whole groups per row taken 8 at a time.
-    let batches = if g <= BATCHED_GROUP_SIZE {
-        row_len / g / 8
+    // Whole groups per row taken 16 or 8 at a time.
+    let batched = if g <= BATCHED_GROUP_SIZE {
+        row_len / g
     } else {
         0
     };
+    let sixteens = k.packs16::<B>(g);
     for (r, row) in m.data.chunks_exact(row_len).enumerate() {
-        for batch in 0..batches {
-            let first = 8 * batch;
+        let mut first = 0;
+        while first + 8 <= batched {
+            let n = if sixteens && first + 16 <= batched {
+                16
+            } else {
+                8
+            };
             let start = first * g;
             let at = r * row_bytes + first * group_bytes;
             let index = r * groups + first;
             let zeros: &mut [u8] = if asymmetric {
-                &mut zero_points[index..index + 8]
+                &mut zero_points[index..index + n]
             } else {
                 &mut []
             };
-            if !k.fit_quantize_pack8::<B>(
-                &row[start..start + 8 * g],
-                g,
-                fit,
-                &mut scales[index..index + 8],
-                zeros,
-                &mut codes[at..at + 8 * group_bytes + SCRIBBLE],
-            ) {
+            let values = &row[start..start + n * g];
+            let batch_scales = &mut scales[index..index + n];
+            let batch_codes = &mut codes[at..at + n * group_bytes + SCRIBBLE];
+            let packed = if n == 16 {
+                k.fit_quantize_pack16::<B>(values, g, fit, batch_scales, zeros, batch_codes)
+            } else {
+                k.fit_quantize_pack8::<B>(values, g, fit, batch_scales, zeros, batch_codes)
+            };
+            if !packed {
                 // Some group stops the encoder: redo them one at a time to stop where that
                 // would, and why.
-                for i in 0..8 {
+                for i in 0..n {
                     let (s, at) = (start + i * g, at + i * group_bytes);
                     pack_group::<K, B>(
                         k,
@@ -135,8 +143,9 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
                     )?;
                 }
             }
+            first += n;
         }
-        for group_index in 8 * batches..groups {
+        for group_index in first..groups {
             let start = group_index * g;
             let group = if start + g <= row_len {
                 &row[start..start + g]
@@ -167,12 +176,6 @@ pub(crate) fn along_rows<K: Kernels, const B: u32>(
 /// Bytes of codes that [`down_columns`] stages per batch of tiles, at most (unless one tile
 /// alone needs more).
 const STAGED_BYTES: usize = 128 * 1024;
-
-/// The code stream length from which [`down_columns`] writes codes with streaming stores.
-const STREAMING_CODES: usize = 4 << 20;
-
-/// The least bytes per column and batch that [`down_columns`] writes with streaming stores.
-const STREAMING_RUN: usize = 1024;
 
 /// Tiles per batch of [`down_columns`]: enough that each column's codes of a batch fill
 /// several cache lines and its scales at least one.
@@ -251,10 +254,9 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
     // Column c's part of the batch: codes at c * staged_row.., scales and zero points at
     // c * batch.., tile by tile.
     let staged_row = batch * group_bytes;
-    // Large code streams are written with stores that bypass the caches (no reads of the
-    // lines they overwrite) when each column's run is long enough; small ones stay in cache
-    // for whoever reads them next. (Runs of 256 bytes streamed ran some shapes at 2/3 speed.)
-    let streaming = codes.len() >= STREAMING_CODES && staged_row >= STREAMING_RUN;
+    // The runs are copied out with ordinary stores. Stores that bypass the caches (tried for
+    // runs of 1 KiB and more, which only 8-bit codes reach) ran symmetric 8-bit codes at
+    // 0.33-0.39x memcpy in full runs of `bench --only kv`, against 0.49-0.67x without.
     let mut staged_codes = vec![0u8; cols * staged_row];
     let mut staged_scales = vec![0f32; cols * batch];
     let mut staged_zeros = vec![0u8; if asymmetric { cols * batch } else { 0 }];
@@ -274,33 +276,20 @@ pub(crate) fn down_columns<K: Kernels, const B: u32>(
                 row_bytes: staged_row,
                 at: i * group_bytes,
             };
-            if let Err(stop) = k.fit_quantize_pack_columns::<B>(tile, g, fit, &mut scratch, out) {
-                if streaming {
-                    k.finish_streaming();
-                }
-                // Which error the reference would name is decided by the caller (a non-finite
-                // value anywhere comes first).
-                return Err(stop);
-            }
+            // On a stop, which error the reference would name is decided by the caller (a
+            // non-finite value anywhere comes first).
+            k.fit_quantize_pack_columns::<B>(tile, g, fit, &mut scratch, out)?;
         }
         let run = count * group_bytes;
         for c in 0..cols {
             let at = c * row_bytes + first * group_bytes;
-            let staged = &staged_codes[c * staged_row..][..run];
-            if streaming {
-                k.stream_copy_bytes(staged, &mut codes[at..at + run]);
-            } else {
-                codes[at..at + run].copy_from_slice(staged);
-            }
+            codes[at..at + run].copy_from_slice(&staged_codes[c * staged_row..][..run]);
             let at = c * groups + first;
             scales[at..at + count].copy_from_slice(&staged_scales[c * batch..][..count]);
             if asymmetric {
                 zero_points[at..at + count].copy_from_slice(&staged_zeros[c * batch..][..count]);
             }
         }
-    }
-    if streaming {
-        k.finish_streaming();
     }
     Ok(Parts {
         codes,

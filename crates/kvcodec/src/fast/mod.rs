@@ -157,6 +157,32 @@ pub(crate) struct ColumnScratch {
     pub q: ColumnQuant,
 }
 
+/// [`Kernels::fit_quantize_pack16`] as two calls of [`Kernels::fit_quantize_pack8`].
+#[inline(always)]
+pub(crate) fn pack16_as_eights<K: Kernels, const B: u32>(
+    k: K,
+    values: &[f32],
+    group_size: usize,
+    fit: Fit,
+    scales: &mut [f32],
+    zero_points: &mut [u8],
+    out: &mut [u8],
+) -> bool {
+    let (values, later) = values.split_at(8 * group_size);
+    let (scales, later_scales) = scales.split_at_mut(8);
+    let (zero_points, later_zeros) = zero_points.split_at_mut(zero_points.len().min(8));
+    // The first half may scribble over the second's codes, which come after.
+    k.fit_quantize_pack8::<B>(values, group_size, fit, scales, zero_points, out)
+        && k.fit_quantize_pack8::<B>(
+            later,
+            group_size,
+            fit,
+            later_scales,
+            later_zeros,
+            &mut out[group_size * B as usize..],
+        )
+}
+
 /// The inner loops, one implementation per instruction set. `B` is the code width.
 pub(crate) trait Kernels: Copy {
     /// max |x| over the group (0 if empty), and whether every value is finite.
@@ -196,6 +222,27 @@ pub(crate) trait Kernels: Copy {
             }
         }
         true
+    }
+
+    /// Whether [`Kernels::fit_quantize_pack16`] has a loop of its own for this group size
+    /// (else it is two calls of [`Kernels::fit_quantize_pack8`], and the driver goes 8 at a time).
+    #[inline(always)]
+    fn packs16<const B: u32>(self, _group_size: usize) -> bool {
+        false
+    }
+
+    /// [`Kernels::fit_quantize_pack8`] over 16 consecutive whole groups.
+    #[inline(always)]
+    fn fit_quantize_pack16<const B: u32>(
+        self,
+        values: &[f32],
+        group_size: usize,
+        fit: Fit,
+        scales: &mut [f32],
+        zero_points: &mut [u8],
+        out: &mut [u8],
+    ) -> bool {
+        pack16_as_eights::<Self, B>(self, values, group_size, fit, scales, zero_points, out)
     }
 
     /// Column-wise max |x| of a tile of `amax.len()` columns into `amax` (which starts at 0),
@@ -265,14 +312,6 @@ pub(crate) trait Kernels: Copy {
         }
         self.quantize_pack_columns::<B>(tile, q, group_size, out.codes, out.row_bytes, out.at);
         Ok(())
-    }
-
-    /// Copies `src` to `dst` (same length), the whole 32-byte aligned blocks of `dst` with
-    /// stores that bypass the caches where the instruction set has them;
-    /// [`Kernels::finish_streaming`] must follow before `dst` is handed on.
-    #[inline(always)]
-    fn stream_copy_bytes(self, src: &[u8], dst: &mut [u8]) {
-        dst.copy_from_slice(src);
     }
 
     /// Decodes the first `out.len()` codes of the group starting at `codes[0]` (the stream

@@ -18,7 +18,7 @@ const PREFETCH: usize = 512;
 /// Asks for the cache lines [`PREFETCH`] floats ahead of `values`.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn prefetch(values: &[f32]) {
+pub(crate) fn prefetch(values: &[f32]) {
     let ahead = values.as_ptr().wrapping_add(PREFETCH).cast::<i8>();
     let mut at = 0;
     while at < std::mem::size_of_val(values) {

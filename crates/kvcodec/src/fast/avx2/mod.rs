@@ -19,7 +19,7 @@
 
 mod columns;
 pub(crate) mod fit;
-mod pack;
+pub(crate) mod pack;
 mod tables;
 pub(crate) mod unpack;
 pub(crate) mod vectors;
@@ -36,7 +36,7 @@ use columns::{fit_quantize_pack_columns, quantize_pack_columns};
 use fit::{
     asymmetric_columns, columns_amax, columns_range, group_amax, group_range, symmetric_columns,
 };
-use pack::{fit_quantize_pack8, quantize_pack, stream_copy_bytes};
+use pack::{fit_quantize_pack8, quantize_pack};
 use unpack::{dequantize_columns, dequantize_group, dequantize_groups, stream_copy};
 
 /// Proof that the CPU has AVX2.
@@ -169,11 +169,6 @@ impl Kernels for Avx2 {
         out: ColumnTileOut,
     ) -> Result<(), Stop> {
         unsafe { fit_quantize_pack_columns::<B>(tile, group_size, fit, scratch, out) }
-    }
-
-    #[inline(always)]
-    fn stream_copy_bytes(self, src: &[u8], dst: &mut [u8]) {
-        unsafe { stream_copy_bytes(src, dst) }
     }
 
     #[inline(always)]

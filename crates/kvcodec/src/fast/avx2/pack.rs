@@ -64,11 +64,11 @@ pub(super) fn squeeze4<const B: u32>(v: __m256i) -> __m256i {
     _mm256_or_si256(low, _mm256_sll_epi64(high, _mm_cvtsi32_si128(4 * B as i32)))
 }
 
-const fn pair_multiplier(b: u32) -> i16 {
+pub(crate) const fn pair_multiplier(b: u32) -> i16 {
     (1i32 | (1i32 << (b + 8))) as i16
 }
 
-const fn quad_multiplier(b: u32) -> i32 {
+pub(crate) const fn quad_multiplier(b: u32) -> i32 {
     (1i64 | (1i64 << (2 * b + 16))) as i32
 }
 
@@ -321,28 +321,4 @@ fn fit_quantize_pack8_wide<const B: u32>(
         quantize_pack_with::<B>(group, &one, &mut out[i * group_bytes..]);
     }
     true
-}
-
-/// See [`Kernels::stream_copy_bytes`].
-///
-/// [`Kernels::stream_copy_bytes`]: crate::fast::Kernels::stream_copy_bytes
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn stream_copy_bytes(src: &[u8], dst: &mut [u8]) {
-    let len = dst.len();
-    let src = &src[..len];
-    let head = dst.as_ptr().align_offset(32).min(len);
-    let end = head + (len - head) / 32 * 32;
-    dst[..head].copy_from_slice(&src[..head]);
-    let mut at = head;
-    while at < end {
-        // SAFETY: `at + 32 <= end <= len`, so both 32-byte blocks lie inside `src` and `dst`,
-        // and `dst`'s starts on a 32-byte boundary (`head` aligned it, steps are 32).
-        unsafe {
-            let v = _mm256_loadu_si256(src.as_ptr().add(at).cast());
-            _mm256_stream_si256(dst.as_mut_ptr().add(at).cast(), v);
-        }
-        at += 32;
-    }
-    dst[end..].copy_from_slice(&src[end..]);
 }

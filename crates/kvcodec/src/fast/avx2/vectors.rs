@@ -78,7 +78,7 @@ pub(super) fn hmin(v: __m256) -> f32 {
 /// Transposes 8 x 8 floats held as 8 rows.
 #[inline]
 #[target_feature(enable = "avx2")]
-pub(super) fn transpose8(v: &mut [__m256; 8]) {
+pub(crate) fn transpose8(v: &mut [__m256; 8]) {
     let t = [
         _mm256_unpacklo_ps(v[0], v[1]),
         _mm256_unpackhi_ps(v[0], v[1]),
