@@ -33,6 +33,8 @@ use crate::error::{FormatError, Result};
 use crate::format::WeightFormat;
 use crate::shape::{check_aligned, check_logical_shape, check_not_empty, check_tensor_shapes};
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod drivers;
 mod kernels;
 mod pack;

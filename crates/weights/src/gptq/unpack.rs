@@ -3,6 +3,8 @@
 
 use ndarray::Array2;
 
+#[cfg(target_arch = "x86_64")]
+use super::avx512;
 use super::drivers::{UEIGHT, UFOUR, UTHREE, UTWO, Unpack, unpack_columns};
 use super::kernels;
 use super::{GptqLayer, ZeroConvention, check_bits, max_code};
@@ -82,7 +84,7 @@ fn unpack_with(layer: &GptqLayer, buffer: Vec<u8>) -> Result<LogicalWeights> {
     };
     match bits {
         2 => unpack_qweight_best::<_, _, kernels::Two, UTWO>(words, target),
-        3 => unpack_qweight::<_, _, kernels::Three, UTHREE>(words, target),
+        3 => unpack_three_best(words, target),
         4 => unpack_qweight_best::<_, _, kernels::Four, UFOUR>(words, target),
         _ => unpack_qweight_best::<_, _, kernels::Eight, UEIGHT>(words, target),
     }
@@ -144,8 +146,8 @@ struct RowTarget<'a> {
 
 /// [`unpack_qweight`] compiled for AVX2 where the CPU has it: the same source and integer
 /// operations, so the same codes, in 256-bit vectors (faster at 2, 4 and 8 bits on this
-/// project's AMD machine; 3 bits, through 12-bit halves and 6-bit pairs, was not, so it keeps
-/// the baseline build: docs/speed.md).
+/// project's AMD machine; 3 bits, through 12-bit halves and 6-bit pairs, was not, and has a
+/// kernel of its own: [`unpack_three_best`]).
 fn unpack_qweight_best<const R: usize, const W: usize, K: Unpack<R, W>, const L: usize>(
     qweight: &[i32],
     target: RowTarget<'_>,
@@ -155,7 +157,7 @@ fn unpack_qweight_best<const R: usize, const W: usize, K: Unpack<R, W>, const L:
         // SAFETY: the CPU has AVX2, as just checked.
         return unsafe { unpack_qweight_avx2::<R, W, K, L>(qweight, target) };
     }
-    unpack_qweight::<R, W, K, L>(qweight, target)
+    unpack_qweight(qweight, target, Blocks::<K, L>::new())
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -164,14 +166,88 @@ fn unpack_qweight_avx2<const R: usize, const W: usize, K: Unpack<R, W>, const L:
     qweight: &[i32],
     target: RowTarget<'_>,
 ) {
-    unpack_qweight::<R, W, K, L>(qweight, target)
+    unpack_qweight(qweight, target, Blocks::<K, L>::new())
 }
 
-/// Decodes qweight [stored K * b/32, stored N] unit by unit into the cropped codes.
+/// 3 bits: AVX-512's kernel ([`avx512`]) where the CPU has F, BW and VBMI, over 64 columns at a
+/// time (the rest of each unit, and every other CPU, in the baseline build's loop). In four runs
+/// of `bench --only weights` alternating with the baseline loop, 3-bit unpack read 0.62-0.72x
+/// memcpy against 0.46-0.52x (docs/speed.md).
+fn unpack_three_best(qweight: &[i32], target: RowTarget<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(three) = ThreeAvx512::detect() {
+        return unpack_qweight(qweight, target, three);
+    }
+    unpack_qweight(qweight, target, Blocks::<kernels::Three, UTHREE>::new())
+}
+
+/// How one unit's R code rows come from its W word rows (all of one length).
+trait UnitDecoder<const R: usize, const W: usize>: Copy {
+    fn decode(self, words: &[&[i32]; W], outs: &mut [&mut [u8]; R]);
+}
+
+/// The portable loop over kernel `K`, `L` columns at a time.
+struct Blocks<K, const L: usize>(std::marker::PhantomData<K>);
+
+impl<K, const L: usize> Blocks<K, L> {
+    fn new() -> Self {
+        Blocks(std::marker::PhantomData)
+    }
+}
+
+impl<K, const L: usize> Clone for Blocks<K, L> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K, const L: usize> Copy for Blocks<K, L> {}
+
+impl<const R: usize, const W: usize, K: Unpack<R, W>, const L: usize> UnitDecoder<R, W>
+    for Blocks<K, L>
+{
+    #[inline(always)]
+    fn decode(self, words: &[&[i32]; W], outs: &mut [&mut [u8]; R]) {
+        unpack_columns::<R, W, K, L>(words, outs)
+    }
+}
+
+/// [`avx512::unpack_three`] over a unit's whole blocks of 64 columns, the portable loop over the
+/// rest; a value exists only where the CPU has what the kernel needs.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct ThreeAvx512 {
+    _available: (),
+}
+
+#[cfg(target_arch = "x86_64")]
+impl ThreeAvx512 {
+    fn detect() -> Option<Self> {
+        avx512::available().then_some(ThreeAvx512 { _available: () })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl UnitDecoder<32, 3> for ThreeAvx512 {
+    #[inline(always)]
+    fn decode(self, words: &[&[i32]; 3], outs: &mut [&mut [u8]; 32]) {
+        // SAFETY: `self` exists only where the CPU has AVX-512 F, BW and VBMI.
+        let done = unsafe { avx512::unpack_three(words, outs) };
+        if done < outs[0].len() {
+            let words = words.map(|w| &w[done..]);
+            let mut outs = outs.each_mut().map(|o| &mut o[done..]);
+            Blocks::<kernels::Three, UTHREE>::new().decode(&words, &mut outs);
+        }
+    }
+}
+
+/// Decodes qweight [stored K * b/32, stored N] unit by unit into the cropped codes, each unit's
+/// R code rows from its W word rows by `unit`.
 #[inline(always)]
-fn unpack_qweight<const R: usize, const W: usize, K: Unpack<R, W>, const L: usize>(
+fn unpack_qweight<const R: usize, const W: usize>(
     qweight: &[i32],
     target: RowTarget<'_>,
+    unit: impl UnitDecoder<R, W>,
 ) {
     let RowTarget {
         codes,
@@ -190,7 +266,7 @@ fn unpack_qweight<const R: usize, const W: usize, K: Unpack<R, W>, const L: usiz
     for (out, words) in whole.chunks_exact_mut(R * n).zip(units.by_ref()) {
         let mut rows = out.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs);
+        unit.decode(&word_rows(words, stored_n, n), &mut outs);
     }
     if !rest.is_empty() {
         // The last unit holds padded rows: decode it whole and keep the logical ones.
@@ -198,7 +274,7 @@ fn unpack_qweight<const R: usize, const W: usize, K: Unpack<R, W>, const L: usiz
         let mut scratch = vec![0u8; R * n];
         let mut rows = scratch.chunks_exact_mut(n);
         let mut outs: [&mut [u8]; R] = std::array::from_fn(|_| rows.next().expect("R rows"));
-        unpack_columns::<R, W, K, L>(&word_rows(words, stored_n, n), &mut outs);
+        unit.decode(&word_rows(words, stored_n, n), &mut outs);
         rest.copy_from_slice(&scratch[..rest.len()]);
     }
 }
