@@ -218,11 +218,12 @@ fn fixed_shapes_patterns_and_layouts_match_the_oracle() {
     }
 }
 
-/// Rows along the feature axis long enough for whole batches of 8 groups (fitted and packed 8
-/// at a time), with and without leftover groups and a partial last group, every pattern.
+/// Rows along the feature axis long enough for whole batches of groups (fitted and packed 8 at a
+/// time up to groups of 128, and groups of 8 sixteen at a time with AVX-512), with and without
+/// leftover groups and a partial last group, every pattern.
 #[test]
 fn batched_feature_groups_match_the_oracle() {
-    for group_size in [8, 16, 32, 64] {
+    for group_size in [8, 16, 32, 64, 128] {
         let lengths: &[usize] = if group_size == 8 {
             &[8, 56, 64, 72, 127, 128, 200, 520]
         } else {
@@ -336,7 +337,7 @@ fn token_axis_decoding_over_several_passes_matches_the_oracle() {
 
 #[test]
 fn errors_inside_batches_are_the_oracles() {
-    for group_size in [8, 32] {
+    for group_size in [8, 32, 128] {
         for mode in [Mode::Symmetric, Mode::Asymmetric] {
             let layout = Layout::with_mode(GroupAxis::Feature, mode, 4, group_size).unwrap();
             // Groups 0-7 fill a batch of 8; at 8 values a group, 0-15 one of 16 (AVX-512).
