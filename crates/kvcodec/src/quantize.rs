@@ -55,7 +55,7 @@ pub fn encode(x: ArrayView2<f32>, layout: Layout) -> Result<PackedTensor> {
 
 /// [`encode`] with the given kernel; every kernel writes the same bytes.
 pub fn encode_with(kernel: Kernel, x: ArrayView2<f32>, layout: Layout) -> Result<PackedTensor> {
-    encode_in(kernel, x, layout, Parts::default())
+    encode_in(kernel, x, layout, Parts::default(), false)
 }
 
 /// [`encode`] into the memory of `spare`, a tensor no longer needed (of any layout and shape),
@@ -82,16 +82,18 @@ pub fn encode_reusing_with(
         scales,
         zero_points,
     };
-    encode_in(kernel, x, layout, spare)
+    encode_in(kernel, x, layout, spare, true)
 }
 
-/// Encodes into `spare`'s memory. The zero points are fitted one byte each and packed in place,
-/// so their buffer keeps the unpacked length's capacity for the next encoding that reuses it.
+/// Encodes into `spare`'s memory. The zero points are fitted one byte each and packed in place;
+/// with `keep_room` their buffer keeps the unpacked length's capacity, for the next encoding
+/// that reuses it, else it is shrunk to the packed length.
 fn encode_in(
     kernel: Kernel,
     x: ArrayView2<f32>,
     layout: Layout,
     spare: Parts,
+    keep_room: bool,
 ) -> Result<PackedTensor> {
     check_shape(x.dim())?;
     if !kernel.is_available() {
@@ -117,7 +119,13 @@ fn encode_in(
         .expect("one scale per group");
     let zero_points = match layout.mode {
         Mode::Symmetric => Vec::new(),
-        Mode::Asymmetric => pack_in_place(layout.bits, parts.zero_points)?,
+        Mode::Asymmetric => {
+            let mut packed = pack_in_place(layout.bits, parts.zero_points)?;
+            if !keep_room {
+                packed.shrink_to_fit();
+            }
+            packed
+        }
     };
     Ok(PackedTensor::new_unchecked(
         layout,
@@ -459,5 +467,20 @@ mod tests {
                 assert!(packed.capacity() >= count);
             }
         }
+    }
+
+    #[test]
+    fn a_fresh_encoding_holds_its_zero_points_packed_and_a_reused_one_keeps_room() {
+        let x = ndarray::Array2::from_shape_fn((64, 96), |(t, f)| (t * 7 + f) as f32 % 13.0 - 6.0);
+        let layout = Layout::with_mode(GroupAxis::Feature, Mode::Asymmetric, 2, 8).unwrap();
+        let fresh = encode(x.view(), layout).unwrap();
+        let expected = fresh.clone();
+        let (_, _, zeros) = fresh.into_buffers();
+        assert_eq!(zeros.len(), 64 * 96 / 8 * 2 / 8);
+        assert_eq!(zeros.capacity(), zeros.len());
+        let reused = encode_reusing(x.view(), layout, expected.clone()).unwrap();
+        assert_eq!(reused, expected);
+        let (_, _, zeros) = reused.into_buffers();
+        assert!(zeros.capacity() >= 64 * 96 / 8);
     }
 }
