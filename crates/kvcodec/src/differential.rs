@@ -307,13 +307,15 @@ fn decoding_at_every_alignment_matches_the_oracle() {
 
 /// Errors met inside a batch of 8 groups: whichever group comes first decides, a non-finite
 /// value before an overflowing range in the same group.
-/// Token-axis decoding gathers each column's codes a pass of 512 tokens at a time: several
-/// passes, the last one partial, and groups that do and do not divide a pass.
+/// Token-axis decoding gathers each column's codes a pass of about 512 tokens at a time:
+/// several passes, the last one partial, groups that do and do not divide a pass, and (for
+/// AVX-512's decoder) blocks of 16 columns, tiles of 16 tokens cut by groups of 24 and 40, and
+/// a group longer than the usual pass.
 #[test]
 fn token_axis_decoding_over_several_passes_matches_the_oracle() {
-    for (tokens, features) in [(1100, 24), (1601, 16)] {
+    for (tokens, features) in [(1100, 24), (1601, 16), (1100, 48), (613, 128)] {
         for (mode, bits) in modes_and_widths() {
-            for group_size in [3, 8, 32, 128, 384] {
+            for group_size in [3, 8, 24, 32, 40, 128, 384, 1000] {
                 let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
                 let x = noise(tokens, features, (tokens + group_size) as u64);
                 let packed = reference::encode(x.view(), layout).unwrap();

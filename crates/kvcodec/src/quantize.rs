@@ -278,7 +278,17 @@ fn decode_dense(
     let bits = layout.bits.get();
     match (kernel, orientation) {
         #[cfg(target_arch = "x86_64")]
-        // Decoding has no AVX-512 loops: AVX-512 runs AVX2's.
+        (Kernel::Avx512, Orientation::Columns)
+            if crate::fast::avx512::Avx512::detect().is_some_and(|k| k.has_bytes())
+                && crate::fast::avx512::decodes_down_columns(cols, layout.group_size) =>
+        {
+            use crate::fast::avx512::{Avx512, decode_down_columns};
+            let k = Avx512::detect().expect("availability is checked");
+            // SAFETY: `k.has_bytes()` and the shape are checked above.
+            unsafe { with_width!(bits, decode_down_columns, k, stored, data, cols, streaming) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        // Decoding along rows has no AVX-512 loop: AVX-512 runs AVX2's.
         (Kernel::Avx2 | Kernel::Avx512, orientation) => {
             use crate::fast::avx2::{Avx2, decode_along_rows, decode_down_columns};
             let k = Avx2::detect().expect("availability is checked");

@@ -1,6 +1,7 @@
 //! The AVX-512 kernel (x86_64): the token-axis encoder 16 columns at a time, and (where the CPU
 //! also has AVX-512 BW and VBMI) the feature-axis encoder's groups of 8 sixteen at a time
-//! ([`eights`]); every other loop is AVX2's (a CPU with AVX-512F has AVX2). An [`Avx512`]
+//! ([`eights`]) and the token-axis decoder 16 columns at a time ([`columns`]); every other loop
+//! is AVX2's (a CPU with AVX-512F has AVX2). An [`Avx512`]
 //! value exists only once the CPU was seen to have both, and its `bytes` flag only once BW and
 //! VBMI were seen: that is the invariant behind every `unsafe` call below.
 //!
@@ -17,7 +18,10 @@
 //! 4-7 in two lanes from 5 bits up), which is exactly the 8B-bit little-endian run that column
 //! j's stream holds for those eight tokens.
 
+mod columns;
 mod eights;
+
+pub(crate) use columns::{decode_down_columns, takes as decodes_down_columns};
 
 use core::arch::x86_64::*;
 
