@@ -240,13 +240,7 @@ pub(crate) fn decode_into_stores(
         return Ok(());
     }
     let scales = packed.scales().as_standard_layout();
-    let offsets = Offsets::of(packed);
-    let stored = Stored {
-        codes: packed.code_bytes(),
-        scales: scales.as_slice().expect("standard layout"),
-        offsets: &offsets,
-        group_size: layout.group_size,
-    };
+    let scales = scales.as_slice().expect("standard layout");
     // Row-major: rows are tokens. Column-major: its transpose is row-major, rows are features.
     let (rows_are_tokens, mut view) = if out.is_standard_layout() {
         (true, out.view_mut())
@@ -261,6 +255,36 @@ pub(crate) fn decode_into_stores(
     let orientation = match (layout.axis == GroupAxis::Feature, rows_are_tokens) {
         (true, true) | (false, false) => Orientation::Rows,
         _ => Orientation::Columns,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx512 && orientation == Orientation::Columns {
+        use crate::fast::avx512::{
+            Avx512, ColumnOffsets, Streams, decode_down_columns, decodes_down_columns,
+        };
+        if let Some(k) = Avx512::detect().filter(|k| k.has_bytes())
+            && decodes_down_columns(cols, layout.group_size)
+        {
+            let streams = Streams {
+                codes: packed.code_bytes(),
+                scales,
+                offsets: match layout.mode {
+                    Mode::Symmetric => ColumnOffsets::Constant(i32::from(layout.bits.qmax())),
+                    Mode::Asymmetric => ColumnOffsets::Packed(packed.zero_point_bytes()),
+                },
+                group_size: layout.group_size,
+            };
+            let bits = layout.bits.get();
+            // SAFETY: `k.has_bytes()`, and the decoder takes this shape.
+            unsafe { with_width!(bits, decode_down_columns, k, streams, data, cols, streaming) };
+            return Ok(());
+        }
+    }
+    let offsets = Offsets::of(packed);
+    let stored = Stored {
+        codes: packed.code_bytes(),
+        scales,
+        offsets: &offsets,
+        group_size: layout.group_size,
     };
     decode_dense(kernel, stored, data, cols, orientation, streaming, layout);
     Ok(())
@@ -278,17 +302,7 @@ fn decode_dense(
     let bits = layout.bits.get();
     match (kernel, orientation) {
         #[cfg(target_arch = "x86_64")]
-        (Kernel::Avx512, Orientation::Columns)
-            if crate::fast::avx512::Avx512::detect().is_some_and(|k| k.has_bytes())
-                && crate::fast::avx512::decodes_down_columns(cols, layout.group_size) =>
-        {
-            use crate::fast::avx512::{Avx512, decode_down_columns};
-            let k = Avx512::detect().expect("availability is checked");
-            // SAFETY: `k.has_bytes()` and the shape are checked above.
-            unsafe { with_width!(bits, decode_down_columns, k, stored, data, cols, streaming) }
-        }
-        #[cfg(target_arch = "x86_64")]
-        // Decoding along rows has no AVX-512 loop: AVX-512 runs AVX2's.
+        // Decoding has no other AVX-512 loop: AVX-512 runs AVX2's.
         (Kernel::Avx2 | Kernel::Avx512, orientation) => {
             use crate::fast::avx2::{Avx2, decode_along_rows, decode_down_columns};
             let k = Avx2::detect().expect("availability is checked");

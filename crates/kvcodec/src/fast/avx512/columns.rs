@@ -23,7 +23,7 @@ use core::arch::x86_64::*;
 
 use super::Avx512;
 use crate::fast::Kernels;
-use crate::fast::decode::{Offsets, Stored};
+use crate::fast::bits::unpack_range;
 
 /// About this many tokens per pass: a 4-bit column's run is then 256 bytes, four cache lines.
 const PASS_TOKENS: usize = 512;
@@ -56,6 +56,28 @@ pub(crate) fn takes(cols: usize, group_size: usize) -> bool {
         && cols * pass_tokens(group_size) <= MAX_PASS_BYTES
 }
 
+/// A packed tensor's streams as this decoder reads them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Streams<'a> {
+    pub codes: &'a [u8],
+    /// Scales, [rows * groups] in row-major group order.
+    pub scales: &'a [f32],
+    pub offsets: Offsets<'a>,
+    pub group_size: usize,
+}
+
+/// What decoding subtracts from each group's codes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Offsets<'a> {
+    /// qmax, for every group of a symmetric tensor.
+    Constant(i32),
+    /// The packed zero points of an asymmetric tensor (B bits each, row-major group order),
+    /// unpacked a pass at a time: unpacking them all first cost a fresh allocation of
+    /// `rows * groups` bytes per call, whose page faults and clearing were a tenth of a profile
+    /// of 4-bit groups of 8.
+    Packed(&'a [u8]),
+}
+
 /// Decodes into `out`, `rows x cols` row-major, whose columns are the grouped rows.
 ///
 /// # Safety
@@ -63,7 +85,7 @@ pub(crate) fn takes(cols: usize, group_size: usize) -> bool {
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vbmi")]
 pub(crate) unsafe fn decode_down_columns<const B: u32>(
     k: Avx512,
-    s: Stored,
+    s: Streams,
     out: &mut [f32],
     cols: usize,
     streaming: bool,
@@ -81,8 +103,16 @@ pub(crate) unsafe fn decode_down_columns<const B: u32>(
     let mut codes = vec![0u8; blocks * tiles * 256];
     let mut scales = vec![0f32; pass_groups * cols];
     let mut offsets = vec![0f32; pass_groups * cols];
+    let mut zero_points = vec![
+        0u8;
+        if let Offsets::Packed(_) = s.offsets {
+            pass_groups * cols
+        } else {
+            0
+        }
+    ];
     if let Offsets::Constant(offset) = s.offsets {
-        offsets.fill(*offset as f32);
+        offsets.fill(offset as f32);
     }
     let mut buffer = vec![0f32; if streaming { LANES * cols + LANES } else { 0 }];
     let aligned = buffer.as_ptr().align_offset(64).min(buffer.len());
@@ -99,14 +129,21 @@ pub(crate) unsafe fn decode_down_columns<const B: u32>(
             let block_tiles = &mut codes[block * tiles * 256..(block + 1) * tiles * 256];
             unpack.column::<B>(run, block_tiles, lane);
         }
+        if let Offsets::Packed(packed) = s.offsets {
+            for c in 0..cols {
+                let run = &mut zero_points[c * pass_groups..][..part_groups];
+                unpack_range(B, packed, c * groups + first_group, run);
+            }
+        }
         for block in 0..blocks {
             for first in (0..part_groups).step_by(LANES) {
                 let count = (part_groups - first).min(LANES);
                 let column = |lane: usize| (block * LANES + lane) * groups + first_group + first;
                 let into = first * cols + block * LANES;
                 transpose_params(s.scales, column, count, &mut scales[into..], cols);
-                if let Offsets::PerGroup(zeros) = s.offsets {
-                    transpose_zeros(zeros, column, count, &mut offsets[into..], cols);
+                if let Offsets::Packed(_) = s.offsets {
+                    let column = |lane: usize| (block * LANES + lane) * pass_groups + first;
+                    transpose_zeros(&zero_points, column, count, &mut offsets[into..], cols);
                 }
             }
         }

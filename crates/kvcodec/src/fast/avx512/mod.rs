@@ -21,7 +21,9 @@
 mod columns;
 mod eights;
 
-pub(crate) use columns::{decode_down_columns, takes as decodes_down_columns};
+pub(crate) use columns::{
+    Offsets as ColumnOffsets, Streams, decode_down_columns, takes as decodes_down_columns,
+};
 
 use core::arch::x86_64::*;
 
