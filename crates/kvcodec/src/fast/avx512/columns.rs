@@ -28,6 +28,15 @@ use crate::fast::bits::unpack_range;
 /// About this many tokens per pass: a 4-bit column's run is then 256 bytes, four cache lines.
 const PASS_TOKENS: usize = 512;
 
+/// Passes ahead whose runs are prefetched (into L2), column by column as each run of the
+/// current pass is unpacked. The runs of all columns share a few cache sets, so the lines
+/// are gone from L2 by the time they are read; on AMD's Zen 4, whose L3 takes what L2
+/// evicts, they are then read from L3 instead of memory. Measured on bench's shape in
+/// alternation with no prefetch (asymmetric 8-bit groups of 8): 0.81-0.92x memcpy two passes
+/// ahead, against 0.62-0.74x with none, 0.71-0.88x three or four ahead, and 0.71-0.86x with
+/// the hints for L1 or L3 instead.
+const PASSES_AHEAD: usize = 2;
+
 /// Columns of a block: the lanes of a vector of f32.
 const LANES: usize = 16;
 
@@ -122,7 +131,14 @@ pub(crate) unsafe fn decode_down_columns<const B: u32>(
         let first_group = p * pass_groups;
         let part_groups = (part.len() / cols).div_ceil(g);
         let run_bytes = part_groups * group_bytes;
+        let ahead = first_group + PASSES_AHEAD * pass_groups;
         for c in 0..cols {
+            prefetch_run(s.codes, c * column_bytes + ahead * group_bytes, run_bytes);
+            prefetch_run(s.scales, c * groups + ahead, part_groups);
+            if let Offsets::Packed(packed) = s.offsets {
+                let bit = (c * groups + ahead) * B as usize;
+                prefetch_run(packed, bit / 8, (part_groups * B as usize).div_ceil(8));
+            }
             let from = c * column_bytes + first_group * group_bytes;
             let run = &s.codes[from..from + run_bytes];
             let (block, lane) = (c / LANES, c % LANES);
@@ -211,6 +227,17 @@ unsafe fn emit_row(lane: __m128i, p: Params, i: usize, to: *mut f32) {
         let offset = _mm512_loadu_ps(p.offsets.as_ptr().add(group * p.cols));
         let code = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lane));
         _mm512_storeu_ps(to, _mm512_mul_ps(_mm512_sub_ps(code, offset), scale));
+    }
+}
+
+/// Prefetches, into L2, the lines of `values[from..from + len]` (those in bounds).
+#[inline(always)]
+fn prefetch_run<T>(values: &[T], from: usize, len: usize) {
+    let end = (from + len).min(values.len());
+    let step = 64 / std::mem::size_of::<T>();
+    for at in (from..end).step_by(step) {
+        // SAFETY: `at` is in bounds; a prefetch has no architectural effect.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>((&raw const values[at]).cast()) };
     }
 }
 
