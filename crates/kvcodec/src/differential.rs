@@ -562,6 +562,52 @@ fn batched_token_tiles_match_the_oracle() {
     }
 }
 
+/// AVX-512's pass-by-pass token-axis encoder and decoder (BW and VBMI, whole blocks of 16
+/// columns): several passes of about 512 tokens, the last one partial, groups that cut the
+/// 16-token tiles (8, 24, 40) and groups of one or more tiles (32, 128, and 1000, longer than
+/// the usual pass), up to 64 groups a pass, every pattern on some shapes, and errors in a
+/// later pass (a non-finite value anywhere before an overflow). x86_64 only, as below.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn token_axis_passes_match_the_oracle() {
+    for (tokens, features) in [(1100, 48), (613, 128), (1601, 16)] {
+        for group_size in [8, 24, 32, 40, 128, 1000] {
+            let every = (tokens, features) == (1100, 48) && [8, 40].contains(&group_size);
+            for (mode, bits) in modes_and_widths() {
+                let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
+                for (name, x) in patterns(tokens, features, layout) {
+                    if !every && !matches!(name, "noise" | "ties") {
+                        continue;
+                    }
+                    let label = format!("{tokens}x{features} {mode} b{bits} g{group_size} {name}");
+                    check(x.view(), layout, &label);
+                }
+            }
+        }
+    }
+    for group_size in [8, 32] {
+        for mode in [Mode::Symmetric, Mode::Asymmetric] {
+            let layout = Layout::with_mode(GroupAxis::Token, mode, 4, group_size).unwrap();
+            let cases: [&[((usize, usize), f32)]; 3] = [
+                &[((700, 17), f32::NAN)],
+                &[
+                    ((900, 3), 3e38),
+                    ((901, 3), -3e38),
+                    ((1099, 47), f32::INFINITY),
+                ],
+                &[((520, 40), 3e38), ((521, 40), -3e38)],
+            ];
+            for cells in cases {
+                let mut x = noise(1100, 48, 9);
+                for &(cell, value) in cells {
+                    x[cell] = value;
+                }
+                check(x.view(), layout, &format!("{layout:?} {cells:?}"));
+            }
+        }
+    }
+}
+
 /// Token-axis tiles wide enough for AVX-512's 16-column encoder (at least 8,192 floats, whole
 /// blocks of 16 columns): 1 to 16 blocks (fitted 8, 4, 2 and 1 at a time), a partial last
 /// tile both above and below that size (zero padding), every pattern on some shapes, and

@@ -195,7 +195,7 @@ const fn tiles_per_batch(group_size: usize, cols: usize, group_bytes: usize) -> 
 /// `len` values in `spare`'s memory, holding whatever it held (zeros past its old length), or
 /// a fresh zeroed allocation if it is too small: for outputs that are written in full, so that
 /// reusing memory does not cost a pass of zeroing it.
-fn overwritable<T: Copy + Default>(mut spare: Vec<T>, len: usize) -> Vec<T> {
+pub(crate) fn overwritable<T: Copy + Default>(mut spare: Vec<T>, len: usize) -> Vec<T> {
     if spare.capacity() < len {
         return vec![T::default(); len];
     }

@@ -1,9 +1,11 @@
-//! The AVX-512 kernel (x86_64): the token-axis encoder 16 columns at a time, and (where the CPU
-//! also has AVX-512 BW and VBMI) the feature-axis encoder's groups of 8 sixteen at a time
-//! ([`eights`]) and the token-axis decoder 16 columns at a time ([`columns`]); every other loop
-//! is AVX2's (a CPU with AVX-512F has AVX2). An [`Avx512`]
-//! value exists only once the CPU was seen to have both, and its `bytes` flag only once BW and
-//! VBMI were seen: that is the invariant behind every `unsafe` call below.
+//! The AVX-512 kernel (x86_64). Where the CPU has AVX-512 BW and VBMI as well as F: the
+//! token-axis encoder and decoder a pass of about 512 tokens and 16 columns at a time
+//! ([`token_encode`], [`token_decode`]; inputs of up to 1,024 columns in whole blocks of 16),
+//! and the feature-axis encoder's groups of 8 sixteen at a time ([`eights`]). Where it has F
+//! only, or for other widths, the token-axis encoder's tiles of 64 tokens and more go through
+//! the wide-tile loop below. Every other loop is AVX2's (a CPU with AVX-512F has AVX2). An
+//! [`Avx512`] value exists only once the CPU was seen to have both, and its `bytes` flag only
+//! once BW and VBMI were seen: that is the invariant behind every `unsafe` call below.
 //!
 //! Along tokens, a tile of at least [`WIDE_TILE`] floats (64 tokens of 128 features) whose
 //! columns are whole blocks of 16 is fitted row by row in memory order, up to 128 columns (8
@@ -18,10 +20,11 @@
 //! 4-7 in two lanes from 5 bits up), which is exactly the 8B-bit little-endian run that column
 //! j's stream holds for those eight tokens.
 
-mod columns;
 mod eights;
+mod token_decode;
+mod token_encode;
 
-pub(crate) use columns::{
+pub(crate) use token_decode::{
     Offsets as ColumnOffsets, Streams, decode_down_columns, takes as decodes_down_columns,
 };
 
@@ -74,7 +77,8 @@ pub(crate) unsafe fn encode_along_rows<const B: u32>(
     encode::along_rows::<Avx512, B>(k, m, layout, spare)
 }
 
-/// The token-axis encoder, instantiated with AVX-512F enabled so that the kernel inlines.
+/// The token-axis encoder: [`token_encode`]'s where the CPU has BW and VBMI and it takes the
+/// shape, else the driver instantiated with AVX-512F enabled so that the kernel inlines.
 #[target_feature(enable = "avx2,avx512f")]
 pub(crate) fn encode_down_columns<const B: u32>(
     k: Avx512,
@@ -82,6 +86,10 @@ pub(crate) fn encode_down_columns<const B: u32>(
     layout: Layout,
     spare: Parts,
 ) -> Result<Parts, Stop> {
+    if k.bytes && token_encode::takes(m.cols, layout.group_size) {
+        // SAFETY: `bytes` proves the CPU has AVX-512 BW and VBMI; the shape is taken.
+        return unsafe { token_encode::encode_down_columns::<B>(m, layout, spare) };
+    }
     encode::down_columns::<Avx512, B>(k, m, layout, spare)
 }
 

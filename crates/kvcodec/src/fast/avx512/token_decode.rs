@@ -47,7 +47,7 @@ const MAX_PASS_BYTES: usize = 1 << 20;
 
 /// Tokens per pass for groups of `group_size` (a multiple of 8): a multiple of the group size
 /// and of 16, about [`PASS_TOKENS`].
-fn pass_tokens(group_size: usize) -> usize {
+pub(super) fn pass_tokens(group_size: usize) -> usize {
     let unit = if group_size.is_multiple_of(16) {
         group_size
     } else {
@@ -232,7 +232,7 @@ unsafe fn emit_row(lane: __m128i, p: Params, i: usize, to: *mut f32) {
 
 /// Prefetches, into L2, the lines of `values[from..from + len]` (those in bounds).
 #[inline(always)]
-fn prefetch_run<T>(values: &[T], from: usize, len: usize) {
+pub(super) fn prefetch_run<T>(values: &[T], from: usize, len: usize) {
     let end = (from + len).min(values.len());
     let step = 64 / std::mem::size_of::<T>();
     for at in (from..end).step_by(step) {
@@ -370,7 +370,7 @@ const BY_TOKEN: [u8; 64] = {
 /// 16-byte lane `t % 4` of vector `t / 4`.
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vbmi")]
-fn transpose_bytes(tile: &[u8; 256]) -> [__m512i; 4] {
+pub(super) fn transpose_bytes(tile: &[u8; 256]) -> [__m512i; 4] {
     // Within each vector of 4 columns: byte 4t + j takes column j's token t.
     // 32-bit lanes: 2t + h takes token t (of the first 8, or of the last 8) of columns
     // 4h..4h+3.
@@ -467,7 +467,7 @@ fn transpose_zeros(
 /// Transposes 16 x 16 floats in place (row i, lane j becomes row j, lane i).
 #[inline]
 #[target_feature(enable = "avx2,avx512f")]
-fn transpose16(r: &mut [__m512; LANES]) {
+pub(super) fn transpose16(r: &mut [__m512; LANES]) {
     // Interleave 32-bit lanes of row pairs, then 64-bit lanes of pairs of those: each 128-bit
     // lane of t[4k + m] holds a 4 x 4 block; two 128-bit shuffles gather the blocks.
     let mut t = [_mm512_setzero_ps(); LANES];

@@ -1,0 +1,319 @@
+//! Token-axis encoding (groups down the input's columns) for CPUs with AVX-512 BW and VBMI, a
+//! pass of about 512 tokens at a time, the inverse of [`super::token_decode`]:
+//! - each group's rows are read once in memory order and fitted, 8 blocks of 16 columns at a
+//!   time ([`fit_blocks`]); each block's parameters are AVX2's `symmetric8` and `asymmetric8`
+//!   on its halves, so they are those functions' bits, which the tests hold to the scalar rule;
+//!   the group's rows are then quantized as AVX2 does (IEEE division, clamp, conversion
+//!   rounding half to even), a row's 16 codes narrowed to 16 bytes of a tile of 16 tokens x 16
+//!   columns, and the scales and zero points kept a row of all columns per group;
+//! - each tile's bytes are transposed in registers to 16 columns of 16 codes
+//!   ([`transpose_bytes`]), each run of 8 codes is squeezed to its 8B-bit run (`bits::squeeze`,
+//!   512 bits wide), and one byte permutation puts each column's 2B bytes side by side, which
+//!   go to that column's run of the pass;
+//! - each column's run of codes is copied to its stream once per pass, and the scales and zero
+//!   points are transposed 16 groups x 16 columns into each column's run.
+//!
+//! Why: AVX2's loop and the wide-tile loop above write each block's scales, zero points and
+//! packed codes column by column with scalar stores, a run of 8 tokens at a time at groups of
+//! 8; in cache they encoded 5.0-9.0 GB/s at groups of 8 and 32, no faster than from memory.
+
+use core::arch::x86_64::*;
+
+use super::token_decode::{pass_tokens, prefetch_run, transpose_bytes, transpose16};
+use super::{LANES, Quant16, codes16, fit_blocks, halves, join_quant, load16, spread};
+use crate::fast::avx2::fit::{asymmetric8, symmetric8};
+use crate::fast::encode::overwritable;
+use crate::fast::{Dense, Fit, Parts, Stop};
+use crate::layout::{Layout, Mode};
+
+/// Passes ahead whose output runs (codes, scales, zero points) are prefetched into L2 as each
+/// column's runs are written, as the decoder prefetches its input: the runs of all columns
+/// share a few cache sets, and a store's read for ownership otherwise waits on memory. Measured
+/// on bench's shape, asymmetric 7-bit groups of 8, in a slow phase of the machine: 0.40-0.53x
+/// memcpy two passes ahead with the hint for L2, 0.34-0.36x with none, 0.36-0.48x with the
+/// write hint, 0.36-0.45x three passes ahead.
+const PASSES_AHEAD: usize = 2;
+
+/// The widest rows (columns) this encoder takes; AVX2's and the wide-tile loops take the rest.
+const MAX_COLS: usize = 1024;
+
+/// Whether this encoder takes an input `cols` wide with groups of `group_size` (a multiple of
+/// 8).
+pub(crate) fn takes(cols: usize, group_size: usize) -> bool {
+    cols.is_multiple_of(LANES)
+        && cols > 0
+        && cols <= MAX_COLS
+        && cols * pass_tokens(group_size) <= 1 << 20
+}
+
+/// Encodes `m` (tokens x features, row-major) along tokens into `spare`'s memory: codes,
+/// scales and (asymmetric) unpacked zero points, as [`crate::fast::encode::down_columns`]
+/// writes them.
+///
+/// # Safety
+/// The CPU has AVX2, AVX-512 F, BW and VBMI, and [`takes`]`(m.cols, layout.group_size)`.
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vbmi")]
+pub(crate) unsafe fn encode_down_columns<const B: u32>(
+    m: Dense,
+    layout: Layout,
+    spare: Parts,
+) -> Result<Parts, Stop> {
+    let b = B as usize;
+    let g = layout.group_size;
+    debug_assert!(g.is_multiple_of(8));
+    let (cols, tokens) = (m.cols, m.rows);
+    let groups = tokens.div_ceil(g);
+    let group_bytes = g * b / 8;
+    let column_bytes = groups * group_bytes;
+    let asymmetric = layout.mode == Mode::Asymmetric;
+    let mut codes = overwritable(spare.codes, cols * column_bytes);
+    let mut scales = overwritable(spare.scales, cols * groups);
+    let mut zero_points = overwritable(
+        spare.zero_points,
+        if asymmetric { cols * groups } else { 0 },
+    );
+    let fit = match layout.mode {
+        Mode::Symmetric => Fit::Symmetric(layout.bits.qmax()),
+        Mode::Asymmetric => Fit::Asymmetric(layout.bits.max_code()),
+    };
+    let pass = pass_tokens(g);
+    let pass_groups = pass / g;
+    let tiles = pass / LANES;
+    let blocks = cols / LANES;
+    // Column c's packed codes of the pass at `runs[c * run_stride..]`, 2B bytes per tile.
+    let run_stride = tiles * 2 * b;
+    let mut tile_codes = vec![0u8; blocks * tiles * 256];
+    let mut runs = vec![0u8; cols * run_stride];
+    // Group j's parameters of every column at `[j * cols..]`; whole rows of 16 groups.
+    let param_rows = pass_groups.next_multiple_of(LANES);
+    let mut scale_rows = vec![0f32; param_rows * cols];
+    let mut zero_rows = vec![0u8; if asymmetric { param_rows * cols } else { 0 }];
+    let mut bad = _mm512_setzero_si512();
+    let mut fits = true;
+    let squeeze = Squeeze::new::<B>();
+    for (p, part) in m.data.chunks(pass * cols).enumerate() {
+        let first_group = p * pass_groups;
+        let part_groups = (part.len() / cols).div_ceil(g);
+        for (j, rows) in part.chunks(g * cols).enumerate() {
+            let mut first = 0;
+            while first < blocks {
+                // Up to 8 blocks fitted together (their 16 accumulators and the row's values
+                // fill the registers), in chunks of 8, 4, 2 and 1.
+                let n = match blocks - first {
+                    8.. => 8,
+                    4..=7 => 4,
+                    2 | 3 => 2,
+                    _ => 1,
+                };
+                let mut ranges = [(_mm512_setzero_ps(), _mm512_setzero_ps()); 8];
+                let chunk_bad = match n {
+                    8 => spread::<8>(fit_blocks::<8>(rows, cols, first, fit), &mut ranges),
+                    4 => spread::<4>(fit_blocks::<4>(rows, cols, first, fit), &mut ranges),
+                    2 => spread::<2>(fit_blocks::<2>(rows, cols, first, fit), &mut ranges),
+                    _ => spread::<1>(fit_blocks::<1>(rows, cols, first, fit), &mut ranges),
+                };
+                bad = _mm512_or_si512(bad, chunk_bad);
+                for (i, &(lo, hi)) in ranges.iter().take(n).enumerate() {
+                    let block = first + i;
+                    let (q, finite) = params(fit, lo, hi);
+                    fits &= finite;
+                    let at = j * cols + block * LANES;
+                    let scale_row: &mut [f32; LANES] =
+                        (&mut scale_rows[at..at + LANES]).try_into().expect("16");
+                    // SAFETY: writes the 16 floats of `scale_row`.
+                    unsafe { _mm512_storeu_ps(scale_row.as_mut_ptr(), q.scale) };
+                    if asymmetric {
+                        let zero_row: &mut [u8; LANES] =
+                            (&mut zero_rows[at..at + LANES]).try_into().expect("16");
+                        // SAFETY: writes the 16 bytes of `zero_row` (each offset is 0..=255).
+                        unsafe {
+                            _mm_storeu_si128(
+                                zero_row.as_mut_ptr().cast(),
+                                _mm512_cvtepi32_epi8(q.offset),
+                            )
+                        };
+                    }
+                    let block_tiles = &mut tile_codes[block * tiles * 256..][..tiles * 256];
+                    quantize_rows(rows, cols, block, j * g, g, &q, block_tiles);
+                }
+                first += n;
+            }
+        }
+        let coded_tiles = (part_groups * g).div_ceil(LANES);
+        for block in 0..blocks {
+            for tile in 0..coded_tiles {
+                let bytes = &tile_codes[(block * tiles + tile) * 256..][..256];
+                let columns = transpose_bytes(bytes.try_into().expect("a tile of 256 codes"));
+                for (k, &v) in columns.iter().enumerate() {
+                    let mut packed = [0u8; 64];
+                    // SAFETY: writes the 64 bytes of `packed`.
+                    unsafe { _mm512_storeu_si512(packed.as_mut_ptr().cast(), squeeze.apply(v)) };
+                    for l in 0..4 {
+                        let c = block * LANES + 4 * k + l;
+                        let to = &mut runs[c * run_stride + tile * 2 * b..][..2 * b];
+                        to.copy_from_slice(&packed[l * 2 * b..][..2 * b]);
+                    }
+                }
+            }
+        }
+        let run = part_groups * group_bytes;
+        let ahead = first_group + PASSES_AHEAD * pass_groups;
+        for c in 0..cols {
+            prefetch_run(&codes, c * column_bytes + ahead * group_bytes, run);
+            prefetch_run(&scales, c * groups + ahead, part_groups);
+            prefetch_run(&zero_points, c * groups + ahead, part_groups);
+            let at = c * column_bytes + first_group * group_bytes;
+            codes[at..at + run].copy_from_slice(&runs[c * run_stride..][..run]);
+        }
+        for block in 0..blocks {
+            for first in (0..part_groups).step_by(LANES) {
+                let count = (part_groups - first).min(LANES);
+                let column = |lane: usize| (block * LANES + lane) * groups + first_group + first;
+                let mut v = [_mm512_setzero_ps(); LANES];
+                for (i, x) in v.iter_mut().enumerate() {
+                    *x = load16(&scale_rows, (first + i) * cols + block * LANES);
+                }
+                transpose16(&mut v);
+                let mask = ((1u32 << count) - 1) as u16;
+                for (lane, x) in v.iter().enumerate() {
+                    let to = &mut scales[column(lane)..][..count];
+                    // SAFETY: the mask writes `to`'s `count` floats only.
+                    unsafe { _mm512_mask_storeu_ps(to.as_mut_ptr(), mask, *x) };
+                }
+                if asymmetric {
+                    let mut tile = [0u8; 256];
+                    for (i, row) in tile.chunks_exact_mut(LANES).enumerate() {
+                        let at = (first + i) * cols + block * LANES;
+                        row.copy_from_slice(&zero_rows[at..at + LANES]);
+                    }
+                    let columns = transpose_bytes(&tile);
+                    let mut by_column = [0u8; 256];
+                    for (k, &v) in columns.iter().enumerate() {
+                        // SAFETY: writes 64 bytes inside `by_column`.
+                        unsafe { _mm512_storeu_si512(by_column[64 * k..].as_mut_ptr().cast(), v) };
+                    }
+                    for lane in 0..LANES {
+                        let at = column(lane);
+                        zero_points[at..at + count]
+                            .copy_from_slice(&by_column[LANES * lane..][..count]);
+                    }
+                }
+            }
+        }
+    }
+    if _mm512_test_epi32_mask(bad, bad) != 0 {
+        return Err(Stop::NonFinite);
+    }
+    if !fits {
+        return Err(Stop::RangeOverflow);
+    }
+    Ok(Parts {
+        codes,
+        scales,
+        zero_points,
+    })
+}
+
+/// The parameters of 16 columns whose fitted range is [`lo`, `hi`] (max |x| in `hi` when
+/// symmetric), and whether every scale is finite.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn params(fit: Fit, lo: __m512, hi: __m512) -> (Quant16, bool) {
+    let (lo, hi) = (halves(lo), halves(hi));
+    let (first, second, finite) = match fit {
+        Fit::Symmetric(qmax) => (symmetric8(hi.0, qmax), symmetric8(hi.1, qmax), true),
+        Fit::Asymmetric(levels) => {
+            let (first, finite_first) = asymmetric8(lo.0, hi.0, levels);
+            let (second, finite_second) = asymmetric8(lo.1, hi.1, levels);
+            let finite = _mm256_movemask_ps(_mm256_and_ps(finite_first, finite_second));
+            (first, second, finite == 0xFF)
+        }
+    };
+    (join_quant(&first, &second), finite)
+}
+
+/// Quantizes block `block`'s 16 columns of a group's `rows` (fewer than `group_size` in a last
+/// partial group: the rest are zero padding), the pass's tokens from `first_token`, into the
+/// block's tiles (`tiles[256 t + 16 i..][..16]` holds token 16t + i's 16 codes).
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+fn quantize_rows(
+    rows: &[f32],
+    cols: usize,
+    block: usize,
+    first_token: usize,
+    group_size: usize,
+    q: &Quant16,
+    tiles: &mut [u8],
+) {
+    let present = rows.len() / cols;
+    for r in 0..group_size {
+        let x = if r < present {
+            load16(rows, r * cols + block * LANES)
+        } else {
+            _mm512_setzero_ps()
+        };
+        let codes = _mm512_cvtepi32_epi8(codes16(x, q));
+        let to: &mut [u8; LANES] = (&mut tiles[(first_token + r) * LANES..][..LANES])
+            .try_into()
+            .expect("16");
+        // SAFETY: writes the 16 bytes of `to`.
+        unsafe { _mm_storeu_si128(to.as_mut_ptr().cast(), codes) };
+    }
+}
+
+/// Packs 16-byte lanes of 16 codes each (< 2^B) into their 2B-byte runs, side by side from
+/// byte 0.
+struct Squeeze {
+    /// Bits::squeeze's three shifts, as counts.
+    shifts: [__m128i; 3],
+    /// Byte 2Bl + i takes byte 16l + i (i < B) or 16l + 8 + (i - B) (B <= i < 2B).
+    gather: __m512i,
+}
+
+impl Squeeze {
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vbmi")]
+    fn new<const B: u32>() -> Squeeze {
+        let b = B as usize;
+        let gather: [u8; 64] = std::array::from_fn(|i| {
+            let (lane, within) = (i / (2 * b), i % (2 * b));
+            if lane >= 4 {
+                0
+            } else if within < b {
+                (16 * lane + within) as u8
+            } else {
+                (16 * lane + 8 + within - b) as u8
+            }
+        });
+        Squeeze {
+            shifts: [
+                _mm_cvtsi32_si128(8 - B as i32),
+                _mm_cvtsi32_si128(16 - 2 * B as i32),
+                _mm_cvtsi32_si128(32 - 4 * B as i32),
+            ],
+            // SAFETY: reads the 64 bytes of `gather`.
+            gather: unsafe { _mm512_loadu_si512(gather.as_ptr().cast()) },
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vbmi")]
+    fn apply(&self, v: __m512i) -> __m512i {
+        let v = squeeze_step(v, 0x00FF_00FF_00FF_00FF, self.shifts[0]);
+        let v = squeeze_step(v, 0x0000_FFFF_0000_FFFF, self.shifts[1]);
+        let v = squeeze_step(v, 0x0000_0000_FFFF_FFFF, self.shifts[2]);
+        _mm512_permutexvar_epi8(self.gather, v)
+    }
+}
+
+/// One step of `bits::squeeze` in every 64-bit lane: the bits of `keep` stay, the others move
+/// down by `shift`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn squeeze_step(v: __m512i, keep: i64, shift: __m128i) -> __m512i {
+    let keep = _mm512_set1_epi64(keep);
+    let kept = _mm512_and_si512(v, keep);
+    let moved = _mm512_andnot_si512(keep, v);
+    _mm512_or_si512(kept, _mm512_srl_epi64(moved, shift))
+}
