@@ -545,19 +545,32 @@ fn batched_token_tiles_match_the_oracle() {
             (2 * batch_tokens + group_size + 5, 13, true),
             (batch_tokens + 3, 130, false),
         ] {
-            for (mode, bits) in modes_and_widths() {
-                if !every && ![2, 3, 8].contains(&bits) {
-                    continue;
-                }
-                let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
-                for (name, x) in patterns(tokens, features, layout) {
-                    if !every && !matches!(name, "noise" | "ties") {
-                        continue;
-                    }
-                    let label = format!("{tokens}x{features} {mode} b{bits} g{group_size} {name}");
-                    check(x.view(), layout, &label);
-                }
+            check_token_axis(tokens, features, group_size, every, every);
+        }
+    }
+}
+
+/// [`check`] of a `tokens x features` matrix along tokens in groups of `group_size`, both
+/// modes, on noise and ties (every pattern when `every_pattern`), at 2, 3 and 8 bits (every
+/// width when `every_width`).
+fn check_token_axis(
+    tokens: usize,
+    features: usize,
+    group_size: usize,
+    every_pattern: bool,
+    every_width: bool,
+) {
+    for (mode, bits) in modes_and_widths() {
+        if !every_width && ![2, 3, 8].contains(&bits) {
+            continue;
+        }
+        let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
+        for (name, x) in patterns(tokens, features, layout) {
+            if !every_pattern && !matches!(name, "noise" | "ties") {
+                continue;
             }
+            let label = format!("{tokens}x{features} {mode} b{bits} g{group_size} {name}");
+            check(x.view(), layout, &label);
         }
     }
 }
@@ -573,16 +586,7 @@ fn token_axis_passes_match_the_oracle() {
     for (tokens, features) in [(1100, 48), (613, 128), (1601, 16)] {
         for group_size in [8, 24, 32, 40, 128, 1000] {
             let every = (tokens, features) == (1100, 48) && [8, 40].contains(&group_size);
-            for (mode, bits) in modes_and_widths() {
-                let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
-                for (name, x) in patterns(tokens, features, layout) {
-                    if !every && !matches!(name, "noise" | "ties") {
-                        continue;
-                    }
-                    let label = format!("{tokens}x{features} {mode} b{bits} g{group_size} {name}");
-                    check(x.view(), layout, &label);
-                }
-            }
+            check_token_axis(tokens, features, group_size, every, true);
         }
     }
     for group_size in [8, 32] {
@@ -625,16 +629,7 @@ fn wide_token_tiles_match_the_oracle() {
         (2 * 256 + 7, 48, 256, false),
         (3 * 32, 256, 32, false),
     ] {
-        for (mode, bits) in modes_and_widths() {
-            let layout = Layout::with_mode(GroupAxis::Token, mode, bits, group_size).unwrap();
-            for (name, x) in patterns(tokens, features, layout) {
-                if !every && !matches!(name, "noise" | "ties") {
-                    continue;
-                }
-                let label = format!("{tokens}x{features} {mode} b{bits} g{group_size} {name}");
-                check(x.view(), layout, &label);
-            }
-        }
+        check_token_axis(tokens, features, group_size, every, true);
     }
     for mode in [Mode::Symmetric, Mode::Asymmetric] {
         let layout = Layout::with_mode(GroupAxis::Token, mode, 4, 64).unwrap();

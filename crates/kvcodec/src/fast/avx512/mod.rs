@@ -375,21 +375,7 @@ fn fit_quantize_pack_columns<const B: u32>(
     let mut fits = true;
     let mut first = 0;
     while first < blocks {
-        // Up to 8 blocks fitted together (their 16 accumulators and the row's values fill
-        // the registers), in chunks of 8, 4, 2 and 1.
-        let n = match blocks - first {
-            8.. => 8,
-            4..=7 => 4,
-            2 | 3 => 2,
-            _ => 1,
-        };
-        let mut ranges = [(_mm512_setzero_ps(), _mm512_setzero_ps()); 8];
-        let chunk_bad = match n {
-            8 => spread::<8>(fit_blocks::<8>(tile, cols, first, fit), &mut ranges),
-            4 => spread::<4>(fit_blocks::<4>(tile, cols, first, fit), &mut ranges),
-            2 => spread::<2>(fit_blocks::<2>(tile, cols, first, fit), &mut ranges),
-            _ => spread::<1>(fit_blocks::<1>(tile, cols, first, fit), &mut ranges),
-        };
+        let (n, ranges, chunk_bad) = fit_chunk(tile, cols, first, blocks, fit);
         bad = _mm512_or_si512(bad, chunk_bad);
         for (j, &(lo, hi)) in ranges.iter().take(n).enumerate() {
             let base = LANES * (first + j);
@@ -408,6 +394,34 @@ fn fit_quantize_pack_columns<const B: u32>(
     Ok(())
 }
 
+/// Fits the blocks of a tile from block `first` on, up to 8 together (their 16 accumulators
+/// and the row's values fill the registers), in chunks of 8, 4, 2 and 1: how many it fitted,
+/// their ranges (as [`fit_blocks`]), and the non-finite flag.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn fit_chunk(
+    tile: &[f32],
+    cols: usize,
+    first: usize,
+    blocks: usize,
+    fit: Fit,
+) -> (usize, [(__m512, __m512); 8], __m512i) {
+    let n = match blocks - first {
+        8.. => 8,
+        4..=7 => 4,
+        2 | 3 => 2,
+        _ => 1,
+    };
+    let mut ranges = [(_mm512_setzero_ps(), _mm512_setzero_ps()); 8];
+    let bad = match n {
+        8 => spread::<8>(fit_blocks::<8>(tile, cols, first, fit), &mut ranges),
+        4 => spread::<4>(fit_blocks::<4>(tile, cols, first, fit), &mut ranges),
+        2 => spread::<2>(fit_blocks::<2>(tile, cols, first, fit), &mut ranges),
+        _ => spread::<1>(fit_blocks::<1>(tile, cols, first, fit), &mut ranges),
+    };
+    (n, ranges, bad)
+}
+
 /// [`fit_blocks`]' ranges into `ranges` (block by block), and its flag.
 #[inline]
 #[target_feature(enable = "avx2,avx512f")]
@@ -422,6 +436,25 @@ fn spread<const N: usize>(
     bad
 }
 
+/// The parameters of 16 columns whose fitted range is [`lo`, `hi`] (max |x| in `hi` when
+/// symmetric): AVX2's `symmetric8` or `asymmetric8` on each half, and whether every scale is
+/// finite.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn quant16(fit: Fit, lo: __m512, hi: __m512) -> (Quant16, bool) {
+    let (lo, hi) = (halves(lo), halves(hi));
+    let (first, second, finite) = match fit {
+        Fit::Symmetric(qmax) => (symmetric8(hi.0, qmax), symmetric8(hi.1, qmax), true),
+        Fit::Asymmetric(levels) => {
+            let (first, finite_first) = asymmetric8(lo.0, hi.0, levels);
+            let (second, finite_second) = asymmetric8(lo.1, hi.1, levels);
+            let finite = _mm256_movemask_ps(_mm256_and_ps(finite_first, finite_second));
+            (first, second, finite == 0xFF)
+        }
+    };
+    (join_quant(&first, &second), finite)
+}
+
 /// The parameters of the 16 columns from `base` whose fitted range is [`lo`, `hi`] (max |x| in
 /// `hi` when symmetric), written to `out`, and whether every scale is finite.
 #[inline]
@@ -433,25 +466,16 @@ fn block_params(
     base: usize,
     out: &mut ColumnTileOut,
 ) -> (Quant16, bool) {
-    let (lo, hi) = (halves(lo), halves(hi));
-    let (first, second, finite) = match fit {
-        Fit::Symmetric(qmax) => (symmetric8(hi.0, qmax), symmetric8(hi.1, qmax), true),
-        Fit::Asymmetric(levels) => {
-            let (first, finite_first) = asymmetric8(lo.0, hi.0, levels);
-            let (second, finite_second) = asymmetric8(lo.1, hi.1, levels);
-            let finite = _mm256_movemask_ps(_mm256_and_ps(finite_first, finite_second));
-            (first, second, finite == 0xFF)
-        }
-    };
-    let q = join_quant(&first, &second);
+    let (q, finite) = quant16(fit, lo, hi);
+    let (first, second) = halves(q.scale);
     let stride = out.stride;
     // Through two 256-bit stores: 32-bit loads from one 512-bit store measured far slower
     // (store forwarding), the cost of a whole block at 8 tokens a group.
     let mut scales = [0f32; LANES];
     // SAFETY: the stores write the 16 floats of `scales`, 8 each.
     unsafe {
-        _mm256_storeu_ps(scales.as_mut_ptr(), first.scale);
-        _mm256_storeu_ps(scales[8..].as_mut_ptr(), second.scale);
+        _mm256_storeu_ps(scales.as_mut_ptr(), first);
+        _mm256_storeu_ps(scales[8..].as_mut_ptr(), second);
     }
     for (j, &scale) in scales.iter().enumerate() {
         out.scales[(base + j) * stride] = scale;

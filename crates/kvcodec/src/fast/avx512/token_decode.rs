@@ -430,12 +430,7 @@ fn transpose_params(
         // SAFETY: the mask reads `run` only.
         *x = unsafe { _mm512_maskz_loadu_ps(mask, run.as_ptr()) };
     }
-    transpose16(&mut v);
-    for (j, row) in v.iter().take(count).enumerate() {
-        let to = &mut rows[j * cols..][..LANES];
-        // SAFETY: `to` is 16 floats.
-        unsafe { _mm512_storeu_ps(to.as_mut_ptr(), *row) };
-    }
+    transpose_rows(v, count, rows, cols);
 }
 
 /// [`transpose_params`] of zero points, as f32.
@@ -456,6 +451,14 @@ fn transpose_zeros(
         let bytes = unsafe { _mm512_maskz_loadu_epi8(mask, run.as_ptr().cast()) };
         *x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_castsi512_si128(bytes)));
     }
+    transpose_rows(v, count, rows, cols);
+}
+
+/// Transposes 16 columns' runs of `count` values (`v[lane]`) and stores the first `count` rows
+/// of 16 at `rows[j * cols..]`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn transpose_rows(mut v: [__m512; LANES], count: usize, rows: &mut [f32], cols: usize) {
     transpose16(&mut v);
     for (j, row) in v.iter().take(count).enumerate() {
         let to = &mut rows[j * cols..][..LANES];

@@ -20,8 +20,7 @@
 use core::arch::x86_64::*;
 
 use super::token_decode::{pass_tokens, prefetch_run, transpose_bytes, transpose16};
-use super::{LANES, Quant16, codes16, fit_blocks, halves, join_quant, load16, spread};
-use crate::fast::avx2::fit::{asymmetric8, symmetric8};
+use super::{LANES, Quant16, codes16, fit_chunk, load16, quant16};
 use crate::fast::encode::overwritable;
 use crate::fast::{Dense, Fit, Parts, Stop};
 use crate::layout::{Layout, Mode};
@@ -111,25 +110,11 @@ pub(crate) unsafe fn encode_down_columns<const B: u32>(
             }
             let mut first = 0;
             while first < blocks {
-                // Up to 8 blocks fitted together (their 16 accumulators and the row's values
-                // fill the registers), in chunks of 8, 4, 2 and 1.
-                let n = match blocks - first {
-                    8.. => 8,
-                    4..=7 => 4,
-                    2 | 3 => 2,
-                    _ => 1,
-                };
-                let mut ranges = [(_mm512_setzero_ps(), _mm512_setzero_ps()); 8];
-                let chunk_bad = match n {
-                    8 => spread::<8>(fit_blocks::<8>(rows, cols, first, fit), &mut ranges),
-                    4 => spread::<4>(fit_blocks::<4>(rows, cols, first, fit), &mut ranges),
-                    2 => spread::<2>(fit_blocks::<2>(rows, cols, first, fit), &mut ranges),
-                    _ => spread::<1>(fit_blocks::<1>(rows, cols, first, fit), &mut ranges),
-                };
+                let (n, ranges, chunk_bad) = fit_chunk(rows, cols, first, blocks, fit);
                 bad = _mm512_or_si512(bad, chunk_bad);
                 for (i, &(lo, hi)) in ranges.iter().take(n).enumerate() {
                     let block = first + i;
-                    let (q, finite) = params(fit, lo, hi);
+                    let (q, finite) = quant16(fit, lo, hi);
                     fits &= finite;
                     let at = j * cols + block * LANES;
                     let scale_row: &mut [f32; LANES] =
@@ -236,24 +221,6 @@ pub(crate) unsafe fn encode_down_columns<const B: u32>(
         scales,
         zero_points,
     })
-}
-
-/// The parameters of 16 columns whose fitted range is [`lo`, `hi`] (max |x| in `hi` when
-/// symmetric), and whether every scale is finite.
-#[inline]
-#[target_feature(enable = "avx2,avx512f")]
-fn params(fit: Fit, lo: __m512, hi: __m512) -> (Quant16, bool) {
-    let (lo, hi) = (halves(lo), halves(hi));
-    let (first, second, finite) = match fit {
-        Fit::Symmetric(qmax) => (symmetric8(hi.0, qmax), symmetric8(hi.1, qmax), true),
-        Fit::Asymmetric(levels) => {
-            let (first, finite_first) = asymmetric8(lo.0, hi.0, levels);
-            let (second, finite_second) = asymmetric8(lo.1, hi.1, levels);
-            let finite = _mm256_movemask_ps(_mm256_and_ps(finite_first, finite_second));
-            (first, second, finite == 0xFF)
-        }
-    };
-    (join_quant(&first, &second), finite)
 }
 
 /// Quantizes block `block`'s 16 columns of a group's `rows` (fewer than `group_size` in a last
