@@ -86,7 +86,7 @@ pub(crate) fn encode_down_columns<const B: u32>(
     layout: Layout,
     spare: Parts,
 ) -> Result<Parts, Stop> {
-    if k.bytes && token_encode::takes(m.cols, layout.group_size) {
+    if k.bytes && token_decode::takes(m.cols, layout.group_size) {
         // SAFETY: `bytes` proves the CPU has AVX-512 BW and VBMI; the shape is taken.
         return unsafe { token_encode::encode_down_columns::<B>(m, layout, spare) };
     }

@@ -40,8 +40,8 @@ const PASSES_AHEAD: usize = 2;
 /// Columns of a block: the lanes of a vector of f32.
 const LANES: usize = 16;
 
-/// The widest rows (columns) and largest unpacked pass this decoder takes; AVX2's loop decodes
-/// the rest.
+/// The widest rows (columns) and largest unpacked pass the pass-by-pass kernels (this decoder
+/// and [`super::token_encode`]'s encoder) take; AVX2's loops take the rest.
 const MAX_COLS: usize = 1024;
 const MAX_PASS_BYTES: usize = 1 << 20;
 
@@ -56,8 +56,8 @@ pub(super) fn pass_tokens(group_size: usize) -> usize {
     unit * (PASS_TOKENS / unit).max(1)
 }
 
-/// Whether this decoder takes an output `cols` wide with groups of `group_size` (a multiple
-/// of 8).
+/// Whether the pass-by-pass kernels take a matrix `cols` wide with groups of `group_size` (a
+/// multiple of 8).
 pub(crate) fn takes(cols: usize, group_size: usize) -> bool {
     cols.is_multiple_of(LANES)
         && cols > 0

@@ -19,6 +19,8 @@
 
 use core::arch::x86_64::*;
 
+#[cfg(doc)]
+use super::token_decode::takes;
 use super::token_decode::{pass_tokens, prefetch_run, transpose_bytes, transpose16};
 use super::{LANES, Quant16, codes16, fit_chunk, load16, quant16};
 use crate::fast::encode::overwritable;
@@ -41,18 +43,6 @@ const PASSES_AHEAD: usize = 2;
 /// left to the hardware prefetcher.
 const INPUT_AHEAD_BYTES: usize = 4096;
 const PREFETCHED_GROUP_BYTES: usize = 8192;
-
-/// The widest rows (columns) this encoder takes; AVX2's and the wide-tile loops take the rest.
-const MAX_COLS: usize = 1024;
-
-/// Whether this encoder takes an input `cols` wide with groups of `group_size` (a multiple of
-/// 8).
-pub(crate) fn takes(cols: usize, group_size: usize) -> bool {
-    cols.is_multiple_of(LANES)
-        && cols > 0
-        && cols <= MAX_COLS
-        && cols * pass_tokens(group_size) <= 1 << 20
-}
 
 /// Encodes `m` (tokens x features, row-major) along tokens into `spare`'s memory: codes,
 /// scales and (asymmetric) unpacked zero points, as [`crate::fast::encode::down_columns`]
